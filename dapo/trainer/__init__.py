@@ -1,0 +1,18 @@
+"""The trainer: one ablation row's loop (SPEC sections 2-5), checkpoints, resume and signals.
+
+Importing this package is light (no torch, DeepSpeed or vLLM) so the CLI and the workflow can read the exit
+codes below without paying for the heavy imports.
+
+Exit codes of `dapo train` (the Snakemake workflow and SLURM wrappers key on them):
+
+- 0: finished; `<run-dir>/DONE` holds the final metrics.
+- 1: failed (e.g. too many non-finite steps in a row, or the dynamic-sampling refill cap with
+  `at_refill_cap: fail`); the last good checkpoint is kept.
+- 75 (`RESUME_EXIT_CODE`, EX_TEMPFAIL from sysexits.h): stopped on SIGTERM/SIGUSR1 (SLURM time limit or
+  preemption) after writing a checkpoint. Run the same command again to resume into the same MLflow run.
+"""
+
+RESUME_EXIT_CODE = 75
+FAILURE_EXIT_CODE = 1
+
+__all__ = ["RESUME_EXIT_CODE", "FAILURE_EXIT_CODE"]
