@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:  # a subcommand whose module is not written yet
-            if e.name != module:
+            if e.name is None or not module.startswith(e.name):
                 raise
             p.set_defaults(_module=None)
             continue

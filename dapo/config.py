@@ -164,6 +164,30 @@ class TrackingConfig(_Section):
     run_name: str | None = Field(None, description="Default `<row>-s<seed>`.")
 
 
+# ------------------------------------------------------------------------------------------- resources
+class JobResources(_Section):
+    """What one job asks of SLURM. The training job starts one process per GPU across its nodes (srun)."""
+
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(0, ge=0, description="0: a CPU job (the tiny world).")
+    gpu_model: str | None = Field(None, description="e.g. h100; becomes --gpus=<model>:<count>.")
+    cpus_per_task: int = Field(2, ge=1)
+    mem_mb: int = Field(8000, gt=0, description="Memory per node.")
+    runtime_min: int = Field(60, gt=0, description="SLURM time limit; a job cut off resumes from its checkpoint.")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * max(1, self.gpus_per_node)
+
+
+class ResourcesConfig(_Section):
+    """Read by the Snakemake workflow (scale lives in the preset); does not change the computation."""
+
+    prepare: JobResources = Field(default_factory=JobResources)
+    train: JobResources = Field(default_factory=JobResources)
+    eval: JobResources = Field(default_factory=JobResources)
+
+
 class RunConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     tiny: TinyWorldConfig = Field(default_factory=TinyWorldConfig)
@@ -173,6 +197,7 @@ class RunConfig(_Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
@@ -214,6 +239,7 @@ class RunConfig(_Section):
         d = self.model_dump(mode="json")
         d["trainer"].pop("output_dir", None)
         d.pop("tracking", None)
+        d.pop("resources", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
     def run_name(self) -> str:
@@ -380,10 +406,16 @@ def _suggest(loc: list[str]) -> str:
 
 def describe() -> str:
     """Every config key with its default and description (for `dapo config --help` and the README)."""
-    rows = []
-    for section, field in RunConfig.model_fields.items():
-        sub: type[BaseModel] = field.annotation  # type: ignore[assignment]
-        for name, f in sub.model_fields.items():
+    rows: list[str] = []
+
+    def walk(prefix: str, model: type[BaseModel]) -> None:
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(f"{prefix}{name}.", ann)
+                continue
             default = f.default_factory() if f.default_factory else f.default  # type: ignore[call-arg]
-            rows.append(f"{section}.{name} = {default!r}  {f.description or ''}".rstrip())
+            rows.append(f"{prefix}{name} = {default!r}  {f.description or ''}".rstrip())
+
+    walk("", RunConfig)
     return "\n".join(rows)
