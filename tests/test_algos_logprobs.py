@@ -1,0 +1,116 @@
+"""Chunked log-probs and entropy: same values and gradients as the naive computation, without [T, V] saved."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dapo.algos.logprobs import chunked_logprobs_entropy, naive_logprobs_entropy
+
+
+def _inputs(t, h, v, seed, dtype=torch.float64, lead=()):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(*lead, t, h, generator=g, dtype=dtype).requires_grad_()
+    weight = (torch.randn(v, h, generator=g, dtype=dtype) * 0.5).requires_grad_()
+    targets = torch.randint(0, v, (*lead, t), generator=g)
+    return hidden, weight, targets, g
+
+
+def _grads(fn, hidden, weight, targets, up_lp, up_ent, **kw):
+    logp, ent = fn(hidden, weight, targets, **kw)
+    loss = (logp * up_lp).sum() + ((ent * up_ent).sum() if up_ent is not None else 0)
+    gh, gw = torch.autograd.grad(loss, (hidden, weight))
+    return logp.detach(), ent.detach() if ent is not None else None, gh, gw
+
+
+def test_hand_computed_two_token_vocab():
+    # Logits (0, log 3): p = (1/4, 3/4); log p(target 1) = log 0.75; H = -(.25 log .25 + .75 log .75).
+    hidden = torch.tensor([[1.0]], dtype=torch.float64)
+    weight = torch.tensor([[0.0], [math.log(3.0)]], dtype=torch.float64)
+    logp, ent = chunked_logprobs_entropy(hidden, weight, torch.tensor([1]), chunk_size=1)
+    assert logp.item() == pytest.approx(math.log(0.75), abs=1e-12)
+    assert ent.item() == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), abs=1e-12)
+    # Temperature 2 halves the logits: (0, log 3 / 2) -> p = (1 / (1 + sqrt 3), sqrt 3 / (1 + sqrt 3)).
+    logp_t, _ = chunked_logprobs_entropy(hidden, weight, torch.tensor([0]), chunk_size=1, temperature=2.0)
+    assert logp_t.exp().item() == pytest.approx(1 / (1 + 3**0.5), abs=1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(t=st.integers(1, 40), h=st.integers(1, 9), v=st.integers(2, 60), chunk=st.integers(1, 17),
+       temperature=st.sampled_from([1.0, 0.7, 1.6]), seed=st.integers(0, 2**31 - 1))
+def test_chunked_equals_naive_value_and_gradient_float64(t, h, v, chunk, temperature, seed):
+    hidden, weight, targets, g = _inputs(t, h, v, seed)
+    up_lp = torch.randn(t, generator=g, dtype=torch.float64)
+    up_ent = torch.randn(t, generator=g, dtype=torch.float64)
+    ours = _grads(chunked_logprobs_entropy, hidden, weight, targets, up_lp, up_ent, chunk_size=chunk,
+                  temperature=temperature)
+    ref = _grads(naive_logprobs_entropy, hidden, weight, targets, up_lp, up_ent, temperature=temperature)
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_logp_only_gradient_and_no_entropy():
+    hidden, weight, targets, g = _inputs(13, 4, 11, seed=3)
+    up = torch.randn(13, generator=g, dtype=torch.float64)
+    logp, ent = chunked_logprobs_entropy(hidden, weight, targets, chunk_size=5, with_entropy=False)
+    assert ent is None
+    gh, gw = torch.autograd.grad((logp * up).sum(), (hidden, weight))
+    ref = _grads(naive_logprobs_entropy, hidden, weight, targets, up, None)
+    torch.testing.assert_close(logp.detach(), ref[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gh, ref[2], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(gw, ref[3], rtol=1e-10, atol=1e-10)
+
+
+def test_batched_leading_dims_and_frozen_head():
+    hidden, weight, targets, g = _inputs(6, 4, 9, seed=4, lead=(3,))
+    logp, ent = chunked_logprobs_entropy(hidden, weight.detach(), targets, chunk_size=4)
+    assert logp.shape == ent.shape == (3, 6)
+    (gh,) = torch.autograd.grad(logp.sum() + ent.sum(), hidden)
+    ref_lp, ref_ent = naive_logprobs_entropy(hidden, weight.detach(), targets)
+    (ref_gh,) = torch.autograd.grad(ref_lp.sum() + ref_ent.sum(), hidden)
+    torch.testing.assert_close(gh, ref_gh, rtol=1e-10, atol=1e-10)
+
+
+def test_saves_no_tensor_of_size_t_times_v():
+    t, h, v, chunk = 64, 8, 500, 8
+    hidden, weight, targets, _ = _inputs(t, h, v, seed=5, dtype=torch.float32)
+    saved: list[int] = []
+
+    def pack(x):
+        saved.append(x.numel())
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        logp, ent = chunked_logprobs_entropy(hidden, weight, targets, chunk_size=chunk)
+    assert saved and max(saved) == v * h   # the weight itself is the largest thing kept; no logits
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        saved.clear()
+        naive_logprobs_entropy(hidden, weight, targets)
+    assert max(saved) >= t * v   # the naive path keeps the full logits for backward
+
+
+def test_bf16_is_upcast_and_close_to_float32():
+    hidden, weight, targets, _ = _inputs(32, 16, 100, seed=6, dtype=torch.float32)
+    ref_lp, ref_ent = naive_logprobs_entropy(hidden.detach(), weight.detach(), targets)
+    lp, ent = chunked_logprobs_entropy(hidden.detach().bfloat16(), weight.detach().bfloat16(), targets, 8)
+    assert lp.dtype == torch.float32 and ent.dtype == torch.float32
+    torch.testing.assert_close(lp, ref_lp, rtol=0.05, atol=0.1)
+    torch.testing.assert_close(ent, ref_ent, rtol=0.05, atol=0.1)
+    hb, wb = hidden.detach().bfloat16().requires_grad_(), weight.detach().bfloat16().requires_grad_()
+    lp, _ = chunked_logprobs_entropy(hb, wb, targets, 8, with_entropy=False)
+    lp.sum().backward()
+    assert hb.grad.dtype == torch.bfloat16 and wb.grad.dtype == torch.bfloat16
+
+
+def test_bad_arguments():
+    hidden, weight, targets, _ = _inputs(4, 2, 5, seed=7)
+    with pytest.raises(ValueError, match="chunk_size"):
+        chunked_logprobs_entropy(hidden, weight, targets, chunk_size=0)
+    with pytest.raises(ValueError, match="temperature"):
+        chunked_logprobs_entropy(hidden, weight, targets, temperature=0.0)
+    with pytest.raises(ValueError, match="disagree"):
+        chunked_logprobs_entropy(hidden, weight, targets[:3])
