@@ -103,6 +103,7 @@ def save_checkpoint(
     *,
     refill: Any = None,
     keep: int = 2,
+    rng: dict[str, Any] | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically and prune old ones; returns its folder.
 
@@ -113,6 +114,7 @@ def save_checkpoint(
         save_learner: writes the learner's model/optimizer/scheduler into the folder it is given.
         refill: picklable partial dynamic-sampling state (None at a step boundary).
         keep: how many complete checkpoints to keep (the new one included).
+        rng: RNG states to store (default: the current ones).
     """
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -127,7 +129,7 @@ def save_checkpoint(
     tmp.mkdir()
     save_learner(tmp / LEARNER_DIR)
     (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
-    torch.save(rng_state(), tmp / RNG_FILE)
+    torch.save(rng if rng is not None else rng_state(), tmp / RNG_FILE)
     if refill is not None:
         torch.save(refill, tmp / REFILL_FILE)
     (tmp / COMPLETE).write_text(name + "\n")

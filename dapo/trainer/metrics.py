@@ -1,0 +1,65 @@
+"""Per-step training metrics (SPEC section 7), named only through `dapo.metric_names`.
+
+Which population each metric describes:
+- reward, accuracy, advantages, response lengths, entropy: the groups that trained this step;
+- all-correct / all-wrong fractions (Fig 3b) and groups with all-zero advantages: every generated group, before
+  the dynamic-sampling filter (with the filter, the trained groups are never all-correct by construction);
+- dynamic sampling counts and tokens: every generation batch of the step, dropped groups included.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from dapo import metric_names as M
+from dapo.algos.advantages import group_advantages
+from dapo.algos.metrics import group_outcome_fractions
+from dapo.trainer.batch import ResponseBatch
+from dapo.trainer.collect import Collected
+
+
+def rollout_metrics(col: Collected, batch: ResponseBatch, *, norm_adv_by_std: bool) -> dict[str, float]:
+    """Reward, accuracy, advantage, response and dynamic-sampling metrics of one rollout step."""
+    groups = col.groups
+    scores = torch.tensor([x for g in groups for x in g.scores], dtype=torch.float64)
+    pens = torch.tensor([x for g in groups for x in g.penalties], dtype=torch.float64)
+    correct = torch.tensor([x for g in groups for x in g.correct], dtype=torch.float64)
+    lengths = batch.response_mask.sum(dim=1).to(torch.float64)
+    out = {
+        M.REWARD_MEAN: float((scores + pens).mean()),
+        M.SCORE_MEAN: float(scores.mean()),
+        M.ACC_MEAN: float(correct.mean()),
+        M.OVERLONG_PENALTY_MEAN: float(pens.mean()),
+        M.ADV_MEAN: float(batch.advantages.double().mean()),
+        M.ADV_ABS_MEAN: float(batch.advantages.double().abs().mean()),
+        M.RESP_LEN_MEAN: float(lengths.mean()),
+        M.RESP_LEN_MAX: float(lengths.max()),
+        M.RESP_TRUNC_FRAC: float(batch.truncated.double().mean()),
+    }
+    all_correct = torch.tensor(col.all_correct, dtype=torch.bool)
+    out[M.ALL_CORRECT_FRAC], out[M.ALL_WRONG_FRAC] = group_outcome_fractions(all_correct)
+    all_adv = group_advantages(torch.tensor(col.all_rewards, dtype=torch.float64), norm_by_std=norm_adv_by_std)
+    out[M.ZERO_ADV_GROUP_FRAC] = float((all_adv == 0).all(dim=1).double().mean())
+    if batch.entropy is not None:
+        m = batch.response_mask
+        out[M.ENTROPY] = float((batch.entropy.double() * m).sum() / m.sum().clamp(min=1))
+    st = col.stats
+    out[M.DS_GEN_BATCHES] = st.gen_batches
+    out[M.DS_GROUPS_KEPT] = st.groups_kept
+    out[M.DS_GROUPS_DROPPED] = st.groups_dropped
+    out[M.DS_TOKENS_GENERATED] = st.tokens_generated
+    return out
+
+
+def mean_update_stats(stats: Sequence[dict[str, float]], keys: Sequence[str]) -> dict[str, float]:
+    """Mean of each key over the step's mini-batch updates, ignoring NaN (e.g. Fig 3a's probability on a
+    mini-batch where no token was clipped at the upper bound) and updates that did not report it."""
+    out = {}
+    for k in keys:
+        vals = [float(s[k]) for s in stats if k in s and s[k] is not None and not math.isnan(float(s[k]))]
+        if vals:
+            out[k] = sum(vals) / len(vals)
+    return out
