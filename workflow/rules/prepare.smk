@@ -1,0 +1,48 @@
+# The base model and the data every row shares.
+
+
+if IS_TINY:
+
+    rule tiny_world:
+        """Build the tiny world from nothing: synthetic task, offline tokenizer, tiny Qwen2 base model."""
+        output:
+            TINY_DIR / "manifest.json",
+        log:
+            RESULTS / "logs" / "tiny_world.log",
+        threads: BASE.resources.prepare.cpus_per_task
+        resources:
+            **slurm_resources("prepare"),
+        shell:
+            "OMP_NUM_THREADS={threads} dapo build-tiny "
+            + q("--preset", PRESET, *OVERRIDES, f"tiny.dir={TINY_DIR}")
+            + " > {log} 2>&1"
+
+elif not Path(BASE.model.path).exists():
+
+    rule base_model:
+        """Resolve a hub model once and cache it under results/ (the only rule that downloads a model)."""
+        output:
+            touch(base_model_marker()),
+        log:
+            RESULTS / "logs" / "base_model.log",
+        resources:
+            **slurm_resources("prepare"),
+        shell:
+            "hf download " + q(BASE.model.path, "--local-dir", base_model_path()) + " > {log} 2>&1"
+
+
+rule prepare_data:
+    """Load, deduplicate and template the train and eval sets into JSONL that every run reads."""
+    input:
+        TINY_DIR / "manifest.json" if IS_TINY else [],
+    output:
+        train=RESULTS / "data" / "train.jsonl",
+        eval=RESULTS / "data" / "eval.jsonl",
+    log:
+        RESULTS / "logs" / "prepare_data.log",
+    resources:
+        **slurm_resources("prepare"),
+    shell:
+        "dapo prepare-data "
+        + q("--preset", PRESET, "--out", RESULTS / "data", *OVERRIDES, f"tiny.dir={TINY_DIR}")
+        + " > {log} 2>&1"

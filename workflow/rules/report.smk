@@ -1,0 +1,19 @@
+# Table 1 and the paper's figures, by executing the analysis notebooks over the MLflow experiment.
+
+REPORT_DIR = RESULTS / "report"
+REPORT_OUTPUTS = [REPORT_DIR / "table1.md", REPORT_DIR / "table1.csv", REPORT_DIR / "table1.tex"]
+
+
+rule report:
+    """Read the experiment from MLflow and write Table 1 (Markdown, CSV, LaTeX) and the figures (PNG, PDF)."""
+    input:
+        [m for row in ROWS for m in row_outputs(row)],
+    output:
+        REPORT_OUTPUTS,
+    log:
+        RESULTS / "logs" / "report.log",
+    localrule: True
+    shell:
+        "dapo report "
+        + q("--experiment", EXPERIMENT, "--tracking-uri", TRACKING_URI, "--out", REPORT_DIR)
+        + " > {log} 2>&1"
