@@ -29,3 +29,14 @@ def shared_data() -> Path:
 @pytest.fixture
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def tiny_world_dir() -> Path:
+    """The default tiny world, built once (a few CPU-minutes) and cached under results/, as the workflow does."""
+    from dapo.config import load_config
+    from dapo.tinyworld import ensure_tiny_world
+
+    out = REPO / "results" / "tiny" / "tiny_world"
+    cfg = load_config(preset="tiny", overrides=[f"tiny.dir={out}"])
+    return Path(ensure_tiny_world(cfg))

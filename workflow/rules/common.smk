@@ -56,7 +56,7 @@ def _resolve(row, seed, extra=()):
 RUN_CFGS = {(row, seed): _resolve(row, seed) for row in ROWS for seed in SEEDS}
 BASE = next(iter(RUN_CFGS.values()))
 IS_TINY = BASE.model.path == "tiny"
-TINY_DIR = RESULTS / "tiny_world"
+TINY_DIR = Path(config.get("tiny_world") or RESULTS / "tiny_world").resolve()
 
 
 def q(*parts):

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# What the integration tests need beside the venv, for contributors and CI (as root):
+#   start: a one-node SLURM cluster with accounting (scripts/slurm/start.sh) and Debian's Chromium for the
+#          MLflow UI browser test;  stop: stop the cluster by PID.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+case "${1:-start}" in
+  start)
+    if ! command -v chromium >/dev/null; then
+      echo "installing chromium (MLflow UI browser test)"
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null
+    fi
+    bash scripts/slurm/start.sh ;;
+  stop)
+    bash scripts/slurm/stop.sh ;;
+  *) echo "usage: $0 start|stop" >&2; exit 2 ;;
+esac
