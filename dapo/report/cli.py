@@ -1,0 +1,64 @@
+"""`dapo report`: regenerate Table 1, the compute table and the paper's figures from an existing MLflow
+experiment, without retraining.
+
+By default the analysis notebooks (analysis/table1.py, analysis/figures.py) are executed with papermill and the
+executed copies are saved under <out>/notebooks; `--engine python` runs the same package functions directly
+(no Jupyter kernel). Missing rows or metrics are named in warnings and in report.md, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--experiment", required=True, help="MLflow experiment name (one per ablation).")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db).")
+    p.add_argument("--out", default="results/report", help="Output folder (default: results/report).")
+    p.add_argument("--x-axis", choices=("updates", "rollout"), default="updates",
+                   help="Figures' x-axis: gradient updates (the paper's) or rollout steps.")
+    p.add_argument("--gpus-per-run", type=float, default=None,
+                   help="GPUs each run used, for GPU-hours (default: a run's tag/param, else 0: CPU-hours).")
+    p.add_argument("--cpus-per-run", type=float, default=None,
+                   help="CPUs each run used, for CPU-hours when a run had no GPU (default: tag/param, else 1).")
+    p.add_argument("--engine", choices=("notebook", "python"), default="notebook",
+                   help="notebook: execute the analysis notebooks with papermill (saved beside the outputs); "
+                   "python: call the same functions directly.")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dapo.report.load import ExperimentNotFound, load_experiment, resolve_tracking_uri
+
+    uri = resolve_tracking_uri(args.tracking_uri)
+    out = Path(args.out).resolve()
+    try:
+        exp = load_experiment(args.experiment, uri)   # fail fast, with the known names, before any kernel starts
+    except ExperimentNotFound as e:
+        print(f"dapo report: {e}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    if args.engine == "python":
+        from dapo.report.pipeline import write_figures, write_index, write_tables
+
+        write_tables(exp, out, args.gpus_per_run, args.cpus_per_run)
+        write_figures(exp, out, args.x_axis)
+    else:
+        from dapo.report.notebooks import NotebookFailed, run_notebooks
+        from dapo.report.pipeline import write_index
+
+        common = {"experiment": args.experiment, "tracking_uri": uri}
+        try:
+            run_notebooks(dict(common, gpus_per_run=args.gpus_per_run, cpus_per_run=args.cpus_per_run), out,
+                          ("table1",))
+            run_notebooks(dict(common, x_axis=args.x_axis), out, ("figures",))
+        except NotebookFailed as e:
+            print(f"dapo report: {e}", file=sys.stderr)
+            write_index(out, args.experiment)
+            return 1
+    index = write_index(out, args.experiment)
+    print(f"dapo report: wrote {index} ({len(exp.runs)} runs, k = {exp.k})")
+    return 0

@@ -1,0 +1,183 @@
+"""The paper's figures (SPEC section 6) from an MLflow experiment, as PNG and PDF.
+
+Each figure is a declarative `FigureSpec` (which rows, which metric per panel) drawn by one function, so a new
+figure is a new spec, not new plotting code. Seeds are drawn as their mean with a band of ±1 s.d. (where a row
+has two or more seeds at that x); the x-axis is gradient updates (the paper's) or rollout steps. A row or metric
+that is missing is left out of the drawing and named in the figure's note line, never an exception.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dapo import metric_names as M
+from dapo.report.load import Experiment, XAxis
+
+ROWS = list(M.PAPER_TABLE1)
+R00, R01, R02, R03, R04, R05 = ROWS
+
+
+@dataclass(frozen=True)
+class Panel:
+    metrics: tuple[Callable[[int], str], ...]      # k -> metric name (eval names depend on k)
+    ylabel: Callable[[int], str]
+    hline: float | None = None                      # a reference level, e.g. 0.2 in Fig 3a
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    name: str                                       # file stem
+    title: Callable[[int], str]
+    rows: tuple[str, ...] | None                    # None: every row present
+    panels: tuple[Panel, ...]
+
+
+def _const(s: str) -> Callable[[int], str]:
+    return lambda k: s
+
+
+AVG = Panel((M.eval_avg,), lambda k: f"eval avg@{k} (%)")
+ENT = Panel((_const(M.ENTROPY),), _const("entropy of generated tokens (nats)"))
+LEN = Panel((_const(M.RESP_LEN_MEAN),), _const("mean response length (tokens)"))
+
+FIGURES: tuple[FigureSpec, ...] = (
+    FigureSpec("fig1_full_recipe", lambda k: f"Fig 1: eval avg@{k} and pass@{k} over training, full DAPO recipe "
+               f"(row {R05})", (R05,), (Panel((M.eval_avg, M.eval_pass), lambda k: "accuracy (%)"),)),
+    FigureSpec("fig2_clip_higher", lambda k: f"Fig 2: eval avg@{k} and entropy without / with clip-higher "
+               f"(rows {R01} vs {R02})", (R01, R02), (AVG, ENT)),
+    FigureSpec("fig3a_clipped_prob", lambda k: "Fig 3a: mean old-policy probability of tokens clipped at the "
+               "upper bound", None, (Panel((_const(M.CLIP_HIGH_PROB),), _const("mean pi_old of upper-clipped "
+                                                                               "tokens"), hline=0.2),)),
+    FigureSpec("fig3b_all_correct", lambda k: "Fig 3b: fraction of prompts whose group is all correct", None,
+               (Panel((_const(M.ALL_CORRECT_FRAC),), _const("all-correct group fraction")),)),
+    FigureSpec("fig4_token_level_loss", lambda k: f"Fig 4: entropy and mean response length without / with "
+               f"token-level loss (rows {R03} vs {R04})", (R03, R04), (ENT, LEN)),
+    FigureSpec("fig5_overlong_filtering", lambda k: f"Fig 5: eval avg@{k} and entropy without / with overlong "
+               f"filtering (rows {R00} vs {R01})", (R00, R01), (AVG, ENT)),
+    FigureSpec("fig6_dynamic_sampling", lambda k: f"Fig 6: eval avg@{k} over training without / with dynamic "
+               f"sampling (rows {R04} vs {R05})", (R04, R05), (AVG,)),
+    FigureSpec("response_length", lambda k: "Mean response length over training, every row", None, (LEN,)),
+)
+
+
+@dataclass
+class FigureResult:
+    name: str
+    title: str
+    paths: list[Path]
+    missing: list[str] = field(default_factory=list)
+
+
+def seed_band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                     np.ndarray]:
+    """Mean and s.d. over seeds at each x. curves: [(x [S_i], y [S_i])] -> (x [U], mean [U], sd [U], n [U]).
+
+    U is the union of the seeds' x values; at each x only the seeds that logged it count (a seed that stopped
+    early does not drag the mean down); sd is the sample s.d. (0 where one seed is present).
+    """
+    xs = np.unique(np.concatenate([c[0] for c in curves])) if curves else np.array([])
+    mean, sd, n = np.zeros(xs.size), np.zeros(xs.size), np.zeros(xs.size, dtype=int)
+    for i, x in enumerate(xs):
+        vals = np.array([y[np.nonzero(cx == x)[0][-1]] for cx, y in curves if np.any(cx == x)])
+        mean[i], n[i] = vals.mean(), vals.size
+        sd[i] = vals.std(ddof=1) if vals.size > 1 else 0.0
+    return xs, mean, sd, n
+
+
+def metric_label(metric: str) -> str:
+    """`eval/avg_at_32` -> `avg@32`; other names keep their last part (`actor/entropy` -> `entropy`)."""
+    return metric.rsplit("/", 1)[-1].replace("_at_", "@")
+
+
+def row_color(row: str) -> str:
+    """One colour per row in every figure (paper rows by position, user rows after)."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10"]
+    idx = ROWS.index(row) if row in ROWS else len(ROWS) + sum(map(ord, row)) % 4
+    return matplotlib.colors.to_hex(cmap(idx % 10))
+
+
+def draw_figure(exp: Experiment, spec: FigureSpec, out_dir: str | Path, x_axis: XAxis = "updates",
+                formats: tuple[str, ...] = ("png", "pdf")) -> FigureResult:
+    """Draw one figure; returns its paths and the names of what it could not draw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k = exp.k
+    rows = list(spec.rows) if spec.rows is not None else [r for r in exp.rows() if exp.runs_of(r)]
+    missing: list[str] = []
+    if spec.rows is not None:
+        missing += [f"row {r}" for r in rows if not exp.runs_of(r)]
+    if spec.rows is None and not rows:
+        missing.append("every row (the experiment has no tagged runs)")
+    width = max(7.0, 5.6 * len(spec.panels))
+    fig, axes = plt.subplots(1, len(spec.panels), figsize=(width, 4.4), squeeze=False)
+    for ax, panel in zip(axes[0], spec.panels, strict=True):
+        drawn = 0
+        for row in rows:
+            runs = exp.runs_of(row)
+            if not runs:
+                continue
+            for mi, metric_of in enumerate(panel.metrics):
+                metric = metric_of(k)
+                curves = []
+                for run in runs:
+                    s = run.history.get(metric)
+                    if s is None or not s.steps.size:
+                        missing.append(f"{metric} for run {run.label}")
+                        continue
+                    curves.append((run.x_of(s.steps, x_axis), s.values))
+                if not curves:
+                    continue
+                x, mean, sd, n = seed_band(curves)
+                color = row_color(row)
+                style = ("-", "--", ":")[mi % 3]
+                what = metric_label(metric) if len(panel.metrics) > 1 else ""
+                label = f"{row}{' ' + what if what else ''} ({len(curves)} seed{'s' if len(curves) > 1 else ''})"
+                ax.plot(x, mean, style, color=color, label=label, marker="o" if x.size < 12 else None, ms=3)
+                if n.max() > 1:
+                    ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=0.18, lw=0)
+                drawn += 1
+        if panel.hline is not None:
+            ax.axhline(panel.hline, color="grey", lw=0.8, ls=":", label=f"{panel.hline:g} (reference)")
+        ax.set_xlabel("gradient updates" if x_axis == "updates" else "rollout steps")
+        ax.set_ylabel(panel.ylabel(k))
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=7, loc="best")
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+    title = spec.title(k)
+    missing = list(dict.fromkeys(missing))
+    note = "lines: mean over seeds; band: ±1 s.d."
+    if missing:
+        shown = "; ".join(missing[:4]) + (f"; +{len(missing) - 4} more" if len(missing) > 4 else "")
+        note = f"missing: {shown}"
+    fig.suptitle(textwrap.fill(title, width=int(width * 14)), fontsize=10)
+    fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7, color="firebrick" if missing else "dimgray")
+    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in formats:
+        p = out / f"{spec.name}.{ext}"
+        fig.savefig(p, dpi=120)
+        paths.append(p)
+    plt.close(fig)
+    return FigureResult(spec.name, title, paths, missing)
+
+
+def make_figures(exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates",
+                 specs: tuple[FigureSpec, ...] = FIGURES) -> list[FigureResult]:
+    """Every figure of SPEC section 6 (and response length per row) into out_dir, PNG and PDF."""
+    if x_axis not in ("updates", "rollout"):
+        raise ValueError(f"x_axis must be 'updates' or 'rollout', got {x_axis!r}")
+    return [draw_figure(exp, spec, out_dir, x_axis) for spec in specs]

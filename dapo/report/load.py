@@ -1,0 +1,248 @@
+"""Read an MLflow experiment into plain Python objects for Table 1, the compute table and the figures.
+
+One run per (row, seed), selected by the tags in `dapo.metric_names` (TAG_ROW, TAG_SEED, TAG_PRESET). Training
+runs log each metric with `step` = rollout step, plus GRAD_UPDATES per step, so a curve can be drawn against
+either counter. Every metric name comes from `dapo.metric_names`; nothing here spells one out.
+
+Problems in the data (a run without a row tag, two runs for one (row, seed), runs that disagree on k) never
+raise: they become warning lines that the report prints by name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from dapo import metric_names as M
+
+XAxis = Literal["updates", "rollout"]
+
+# Where a run may say how many accelerators it used (first hit wins); `--gpus-per-run` overrides them all.
+GPU_KEYS = ("dapo.gpus", "resources.gpus", "resources.gpu", "gpus", "num_gpus")
+CPU_KEYS = ("dapo.cpus", "resources.cpus", "resources.cpus_per_task", "cpus", "num_cpus")
+
+
+class ExperimentNotFound(LookupError):
+    """The experiment name is not in the tracking store (the message lists the ones that are)."""
+
+
+@dataclass
+class Series:
+    """One metric's history: `steps` [S] rollout steps (sorted, unique), `values` [S]."""
+
+    steps: np.ndarray
+    values: np.ndarray
+
+    def last(self) -> tuple[int, float]:
+        return int(self.steps[-1]), float(self.values[-1])
+
+    def at(self, step: int) -> float | None:
+        hit = np.nonzero(self.steps == step)[0]
+        return float(self.values[hit[-1]]) if hit.size else None
+
+
+@dataclass
+class RunData:
+    run_id: str
+    name: str
+    row: str
+    seed: int | None
+    preset: str | None
+    status: str                      # dapo.status tag, else MLflow's own status (lower case)
+    params: dict[str, str]
+    tags: dict[str, str]
+    start_ms: int | None
+    end_ms: int | None
+    history: dict[str, Series] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.row}-s{self.seed}"
+
+    def updates_per_step(self) -> int | None:
+        """train_batch_size // mini_batch_size * epochs from the run's params (None when absent)."""
+        try:
+            tb = int(self.params["trainer.train_batch_size"])
+            mb = int(self.params["trainer.mini_batch_size"])
+            ep = int(self.params.get("trainer.epochs", 1))
+        except (KeyError, ValueError):
+            return None
+        return (tb // mb) * ep if mb > 0 else None
+
+    def x_of(self, steps: np.ndarray, axis: XAxis) -> np.ndarray:
+        """Map rollout steps [S] to the chosen x-axis [S]: rollout steps, or cumulative gradient updates.
+
+        Updates come from the run's own GRAD_UPDATES history (logged per rollout step), so a run whose updates
+        per step vary (dynamic sampling at its refill cap) is drawn truthfully; steps between logged points
+        are interpolated, and without that history the params' updates-per-step is used.
+        """
+        steps = np.asarray(steps, dtype=float)
+        if axis == "rollout":
+            return steps
+        upd = self.history.get(M.GRAD_UPDATES)
+        if upd is not None and upd.steps.size:
+            xs = np.concatenate([[0.0], upd.steps.astype(float)])
+            ys = np.concatenate([[0.0], upd.values.astype(float)])
+            order = np.argsort(xs, kind="stable")
+            xs, ys = xs[order], ys[order]
+            out = np.interp(steps, xs, ys)
+            # beyond the last logged point, continue at the last observed rate
+            rate = ys[-1] / xs[-1] if xs[-1] > 0 else 0.0
+            beyond = steps > xs[-1]
+            out[beyond] = ys[-1] + (steps[beyond] - xs[-1]) * rate
+            return out
+        ups = self.updates_per_step()
+        return steps * ups if ups else steps
+
+    def resource(self, keys: tuple[str, ...]) -> float | None:
+        for k in keys:
+            for source in (self.tags, self.params):
+                if k in source:
+                    try:
+                        return float(source[k])
+                    except ValueError:
+                        continue
+        return None
+
+
+@dataclass
+class Experiment:
+    name: str
+    experiment_id: str
+    tracking_uri: str
+    k: int                              # samples per problem of the eval (avg@k); the preset's eval.n
+    runs: list[RunData]
+    warnings: list[str] = field(default_factory=list)
+
+    def rows(self) -> list[str]:
+        """Paper rows first (Table 1 order), then any other row tags found (user variants), sorted."""
+        present = {r.row for r in self.runs}
+        extra = sorted(present - set(M.PAPER_TABLE1))
+        return list(M.PAPER_TABLE1) + extra
+
+    def runs_of(self, row: str) -> list[RunData]:
+        return sorted((r for r in self.runs if r.row == row), key=lambda r: (r.seed is None, r.seed or 0))
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """An explicit URI, else $MLFLOW_TRACKING_URI, else the project's default SQLite store under ./results."""
+    from dapo.tracking import resolve_uri
+
+    return resolve_uri(uri)
+
+
+def report_metrics(k: int) -> list[str]:
+    """Every metric the report reads, for eval size k."""
+    ev = [M.eval_avg(k), M.eval_pass(k), M.eval_maj(k)]
+    return ev + [M.ci_low(n) for n in ev] + [M.ci_high(n) for n in ev] + [
+        M.ENTROPY, M.RESP_LEN_MEAN, M.CLIP_HIGH_PROB, M.ALL_CORRECT_FRAC, M.ACC_MEAN, M.GRAD_UPDATES,
+        M.ROLLOUT_STEP, M.DS_TOKENS_GENERATED, M.DS_TOKENS_GENERATED_TOTAL, M.TIME_TOTAL]
+
+
+_AVG_RE = re.compile("^" + re.escape(M.eval_avg(0)).replace("0", r"(\d+)") + "$")
+
+
+def infer_k(runs: list, warnings: list[str]) -> int | None:
+    """k = the runs' `eval.n` param (the most common one); else the largest k among their avg@k metrics."""
+    ns = Counter(r.data.params["eval.n"] for r in runs if "eval.n" in r.data.params)
+    if ns:
+        (top, _), *rest = ns.most_common()
+        if rest:
+            warnings.append(f"runs disagree on eval.n ({dict(ns)}); using k = {top}")
+        return int(top)
+    ks = [int(m.group(1)) for r in runs for name in r.data.metrics if (m := _AVG_RE.match(name))]
+    return max(ks) if ks else None
+
+
+def load_experiment(experiment: str, tracking_uri: str | None = None, k: int | None = None) -> Experiment:
+    """Read every tagged run of `experiment` with the histories of the metrics the report needs.
+
+    Raises ExperimentNotFound (with the known names) when the experiment does not exist; everything else that
+    is odd about the runs becomes a line in `Experiment.warnings`.
+    """
+    from mlflow.tracking import MlflowClient
+
+    uri = resolve_tracking_uri(tracking_uri)
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        known = sorted(e.name for e in client.search_experiments())
+        raise ExperimentNotFound(f"experiment {experiment!r} not found at {uri}; known experiments: "
+                                 f"{', '.join(known) or '(none)'}")
+    warnings: list[str] = []
+    raw = []
+    page_token = None
+    while True:
+        page = client.search_runs([exp.experiment_id], max_results=1000, page_token=page_token)
+        raw.extend(page)
+        page_token = page.token
+        if not page_token:
+            break
+    tagged = []
+    for r in raw:
+        if M.TAG_ROW not in r.data.tags:
+            warnings.append(f"run {r.info.run_name or r.info.run_id} has no {M.TAG_ROW} tag; left out")
+        else:
+            tagged.append(r)
+    if k is None:
+        k = infer_k(tagged, warnings)
+    if k is None:
+        warnings.append(f"no run has an eval.n param or an {M.eval_avg(0).replace('0', 'k')} metric; "
+                        "assuming k = 32")
+        k = 32
+
+    chosen: dict[tuple[str, str], object] = {}
+    for r in tagged:
+        key = (r.data.tags[M.TAG_ROW], r.data.tags.get(M.TAG_SEED, r.data.params.get("trainer.seed", "")))
+        prev = chosen.get(key)
+        if prev is None or _preference(r) > _preference(prev):
+            if prev is not None:
+                warnings.append(f"two runs for row {key[0]} seed {key[1]}: using {r.info.run_name} "
+                                f"({r.info.run_id[:8]}), not {prev.info.run_name} ({prev.info.run_id[:8]})")
+            chosen[key] = r
+        else:
+            warnings.append(f"two runs for row {key[0]} seed {key[1]}: using {prev.info.run_name} "
+                            f"({prev.info.run_id[:8]}), not {r.info.run_name} ({r.info.run_id[:8]})")
+
+    wanted = report_metrics(k)
+    runs = []
+    for r in chosen.values():
+        tags, params = dict(r.data.tags), dict(r.data.params)
+        seed_txt = tags.get(M.TAG_SEED, params.get("trainer.seed"))
+        status = tags.get(M.TAG_STATUS, (r.info.status or "").lower())
+        rd = RunData(run_id=r.info.run_id, name=r.info.run_name or "", row=tags[M.TAG_ROW],
+                     seed=int(seed_txt) if seed_txt not in (None, "") and str(seed_txt).lstrip("-").isdigit()
+                     else None, preset=tags.get(M.TAG_PRESET), status=status, params=params, tags=tags,
+                     start_ms=r.info.start_time, end_ms=r.info.end_time)
+        for name in wanted:
+            if name in r.data.metrics:
+                hist = client.get_metric_history(r.info.run_id, name)
+                rd.history[name] = _series(hist)
+        if status.lower() != "finished":
+            warnings.append(f"run {rd.label} has status {status!r}: its last logged eval is used")
+        runs.append(rd)
+    runs.sort(key=lambda r: (r.row, r.seed is None, r.seed or 0))
+    return Experiment(name=experiment, experiment_id=exp.experiment_id, tracking_uri=uri, k=int(k),
+                      runs=runs, warnings=warnings)
+
+
+def _preference(r) -> tuple:
+    """Among duplicate runs of one (row, seed): a finished one, then the most recent."""
+    status = r.data.tags.get(M.TAG_STATUS, (r.info.status or "").lower())
+    return (status.lower() == "finished", r.info.start_time or 0)
+
+
+def _series(points) -> Series:
+    """MLflow metric history -> Series; a step logged twice keeps its latest value (a resumed run)."""
+    by_step: dict[int, tuple[int, float]] = {}
+    for p in points:
+        prev = by_step.get(p.step)
+        if prev is None or p.timestamp >= prev[0]:
+            by_step[p.step] = (p.timestamp, p.value)
+    steps = np.array(sorted(by_step), dtype=int)
+    values = np.array([by_step[s][1] for s in steps], dtype=float)
+    return Series(steps=steps, values=values)

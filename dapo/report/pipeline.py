@@ -1,0 +1,100 @@
+"""The report's steps as plain functions: the analysis notebooks call these, and so does `dapo report
+--engine python`, so both paths write the same files.
+
+    out/table1.{md,csv,tex}     Table 1 (ours beside the paper's)
+    out/compute.{md,csv,tex}    tokens, wall-clock, GPU-hours (or CPU-hours) per row
+    out/figures/*.{png,pdf}     the paper's figures; out/figures.json lists each with what it misses
+    out/warnings.json           odd things about the runs (duplicates, unfinished runs, ...)
+    out/report.md               all of it on one page, with a Missing section
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from dapo.report.compute import compute_table
+from dapo.report.figures import FigureResult, make_figures
+from dapo.report.formats import write_table
+from dapo.report.load import Experiment, XAxis, load_experiment
+from dapo.report.table1 import build_table1, table1_table
+
+
+def warn(lines: list[str]) -> None:
+    """One `warning:` line per problem on stderr (named, never a traceback)."""
+    for line in lines:
+        print(f"warning: {line}", file=sys.stderr)
+
+
+def write_tables(exp: Experiment, out_dir: str | Path, gpus_per_run: float | None = None,
+                 cpus_per_run: float | None = None, confidence: float = 0.95) -> list[str]:
+    """Table 1 and the compute table (md, csv, tex) plus warnings.json; returns every missing item's name."""
+    out = Path(out_dir)
+    t1 = build_table1(exp, confidence)
+    write_table(table1_table(t1), out, "table1")
+    comp = compute_table(exp, t1, gpus_per_run, cpus_per_run)
+    write_table(comp, out, "compute")
+    (out / "warnings.json").write_text(json.dumps(exp.warnings, indent=1))
+    missing = t1.missing + comp.missing
+    warn(exp.warnings + [f"missing: {m}" for m in missing])
+    return missing
+
+
+def write_figures(exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates") -> list[FigureResult]:
+    """Every figure (PNG and PDF) into out_dir/figures, and out_dir/figures.json as their manifest."""
+    out = Path(out_dir)
+    results = make_figures(exp, out / "figures", x_axis)
+    manifest = [{"name": r.name, "title": r.title, "files": [p.name for p in r.paths], "missing": r.missing}
+                for r in results]
+    (out / "figures.json").write_text(json.dumps({"x_axis": x_axis, "figures": manifest}, indent=1))
+    warn([f"{r.name}: missing {m}" for r in results for m in r.missing])
+    return results
+
+
+def write_index(out_dir: str | Path, experiment: str = "") -> Path:
+    """report.md: the tables, the figures and one Missing section, from the files the steps above wrote.
+
+    Whatever step did not run (its file is absent) is itself listed as missing.
+    """
+    out = Path(out_dir)
+    parts = [f"# DAPO ablation report{': ' + experiment if experiment else ''}", ""]
+    missing: list[str] = []
+    for stem in ("table1", "compute"):
+        p = out / f"{stem}.md"
+        if p.is_file():
+            text = p.read_text()
+            body, _, miss = text.partition("### Missing")
+            parts.append(body.rstrip() + "\n")
+            missing += [ln[2:] for ln in miss.splitlines() if ln.startswith("- ")]
+        else:
+            missing.append(f"{stem}.md was not written")
+    fj = out / "figures.json"
+    if fj.is_file():
+        man = json.loads(fj.read_text())
+        parts.append(f"## Figures (x-axis: {'gradient updates' if man['x_axis'] == 'updates' else 'rollout steps'})\n")
+        for f in man["figures"]:
+            png = next((n for n in f["files"] if n.endswith(".png")), None)
+            parts.append(f"### {f['title']}\n\n![{f['name']}](figures/{png})\n" if png else f"### {f['title']}\n")
+            missing += [f"{f['name']}: {m}" for m in f["missing"]]
+    else:
+        missing.append("figures.json was not written (figures not made)")
+    wj = out / "warnings.json"
+    warnings = json.loads(wj.read_text()) if wj.is_file() else []
+    if warnings:
+        parts += ["## Warnings", ""] + [f"- {w}" for w in warnings] + [""]
+    parts += ["## Missing", ""] + ([f"- {m}" for m in missing] if missing else ["Nothing missing."])
+    index = out / "report.md"
+    index.write_text("\n".join(parts) + "\n")
+    return index
+
+
+def build_report(experiment: str, tracking_uri: str | None = None, out_dir: str | Path = "results/report",
+                 x_axis: XAxis = "updates", gpus_per_run: float | None = None,
+                 cpus_per_run: float | None = None) -> Path:
+    """The plain-Python path: read the experiment once, write every table and figure and report.md."""
+    exp = load_experiment(experiment, tracking_uri)
+    write_tables(exp, out_dir, gpus_per_run, cpus_per_run)
+    write_figures(exp, out_dir, x_axis)
+    return write_index(out_dir, experiment)
+
