@@ -49,7 +49,7 @@ rule evaluate:
         **slurm_resources("eval"),
     shell:
         "OMP_NUM_THREADS={threads} dapo eval {params.args} "
-        "--run-id $(python -c 'import json,sys; print(json.load(open(sys.argv[1]))[\"mlflow_run_id\"])' {input.done:q}) "
+        "--run-id $(python -c 'import json,sys; print(json.load(open(sys.argv[1]))[\"run_id\"])' {input.done:q}) "
         "> {log} 2>&1"
 
 
