@@ -1,0 +1,28 @@
+"""Rewards: answer extraction and equivalence (math-verify or the DAPO rule) in a bounded process pool.
+
+Knows nothing of the trainer. See `score.py` for the design; SPEC section 4 for the rule.
+"""
+
+from dapo.rewards.dapo_rule import dapo_rule_correct, normalize_final_answer
+from dapo.rewards.extract import extract_answer, last_boxed
+from dapo.rewards.score import (
+    VERIFIERS,
+    Score,
+    score_dapo_rule,
+    score_math_verify,
+    score_responses,
+    shutdown_pools,
+)
+
+__all__ = [
+    "VERIFIERS",
+    "Score",
+    "dapo_rule_correct",
+    "extract_answer",
+    "last_boxed",
+    "normalize_final_answer",
+    "score_dapo_rule",
+    "score_math_verify",
+    "score_responses",
+    "shutdown_pools",
+]

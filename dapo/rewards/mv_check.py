@@ -1,0 +1,177 @@
+"""Equivalence of an extracted answer and the ground truth by math-verify, under a time bound.
+
+Runs in the scoring worker processes (and in the caller's main thread for small batches). math-verify's own
+timeouts use `signal.alarm` with whole seconds, one alarm for parsing and another per comparison, and raise
+when called outside the main thread (FINDINGS.md). We switch them off and put one `setitimer` deadline (float
+seconds) around parse + verify instead; a check that runs past it counts as wrong. C code that never returns
+to the interpreter cannot be interrupted by a signal: the pool in `pool.py` kills such a worker from outside.
+
+How the strings are given to math-verify: both sides are wrapped as `$...$` inline LaTeX after removing `$`.
+Measured with math-verify 0.9: `204`, `$204$`, `204.0`, `\\boxed{204}`, `204 minutes`, `\\frac{408}{2}` and
+`x = 204` all verify against the gold `204`; unwrapped, `\\frac12` and `2^{10}` do not parse and `3\\sqrt{2}`
+parses as 3, and `5 or 204` would parse as 204 (wrapped it is the set {5, 204}: a hedge is wrong).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+from decimal import Decimal
+from functools import lru_cache
+from types import FrameType
+from typing import Any
+
+_REPEAT_S = 0.1     # the alarm fires again at this interval, in case a library swallowed the first exception
+
+
+class CheckTimeout(BaseException):
+    """Raised by the deadline. A BaseException so that sympy's and math-verify's `except Exception` pass it."""
+
+
+class Deadline:
+    """`with Deadline(s):` raises CheckTimeout in the main thread once `s` seconds have passed.
+
+    A no-op outside the main thread (signals can only be handled there); callers there need an outside bound.
+    Restores the previous SIGALRM handler, so it nests inside code that uses its own alarms only in that
+    it cancels them: do not use it under another `signal.alarm`.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = max(float(seconds), 1e-3)
+        self.armed = False
+        self.active = False
+        self._old: Any = None
+
+    def _fire(self, signum: int, frame: FrameType | None) -> None:
+        if self.armed:
+            raise CheckTimeout(f"check exceeded {self.seconds:.3g} s")
+
+    def __enter__(self) -> Deadline:
+        if threading.current_thread() is threading.main_thread():
+            self.active = True
+            self._old = signal.signal(signal.SIGALRM, self._fire)
+            self.armed = True
+            signal.setitimer(signal.ITIMER_REAL, self.seconds, _REPEAT_S)
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        if not self.active:
+            return False
+        try:
+            self.armed = False      # from here on a firing is a no-op
+        finally:
+            # Reached even if the alarm fired just before the line above; the next firing is >= 0.1 s away.
+            self.armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._old)
+        return False
+
+
+def _quiet_math_verify() -> None:
+    """Silence math-verify's one-off 'timeout is disabled' warning: our deadline is the timeout."""
+    import math_verify.grader
+    import math_verify.parser
+
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+
+
+def _as_latex(answer: str) -> str:
+    return "$" + answer.replace("\\$", "").replace("$", "").strip() + "$"
+
+
+def _parse(answer: str) -> list:
+    from math_verify import parse
+
+    return parse(_as_latex(answer), parsing_timeout=None)  # type: ignore[arg-type]
+
+
+@lru_cache(maxsize=4096)
+def _parse_gold(gold: str) -> list:
+    # The same gold comes G times per prompt (and every epoch): parse it once per worker process.
+    return _parse(gold)
+
+
+_PLAIN_NUMBER = re.compile(r"-?\d{1,60}(?:\.\d{1,60})?")
+
+
+def fast_equivalent(extracted: str, gold: str) -> bool | None:
+    """Decide the easy cases without math-verify (it spends ~5 ms in its LaTeX parser on `$204$`).
+
+    True for identical strings and for plain decimal numbers of equal value (`204.0` vs `204`); False for two
+    different integer values (`206.0` vs `204`), where math-verify's exact comparison says the same. None otherwise:
+    the caller asks math-verify (e.g. `0.3333333` vs `1/3` is decided by its rounding rules, not here).
+    """
+    a, b = extracted.strip(), gold.strip()
+    if a == b:
+        return True
+    if _PLAIN_NUMBER.fullmatch(a) and _PLAIN_NUMBER.fullmatch(b):
+        x, y = Decimal(a), Decimal(b)
+        if x == y:
+            return True
+        if x % 1 == 0 and y % 1 == 0:      # two different integers (206.0 is one)
+            return False
+    return None
+
+
+def verify_equivalent(extracted: str, gold: str) -> bool:
+    """math-verify equivalence of two short answer strings, with no time bound of its own (see `check`).
+
+    The easy cases short-cut (`fast_equivalent`); an unparsable side compares as a string.
+    """
+    fast = fast_equivalent(extracted, gold)
+    if fast is not None:
+        return fast
+    from math_verify import verify
+
+    _quiet_math_verify()
+    gold_parsed = _parse_gold(gold)
+    target = _parse(extracted)
+    if not gold_parsed or not target:
+        return False
+    return bool(verify(gold_parsed, target, timeout_seconds=None))  # type: ignore[arg-type]
+
+
+_WARM_UP = (("204.0", "204"), ("\\frac{1}{2}", "0.5"), ("x = 2", "2"), ("\\boxed{3}", "3"), ("1, 2", "\\{1,2\\}"),
+            ("(1,2]", "(1,2]"), ("2\\sqrt{3}", "\\sqrt{12}"), ("50\\%", "0.5"), ("\\text{B}", "B"), ("x^2+1", "1+x^2"))
+_warm = False
+
+
+def warm_up() -> None:
+    """Run a few checks with no deadline, once per process.
+
+    Needed for correctness, not just speed: the first checks initialise module-level state in the LaTeX
+    parser (ANTLR) and sympy; an alarm that interrupts that initialisation leaves it broken, and every later
+    check of the process fails (measured: after a timed-out first check, `204.0` no longer verified as 204).
+    """
+    global _warm
+    if not _warm:
+        for extracted, gold in _WARM_UP:
+            try:
+                verify_equivalent(extracted, gold)
+            except Exception:
+                pass
+        _warm = True
+
+
+def check(task: tuple[str, str, float]) -> tuple[str, bool]:
+    """Worker entry point: `(extracted, gold, timeout_s) -> (status, correct)`.
+
+    status is "ok", "timeout" (the deadline fired: correct is False) or "error" (math-verify raised).
+    Never raises except CheckTimeout escaping a teardown race, which the pool also maps to a timeout.
+    """
+    extracted, gold, timeout_s = task
+    warm_up()
+    try:
+        with Deadline(timeout_s):
+            return "ok", verify_equivalent(extracted, gold)
+    except CheckTimeout:
+        return "timeout", False
+    except Exception:       # e.g. RecursionError on deep LaTeX, MemoryError: the answer is not verified
+        return "error", False
+
+
+def interrupted(outcome: tuple[str, bool]) -> bool:
+    """True for a `check` outcome whose computation the deadline interrupted (the pool retires that worker)."""
+    return outcome[0] == "timeout"

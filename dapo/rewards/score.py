@@ -1,0 +1,160 @@
+"""Score responses against ground-truth answers: +1 if equivalent, else -1 (SPEC section 4).
+
+`score_responses` is what the trainer and the evaluator call, with thousands of responses per step:
+
+- `verifier="math_verify"` (default): the answer is extracted here (`extract.extract_answer`, linear time,
+  capped at 300 characters), identical (answer, gold) pairs are checked once (the G responses of a group often
+  agree), plain numbers are compared here (`mv_check.fast_equivalent`), and the remaining checks run in a persistent pool of worker processes with a per-check deadline (`timeout_s`,
+  in the worker) and a hard kill (`timeout_s + HARD_GRACE_S`, from the parent). Fewer than `INLINE_MAX`
+  distinct checks run inline in the caller's main thread under the same deadline, skipping the pool's IPC.
+- `verifier="dapo_rule"`: the paper's string rule (`dapo_rule.py`) on the last 300 characters; pure bounded
+  string work, so it always runs inline.
+
+Model output never makes scoring raise: a response with no answer, a check that errors, times out or kills
+its worker all score -1 (a timeout keeps the extracted answer, for inspection). Only misuse raises
+(mismatched list lengths, an unknown verifier), and a pool whose workers cannot start at all.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+from dapo.rewards.dapo_rule import dapo_rule_correct
+from dapo.rewards.extract import clean_answer, extract_answer
+from dapo.rewards.mv_check import check, fast_equivalent, interrupted
+from dapo.rewards.pool import BoundedPool
+
+log = logging.getLogger(__name__)
+
+VERIFIERS = ("math_verify", "dapo_rule")
+INLINE_MAX = 64             # below this many distinct checks, the pool's IPC costs more than it saves
+HARD_GRACE_S = 1.0          # the parent kills a worker this long after the worker's own deadline
+MAX_WORKERS = 16
+WORKER_MEM_BYTES = 3 << 30  # address-space cap per worker: a LaTeX bomb gets a MemoryError, not the machine
+
+_pools: dict[int, BoundedPool] = {}
+_pools_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Score:
+    """One response's reward. `score` is +1.0 or -1.0; `extracted` is the answer read (None if none)."""
+
+    score: float
+    correct: bool
+    extracted: str | None
+
+
+def _score(correct: bool, extracted: str | None) -> Score:
+    return Score(1.0 if correct else -1.0, bool(correct), extracted)
+
+
+def default_workers() -> int:
+    """CPUs this process may use, capped at MAX_WORKERS."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, n))
+
+
+def get_pool(workers: int) -> BoundedPool:
+    """The process-wide persistent pool with `workers` processes (created on first use)."""
+    with _pools_lock:
+        if workers not in _pools:
+            # A worker retires after a timed-out check (the interrupted computation may have left sympy's
+            # caches half-updated); replacements fork from a warm forkserver in milliseconds.
+            _pools[workers] = BoundedPool(check, workers, warmup=("2", "\\frac{4}{2}", 60.0),
+                                          preload=("dapo.rewards._preload",), retire_if=interrupted,
+                                          mem_limit_bytes=WORKER_MEM_BYTES)
+        return _pools[workers]
+
+
+@atexit.register
+def shutdown_pools() -> None:
+    """Stop every scoring worker (also run at interpreter exit)."""
+    with _pools_lock:
+        for pool in _pools.values():
+            pool.close()
+        _pools.clear()
+
+
+def _gold(answer: object) -> str:
+    text = str(answer)
+    return clean_answer(text) or text.strip()
+
+
+def score_dapo_rule(response: str, answer: str) -> Score:
+    """One response under the paper's string rule (bounded time, in-process)."""
+    correct, extracted = dapo_rule_correct(response if isinstance(response, str) else "", str(answer))
+    return _score(correct, extracted)
+
+
+def score_math_verify(response: str, answer: str, timeout_s: float = 5.0) -> Score:
+    """One response under math-verify. Bounded by `timeout_s` when called from the main thread; from another
+    thread it goes through the pool (signals cannot interrupt a non-main thread)."""
+    return score_responses([response], [answer], "math_verify", timeout_s)[0]
+
+
+def score_responses(responses: list[str], answers: list[str], verifier: str = "math_verify",
+                    timeout_s: float = 5.0, workers: int | None = None) -> list[Score]:
+    """Score `responses[i]` against `answers[i]`: +1 if the final answer is equivalent, else -1.
+
+    Args:
+        responses: model outputs, any length and content (hostile input is expected).
+        answers: ground-truth answers, same length.
+        verifier: "math_verify" (robust equivalence) or "dapo_rule" (the paper's string equality).
+        timeout_s: time bound of one equivalence check; past it the response scores -1.
+        workers: pool size; None: the CPUs available (at most 16); 0: always inline (main thread only).
+    Returns:
+        one `Score` per response, in order.
+    """
+    if len(responses) != len(answers):
+        raise ValueError(f"{len(responses)} responses but {len(answers)} answers")
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}; choose one of {VERIFIERS}")
+    if verifier == "dapo_rule":
+        return [score_dapo_rule(r, a) for r, a in zip(responses, answers, strict=True)]
+
+    extracted = [extract_answer(r) for r in responses]
+    # One check per distinct (answer, gold) pair.
+    index: dict[tuple[str, str], int] = {}
+    tasks: list[tuple[str, str, float]] = []
+    task_of: list[int | None] = []
+    for ext, ans in zip(extracted, answers, strict=True):
+        if ext is None:
+            task_of.append(None)
+            continue
+        key = (ext, _gold(ans))
+        if key not in index:
+            index[key] = len(tasks)
+            tasks.append((key[0], key[1], float(timeout_s)))
+        task_of.append(index[key])
+
+    # Plain numbers (all of AIME and DAPO-Math-17k's golds) are decided here in microseconds.
+    outcomes: list[tuple[str, bool]] = [("ok", False)] * len(tasks)
+    hard: list[int] = []
+    for k, (ext, gold, _) in enumerate(tasks):
+        fast = fast_equivalent(ext, gold)
+        if fast is None:
+            hard.append(k)
+        else:
+            outcomes[k] = ("ok", fast)
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main and (workers == 0 or len(hard) < INLINE_MAX):
+        results = [check(tasks[k]) for k in hard]
+    else:
+        pool = get_pool(workers or default_workers())
+        results = [value if status == "ok" else (status, False)
+                   for status, value in pool.map([tasks[k] for k in hard], float(timeout_s) + HARD_GRACE_S)]
+    for k, result in zip(hard, results, strict=True):
+        outcomes[k] = result
+    timeouts = sum(status != "ok" for status, _ in outcomes)
+    if timeouts:
+        log.warning("%d of %d answer checks timed out or failed (scored -1)", timeouts, len(outcomes))
+    return [_score(False, None) if t is None else _score(outcomes[t][1], ext)
+            for t, ext in zip(task_of, extracted, strict=True)]
