@@ -1,0 +1,214 @@
+"""What the trainer hands the learner (`PolicyBatch`, `LossSpec`), and how a batch becomes micro-batches.
+
+Micro-batches are length-sorted and right-padded under a token budget, not packed. Packing several sequences
+into one row needs attention that stays inside each sequence: flash-attn's varlen kernels (GPU only) or a
+block-diagonal mask that grows as L^2 per row. Sorting by length first makes padding small (neighbours have
+similar lengths), keeps every model's plain causal attention, and gives the same per-token numbers on CPU and
+GPU. The budget counts padded tokens (rows x longest row), so it bounds activation memory the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """The loss hyper-parameters (SPEC sections 2 and 3); plain values, fixed for a run.
+
+    Attributes:
+        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high]. Naive GRPO 0.2/0.2; DAPO 0.2/0.28.
+        dual_clip_c: dual-clip bound for negative advantages (released recipe 10), None for off.
+        kl_coef: k3 KL coefficient towards a reference policy (0 in every DAPO row); needs `ref_logp`.
+        loss_agg: `seq-mean-token-mean`, `token-mean`, `group-token-mean` or `seq-mean-token-sum`.
+        seq_token_sum_constant: the divisor C of `seq-mean-token-sum` (e.g. the max response length).
+        temperature: the sampling temperature; logits are divided by it, as when sampling.
+    """
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip_c: float | None = None
+    kl_coef: float = 0.0
+    loss_agg: str = "seq-mean-token-mean"
+    seq_token_sum_constant: float | None = None
+    temperature: float = 1.0
+
+
+def response_mask(response_ids: list[list[int]], width: int | None = None) -> Tensor:
+    """[N, R] float mask, 1 on each response's tokens; R = `width` or the longest response."""
+    lengths = torch.tensor([len(r) for r in response_ids], dtype=torch.long)
+    width = int(lengths.max().item()) if width is None and len(response_ids) else (width or 0)
+    return (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).float()
+
+
+def pad_rows(rows: list[list[float]], width: int | None = None) -> Tensor:
+    """Ragged per-token values (e.g. the engine's log-probs) -> [N, R] float32, zeros after each row."""
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    out = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(r, dtype=torch.float32)
+    return out
+
+
+@dataclass
+class PolicyBatch:
+    """N sampled responses with what the loss needs. Per-token tensors are [N, R], R >= the longest response,
+    right-padded; column t of row i is response token t.
+
+    Attributes:
+        prompt_ids: N prompts as token ids (templates applied; repeated for each response of a group).
+        response_ids: N responses as token ids.
+        advantages: [N] float, one advantage per response (group-normalised, SPEC section 2).
+        loss_mask: [N, R] float, 1 on response tokens that train; 0 on padding and on every token of an
+            overlong-filtered response (`dapo.algos.overlong_loss_mask`).
+        group_ids: [N] int, the prompt (group) each response belongs to; a group must stay on one rank.
+        old_logp: [N, R] log-probs under the policy that sampled (from `Learner.compute_logprobs`); needed by
+            `Learner.update`, not by `compute_logprobs`.
+        ref_logp: [N, R] reference-policy log-probs, only when `LossSpec.kl_coef > 0`.
+    """
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    advantages: Tensor
+    loss_mask: Tensor
+    group_ids: Tensor
+    old_logp: Tensor | None = None
+    ref_logp: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.prompt_ids)
+        if len(self.response_ids) != n or self.advantages.shape != (n,) or self.group_ids.shape != (n,):
+            raise ValueError(
+                f"PolicyBatch: {n} prompts, {len(self.response_ids)} responses, advantages "
+                f"{tuple(self.advantages.shape)}, group_ids {tuple(self.group_ids.shape)}: need N each"
+            )
+        width = max((len(r) for r in self.response_ids), default=0)
+        for name in ("loss_mask", "old_logp", "ref_logp"):
+            t = getattr(self, name)
+            if t is not None and (t.dim() != 2 or t.shape[0] != n or t.shape[1] < width):
+                raise ValueError(
+                    f"PolicyBatch.{name} is {tuple(t.shape)}; need [N={n}, R>={width}] (R: longest response)"
+                )
+        if any(len(p) == 0 for p in self.prompt_ids):
+            raise ValueError(
+                "PolicyBatch: empty prompt (the first response token needs a position to predict it)"
+            )
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def response_lengths(self) -> list[int]:
+        return [len(r) for r in self.response_ids]
+
+    def select(self, rows: list[int] | Tensor) -> PolicyBatch:
+        """The sub-batch of `rows` (in that order), e.g. one mini-batch of a rollout batch."""
+        idx = torch.as_tensor(rows, dtype=torch.long)
+        rows = idx.tolist()
+        pick = lambda t: None if t is None else t[idx]  # noqa: E731
+        return replace(
+            self,
+            prompt_ids=[self.prompt_ids[i] for i in rows],
+            response_ids=[self.response_ids[i] for i in rows],
+            advantages=self.advantages[idx],
+            loss_mask=self.loss_mask[idx],
+            group_ids=self.group_ids[idx],
+            old_logp=pick(self.old_logp),
+            ref_logp=pick(self.ref_logp),
+        )
+
+    def shard(self, rank: int, world_size: int) -> PolicyBatch:
+        """This rank's part of a batch that every rank holds whole: whole groups (the group-token-mean needs
+        each group's token count on one rank), balanced by tokens, greedily, longest group first. The same
+        on every rank (deterministic), so the shards partition the batch."""
+        if world_size == 1:
+            return self
+        tokens: dict[int, int] = {}
+        for g, p, r in zip(self.group_ids.tolist(), self.prompt_ids, self.response_ids, strict=True):
+            tokens[g] = tokens.get(g, 0) + len(p) + len(r)
+        load = [0] * world_size
+        owner: dict[int, int] = {}
+        for g in sorted(tokens, key=lambda g: (-tokens[g], g)):
+            r = min(range(world_size), key=lambda k: (load[k], k))
+            owner[g] = r
+            load[r] += tokens[g]
+        return self.select([i for i, g in enumerate(self.group_ids.tolist()) if owner[g] == rank])
+
+
+def plan_micro_batches(seq_lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Split sequences into micro-batches of at most `token_budget` padded tokens, longest first.
+
+    Args:
+        seq_lengths: model-input length of each sequence (0: nothing to compute, left out).
+        token_budget: max rows x longest row per micro-batch; a longer sequence gets a micro-batch to itself.
+
+    Returns:
+        Lists of sequence indices; each list is sorted by length, longest first (the first micro-batch is the
+        most memory-hungry, so an out-of-memory shows up at once).
+    """
+    order = sorted((i for i, n in enumerate(seq_lengths) if n > 0), key=lambda i: (-seq_lengths[i], i))
+    out: list[list[int]] = []
+    for i in order:
+        # Longest first: the current micro-batch's first row is its widest one.
+        if out and (len(out[-1]) + 1) * seq_lengths[out[-1][0]] <= token_budget:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded model inputs of some rows and where their response tokens' predictions sit.
+
+    input_ids, attention_mask: [B, L] (prompt + response[:-1], the last token predicts nothing).
+    positions: [T] flat indices into B*L of the hidden states that predict `targets` [T] (the rows' response
+    tokens, row by row). `rows`: the batch rows, in micro-batch order. `token_rows`, `token_cols`: [T] each, the
+    (row in the batch, response position) of each target, to gather per-token batch tensors.
+    """
+
+    rows: list[int]
+    input_ids: Tensor
+    attention_mask: Tensor
+    positions: Tensor
+    targets: Tensor
+    token_rows: Tensor
+    token_cols: Tensor
+
+
+def collate(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], rows: list[int], pad_id: int = 0
+) -> MicroBatch:
+    """Build the padded micro-batch of `rows` (indices into prompt_ids / response_ids)."""
+    seqs = [prompt_ids[i] + response_ids[i][:-1] for i in rows]
+    width = max(len(s) for s in seqs)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros(len(rows), width, dtype=torch.long)
+    positions, targets, token_rows, token_cols = [], [], [], []
+    for b, (i, s) in enumerate(zip(rows, seqs, strict=True)):
+        input_ids[b, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        attention[b, : len(s)] = 1
+        p, r = len(prompt_ids[i]), len(response_ids[i])
+        # Hidden state at position p - 1 + t predicts response token t.
+        positions.append(b * width + p - 1 + torch.arange(r))
+        targets.append(torch.as_tensor(response_ids[i], dtype=torch.long))
+        token_rows.append(torch.full((r,), i, dtype=torch.long))
+        token_cols.append(torch.arange(r))
+    return MicroBatch(
+        rows=list(rows),
+        input_ids=input_ids,
+        attention_mask=attention,
+        positions=torch.cat(positions),
+        targets=torch.cat(targets),
+        token_rows=torch.cat(token_rows),
+        token_cols=torch.cat(token_cols),
+    )
+
+
+def dummy_micro_batch() -> MicroBatch:
+    """A one-token micro-batch whose loss a rank multiplies by 0: it keeps the number of forward/backward passes
+    equal on every rank (ZeRO gathers and reduces parameters collectively in each pass)."""
+    return collate([[0]], [[0]], [0])

@@ -1,0 +1,426 @@
+"""`Learner`: the policy under DeepSpeed. Old log-probs, one clipped-surrogate update per mini-batch, weights out.
+
+One update (SPEC sections 2, 3 and 8):
+
+1. The aggregation's counts (loss tokens, responses, prompts) of the whole mini-batch are summed over the
+   data-parallel ranks *before* any backward pass, and the per-token weights are built from them
+   (`dapo.algos.aggregation.token_weights`), so the loss is the mini-batch loss whatever the split.
+2. Each micro-batch: forward -> per-token log-probs (`chunked_logprobs_entropy`: no [T, V] logits) ->
+   `clipped_surrogate` -> `weighted_sum` -> backward. DeepSpeed *averages* gradients over W ranks, so each rank's
+   loss is multiplied by W: the gradient is then exactly the world-size-1, one-micro-batch gradient.
+3. Every rank runs the same number of micro-batches (a rank with fewer runs zero-weight dummy ones): ZeRO gathers
+   and reduces parameters collectively inside each forward and backward.
+4. One optimizer step at the accumulation boundary. A non-finite loss on any rank, or a non-finite gradient norm,
+   skips it: gradients are zeroed and the weights and optimizer state stay as they were.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import math
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from dapo import metric_names as M
+from dapo.algos.aggregation import local_counts, token_weights, weighted_sum
+from dapo.algos.logprobs import chunked_logprobs_entropy
+from dapo.algos.surrogate import clipped_surrogate
+from dapo.learner.batch import (
+    LossSpec,
+    MicroBatch,
+    PolicyBatch,
+    collate,
+    dummy_micro_batch,
+    plan_micro_batches,
+)
+from dapo.learner.distributed import all_reduce, init_distributed
+from dapo.learner.optim import deepspeed_config, lr_at, make_optimizer, resolve_dtype
+
+# The per-update "this step was skipped" flag (1.0 / 0.0); the cumulative count is M.NONFINITE_SKIPPED.
+UPDATE_SKIPPED = getattr(M, "UPDATE_SKIPPED", "actor/update_skipped")
+_CKPT_TAG = "learner"
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "tokenizer.model",
+    "chat_template.jinja",
+)
+
+
+class _Policy(nn.Module):
+    """The causal LM as DeepSpeed sees it: returns log-probs (and entropy) of given target tokens, computed from
+    the final hidden states and the output head in chunks, so the [T, V] logits never exist at once."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def head_weight(self) -> nn.Parameter:
+        head = self.lm.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise ValueError(
+                "output head with a bias is not supported (chunked log-probs take the weight only)"
+            )
+        return head.weight
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        positions: Tensor,
+        targets: Tensor,
+        temperature: float,
+        chunk_size: int,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        hidden = self.lm.base_model(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state
+        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
+        return chunked_logprobs_entropy(
+            hidden, self.head_weight(), targets, chunk_size, temperature, with_entropy
+        )
+
+
+def _quiet_deepspeed() -> None:
+    import deepspeed
+
+    # By name: `deepspeed.comm.torch` as an attribute is the torch package itself (re-exported).
+    ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
+    deepspeed.utils.logging.logger.setLevel(logging.WARNING)
+    # The CPU accelerator would JIT-build a shared-memory all-reduce op on first use (~35 s per new machine,
+    # FINDINGS.md); gloo's own all-reduce is enough for a CPU-sized world. GPUs have no such op: unaffected.
+    if not torch.cuda.is_available():
+        ds_torch_comm.build_shm_op = lambda: None
+
+
+class Learner:
+    """The policy being trained, under a DeepSpeed engine. See `dapo.learner` for the API and its contracts."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        loss: LossSpec,
+        lr: float,
+        warmup_steps: int = 0,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        grad_clip: float = 1.0,
+        zero_stage: int = 2,
+        dtype: str = "auto",
+        micro_batch_tokens: int = 32768,
+        logprob_chunk_size: int = 1024,
+        gradient_checkpointing: bool = False,
+        optimizer: str = "adamw",
+    ) -> None:
+        import deepspeed
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        _quiet_deepspeed()
+        self.dist = init_distributed()
+        self.model_path, self.loss, self.zero_stage = model_path, loss, zero_stage
+        self.base_lr, self.warmup_steps = lr, warmup_steps
+        self.micro_batch_tokens, self.chunk_size = micro_batch_tokens, logprob_chunk_size
+        self.dtype = resolve_dtype(dtype)
+        ds_config = deepspeed_config(
+            zero_stage, self.dtype == torch.bfloat16, grad_clip, self.dist.world_size
+        )
+
+        # ZeRO-3: while this object lives transformers builds the model already partitioned (zero.Init), so no
+        # rank ever holds the whole model. It needs `accelerate`; without it each rank loads the whole model
+        # and deepspeed.initialize partitions it (fine for small models, heavy in host memory at 32B).
+        self._hf_ds = None
+        if zero_stage == 3 and importlib.util.find_spec("accelerate") is not None:
+            from transformers.integrations import HfDeepSpeedConfig
+
+            self._hf_ds = HfDeepSpeedConfig(ds_config)
+        config = AutoConfig.from_pretrained(model_path)
+        # RL needs ratio 1 at the first update on freshly computed old log-probs: no dropout anywhere.
+        for key, value in config.to_dict().items():
+            if "dropout" in key and isinstance(value, float):
+                setattr(config, key, 0.0)
+        lm = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=self.dtype)
+        if gradient_checkpointing:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy = _Policy(lm)
+        self._torch_opt = make_optimizer(policy.parameters(), optimizer, lr, weight_decay, betas)
+        self.engine, *_ = deepspeed.initialize(model=policy, optimizer=self._torch_opt, config=ds_config)
+        if zero_stage == 3:
+            # The head weight is read in _Policy.forward, outside the head module's own forward.
+            deepspeed.zero.register_external_parameter(self.engine.module, self.engine.module.head_weight())
+        self.engine.train()
+        # DeepSpeed's ZeRO and bf16 optimizers skip a step whose gradient norm is non-finite; a bare torch
+        # optimizer (ZeRO 0, float32) does not, so the learner checks the gradients itself there.
+        self._own_overflow_check = not hasattr(self.engine.optimizer, "overflow")
+        self.rollout_steps = 0  # lr_step() calls so far: the warm-up counter
+        self.updates = 0  # optimizer steps applied
+        self.skipped_updates = 0  # optimizer steps skipped (non-finite)
+        self._set_lr(self.lr)
+
+    # ------------------------------------------------------------------------------------------ lr schedule
+    @property
+    def lr(self) -> float:
+        """The learning rate in effect now (for the current rollout step)."""
+        return lr_at(self.rollout_steps, self.base_lr, self.warmup_steps)
+
+    def lr_step(self) -> float:
+        """Advance the warm-up by one rollout step (the trainer calls it once per rollout step, after its
+        updates). Returns the new learning rate."""
+        self.rollout_steps += 1
+        self._set_lr(self.lr)
+        return self.lr
+
+    def _set_lr(self, value: float) -> None:
+        # ZeRO wrappers step the torch optimizer they wrap, with that optimizer's param_groups.
+        for opt in {id(o): o for o in (self._torch_opt, self.engine.optimizer)}.values():
+            for group in opt.param_groups:
+                group["lr"] = value
+
+    # ------------------------------------------------------------------------------------------ forward
+    def _plan(self, batch: PolicyBatch) -> list[list[int]]:
+        """Micro-batches of this rank, padded with empty ones ([]: a dummy pass) to the most any rank has."""
+        lengths = [
+            len(p) + len(r) - 1 if r else 0 for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)
+        ]
+        plan = plan_micro_batches(lengths, self.micro_batch_tokens)
+        most = int(all_reduce(torch.tensor([len(plan)], dtype=torch.float64), "max").item())
+        return plan + [[] for _ in range(most - len(plan))]
+
+    def _forward(self, mb: MicroBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        dev = self.dist.device
+        return self.engine(
+            input_ids=mb.input_ids.to(dev),
+            attention_mask=mb.attention_mask.to(dev),
+            positions=mb.positions.to(dev),
+            targets=mb.targets.to(dev),
+            temperature=self.loss.temperature,
+            chunk_size=self.chunk_size,
+            with_entropy=with_entropy,
+        )
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: PolicyBatch) -> tuple[Tensor, Tensor]:
+        """Per-token log-probs and entropies of this rank's responses under the current weights.
+
+        Returns:
+            (logp [N, R], entropy [N, R]) float32 on the CPU, R = batch.loss_mask.shape[1], zeros after each
+            response. Every rank must call it (ZeRO-3 gathers weights collectively).
+        """
+        n, width = batch.loss_mask.shape
+        logp = torch.zeros(n, width, dtype=torch.float32)
+        entropy = torch.zeros(n, width, dtype=torch.float32)
+        for rows in self._plan(batch):
+            mb = collate(batch.prompt_ids, batch.response_ids, rows) if rows else dummy_micro_batch()
+            lp, ent = self._forward(mb, with_entropy=True)
+            if rows:
+                logp[mb.token_rows, mb.token_cols] = lp.float().cpu()
+                entropy[mb.token_rows, mb.token_cols] = ent.float().cpu()
+        return logp, entropy
+
+    # ------------------------------------------------------------------------------------------ update
+    def update(self, batch: PolicyBatch) -> dict[str, float]:
+        """One optimizer step on this rank's part of a mini-batch (every rank calls it with its part).
+
+        Returns metrics over the whole mini-batch (all ranks), keyed by `dapo.metric_names`: policy loss, lower
+        and upper clip fractions, mean old probability of upper-clipped tokens (NaN if none), dual-clip
+        fraction, approx KL to the old policy, entropy of the current policy on loss tokens, KL to the
+        reference (with ref_logp), gradient norm before clipping, lr, cumulative skipped steps, and
+        UPDATE_SKIPPED (1.0 when this step was skipped as non-finite).
+        """
+        if batch.old_logp is None:
+            raise ValueError("update needs batch.old_logp (Learner.compute_logprobs before the first update)")
+        spec, world = self.loss, self.dist.world_size
+        counts = local_counts(batch.loss_mask, batch.group_ids)
+        total = all_reduce(
+            torch.tensor(
+                [counts["num_tokens"], counts["num_seqs"], counts["num_groups"]], dtype=torch.float64
+            ),
+            "sum",
+        ).tolist()
+        weights = token_weights(
+            batch.loss_mask,
+            spec.loss_agg,
+            batch.group_ids,
+            num_tokens=total[0],
+            num_seqs=total[1],
+            num_groups=total[2],
+            seq_sum_constant=spec.seq_token_sum_constant,
+        )
+        # loss, clipped lower, clipped upper, dual clipped, sum pi_old (upper), k3 KL, entropy, KL to ref
+        sums = torch.zeros(8, dtype=torch.float64)
+        local_bad = False
+        plan = self._plan(batch)
+        for k, rows in enumerate(plan):
+            last = k == len(plan) - 1
+            self.engine.set_gradient_accumulation_boundary(last)
+            if rows:
+                mb = collate(batch.prompt_ids, batch.response_ids, rows)
+                loss, part = self._micro_loss(batch, mb, weights)
+                sums += part
+                local_bad |= not bool(torch.isfinite(loss).item())
+            else:
+                lp, _ = self._forward(dummy_micro_batch(), with_entropy=False)
+                loss = lp.sum() * 0.0
+            if last and bool(all_reduce(torch.tensor([float(local_bad)]), "max").item()):
+                # A non-finite loss anywhere: make every rank's gradient non-finite, so the overflow check
+                # below skips the step everywhere, even where NaNs did not reach the gradient.
+                loss = loss * float("nan")
+            self.engine.backward(loss * world, scale_wrt_gas=False)
+        grad_norm, applied = self._step()
+        return self._metrics(all_reduce(sums, "sum"), total[0], grad_norm, applied)
+
+    def _micro_loss(self, batch: PolicyBatch, mb: MicroBatch, weights: Tensor) -> tuple[Tensor, Tensor]:
+        spec, dev = self.loss, self.dist.device
+        logp, entropy = self._forward(mb, with_entropy=True)
+        r, c = mb.token_rows, mb.token_cols
+        old = batch.old_logp[r, c].to(dev)
+        ref = batch.ref_logp[r, c].to(dev) if batch.ref_logp is not None else None
+        out = clipped_surrogate(
+            logp,
+            old,
+            batch.advantages[r].to(dev),
+            spec.eps_low,
+            spec.eps_high,
+            spec.dual_clip_c,
+            ref,
+            spec.kl_coef,
+        )
+        loss = weighted_sum(out.loss, weights[r, c].to(dev))
+        m = batch.loss_mask[r, c].to(dev) > 0
+        log_r = (logp.detach() - old).double()
+
+        def msum(x: Tensor, where: Tensor = m) -> Tensor:
+            return torch.where(
+                where, x.detach().double(), torch.zeros((), dtype=torch.float64, device=dev)
+            ).sum()
+
+        upper = out.clipped_upper & m
+        part = torch.stack(
+            [
+                loss.detach().double(),
+                msum(out.clipped_lower.double()),
+                msum(upper.double()),
+                msum(out.dual_clipped.double()),
+                msum(old.exp(), upper),
+                msum(torch.expm1(log_r) - log_r),
+                msum(entropy),
+                msum(out.kl) if out.kl is not None else torch.zeros((), dtype=torch.float64, device=dev),
+            ]
+        ).cpu()
+        return loss, part
+
+    def _step(self) -> tuple[float, bool]:
+        """The optimizer step at the accumulation boundary; returns (grad norm before clipping, applied)."""
+        if self._own_overflow_check:
+            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            norm = float(
+                torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double()) for g in grads]))
+            )
+            if not math.isfinite(norm):
+                self.engine.zero_grad()
+                applied = False
+            else:
+                self.engine.step()
+                applied = True
+        else:
+            self.engine.step()
+            applied = self.engine.was_step_applied()
+            norm = self.engine.get_global_grad_norm()
+            norm = float(norm) if norm is not None else math.nan
+        if applied:
+            self.updates += 1
+        else:
+            self.skipped_updates += 1
+        return norm, applied
+
+    def _metrics(self, sums: Tensor, num_tokens: float, grad_norm: float, applied: bool) -> dict[str, float]:
+        s = sums.tolist()
+
+        def frac(x: float, n: float) -> float:
+            return x / n if n > 0 else math.nan
+
+        out = {
+            M.POLICY_LOSS: s[0],
+            M.CLIPFRAC_LOW: frac(s[1], num_tokens),
+            M.CLIPFRAC_HIGH: frac(s[2], num_tokens),
+            M.DUAL_CLIPFRAC: frac(s[3], num_tokens),
+            M.CLIP_HIGH_PROB: frac(s[4], s[2]),
+            M.APPROX_KL: frac(s[5], num_tokens),
+            M.ENTROPY: frac(s[6], num_tokens),
+            M.GRAD_NORM: grad_norm,
+            M.LR: self.lr,
+            M.NONFINITE_SKIPPED: float(self.skipped_updates),
+            UPDATE_SKIPPED: 0.0 if applied else 1.0,
+        }
+        if self.loss.kl_coef > 0:
+            out[M.KL_REF] = frac(s[7], num_tokens)
+        return out
+
+    # ------------------------------------------------------------------------------------------ weights out
+    def named_parameters_for_sync(self) -> Iterator[tuple[str, Tensor]]:
+        """(Hugging Face name, full tensor) for every parameter, for the rollout engine's weight sync.
+
+        Under ZeRO-3 each tensor is gathered (a collective: every rank must exhaust the iterator) and is a copy.
+        Otherwise it is the live weight, detached: copy it before the next update if you keep it.
+        Tied weights appear once (under the embedding's name).
+        """
+        import deepspeed
+
+        for name, p in self.engine.module.lm.named_parameters():
+            if self.zero_stage == 3:
+                with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+                    t = p.detach().clone()
+                yield name, t
+            else:
+                yield name, p.detach()
+
+    def save_hf(self, directory: str | Path) -> None:
+        """The current model as a Hugging Face checkpoint (plus the tokenizer files found beside the input
+        model), for evaluation and release. Every rank must call it; rank 0 writes."""
+        directory = Path(directory)
+        state = {name: t.detach().cpu().clone() for name, t in self.named_parameters_for_sync()}
+        if self.dist.is_main:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.engine.module.lm.save_pretrained(directory, state_dict=state)
+            src = Path(self.model_path)
+            for fname in _TOKENIZER_FILES:
+                if (src / fname).is_file():
+                    shutil.copy2(src / fname, directory / fname)
+        if self.dist.world_size > 1:
+            torch.distributed.barrier()
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, directory: str | Path) -> None:
+        """Weights, optimizer state (ZeRO partitions per rank) and the schedule and update counters, through
+        DeepSpeed. Every rank must call it with the same directory."""
+        counters = {
+            "rollout_steps": self.rollout_steps,
+            "updates": self.updates,
+            "skipped_updates": self.skipped_updates,
+        }
+        self.engine.save_checkpoint(str(directory), tag=_CKPT_TAG, client_state={"dapo_learner": counters})
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Restore exactly what `save_checkpoint` wrote (same world size and ZeRO stage)."""
+        path, client = self.engine.load_checkpoint(
+            str(directory), tag=_CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
+        if path is None or not client or "dapo_learner" not in client:
+            raise FileNotFoundError(
+                f"{directory}: no learner checkpoint (expected DeepSpeed tag {_CKPT_TAG!r})"
+            )
+        counters = client["dapo_learner"]
+        self.rollout_steps, self.updates = counters["rollout_steps"], counters["updates"]
+        self.skipped_updates = counters["skipped_updates"]
+        self._set_lr(self.lr)

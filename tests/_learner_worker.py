@@ -1,0 +1,139 @@
+"""Runs every learner case of tests/test_learner.py in one process of a (1- or 2-rank) world.
+
+    RANK=r WORLD_SIZE=2 LOCAL_RANK=r MASTER_ADDR=127.0.0.1 MASTER_PORT=p python tests/_learner_worker.py \
+        MODEL_DIR BATCH.pt OUT.pt WORK_DIR
+
+The same `run_cases` runs in the pytest process for world size 1, so both worlds execute identical code. Each
+case starts from the model's initial weights (a DeepSpeed checkpoint taken right after construction), takes
+this rank's shard of the mini-batch, makes one update and records the full (gathered) parameters. Rank 0
+writes {case name: {"params": float64 vector, "metrics": dict, "micro_batches": int}} to OUT.pt.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from dapo.algos.aggregation import MODES  # noqa: E402
+from dapo.learner import Learner, LossSpec, PolicyBatch  # noqa: E402
+
+BIG_BUDGET = 100_000  # one micro-batch
+SMALL_BUDGET = 34  # 4 micro-batches for the test batch at world size 1 (2-3 per rank at 2)
+SEQ_SUM_C = 16.0
+SGD_LR = 1.0  # one SGD step = the gradient itself, so any normaliser error shows in the weights
+CLIP = 0.5
+
+
+def loss_spec(mode: str) -> LossSpec:
+    return LossSpec(
+        eps_low=0.2,
+        eps_high=0.28,
+        dual_clip_c=1.5,
+        loss_agg=mode,
+        seq_token_sum_constant=SEQ_SUM_C,
+        temperature=0.7,
+    )
+
+
+def flat_params(learner: Learner) -> torch.Tensor:
+    return torch.cat([t.detach().double().cpu().reshape(-1) for _, t in learner.named_parameters_for_sync()])
+
+
+def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, dict]:
+    results: dict[str, dict] = {}
+    engines = {  # name: (zero stage, grad clip)
+        "z2": (2, 1e6),
+        "z3": (3, CLIP),
+        "z0": (0, CLIP),
+    }
+    for ename, (stage, clip) in engines.items():
+        learner = Learner(
+            model_dir,
+            loss=loss_spec("token-mean"),
+            lr=SGD_LR,
+            grad_clip=clip,
+            zero_stage=stage,
+            dtype="float32",
+            optimizer="sgd",
+            micro_batch_tokens=BIG_BUDGET,
+            logprob_chunk_size=7,
+        )
+        rank, world = learner.dist.rank, learner.dist.world_size
+        part = batch.shard(rank, world)
+        init_dir = work_dir / f"init_{ename}_w{world}"
+        learner.save_checkpoint(init_dir)
+        results[f"{ename}/init"] = {"params": flat_params(learner)}
+
+        def one(
+            name: str,
+            mode: str,
+            budget: int,
+            b: PolicyBatch,
+            learner: Learner = learner,
+            init_dir: Path = init_dir,
+        ) -> None:
+            learner.load_checkpoint(init_dir)
+            learner.loss, learner.micro_batch_tokens = loss_spec(mode), budget
+            plan = [r for r in learner._plan(b) if r]
+            metrics = learner.update(b)
+            results[name] = {"params": flat_params(learner), "metrics": metrics, "micro_batches": len(plan)}
+
+        if ename == "z2":
+            for mode in MODES:
+                for budget in (BIG_BUDGET, SMALL_BUDGET):
+                    one(f"z2/{mode}/{budget}", mode, budget, part)
+            # A NaN advantage on one response that trains (on the last rank only, at world size 2).
+            bad = batch.select(list(range(len(batch))))
+            bad.advantages = bad.advantages.clone()
+            bad.advantages[_row_on_last_rank(batch, world)] = math.nan
+            one("z2/nan", "token-mean", SMALL_BUDGET, bad.shard(rank, world))
+            # The engine is sane after a skipped step: the next update is the ordinary one.
+            metrics = learner.update(part)
+            results["z2/after_nan"] = {"params": flat_params(learner), "metrics": metrics}
+        else:
+            one(f"{ename}/token-mean/{SMALL_BUDGET}", "token-mean", SMALL_BUDGET, part)
+            if ename == "z0":
+                bad = batch.select(list(range(len(batch))))
+                bad.advantages = bad.advantages.clone()
+                bad.advantages[_row_on_last_rank(batch, world)] = math.nan
+                one("z0/nan", "token-mean", SMALL_BUDGET, bad.shard(rank, world))
+    return results
+
+
+def _row_on_last_rank(batch: PolicyBatch, world: int) -> int:
+    """A response with loss tokens that the last rank's shard holds."""
+    last = batch.shard(world - 1, world)
+    keep = last.loss_mask.sum(dim=1) > 0
+    row_in_shard = int(torch.nonzero(keep)[0].item())
+    target = (
+        last.prompt_ids[row_in_shard],
+        last.response_ids[row_in_shard],
+        int(last.group_ids[row_in_shard]),
+    )
+    for i in range(len(batch)):
+        if (batch.prompt_ids[i], batch.response_ids[i], int(batch.group_ids[i])) == target:
+            return i
+    raise AssertionError("row not found")
+
+
+def main() -> None:
+    model_dir, batch_path, out_path, work_dir = sys.argv[1:5]
+    torch.set_num_threads(1)
+    batch = torch.load(batch_path, weights_only=False)
+    results = run_cases(model_dir, batch, Path(work_dir))
+    if int(os.environ.get("RANK", "0")) == 0:
+        torch.save(results, out_path)
+    from dapo.learner import shutdown
+
+    shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,374 @@
+"""The learner: micro-batching, schedule, launcher env, and above all that one update's gradient does not depend on
+how the mini-batch is split (1 or 4+ micro-batches, 1 or 2 data-parallel ranks) and equals the SPEC's loss
+computed naively on the whole mini-batch, for every aggregation mode (SPEC section 8 pitfall).
+
+The DeepSpeed cases run twice through tests/_learner_worker.py: in this process (world size 1) and in one
+2-process gloo launch, each running every case and returning the gathered parameters after one SGD step (lr 1,
+so the step *is* the gradient, to 1e-6 in float32).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dapo import metric_names as M
+from dapo.algos.aggregation import MODES, aggregate
+from dapo.algos.metrics import clip_fractions, clipped_upper_old_prob
+from dapo.algos.surrogate import clipped_surrogate
+from dapo.learner import (
+    UPDATE_SKIPPED,
+    Learner,
+    LossSpec,
+    PolicyBatch,
+    lr_at,
+    plan_micro_batches,
+    response_mask,
+)
+from dapo.learner.batch import collate
+from dapo.learner.distributed import first_slurm_host, launcher_env
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _learner_worker as W  # noqa: E402
+
+TOL = 1e-6
+
+
+# ------------------------------------------------------------------------------------------------ pure parts
+def test_micro_batches_respect_the_token_budget_and_cover_every_sequence():
+    lengths = [5, 17, 3, 0, 9, 9, 12, 1, 30]
+    plan = plan_micro_batches(lengths, token_budget=20)
+    flat = sorted(i for mb in plan for i in mb)
+    assert flat == [0, 1, 2, 4, 5, 6, 7, 8]  # the empty sequence (3) has nothing to compute
+    for mb in plan:
+        widest = max(lengths[i] for i in mb)
+        assert len(mb) * widest <= 20 or len(mb) == 1  # 30 > budget: alone
+        assert [lengths[i] for i in mb] == sorted((lengths[i] for i in mb), reverse=True)
+    assert plan[0] == [8]  # longest first
+    assert plan_micro_batches(lengths, 10**6) == [[8, 1, 6, 4, 5, 0, 2, 7]]
+
+
+def test_collate_puts_each_target_at_the_position_that_predicts_it():
+    mb = collate([[7, 8], [9]], [[1, 2, 3], [4]], rows=[0, 1])
+    assert mb.input_ids.tolist() == [[7, 8, 1, 2], [9, 0, 0, 0]]  # last response token is never an input
+    assert mb.attention_mask.tolist() == [[1, 1, 1, 1], [1, 0, 0, 0]]
+    assert mb.positions.tolist() == [1, 2, 3, 4]  # row 1 position 0 = flat 4
+    assert mb.targets.tolist() == [1, 2, 3, 4]
+    assert mb.token_rows.tolist() == [0, 0, 0, 1] and mb.token_cols.tolist() == [0, 1, 2, 0]
+
+
+def test_lr_warms_up_linearly_over_rollout_steps_then_stays_constant():
+    assert [lr_at(s, 1e-6, 4) for s in range(6)] == pytest.approx(
+        [0.25e-6, 0.5e-6, 0.75e-6, 1e-6, 1e-6, 1e-6]
+    )
+    assert lr_at(0, 3e-4, 0) == 3e-4
+
+
+def test_launcher_env_from_torchrun_slurm_or_nothing():
+    assert launcher_env({}) is None
+    tr = launcher_env(
+        {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    )
+    assert (tr["RANK"], tr["WORLD_SIZE"], tr["LOCAL_RANK"], tr["MASTER_ADDR"]) == ("3", "8", "1", "h")
+    sl = launcher_env(
+        {
+            "SLURM_PROCID": "5",
+            "SLURM_NTASKS": "16",
+            "SLURM_LOCALID": "5",
+            "SLURM_JOB_NODELIST": "gpu-[003-004,010],cpu1",
+        }
+    )
+    assert (sl["RANK"], sl["WORLD_SIZE"], sl["LOCAL_RANK"], sl["MASTER_ADDR"]) == ("5", "16", "5", "gpu-003")
+    assert first_slurm_host("nodeA,nodeB") == "nodeA" and first_slurm_host("n[7-9]") == "n7"
+
+
+def test_shards_keep_groups_whole_and_partition_the_batch():
+    batch = make_batch()
+    shards = [batch.shard(r, 3) for r in range(3)]
+    assert sum(len(s) for s in shards) == len(batch)
+    seen = [set(s.group_ids.tolist()) for s in shards]
+    assert all(not (a & b) for i, a in enumerate(seen) for b in seen[i + 1 :])
+
+
+# ---------------------------------------------------------------------------------------- the tiny world
+def make_batch(seed: int = 0) -> PolicyBatch:
+    """4 groups of 3 responses, unequal lengths; one overlong-filtered response and one group filtered whole."""
+    g = torch.Generator().manual_seed(seed)
+    prompts, responses, groups = [], [], []
+    for gid, plen in enumerate([3, 6, 2, 5]):
+        prompt = torch.randint(1, 100, (plen,), generator=g).tolist()
+        for _ in range(3):
+            rlen = int(torch.randint(1, 13, (1,), generator=g))
+            prompts.append(prompt)
+            responses.append(torch.randint(1, 100, (rlen,), generator=g).tolist())
+            groups.append(gid)
+    mask = response_mask(responses, width=14)
+    mask[1] = 0  # overlong-filtered response
+    mask[9:12] = 0  # a group whose responses were all truncated: it counts nowhere
+    adv = torch.randn(len(prompts), generator=g) * 2
+    return PolicyBatch(prompts, responses, adv, mask, torch.tensor(groups))
+
+
+def reference_logp(model: torch.nn.Module, batch: PolicyBatch, temperature: float) -> torch.Tensor:
+    """Full logits of each sequence alone, / temperature, log_softmax: the definition."""
+    out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
+    for i, (p, r) in enumerate(zip(batch.prompt_ids, batch.response_ids, strict=True)):
+        logits = model(torch.tensor([p + r])).logits[0] / temperature
+        lp = torch.log_softmax(logits.float(), -1)[len(p) - 1 : len(p) - 1 + len(r)]
+        out[i, : len(r)] = lp.gather(-1, torch.tensor(r)[:, None])[:, 0]
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Runs every DeepSpeed case at world size 2 (subprocesses) and 1 (here); returns what the tests need."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tmp = tmp_path_factory.mktemp("learner")
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=101,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(cfg).float()
+    model_dir = tmp / "model"
+    model.save_pretrained(model_dir)
+    (model_dir / "tokenizer.json").write_text("{}")  # save_hf copies tokenizer files beside the weights
+
+    batch = make_batch()
+    with torch.no_grad():
+        current = reference_logp(model, batch, temperature=W.loss_spec("token-mean").temperature)
+    # Old log-probs away from the current policy, so both clip bounds and the dual clip bind somewhere.
+    noise = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(1)) * 0.4
+    batch.old_logp = (current + noise) * response_mask(batch.response_ids, width=14)
+    torch.save(batch, tmp / "batch.pt")
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp / "w2").mkdir()
+    procs = []
+    for rank in range(2):
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(Path(W.__file__)),
+                    str(model_dir),
+                    str(tmp / "batch.pt"),
+                    str(tmp / "w2.pt"),
+                    str(tmp / "w2"),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        (tmp / "w1").mkdir()
+        w1 = W.run_cases(str(model_dir), batch, tmp / "w1")
+    finally:
+        torch.set_num_threads(threads)
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-4000:] for log in logs)
+    w2 = torch.load(tmp / "w2.pt", weights_only=False)
+    return {"w1": w1, "w2": w2, "model": model, "model_dir": model_dir, "batch": batch, "tmp": tmp}
+
+
+def reference_step(model, batch: PolicyBatch, mode: str, clip: float | None = None):
+    """The SPEC's loss on the whole mini-batch, one SGD step with lr 1 (optionally norm-clipped like DeepSpeed)."""
+    spec = W.loss_spec(mode)
+    model.zero_grad()
+    logp = reference_logp(model, batch, spec.temperature)
+    out = clipped_surrogate(
+        logp, batch.old_logp, batch.advantages, spec.eps_low, spec.eps_high, spec.dual_clip_c
+    )
+    loss = aggregate(
+        out.loss, batch.loss_mask, mode, batch.group_ids, seq_sum_constant=spec.seq_token_sum_constant
+    )
+    loss.backward()
+    grads = [p.grad.double() for _, p in model.named_parameters()]
+    norm = float(torch.sqrt(sum((g**2).sum() for g in grads)))
+    coef = min(1.0, clip / (norm + 1e-6)) if clip else 1.0
+    params = torch.cat(
+        [
+            (p.detach().double() - W.SGD_LR * coef * g).reshape(-1)
+            for (_, p), g in zip(model.named_parameters(), grads, strict=True)
+        ]
+    )
+    model.zero_grad()
+    return params, float(loss.detach()), norm, out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_one_update_equals_the_naive_whole_batch_step(world, mode):
+    ref, ref_loss, ref_norm, out = reference_step(world["model"], world["batch"], mode)
+    got = world["w1"][f"z2/{mode}/{W.BIG_BUDGET}"]
+    init = world["w1"]["z2/init"]["params"]
+    assert (ref - init).abs().max() > 1e-2  # the step is large enough to tell modes apart
+    assert (got["params"] - ref).abs().max() < TOL
+    m = got["metrics"]
+    mask = world["batch"].loss_mask
+    low, high = clip_fractions(out.clipped_lower, out.clipped_upper, mask)
+    assert m[M.POLICY_LOSS] == pytest.approx(ref_loss, abs=1e-6)
+    assert m[M.GRAD_NORM] == pytest.approx(ref_norm, rel=1e-5)
+    assert (m[M.CLIPFRAC_LOW], m[M.CLIPFRAC_HIGH]) == pytest.approx((low, high), abs=1e-9)
+    assert 0 < low and 0 < high  # both bounds bind in this batch
+    assert m[M.CLIP_HIGH_PROB] == pytest.approx(
+        clipped_upper_old_prob(world["batch"].old_logp, out.clipped_upper, mask), abs=1e-6
+    )
+    assert m[M.DUAL_CLIPFRAC] > 0 and m[UPDATE_SKIPPED] == 0.0 and m[M.LR] == W.SGD_LR
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_update_does_not_depend_on_micro_batches_or_ranks(world, mode):
+    ref = world["w1"][f"z2/{mode}/{W.BIG_BUDGET}"]
+    assert world["w1"][f"z2/{mode}/{W.SMALL_BUDGET}"]["micro_batches"] == 4
+    for w in ("w1", "w2"):
+        for budget in (W.BIG_BUDGET, W.SMALL_BUDGET):
+            got = world[w][f"z2/{mode}/{budget}"]
+            assert (got["params"] - ref["params"]).abs().max() < TOL, (w, budget)
+            assert got["metrics"][M.POLICY_LOSS] == pytest.approx(ref["metrics"][M.POLICY_LOSS], abs=1e-6)
+            assert got["metrics"][M.CLIPFRAC_HIGH] == pytest.approx(ref["metrics"][M.CLIPFRAC_HIGH], abs=1e-9)
+
+
+@pytest.mark.parametrize("engine", ["z3", "z0"])
+def test_zero3_and_zero0_with_gradient_clipping_match_the_clipped_reference(world, engine):
+    ref, _, ref_norm, _ = reference_step(world["model"], world["batch"], "token-mean", clip=W.CLIP)
+    assert ref_norm > 2 * W.CLIP  # the clip binds
+    for w in ("w1", "w2"):
+        got = world[w][f"{engine}/token-mean/{W.SMALL_BUDGET}"]
+        assert got["params"].shape == ref.shape  # gathered to full size under ZeRO-3
+        assert (got["params"] - ref).abs().max() < TOL, w
+        assert got["metrics"][M.GRAD_NORM] == pytest.approx(ref_norm, rel=1e-5)
+
+
+@pytest.mark.parametrize("case", ["z2/nan", "z0/nan"])
+def test_a_non_finite_loss_on_one_rank_skips_the_step_everywhere(world, case):
+    engine = case.split("/")[0]
+    for w in ("w1", "w2"):
+        got = world[w][case]
+        assert got["metrics"][UPDATE_SKIPPED] == 1.0 and got["metrics"][M.NONFINITE_SKIPPED] >= 1
+        assert torch.equal(got["params"], world[w][f"{engine}/init"]["params"])
+    for w in ("w1", "w2"):  # and the next update is the ordinary one
+        after = world[w].get("z2/after_nan")
+        if engine == "z2":
+            assert after["metrics"][UPDATE_SKIPPED] == 0.0
+            assert (
+                after["params"] - world["w1"][f"z2/token-mean/{W.SMALL_BUDGET}"]["params"]
+            ).abs().max() < TOL
+
+
+# ---------------------------------------------------------------------- single-process learner behaviour
+@pytest.fixture(scope="module")
+def adamw(world):
+    """A ZeRO-2 AdamW learner with warm-up, in this process (world size 1)."""
+    return Learner(
+        str(world["model_dir"]),
+        loss=W.loss_spec("token-mean"),
+        lr=1e-3,
+        warmup_steps=3,
+        weight_decay=0.1,
+        grad_clip=1.0,
+        zero_stage=2,
+        dtype="float32",
+        micro_batch_tokens=W.SMALL_BUDGET,
+        logprob_chunk_size=5,
+    )
+
+
+def test_compute_logprobs_matches_full_logits_at_the_sampling_temperature(world, adamw):
+    batch = world["batch"]
+    with torch.no_grad():
+        ref = reference_logp(world["model"], batch, temperature=0.7)
+    logp, entropy = adamw.compute_logprobs(batch)
+    valid = response_mask(batch.response_ids, width=14).bool()
+    assert (logp - ref).abs().max() < 1e-5
+    assert bool((logp[~valid] == 0).all()) and bool((entropy[valid] > 0).all())
+    assert float(entropy[valid].max()) <= math.log(101) + 1e-5  # at most the uniform distribution's
+
+
+def test_checkpoint_round_trip_is_exact_and_restores_the_schedule(world, adamw, tmp_path):
+    batch = world["batch"]
+    fresh = batch.select(list(range(len(batch))))
+    fresh.old_logp, _ = adamw.compute_logprobs(batch)
+    first = adamw.update(fresh)
+    assert first[M.APPROX_KL] == pytest.approx(0.0, abs=1e-9) and first[M.CLIPFRAC_HIGH] == 0.0  # ratio 1
+    assert first[M.LR] == pytest.approx(1e-3 / 3)
+    assert adamw.lr_step() == pytest.approx(2e-3 / 3)
+    adamw.save_checkpoint(tmp_path / "ck")
+    second = adamw.update(batch)
+    after = W.flat_params(adamw)
+
+    other = Learner(
+        str(world["model_dir"]),
+        loss=W.loss_spec("token-mean"),
+        lr=1e-3,
+        warmup_steps=3,
+        weight_decay=0.1,
+        grad_clip=1.0,
+        zero_stage=2,
+        dtype="float32",
+        micro_batch_tokens=W.SMALL_BUDGET,
+        logprob_chunk_size=5,
+    )
+    other.load_checkpoint(tmp_path / "ck")
+    assert other.lr == pytest.approx(2e-3 / 3) and other.engine.get_lr() == [pytest.approx(2e-3 / 3)]
+    again = other.update(batch)  # same Adam moments and step count, so bit-identical
+    assert torch.equal(W.flat_params(other), after)
+    assert again[M.GRAD_NORM] == second[M.GRAD_NORM] and other.updates == adamw.updates == 2
+
+
+def test_save_hf_writes_a_model_transformers_loads(world, adamw, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    adamw.save_hf(tmp_path / "hf")
+    loaded = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "hf").named_parameters())
+    ours = dict(adamw.named_parameters_for_sync())
+    assert ours.keys() == loaded.keys()
+    assert all(torch.equal(loaded[k], ours[k]) for k in ours)
+    assert (tmp_path / "hf" / "tokenizer.json").is_file()
+
+
+def test_update_needs_old_logprobs(world, adamw):
+    batch = world["batch"].select([0, 1])
+    batch.old_logp = None
+    with pytest.raises(ValueError, match="old_logp"):
+        adamw.update(batch)
+
+
+def test_loss_spec_defaults_are_naive_grpo():
+    spec = LossSpec()
+    assert (spec.eps_low, spec.eps_high, spec.loss_agg, spec.dual_clip_c, spec.kl_coef) == (
+        0.2,
+        0.2,
+        "seq-mean-token-mean",
+        None,
+        0.0,
+    )
