@@ -13,7 +13,7 @@ import re
 import unicodedata
 
 MAX_ANSWER_CHARS = 300        # the longest MATH-500 answer has 159 characters; DAPO's rule reads 300
-_LINE_SCAN = 4 * MAX_ANSWER_CHARS   # raw characters read after `Answer:` before cleaning
+_LINE_SCAN = 4 * MAX_ANSWER_CHARS   # raw characters read after `Answer:` (zero-width marks may pad it)
 _BOXED_SCAN = 2000            # characters scanned for the brace that closes a \boxed{
 _BOXED_TRIES = 8              # unbalanced \boxed{ occurrences tried, from the last, before giving up
 
@@ -105,10 +105,13 @@ def _strip_wrappers(ans: str) -> str:
     return ans
 
 
-def clean_answer(raw: str) -> str | None:
-    """Sanitised, unwrapped, length-capped form of an answer string; None when nothing is left."""
-    ans = _strip_wrappers(sanitize(raw[:_LINE_SCAN]))[:MAX_ANSWER_CHARS].strip()
-    return ans or None
+def clean_answer(raw: str, max_chars: int | None = MAX_ANSWER_CHARS) -> str | None:
+    """Sanitised, unwrapped form of an answer string, cut to `max_chars` (None: whole, for trusted ground
+    truth, so that a cut model answer never equals a long gold by sharing its prefix); None if empty."""
+    if max_chars is not None:
+        raw = raw[: 4 * max_chars]
+    ans = _strip_wrappers(sanitize(raw))
+    return (ans if max_chars is None else ans[:max_chars]).strip() or None
 
 
 def answer_line(text: str) -> str | None:

@@ -85,7 +85,7 @@ def shutdown_pools() -> None:
 
 def _gold(answer: object) -> str:
     text = str(answer)
-    return clean_answer(text) or text.strip()
+    return clean_answer(text, max_chars=None) or text.strip()
 
 
 def score_dapo_rule(response: str, answer: str) -> Score:
