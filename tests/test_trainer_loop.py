@@ -12,6 +12,7 @@ import torch
 
 from dapo import metric_names as M
 from dapo.config import load_config
+from dapo.learner import UPDATE_SKIPPED
 from dapo.trainer import FAILURE_EXIT_CODE, RESUME_EXIT_CODE
 from dapo.trainer import checkpoint as ck
 from dapo.trainer.loop import POISON_ENV, SIGTERM_ENV, Components, Trainer
@@ -69,7 +70,7 @@ class FakeLearner:
         self.minibatches.append(mb)
         g = (mb.advantages.double()[:, None] * mb.loss_mask.double()).sum()
         if not torch.isfinite(g):
-            return {"skipped": True}
+            return {UPDATE_SKIPPED: 1.0}
         self.w += 0.01 * g
         return {M.POLICY_LOSS: float(-g), M.GRAD_NORM: float(g.abs()), M.CLIPFRAC_HIGH: 0.0,
                 M.CLIP_HIGH_PROB: math.nan}
@@ -89,7 +90,7 @@ class FakeLearner:
         d = torch.load(path / "s.pt")
         self.w, self.lr_steps, self.lr = d["w"], d["lr_steps"], d["lr"]
 
-    def save_pretrained(self, path):
+    def save_hf(self, path):
         path.mkdir(parents=True, exist_ok=True)
         torch.save(self.w, path / "w.pt")
 
@@ -162,7 +163,7 @@ def test_counters_minibatches_and_metrics(tmp_path):
     assert m[M.DS_GEN_BATCHES][1] == 1 and m[M.DS_TOKENS_GENERATED][1] == 4 * (3 + 3 + 8)
     assert rec["params"]["algorithm.eps_high"] == 0.2 and rec["tags"][M.TAG_ROW] == "00_naive_grpo"
     assert rec["tags"][M.TAG_STATUS] == "finished" and rec["status"] == "FINISHED"
-    done = json.loads((tmp_path / "run" / "DONE").read_text())
+    done = json.loads((tmp_path / "run" / "DONE.json").read_text())
     assert done["step"] == 6 and done["grad_updates"] == 24 and (tmp_path / "run" / "final" / "w.pt").is_file()
     assert tr.c.engine.synced[-1] == pytest.approx(float(lrn.w.sum()))     # the engine holds the final weights
 
@@ -175,10 +176,11 @@ def test_overlong_filter_zeroes_truncated_rows_in_what_the_learner_sees(tmp_path
             "rollout.max_response_length=8", "eval.every=0"])
         assert tr.run() == 0
         for mb in tr.c.learner.minibatches:
-            trunc_rows = mb.loss_mask[mb.truncated]
+            truncated = torch.tensor([len(r) == 8 for r in mb.response_ids])     # the fake's cap-length responses
+            trunc_rows = mb.loss_mask[truncated]
             assert trunc_rows.numel() > 0
             assert bool((trunc_rows.sum(1) == 0).all()) == expect_zero
-            assert bool((mb.loss_mask[~mb.truncated].sum(1) == 3).all())   # the others keep their 3 tokens
+            assert bool((mb.loss_mask[~truncated].sum(1) == 3).all())   # the others keep their 3 tokens
 
 
 def test_sigterm_checkpoints_and_exits_for_resume(tmp_path, monkeypatch):
@@ -215,7 +217,7 @@ def test_nonfinite_updates_are_counted_then_fail_keeping_the_good_checkpoint(tmp
     tr = make(tmp_path, "trainer.max_consecutive_nonfinite=6", "trainer.checkpoint_every=1")
     assert tr.run() == FAILURE_EXIT_CODE
     m = FakeTracker.store[tr.run_id]["metrics"]
-    assert m[M.NONFINITE_SKIPPED] == {1: 0, 2: 0, 3: 4, 4: 8}     # 4 updates a step; fails at 8 >= 6
+    assert m[M.NONFINITE_SKIPPED] == {1: 0, 2: 0, 3: 4, 4: 6}     # 4 updates a step; stops and fails at 6
     assert ck.latest_checkpoint(tmp_path / "run").name == "step_000002"
     assert FakeTracker.store[tr.run_id]["status"] == "FAILED"
 

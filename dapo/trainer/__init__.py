@@ -5,7 +5,7 @@ codes below without paying for the heavy imports.
 
 Exit codes of `dapo train` (the Snakemake workflow and SLURM wrappers key on them):
 
-- 0: finished; `<run-dir>/DONE` holds the final metrics.
+- 0: finished; `<run-dir>/DONE.json` holds the final metrics.
 - 1: failed (e.g. too many non-finite steps in a row, or the dynamic-sampling refill cap with
   `at_refill_cap: fail`); the last good checkpoint is kept.
 - 75 (`RESUME_EXIT_CODE`, EX_TEMPFAIL from sysexits.h): stopped on SIGTERM/SIGUSR1 (SLURM time limit or

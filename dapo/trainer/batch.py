@@ -21,6 +21,7 @@ from torch import Tensor
 
 from dapo.algos.advantages import group_advantages
 from dapo.algos.overlong import overlong_loss_mask
+from dapo.learner.batch import PolicyBatch
 from dapo.trainer.collect import Group
 
 
@@ -41,6 +42,11 @@ class ResponseBatch:
 
     def __len__(self) -> int:
         return len(self.response_ids)
+
+    def to_policy_batch(self) -> PolicyBatch:
+        """The learner's view (`dapo.learner.PolicyBatch`): ids, advantages, loss mask, groups, old log-probs."""
+        return PolicyBatch(prompt_ids=self.prompt_ids, response_ids=self.response_ids, advantages=self.advantages,
+                           loss_mask=self.loss_mask, group_ids=self.group_ids, old_logp=self.old_logprobs)
 
     def rows(self, idx: Sequence[int]) -> ResponseBatch:
         """A sub-batch of the given response rows (padding width kept)."""

@@ -33,9 +33,10 @@ import torch
 from dapo import metric_names as M
 from dapo.algos.dynamic_sampling import RefillCapReached
 from dapo.config import RunConfig
+from dapo.learner.learner import UPDATE_SKIPPED
 from dapo.trainer import FAILURE_EXIT_CODE, RESUME_EXIT_CODE
 from dapo.trainer import checkpoint as ck
-from dapo.trainer.batch import build_batch, group_rows, minibatch_plan
+from dapo.trainer.batch import ResponseBatch, build_batch, group_rows, minibatch_plan
 from dapo.trainer.collect import RolloutSettings, ScoreFn, StopDuringRefill, collect
 from dapo.trainer.data_order import PromptOrder
 from dapo.trainer.metrics import mean_update_stats, rollout_metrics
@@ -226,49 +227,64 @@ class Trainer:
         col = collect(self.c.engine, self._next_batch, self.settings, self.c.score_fn,
                       should_stop=lambda: stop.requested, resume=self.refill_resume)
         self.refill_resume = None
-        batch = build_batch(col.groups, norm_adv_by_std=cfg.algorithm.norm_adv_by_std,
-                            overlong_filter=cfg.algorithm.overlong_filter)
-        if self._poison and next_step >= self._poison:
-            batch.advantages = torch.full_like(batch.advantages, float("nan"))
-
-        t0 = time.perf_counter()
-        batch.old_logprobs, batch.entropy = learner.compute_logprobs(batch)
-        t1 = time.perf_counter()
-        stats = []
-        plan = minibatch_plan(len(col.groups), cfg.trainer.mini_batch_size, cfg.trainer.epochs,
-                              cfg.trainer.seed, next_step)
-        for group_idx in plan:
-            out = learner.update(batch.rows(group_rows(batch, group_idx)))
-            stats.append(out)
-            if out.get("skipped"):
-                self.nonfinite_total += 1
-                self.nonfinite_streak += 1
-                log.warning("non-finite loss or gradient at rollout step %d: update skipped (%d in a row)",
-                            next_step, self.nonfinite_streak)
-            else:
-                self.nonfinite_streak = 0
-            self.grad_updates += 1
-        t2 = time.perf_counter()
+        batch, stats = None, []
+        t0 = t1 = time.perf_counter()
+        if col.groups:
+            batch = build_batch(col.groups, norm_adv_by_std=cfg.algorithm.norm_adv_by_std,
+                                overlong_filter=cfg.algorithm.overlong_filter)
+            if self._poison and next_step >= self._poison:
+                batch.advantages = torch.full_like(batch.advantages, float("nan"))
+            t0 = time.perf_counter()
+            batch.old_logprobs, batch.entropy = learner.compute_logprobs(batch.to_policy_batch())
+            t1 = time.perf_counter()
+            stats = self._updates(batch, len(col.groups), next_step)
+        else:
+            # dynamic sampling stopped at its cap (at_refill_cap=partial) without one informative group
+            log.warning("rollout step %d: no informative group within %d generation batches; no update",
+                        next_step, col.stats.gen_batches)
         lr = learner.lr
         learner.lr_step()
         t3 = time.perf_counter()
-        self.c.engine.sync_weights(learner.named_parameters_for_sync())
+        if stats:
+            self.c.engine.sync_weights(learner.named_parameters_for_sync())
         t4 = time.perf_counter()
 
         self.step = next_step
         self.tokens_total += col.stats.tokens_generated
         m = rollout_metrics(col, batch, norm_adv_by_std=cfg.algorithm.norm_adv_by_std)
-        m.update(mean_update_stats([s for s in stats if not s.get("skipped")], UPDATE_KEYS))
+        m.update(mean_update_stats([s for s in stats if not s.get(UPDATE_SKIPPED)], UPDATE_KEYS))
         gen_t = col.timings.get("generate", 0.0)
         m.update({
             M.ROLLOUT_STEP: self.step, M.GRAD_UPDATES: self.grad_updates, M.LR: lr,
             M.NONFINITE_SKIPPED: self.nonfinite_total, M.DS_TOKENS_GENERATED_TOTAL: self.tokens_total,
             M.TIME_GENERATE: gen_t, M.TIME_SCORE: col.timings.get("score", 0.0), M.TIME_OLD_LOGPROB: t1 - t0,
-            M.TIME_UPDATE: t2 - t1 + t3 - t2, M.TIME_SYNC: t4 - t3, M.TIME_STEP: time.perf_counter() - t_step,
+            M.TIME_UPDATE: t3 - t1, M.TIME_SYNC: t4 - t3, M.TIME_STEP: time.perf_counter() - t_step,
             M.TIME_TOTAL: self.elapsed(),
             M.TOKENS_PER_SEC: col.stats.tokens_generated / gen_t if gen_t > 0 else float("nan"),
         })
         return m
+
+    def _updates(self, batch: ResponseBatch, num_groups: int, step: int) -> list[dict[str, float]]:
+        """`epochs` passes of mini-batch updates over the step's groups. Counts every attempted update in
+        `grad_updates` (so it stays step x updates_per_step) and the skipped ones in the non-finite counters;
+        stops early once `max_consecutive_nonfinite` is reached (the loop then fails the run)."""
+        t = self.cfg.trainer
+        policy_batch = batch.to_policy_batch()
+        stats = []
+        for group_idx in minibatch_plan(num_groups, t.mini_batch_size, t.epochs, t.seed, step):
+            out = self.c.learner.update(policy_batch.select(group_rows(batch, group_idx)))
+            stats.append(out)
+            self.grad_updates += 1
+            if out.get(UPDATE_SKIPPED):
+                self.nonfinite_total += 1
+                self.nonfinite_streak += 1
+                log.warning("non-finite loss or gradient at rollout step %d: update skipped (%d in a row)",
+                            step, self.nonfinite_streak)
+                if self.nonfinite_streak >= t.max_consecutive_nonfinite:
+                    break
+            else:
+                self.nonfinite_streak = 0
+        return stats
 
     def _next_batch(self, k: int) -> tuple[list[Problem], list[list[int]]]:
         idx = self.order.take(k)
@@ -297,13 +313,13 @@ class Trainer:
 
     def _finish(self, progress: Progress) -> int:
         final = self.run_dir / "final"
-        self.c.learner.save_pretrained(final)
+        self.c.learner.save_hf(final)
         self.save()
         summary = {"run_id": self.run_id, "step": self.step, "grad_updates": self.grad_updates,
                    "nonfinite_skipped": self.nonfinite_total, "elapsed_s": self.elapsed(), "final_model": str(final),
                    "eval": getattr(self, "last_eval", {})}
         _atomic_write(self.run_dir / "metrics.json", json.dumps(summary, indent=1, sort_keys=True))
-        _atomic_write(self.run_dir / "DONE", json.dumps(summary, indent=1, sort_keys=True))
+        _atomic_write(self.run_dir / "DONE.json", json.dumps(summary, indent=1, sort_keys=True))
         self.tracker.log_artifact(self.run_dir / "metrics.json")
         self.tracker.set_tags({M.TAG_STATUS: "finished"})
         self.tracker.finish("FINISHED")

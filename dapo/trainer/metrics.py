@@ -21,8 +21,16 @@ from dapo.trainer.batch import ResponseBatch
 from dapo.trainer.collect import Collected
 
 
-def rollout_metrics(col: Collected, batch: ResponseBatch, *, norm_adv_by_std: bool) -> dict[str, float]:
-    """Reward, accuracy, advantage, response and dynamic-sampling metrics of one rollout step."""
+def rollout_metrics(col: Collected, batch: ResponseBatch | None, *, norm_adv_by_std: bool) -> dict[str, float]:
+    """Reward, accuracy, advantage, response and dynamic-sampling metrics of one rollout step (`batch` None:
+    no group trained, only the generation-side metrics)."""
+    out = _generated_metrics(col, norm_adv_by_std)
+    if batch is not None:
+        out.update(_trained_metrics(col, batch))
+    return out
+
+
+def _trained_metrics(col: Collected, batch: ResponseBatch) -> dict[str, float]:
     groups = col.groups
     scores = torch.tensor([x for g in groups for x in g.scores], dtype=torch.float64)
     pens = torch.tensor([x for g in groups for x in g.penalties], dtype=torch.float64)
@@ -39,13 +47,18 @@ def rollout_metrics(col: Collected, batch: ResponseBatch, *, norm_adv_by_std: bo
         M.RESP_LEN_MAX: float(lengths.max()),
         M.RESP_TRUNC_FRAC: float(batch.truncated.double().mean()),
     }
+    if batch.entropy is not None:
+        m = batch.response_mask
+        out[M.ENTROPY] = float((batch.entropy.double() * m).sum() / m.sum().clamp(min=1))
+    return out
+
+
+def _generated_metrics(col: Collected, norm_adv_by_std: bool) -> dict[str, float]:
+    out: dict[str, float] = {}
     all_correct = torch.tensor(col.all_correct, dtype=torch.bool)
     out[M.ALL_CORRECT_FRAC], out[M.ALL_WRONG_FRAC] = group_outcome_fractions(all_correct)
     all_adv = group_advantages(torch.tensor(col.all_rewards, dtype=torch.float64), norm_by_std=norm_adv_by_std)
     out[M.ZERO_ADV_GROUP_FRAC] = float((all_adv == 0).all(dim=1).double().mean())
-    if batch.entropy is not None:
-        m = batch.response_mask
-        out[M.ENTROPY] = float((batch.entropy.double() * m).sum() / m.sum().clamp(min=1))
     st = col.stats
     out[M.DS_GEN_BATCHES] = st.gen_batches
     out[M.DS_GROUPS_KEPT] = st.groups_kept

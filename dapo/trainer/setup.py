@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import functools
+import logging
+import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dapo import metric_names as M
 from dapo.config import REPO_ROOT, RunConfig
+from dapo.types import Problem
+
+log = logging.getLogger("dapo.train")
 
 
 @functools.cache
@@ -30,6 +36,110 @@ def run_tags(cfg: RunConfig) -> dict[str, str]:
             M.TAG_GIT: git_commit(), M.TAG_CONFIG_HASH: cfg.config_hash()}
 
 
-def build_components(cfg: RunConfig, run_dir: Path) -> Any:
+def model_path(cfg: RunConfig) -> str:
+    """`model.path`, with `tiny` resolved to the tiny world's base model (built on first use)."""
+    if cfg.model.path == "tiny":
+        from dapo.tinyworld import resolve_model_path
+
+        return resolve_model_path(cfg)
+    return cfg.model.path
+
+
+def load_problems(cfg: RunConfig, split: str) -> list[Problem]:
+    """Train or eval problems from `data.train` / `data.eval` (`tiny`: the tiny world's JSONL, built if needed;
+    else a hub id or a local .jsonl/.parquet, deduplicated by `dapo.data`)."""
+    from dapo.data.loaders import load_problems as load
+
+    spec = cfg.data.train if split == "train" else cfg.data.eval
+    if spec == "tiny":
+        from dapo.tinyworld import ensure_tiny_world, tiny_paths
+
+        paths = tiny_paths(ensure_tiny_world(cfg))
+        spec = str(paths.train if split == "train" else paths.eval)
+    return load(spec)
+
+
+class Components:
+    """The real components of a run (see `loop.Components` for the fields the loop uses)."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+    def close(self) -> None:
+        try:
+            self.engine.close()
+        finally:
+            from dapo.rewards import shutdown_pools
+
+            shutdown_pools()
+
+
+def build_components(cfg: RunConfig, run_dir: Path) -> Components:
     """Tiny world (when asked for), data, tokenizer, rollout engine, learner, reward, eval and tracker."""
-    raise NotImplementedError("wired in once the learner, data and evaluation modules land")
+    import torch
+    from transformers import AutoTokenizer
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from dapo.data.prompts import tokenize_problems
+    from dapo.learner import Learner, LossSpec
+    from dapo.rewards import score_responses
+    from dapo.rollout import make_engine
+    from dapo.tracking import Tracker
+
+    path = model_path(cfg)
+    tok = AutoTokenizer.from_pretrained(path)
+    d, r, a, t = cfg.data, cfg.rollout, cfg.algorithm, cfg.trainer
+    problems, prompts, dropped = tokenize_problems(load_problems(cfg, "train"), tok,
+                                                   use_chat_template=d.use_chat_template,
+                                                   max_prompt_length=d.max_prompt_length)
+    if dropped:
+        log.warning("dropped %d training prompts longer than data.max_prompt_length=%d", dropped,
+                    d.max_prompt_length)
+    if not problems:
+        raise ValueError(f"no training prompts left from data.train={d.train!r}")
+    learner = Learner(path, loss=LossSpec(eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c,
+                                          kl_coef=a.kl_coef, loss_agg=a.loss_agg,
+                                          seq_token_sum_constant=a.seq_token_sum_constant or r.max_response_length,
+                                          temperature=r.temperature),
+                      lr=t.lr, warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, betas=tuple(t.betas),
+                      grad_clip=t.grad_clip, zero_stage=t.zero_stage, dtype=cfg.model.dtype,
+                      micro_batch_tokens=t.micro_batch_tokens, logprob_chunk_size=t.logprob_chunk_size,
+                      gradient_checkpointing=cfg.model.gradient_checkpointing)
+    max_len = d.max_prompt_length + max(r.max_response_length, cfg.resolved_eval_max_tokens())
+    engine = make_engine(r.engine, path, dtype=cfg.model.dtype, max_model_len=max_len, seed=t.seed,
+                         tensor_parallel_size=r.tensor_parallel_size,
+                         gpu_memory_utilization=r.gpu_memory_utilization, cpu_kv_cache_gib=r.cpu_kv_cache_gib,
+                         enable_sleep_mode=r.enable_sleep_mode)
+
+    def score_fn(texts: list[str], answers: list[str]) -> list[Any]:
+        return score_responses(texts, answers, verifier=a.verifier)
+
+    def make_tracker(run_id: str | None) -> Any:
+        return Tracker(cfg.tracking.uri, cfg.tracking.experiment, cfg.run_name(), run_id=run_id,
+                       spool_dir=Path(run_dir) / "mlflow_spool")
+
+    return Components(engine=engine, learner=learner, problems=problems, prompts=prompts, score_fn=score_fn,
+                      make_tracker=make_tracker, evaluate=make_evaluate(cfg, tok))
+
+
+def make_evaluate(cfg: RunConfig, tokenizer: Any) -> Callable[[Any], dict[str, float]] | None:
+    """engine -> eval metrics (avg@k, pass@k, maj@k with intervals), through `dapo.evaluation.evaluate`."""
+    try:
+        from dapo.evaluation import evaluate
+    except ImportError:
+        log.warning("dapo.evaluation is not available: training without evaluation")
+        return None
+    from dapo.data.prompts import tokenize_problems
+
+    e = cfg.eval
+    problems, prompts, _ = tokenize_problems(load_problems(cfg, "eval"), tokenizer,
+                                             use_chat_template=cfg.data.use_chat_template,
+                                             max_prompt_length=cfg.data.max_prompt_length)
+
+    def run_eval(engine: Any) -> dict[str, float]:
+        return evaluate(engine, problems, prompts, n=e.n, max_tokens=cfg.resolved_eval_max_tokens(),
+                        temperature=e.temperature, top_p=e.top_p, pass_k=e.pass_k, bootstrap=e.bootstrap,
+                        confidence=e.confidence, verifier=cfg.algorithm.verifier, seed=cfg.trainer.seed)
+
+    return run_eval
