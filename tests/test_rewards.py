@@ -124,6 +124,27 @@ def test_a_check_that_would_hang_math_verify_is_cut_off_inline():
     assert check(("\\frac{408}{2}", "204", 5.0)) == ("ok", True)
 
 
+def test_the_deadline_keeps_a_callers_alarm():
+    """A trainer's own SIGALRM watchdog survives scoring: re-armed with its remaining time, not cancelled."""
+    import signal
+
+    warm_up()
+    fired = []
+    old = signal.signal(signal.SIGALRM, lambda *_: fired.append(time.monotonic()))
+    try:
+        t0 = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        assert check(("\\frac{408}{2}", "204", 5.0)) == ("ok", True)
+        remaining = signal.getitimer(signal.ITIMER_REAL)[0]
+        assert fired or 0 < remaining <= 0.3
+        while not fired and time.monotonic() - t0 < 5:
+            time.sleep(0.01)
+        assert len(fired) == 1 and fired[0] - t0 >= 0.29
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def test_misuse_raises():
     with pytest.raises(ValueError, match="responses but"):
         score_responses(["Answer: 1"], [])

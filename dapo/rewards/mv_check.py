@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import signal
 import threading
+import time
 from decimal import Decimal
 from functools import lru_cache
 from types import FrameType
@@ -33,8 +34,8 @@ class Deadline:
     """`with Deadline(s):` raises CheckTimeout in the main thread once `s` seconds have passed.
 
     A no-op outside the main thread (signals can only be handled there); callers there need an outside bound.
-    Restores the previous SIGALRM handler, so it nests inside code that uses its own alarms only in that
-    it cancels them: do not use it under another `signal.alarm`.
+    Restores the previous SIGALRM handler and re-arms a caller's pending timer with its remaining time (a
+    caller's alarm due during the check fires right after it: delayed, never lost).
     """
 
     def __init__(self, seconds: float) -> None:
@@ -42,6 +43,8 @@ class Deadline:
         self.armed = False
         self.active = False
         self._old: Any = None
+        self._old_timer: tuple[float, float] = (0.0, 0.0)
+        self._t0 = 0.0
 
     def _fire(self, signum: int, frame: FrameType | None) -> None:
         if self.armed:
@@ -52,7 +55,8 @@ class Deadline:
             self.active = True
             self._old = signal.signal(signal.SIGALRM, self._fire)
             self.armed = True
-            signal.setitimer(signal.ITIMER_REAL, self.seconds, _REPEAT_S)
+            self._t0 = time.monotonic()
+            self._old_timer = signal.setitimer(signal.ITIMER_REAL, self.seconds, _REPEAT_S)
         return self
 
     def __exit__(self, *exc: object) -> bool:
@@ -65,6 +69,9 @@ class Deadline:
             self.armed = False
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, self._old)
+            delay, interval = self._old_timer
+            if delay > 0:
+                signal.setitimer(signal.ITIMER_REAL, max(delay - (time.monotonic() - self._t0), 1e-3), interval)
         return False
 
 

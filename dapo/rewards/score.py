@@ -10,6 +10,11 @@
 - `verifier="dapo_rule"`: the paper's string rule (`dapo_rule.py`) on the last 300 characters; pure bounded
   string work, so it always runs inline.
 
+Measured on the shared 2-core machine (load ~10-16), 2 workers, batches of 2000 responses of ~1,500
+characters: AIME-style integer answers (all of DAPO-Math-17k) 10,000-12,000 responses/s (extraction-bound);
+answers that need math-verify (distinct fractions) ~100-190 checks/s, ~5 ms of LaTeX parsing each per
+core; `dapo_rule` ~11,000/s.
+
 Model output never makes scoring raise: a response with no answer, a check that errors, times out or kills
 its worker all score -1 (a timeout keeps the extracted answer, for inspection). Only misuse raises
 (mismatched list lengths, an unknown verifier), and a pool whose workers cannot start at all.
