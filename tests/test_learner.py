@@ -39,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _learner_worker as W  # noqa: E402
 
 TOL = 1e-6
+# DeepSpeed calls torch.distributed collectives that torch 2.13 marks deprecated; nothing for us to act on.
+pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated:FutureWarning")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
@@ -372,3 +374,20 @@ def test_loss_spec_defaults_are_naive_grpo():
         None,
         0.0,
     )
+
+
+def test_kl_to_a_reference_policy_is_reported_and_needs_ref_logprobs(world, adamw):
+    batch = world["batch"].select(list(range(len(world["batch"]))))
+    adamw.loss = LossSpec(kl_coef=0.1, loss_agg="token-mean", temperature=0.7)
+    try:
+        with pytest.raises(ValueError, match="ref_logp"):
+            adamw.update(batch)
+        batch.ref_logp = batch.old_logp
+        now, _ = adamw.compute_logprobs(batch)  # the weights the update's forward sees
+        d = (batch.ref_logp - now).double()
+        mask = batch.loss_mask.bool()
+        expected = float((torch.exp(d) - d - 1)[mask].mean())  # k3 of KL(pi_theta || pi_ref), token mean
+        metrics = adamw.update(batch)
+        assert metrics[M.KL_REF] == pytest.approx(expected, rel=1e-4) and expected > 1e-4
+    finally:
+        adamw.loss = W.loss_spec("token-mean")

@@ -19,7 +19,10 @@ Contracts:
 - Process group: `Learner` joins torchrun / SLURM ranks from the environment, or runs as one process
   (`dapo.learner.distributed`). Every method is collective: every rank calls it, with its own part of the batch.
   A trainer that holds the whole batch on every rank takes its part with `batch.shard(rank, world_size)`
-  (whole groups per rank, as `group-token-mean` needs).
+  (whole groups per rank, as `group-token-mean` needs). Passing the whole batch on every rank is also exact
+  (counts and losses both grow W-fold), only the compute is repeated.
+- KL to a reference policy (`kl_coef > 0`, off in every DAPO row): `batch.ref_logp` from a second, frozen
+  learner's `compute_logprobs`.
 - Batch (`PolicyBatch`): per response the prompt and response token ids, the advantage, the loss mask over
   response tokens (all 0 for overlong-filtered responses), the group id, old log-probs (for `update`).
   Per-token tensors are [N, R], right-padded. `LossSpec` holds eps_low / eps_high / dual_clip_c / kl_coef /

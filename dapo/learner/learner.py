@@ -16,20 +16,15 @@ One update (SPEC sections 2, 3 and 8):
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import logging
 import math
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from dapo import metric_names as M
 from dapo.algos.aggregation import local_counts, token_weights, weighted_sum
-from dapo.algos.logprobs import chunked_logprobs_entropy
 from dapo.algos.surrogate import clipped_surrogate
 from dapo.learner.batch import (
     LossSpec,
@@ -40,68 +35,12 @@ from dapo.learner.batch import (
     plan_micro_batches,
 )
 from dapo.learner.distributed import all_reduce, init_distributed
+from dapo.learner.model import copy_tokenizer_files, load_policy, prepare_deepspeed
 from dapo.learner.optim import deepspeed_config, lr_at, make_optimizer, resolve_dtype
 
 # The per-update "this step was skipped" flag (1.0 / 0.0); the cumulative count is M.NONFINITE_SKIPPED.
 UPDATE_SKIPPED = getattr(M, "UPDATE_SKIPPED", "actor/update_skipped")
 _CKPT_TAG = "learner"
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-    "tokenizer.model",
-    "chat_template.jinja",
-)
-
-
-class _Policy(nn.Module):
-    """The causal LM as DeepSpeed sees it: returns log-probs (and entropy) of given target tokens, computed from
-    the final hidden states and the output head in chunks, so the [T, V] logits never exist at once."""
-
-    def __init__(self, lm: nn.Module) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def head_weight(self) -> nn.Parameter:
-        head = self.lm.get_output_embeddings()
-        if getattr(head, "bias", None) is not None:
-            raise ValueError(
-                "output head with a bias is not supported (chunked log-probs take the weight only)"
-            )
-        return head.weight
-
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor,
-        positions: Tensor,
-        targets: Tensor,
-        temperature: float,
-        chunk_size: int,
-        with_entropy: bool,
-    ) -> tuple[Tensor, Tensor | None]:
-        hidden = self.lm.base_model(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
-        ).last_hidden_state
-        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
-        return chunked_logprobs_entropy(
-            hidden, self.head_weight(), targets, chunk_size, temperature, with_entropy
-        )
-
-
-def _quiet_deepspeed() -> None:
-    import deepspeed
-
-    # By name: `deepspeed.comm.torch` as an attribute is the torch package itself (re-exported).
-    ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
-    deepspeed.utils.logging.logger.setLevel(logging.WARNING)
-    # The CPU accelerator would JIT-build a shared-memory all-reduce op on first use (~35 s per new machine,
-    # FINDINGS.md); gloo's own all-reduce is enough for a CPU-sized world. GPUs have no such op: unaffected.
-    if not torch.cuda.is_available():
-        ds_torch_comm.build_shm_op = lambda: None
 
 
 class Learner:
@@ -125,9 +64,8 @@ class Learner:
         optimizer: str = "adamw",
     ) -> None:
         import deepspeed
-        from transformers import AutoConfig, AutoModelForCausalLM
 
-        _quiet_deepspeed()
+        prepare_deepspeed()
         self.dist = init_distributed()
         self.model_path, self.loss, self.zero_stage = model_path, loss, zero_stage
         self.base_lr, self.warmup_steps = lr, warmup_steps
@@ -136,28 +74,11 @@ class Learner:
         ds_config = deepspeed_config(
             zero_stage, self.dtype == torch.bfloat16, grad_clip, self.dist.world_size
         )
-
-        # ZeRO-3: while this object lives transformers builds the model already partitioned (zero.Init), so no
-        # rank ever holds the whole model. It needs `accelerate`; without it each rank loads the whole model
-        # and deepspeed.initialize partitions it (fine for small models, heavy in host memory at 32B).
-        self._hf_ds = None
-        if zero_stage == 3 and importlib.util.find_spec("accelerate") is not None:
-            from transformers.integrations import HfDeepSpeedConfig
-
-            self._hf_ds = HfDeepSpeedConfig(ds_config)
-        config = AutoConfig.from_pretrained(model_path)
-        # RL needs ratio 1 at the first update on freshly computed old log-probs: no dropout anywhere.
-        for key, value in config.to_dict().items():
-            if "dropout" in key and isinstance(value, float):
-                setattr(config, key, 0.0)
-        lm = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=self.dtype)
-        if gradient_checkpointing:
-            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        policy = _Policy(lm)
+        policy, self._zero_init = load_policy(model_path, self.dtype, gradient_checkpointing, ds_config)
         self._torch_opt = make_optimizer(policy.parameters(), optimizer, lr, weight_decay, betas)
         self.engine, *_ = deepspeed.initialize(model=policy, optimizer=self._torch_opt, config=ds_config)
         if zero_stage == 3:
-            # The head weight is read in _Policy.forward, outside the head module's own forward.
+            # The head weight is read in PolicyModule.forward, outside the head module's own forward.
             deepspeed.zero.register_external_parameter(self.engine.module, self.engine.module.head_weight())
         self.engine.train()
         # DeepSpeed's ZeRO and bf16 optimizers skip a step whose gradient norm is non-finite; a bare torch
@@ -194,7 +115,8 @@ class Learner:
             len(p) + len(r) - 1 if r else 0 for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)
         ]
         plan = plan_micro_batches(lengths, self.micro_batch_tokens)
-        most = int(all_reduce(torch.tensor([len(plan)], dtype=torch.float64), "max").item())
+        # At least one pass, so a step always follows a backward (a mini-batch without responses).
+        most = max(1, int(all_reduce(torch.tensor([len(plan)], dtype=torch.float64), "max").item()))
         return plan + [[] for _ in range(most - len(plan))]
 
     def _forward(self, mb: MicroBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
@@ -240,6 +162,8 @@ class Learner:
         """
         if batch.old_logp is None:
             raise ValueError("update needs batch.old_logp (Learner.compute_logprobs before the first update)")
+        if self.loss.kl_coef > 0 and batch.ref_logp is None:
+            raise ValueError("kl_coef > 0 needs batch.ref_logp (a reference learner's compute_logprobs)")
         spec, world = self.loss, self.dist.world_size
         counts = local_counts(batch.loss_mask, batch.group_ids)
         total = all_reduce(
@@ -258,8 +182,9 @@ class Learner:
             seq_sum_constant=spec.seq_token_sum_constant,
         )
         # loss, clipped lower, clipped upper, dual clipped, sum pi_old (upper), k3 KL, entropy, KL to ref
-        sums = torch.zeros(8, dtype=torch.float64)
-        local_bad = False
+        # Accumulated on the device: no host sync per micro-batch.
+        sums = torch.zeros(8, dtype=torch.float64, device=self.dist.device)
+        local_bad = torch.zeros((), dtype=torch.bool, device=self.dist.device)
         plan = self._plan(batch)
         for k, rows in enumerate(plan):
             last = k == len(plan) - 1
@@ -268,17 +193,17 @@ class Learner:
                 mb = collate(batch.prompt_ids, batch.response_ids, rows)
                 loss, part = self._micro_loss(batch, mb, weights)
                 sums += part
-                local_bad |= not bool(torch.isfinite(loss).item())
+                local_bad |= ~torch.isfinite(loss.detach())
             else:
                 lp, _ = self._forward(dummy_micro_batch(), with_entropy=False)
                 loss = lp.sum() * 0.0
-            if last and bool(all_reduce(torch.tensor([float(local_bad)]), "max").item()):
+            if last and bool(all_reduce(local_bad.double().reshape(1), "max").item()):
                 # A non-finite loss anywhere: make every rank's gradient non-finite, so the overflow check
                 # below skips the step everywhere, even where NaNs did not reach the gradient.
                 loss = loss * float("nan")
             self.engine.backward(loss * world, scale_wrt_gas=False)
         grad_norm, applied = self._step()
-        return self._metrics(all_reduce(sums, "sum"), total[0], grad_norm, applied)
+        return self._metrics(all_reduce(sums, "sum").cpu(), total[0], grad_norm, applied)
 
     def _micro_loss(self, batch: PolicyBatch, mb: MicroBatch, weights: Tensor) -> tuple[Tensor, Tensor]:
         spec, dev = self.loss, self.dist.device
@@ -317,7 +242,7 @@ class Learner:
                 msum(entropy),
                 msum(out.kl) if out.kl is not None else torch.zeros((), dtype=torch.float64, device=dev),
             ]
-        ).cpu()
+        )
         return loss, part
 
     def _step(self) -> tuple[float, bool]:
@@ -393,10 +318,7 @@ class Learner:
         if self.dist.is_main:
             directory.mkdir(parents=True, exist_ok=True)
             self.engine.module.lm.save_pretrained(directory, state_dict=state)
-            src = Path(self.model_path)
-            for fname in _TOKENIZER_FILES:
-                if (src / fname).is_file():
-                    shutil.copy2(src / fname, directory / fname)
+            copy_tokenizer_files(self.model_path, directory)
         if self.dist.world_size > 1:
             torch.distributed.barrier()
 

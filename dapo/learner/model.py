@@ -1,0 +1,115 @@
+"""The model side of the learner: loading a Hugging Face causal LM for RL, and the module DeepSpeed wraps.
+
+`PolicyModule.forward` returns per-token log-probs (and entropies) of given target tokens from the final hidden
+states and the output head, through `dapo.algos.logprobs.chunked_logprobs_entropy`, so [T, V] logits never exist
+at once (20480 tokens x 152K vocabulary would be 12 GiB in float32).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from dapo.algos.logprobs import chunked_logprobs_entropy
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "tokenizer.model",
+    "chat_template.jinja",
+)
+
+
+class PolicyModule(nn.Module):
+    """The causal LM as DeepSpeed sees it. `lm` is the Hugging Face model; its parameter names are the HF ones."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def head_weight(self) -> nn.Parameter:
+        head = self.lm.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise ValueError(
+                "an output head with a bias is not supported (chunked log-probs use the weight only)"
+            )
+        return head.weight
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        positions: Tensor,
+        targets: Tensor,
+        temperature: float,
+        chunk_size: int,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """input_ids, attention_mask [B, L]; positions [T] flat indices into B*L; targets [T] ->
+        (logp [T], entropy [T] or None), logits divided by `temperature` as when sampling."""
+        out = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        hidden = out.last_hidden_state
+        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
+        return chunked_logprobs_entropy(
+            hidden, self.head_weight(), targets, chunk_size, temperature, with_entropy
+        )
+
+
+def prepare_deepspeed() -> None:
+    """Quiet DeepSpeed's INFO logs, and skip its shared-memory all-reduce op on CPUs: it is JIT-built on first
+    use (~35 s on each new machine, FINDINGS.md) and gloo's all-reduce is enough for a CPU-sized world. GPU
+    accelerators have no such op, so nothing changes there."""
+    import deepspeed
+
+    deepspeed.utils.logging.logger.setLevel(logging.WARNING)
+    # By name: the attribute `deepspeed.comm.torch` is the torch package itself (re-exported).
+    ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
+    if not torch.cuda.is_available():
+        ds_torch_comm.build_shm_op = lambda: None
+
+
+def load_policy(
+    model_path: str, dtype: torch.dtype, gradient_checkpointing: bool, ds_config: dict[str, Any]
+) -> tuple[PolicyModule, Any]:
+    """The HF model at `model_path` in `dtype`, with every dropout set to 0 (the first update on freshly
+    computed old log-probs must see ratio 1), wrapped for DeepSpeed.
+
+    Returns (module, keep-alive): under ZeRO-3 the second value is transformers' `HfDeepSpeedConfig`, which makes
+    `from_pretrained` build the model already partitioned (zero.Init), so no rank ever holds the whole model;
+    keep it as long as the model. That needs the `accelerate` package; without it every rank loads the whole
+    model and `deepspeed.initialize` partitions it (fine for small models, heavy on host memory at 32B).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    keep_alive = None
+    if ds_config["zero_optimization"]["stage"] == 3 and importlib.util.find_spec("accelerate") is not None:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        keep_alive = HfDeepSpeedConfig(ds_config)
+    config = AutoConfig.from_pretrained(model_path)
+    for key, value in config.to_dict().items():
+        if "dropout" in key and isinstance(value, float):
+            setattr(config, key, 0.0)
+    lm = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=dtype)
+    if gradient_checkpointing:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return PolicyModule(lm), keep_alive
+
+
+def copy_tokenizer_files(src: str | Path, dst: Path) -> None:
+    """Copy the tokenizer files found in a local model directory `src` to `dst` (a hub id: nothing to copy)."""
+    src = Path(src)
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
