@@ -1,0 +1,137 @@
+"""`dapo eval`: evaluate a model on the config's eval set and log the result to MLflow.
+
+    dapo eval --preset tiny --model results/runs/05/final --out results/eval/05 [--run-id RUN] [overrides]
+
+Samples n responses per problem (eval.n, eval.temperature, eval.top_p, eval.max_tokens) with the configured
+engine (rollout.engine), prints avg@n / pass@k / maj@n with confidence intervals, writes `samples.jsonl` (P x n
+rows) and `metrics.json` to --out, and logs both to MLflow: into an existing run with --run-id (e.g. the
+training run the model came from), else into a new run in tracking.experiment.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dapo.config_cli import add_config_arguments
+
+if TYPE_CHECKING:
+    from dapo.config import RunConfig
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_config_arguments(p)
+    p.add_argument("--model", help="Model directory to evaluate (default: model.path; `tiny`: the tiny world's "
+                   "base model).")
+    p.add_argument("--out", required=True, help="Output folder for samples.jsonl and metrics.json.")
+    p.add_argument("--run-id", help="Log into this existing MLflow run (e.g. the training run) instead of a new one.")
+    p.add_argument("--step", type=int, default=None, help="MLflow step of the eval metrics (default: the run's "
+                   "last logged rollout step with --run-id, else 0).")
+    p.add_argument("--no-tracking", action="store_true", help="Write files only; log nothing to MLflow.")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import logging
+
+    from transformers import AutoTokenizer
+
+    from dapo.config import load_config
+    from dapo.data.prompts import tokenize_problems
+    from dapo.evaluation.evaluate import evaluate, write_samples
+    from dapo.rollout import make_engine
+    from dapo.tinyworld import resolve_model_path
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = load_config(args.config, preset=args.preset, overrides=args.overrides)
+    path = args.model if args.model and args.model != "tiny" else resolve_model_path(cfg)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tok = AutoTokenizer.from_pretrained(path)
+    problems, prompts, dropped = tokenize_problems(eval_problems(cfg), tok,
+                                                   use_chat_template=cfg.data.use_chat_template,
+                                                   max_prompt_length=cfg.data.max_prompt_length)
+    if dropped:
+        logging.warning("dropped %d eval prompts longer than data.max_prompt_length", dropped)
+    e, max_tokens = cfg.eval, cfg.resolved_eval_max_tokens()
+    engine = make_engine(cfg.rollout.engine, path, dtype=cfg.model.dtype, seed=cfg.trainer.seed,
+                         max_model_len=max(len(p) for p in prompts) + max_tokens,
+                         tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+                         gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                         cpu_kv_cache_gib=cfg.rollout.cpu_kv_cache_gib, enable_sleep_mode=False)
+    try:
+        result = evaluate(engine, problems, prompts, n=e.n, max_tokens=max_tokens, temperature=e.temperature,
+                          top_p=e.top_p, pass_k=e.pass_k, verifier=cfg.algorithm.verifier, bootstrap=e.bootstrap,
+                          confidence=e.confidence, seed=cfg.trainer.seed)
+    finally:
+        engine.close()
+    samples_path = write_samples(result.samples, out / "samples.jsonl")
+    metrics_path = out / "metrics.json"
+    metrics_path.write_text(json.dumps({"model": str(path), "problems": len(problems), "n": e.n,
+                                        "metrics": result.metrics}, indent=2) + "\n")
+    print_table(result.metrics, title=f"{cfg.data.eval}: {len(problems)} problems x n={e.n}  ({path})")
+    print(f"wrote {samples_path} ({len(result.samples)} rows) and {metrics_path}")
+    if not args.no_tracking:
+        run_id = log_to_mlflow(cfg, result.metrics, [samples_path, metrics_path], run_id=args.run_id,
+                               step=args.step, spool_dir=out / "mlflow_spool")
+        print(f"logged to MLflow run {run_id}")
+    return 0
+
+
+def eval_problems(cfg: RunConfig) -> list:
+    """The eval set named by data.eval: `tiny` (the tiny world's eval split, built if needed), a hub id or a
+    local .jsonl / .parquet file, deduplicated by problem text (each problem is then sampled n times)."""
+    from dapo.data.loaders import load_problems
+
+    source = cfg.data.eval
+    if source == "tiny":
+        from dapo.tinyworld import ensure_tiny_world, tiny_paths
+
+        source = str(tiny_paths(ensure_tiny_world(cfg)).eval)
+    return load_problems(source, split="train")
+
+
+def log_to_mlflow(cfg: RunConfig, metrics: dict[str, float], files: list[Path], *, run_id: str | None,
+                  step: int | None, spool_dir: Path) -> str:
+    """Metrics at `step` and the files as artifacts under `eval/`; returns the run id."""
+    import math
+
+    from dapo import metric_names as M
+    from dapo.tracking import Tracker
+
+    tr = Tracker(cfg.tracking.uri, cfg.tracking.experiment, f"eval-{cfg.run_name()}", run_id=run_id,
+                 spool_dir=spool_dir, mark_running=False,
+                 tags=None if run_id else {M.TAG_ROW: cfg.tracking.row, M.TAG_PRESET: cfg.tracking.preset,
+                                           M.TAG_SEED: str(cfg.trainer.seed)})
+    if step is None:
+        step = 0
+        if run_id:  # after training: put the point at the run's last rollout step
+            try:
+                hist = tr.client.get_metric_history(run_id, M.ROLLOUT_STEP)
+                step = int(max((m.step for m in hist), default=0))
+            except Exception:  # the server is away: the point is spooled at step 0 rather than lost
+                pass
+    tr.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, step=step)
+    for f in files:
+        tr.log_artifact(f, artifact_path="eval")
+    tr.finish("FINISHED" if run_id is None else None)
+    return tr.run_id
+
+
+def print_table(metrics: dict[str, float], title: str = "") -> None:
+    """avg@n / pass@k / maj@n with their confidence intervals, one row each."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("metric", "value (%)", "CI low", "CI high"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for name, v in metrics.items():
+        if name.endswith("_ci_low") or name.endswith("_ci_high"):
+            continue
+        lo, hi = metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high")
+        table.add_row(name.removeprefix("eval/").replace("_at_", "@"), f"{v:.1f}",
+                      "" if lo is None else f"{lo:.1f}", "" if hi is None else f"{hi:.1f}")
+    Console().print(table)
