@@ -1,6 +1,7 @@
 """The DAPO paper's own answer rule, the `dapo_rule` verifier (SPEC section 4).
 
-What the released recipe does (verl `math_dapo.compute_score`, a Minerva-style rule from lm-evaluation-harness):
+What the released recipe does (verl `math_dapo.compute_score`, a Minerva-style rule from
+lm-evaluation-harness):
 read only the last 300 characters of the response, take the last match of `Answer\\s*:\\s*([^\\n]+)`,
 normalise it and the ground truth the same way (keep what follows the last `=`, drop `$`, spaces, `\\text{}`
 and a fixed list of unit words, unwrap `\\boxed{}`/`\\text{}`/`\\textbf{}`/`\\overline{}`, expand `\\fracab`,

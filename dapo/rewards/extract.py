@@ -86,7 +86,8 @@ def last_boxed(text: str) -> str | None:
 
 
 def _strip_wrappers(ans: str) -> str:
-    """Remove markup around a whole answer: `**x**`, `$x$`, `\\(x\\)`, `\\[x\\]`, `\\boxed{x}`, a final period."""
+    """Remove markup around a whole answer: `**x**`, `$x$`, `\\(x\\)`, `\\[x\\]`, `\\boxed{x}`, a final
+    period."""
     for _ in range(4):          # wrappers nest a few deep at most ("$\\boxed{204}$."); bounded either way
         before = ans
         ans = ans.strip().strip("*").strip()

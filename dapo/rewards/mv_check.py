@@ -27,7 +27,7 @@ _REPEAT_S = 0.1     # the alarm fires again at this interval, in case a library 
 
 
 class CheckTimeout(BaseException):
-    """Raised by the deadline. A BaseException so that sympy's and math-verify's `except Exception` pass it."""
+    """Raised by the deadline; a BaseException, so sympy's and math-verify's `except Exception` let it by."""
 
 
 class Deadline:
@@ -71,7 +71,8 @@ class Deadline:
             signal.signal(signal.SIGALRM, self._old)
             delay, interval = self._old_timer
             if delay > 0:
-                signal.setitimer(signal.ITIMER_REAL, max(delay - (time.monotonic() - self._t0), 1e-3), interval)
+                left = max(delay - (time.monotonic() - self._t0), 1e-3)
+                signal.setitimer(signal.ITIMER_REAL, left, interval)
         return False
 
 
@@ -107,7 +108,8 @@ def fast_equivalent(extracted: str, gold: str) -> bool | None:
     """Decide the easy cases without math-verify (it spends ~5 ms in its LaTeX parser on `$204$`).
 
     True for identical strings and for plain decimal numbers of equal value (`204.0` vs `204`); False for two
-    different integer values (`206.0` vs `204`), where math-verify's exact comparison says the same. None otherwise:
+    different integer values (`206.0` vs `204`), where math-verify's exact comparison says the same. None
+    otherwise:
     the caller asks math-verify (e.g. `0.3333333` vs `1/3` is decided by its rounding rules, not here).
     """
     a, b = extracted.strip(), gold.strip()
@@ -140,8 +142,11 @@ def verify_equivalent(extracted: str, gold: str) -> bool:
     return bool(verify(gold_parsed, target, timeout_seconds=None))  # type: ignore[arg-type]
 
 
-_WARM_UP = (("204.0", "204"), ("\\frac{1}{2}", "0.5"), ("x = 2", "2"), ("\\boxed{3}", "3"), ("1, 2", "\\{1,2\\}"),
-            ("(1,2]", "(1,2]"), ("2\\sqrt{3}", "\\sqrt{12}"), ("50\\%", "0.5"), ("\\text{B}", "B"), ("x^2+1", "1+x^2"))
+_WARM_UP = (
+    ("204.0", "204"), ("\\frac{1}{2}", "0.5"), ("x = 2", "2"), ("\\boxed{3}", "3"), ("1, 2", "\\{1,2\\}"),
+    ("(1,2]", "(1,2]"), ("2\\sqrt{3}", "\\sqrt{12}"), ("50\\%", "0.5"), ("\\text{B}", "B"),
+    ("x^2+1", "1+x^2"),
+)
 _warm = False
 
 
@@ -180,5 +185,5 @@ def check(task: tuple[str, str, float]) -> tuple[str, bool]:
 
 
 def interrupted(outcome: tuple[str, bool]) -> bool:
-    """True for a `check` outcome whose computation the deadline interrupted (the pool retires that worker)."""
+    """True for a `check` outcome whose computation the deadline interrupted (its worker is retired)."""
     return outcome[0] == "timeout"

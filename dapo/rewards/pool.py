@@ -86,7 +86,8 @@ class BoundedPool:
     def __init__(self, fn: Callable[[Any], Any], workers: int, *, warmup: Any = None,
                  preload: Sequence[str] = (), mem_limit_bytes: int | None = None,
                  retire_if: Callable[[Any], bool] | None = None) -> None:
-        self.fn, self.n_workers, self.warmup, self.mem_limit = fn, max(1, int(workers)), warmup, mem_limit_bytes
+        self.fn, self.n_workers, self.warmup = fn, max(1, int(workers)), warmup
+        self.mem_limit = mem_limit_bytes
         self.retire_if = retire_if
         methods = mp.get_all_start_methods()
         self._ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
@@ -169,7 +170,8 @@ class BoundedPool:
             now = time.monotonic()
             limits = [w.item_start + hard for w in self._workers if w.job]
             limits += [w.born + STARTUP_LIMIT_S for w in self._workers if not w.ready]
-            ready = wait([w.conn for w in self._workers], timeout=max(0.0, min(limits, default=now + 1) - now))
+            timeout = max(0.0, min(limits, default=now + 1) - now)
+            ready = wait([w.conn for w in self._workers], timeout=timeout)
             for conn in ready:
                 w = next(x for x in self._workers if x.conn is conn)
                 try:

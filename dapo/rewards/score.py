@@ -3,10 +3,12 @@
 `score_responses` is what the trainer and the evaluator call, with thousands of responses per step:
 
 - `verifier="math_verify"` (default): the answer is extracted here (`extract.extract_answer`, linear time,
-  capped at 300 characters), identical (answer, gold) pairs are checked once (the G responses of a group often
-  agree), plain numbers are compared here (`mv_check.fast_equivalent`), and the remaining checks run in a persistent pool of worker processes with a per-check deadline (`timeout_s`,
-  in the worker) and a hard kill (`timeout_s + HARD_GRACE_S`, from the parent). Fewer than `INLINE_MAX`
-  distinct checks run inline in the caller's main thread under the same deadline, skipping the pool's IPC.
+  capped at 300 characters), identical (answer, gold) pairs are checked once (the G responses of a group
+  often agree), plain numbers are compared here (`mv_check.fast_equivalent`), and the remaining checks run in
+  a persistent pool of worker processes with a per-check deadline (`timeout_s`, in the worker) and a hard
+  kill (`timeout_s + HARD_GRACE_S`, from the parent). Fewer than `INLINE_MAX` distinct checks run inline in
+  the caller's main thread under the same deadline, skipping the pool's IPC. Scripts that score through the
+  pool need an `if __name__ == "__main__":` guard (workers start from a forkserver).
 - `verifier="dapo_rule"`: the paper's string rule (`dapo_rule.py`) on the last 300 characters; pure bounded
   string work, so it always runs inline.
 
