@@ -221,6 +221,12 @@ def test_normalize_final_answer(raw, expected):
     assert normalize_final_answer(raw) == expected
 
 
+def test_extracted_answers_agree_across_formats_for_majority_voting():
+    responses = ["Answer: $204$", "Answer: 204", "\\boxed{204}", "Answer: 204.0"]
+    assert {s.extracted for s in score_responses(responses, ["1"] * 4, workers=0)} == {"204", "204.0"}
+    assert {s.extracted for s in score_responses(responses, ["1"] * 4, verifier="dapo_rule")} == {"204", None}
+
+
 def test_the_papers_rule_reads_only_the_last_300_characters():
     early = "Answer: 204\n" + "x" * 300
     assert score_dapo_rule(early, "204").score == -1.0

@@ -68,12 +68,13 @@ def dapo_rule_extract(response: str) -> str | None:
 
 
 def dapo_rule_correct(response: str, answer: str) -> tuple[bool, str | None]:
-    """(correct, extracted) under the paper's rule; never raises on any `str` input. Linear time."""
+    """(correct, normalised answer) under the paper's rule, as the released code returns its `pred`, so that
+    majority voting groups `$204$` with `204`; (False, None) without an `Answer:` line. Never raises."""
     try:
         extracted = dapo_rule_extract(response)
         if extracted is None:
             return False, None
         pred = normalize_final_answer(extracted)
-        return bool(pred) and pred == normalize_final_answer(str(answer)[-WINDOW_CHARS:]), extracted
+        return bool(pred) and pred == normalize_final_answer(str(answer)[-WINDOW_CHARS:]), pred or None
     except Exception:       # defensive: the operations above are plain str/re and should never raise
         return False, None

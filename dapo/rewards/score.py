@@ -49,7 +49,8 @@ _pools_lock = threading.Lock()
 
 @dataclass(frozen=True)
 class Score:
-    """One response's reward. `score` is +1.0 or -1.0; `extracted` is the answer read (None if none)."""
+    """One response's reward. `score` is +1.0 or -1.0; `extracted` is the answer as the verifier compared it
+    (math_verify: with `$`, `\\boxed{}` etc. removed; dapo_rule: the rule's normal form), None if none."""
 
     score: float
     correct: bool
