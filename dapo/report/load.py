@@ -222,6 +222,9 @@ def load_experiment(experiment: str, tracking_uri: str | None = None, k: int | N
             if name in r.data.metrics:
                 hist = client.get_metric_history(r.info.run_id, name)
                 rd.history[name] = _series(hist)
+        if rd.seed is not None and rd.name != f"{rd.row}-s{rd.seed}":
+            warnings.append(f"run {rd.name or rd.run_id} is not named {rd.row}-s{rd.seed}: the MLflow UI lines "
+                            "runs up by name")
         if status.lower() != "finished":
             warnings.append(f"run {rd.label} has status {status!r}: its last logged eval is used")
         runs.append(rd)
