@@ -34,13 +34,15 @@ def build_tiny_qwen2(d: Path, *, tie: bool, seed: int = 0) -> Path:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    corpus = ["Solve the following math problem step by step. Answer: 42", "12 + 30 = 42 apples and pears"]
+    from dapo.data.prompts import apply_dapo_template
+
+    corpus = [apply_dapo_template("12 + 30 = ? apples and pears"), "Answer: 42"]
     tok.train_from_iterator(corpus * 8, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     fast.save_pretrained(d)
     cfg = Qwen2Config(vocab_size=len(fast), hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
                       num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
-                      max_position_embeddings=256, tie_word_embeddings=tie, initializer_range=INIT_STD,
+                      max_position_embeddings=1024, tie_word_embeddings=tie, initializer_range=INIT_STD,
                       eos_token_id=fast.eos_token_id, bos_token_id=None, pad_token_id=fast.eos_token_id)
     torch.manual_seed(seed)
     Qwen2ForCausalLM(cfg).save_pretrained(d)
