@@ -150,6 +150,9 @@ class Trainer:
     def run(self) -> int:
         """Train to `total_steps` (or resume and finish). Returns the process exit code."""
         cfg = self.cfg
+        if (self.run_dir / "DONE.json").is_file():
+            log.info("%s/DONE.json exists: this run is finished, nothing to do", self.run_dir)
+            return 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resumed = self.restore()
         self.tracker = self.c.make_tracker(self.run_id)
@@ -314,7 +317,9 @@ class Trainer:
     def _finish(self, progress: Progress) -> int:
         final = self.run_dir / "final"
         self.c.learner.save_hf(final)
-        self.save()
+        last = ck.latest_checkpoint(self.run_dir)
+        if last is None or ck.load_checkpoint_state(last)[0]["step"] != self.step:
+            self.save()
         summary = {"run_id": self.run_id, "step": self.step, "grad_updates": self.grad_updates,
                    "nonfinite_skipped": self.nonfinite_total, "elapsed_s": self.elapsed(), "final_model": str(final),
                    "eval": getattr(self, "last_eval", {})}
