@@ -7,7 +7,9 @@ row 04 lacks the entropy and maj@32 metrics, and row 05 has a single seed (so it
 from __future__ import annotations
 
 import csv
+import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -35,6 +37,14 @@ def store(tmp_path_factory):
     build_synthetic_experiment(uri, "full", FULL, total_steps=STEPS, eval_every=5)
     build_synthetic_experiment(uri, "gappy", GAPPY, total_steps=STEPS, eval_every=5,
                                drop_metrics={R[4]: [M.ENTROPY, M.eval_maj(32)]})
+    # a later standalone `dapo eval` run with the same row/seed tags but no training curves
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(uri)
+    run = c.create_run(c.get_experiment_by_name("gappy").experiment_id, run_name=f"eval-{R[0]}-s0",
+                       tags={M.TAG_ROW: R[0], M.TAG_SEED: "0"}, start_time=int(time.time() * 1000) + 10_000)
+    c.log_metric(run.info.run_id, M.eval_avg(32), 99.0, step=0)
+    c.set_terminated(run.info.run_id, "FINISHED")
     return uri
 
 
@@ -120,6 +130,9 @@ def test_missing_row_and_metrics_are_named_not_raised(gappy_report, capsys):
     assert "row 03_soft_overlong_punishment" in missing
     assert f"run {R[4]}-s0: metric {M.eval_maj(32)} missing" in missing
     rows = _csv(gappy_report / "table1.csv")
+    assert float(rows[R[0]]["avg_mean"]) == pytest.approx(22.0)          # the training run, not the eval run
+    warnings = json.loads((gappy_report / "warnings.json").read_text())
+    assert any(f"not eval-{R[0]}-s0" in w for w in warnings)
     assert rows[R[3]]["avg_mean"] == "" and rows[R[4]]["delta"] == ""   # no row above to compare with
     assert float(rows[R[4]]["avg_mean"]) == pytest.approx(38.5)
     # one seed: the run's own bootstrap CI (synthetic: avg -/+ 6)
@@ -162,8 +175,6 @@ def test_unknown_experiment_names_the_known_ones(store, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_cli_executes_the_notebooks_and_saves_them(store, tmp_path):
-    import json
-
     from dapo.cli import main
 
     out = tmp_path / "report"

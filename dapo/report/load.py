@@ -234,9 +234,11 @@ def load_experiment(experiment: str, tracking_uri: str | None = None, k: int | N
 
 
 def _preference(r) -> tuple:
-    """Among duplicate runs of one (row, seed): a finished one, then the most recent."""
+    """Among runs of one (row, seed): a training run (a standalone `dapo eval` run carries the same tags but no
+    training curves), then a finished one, then the most recent."""
     status = r.data.tags.get(M.TAG_STATUS, (r.info.status or "").lower())
-    return (status.lower() == "finished", r.info.start_time or 0)
+    trained = M.ROLLOUT_STEP in r.data.metrics or M.GRAD_UPDATES in r.data.metrics
+    return (trained, status.lower() == "finished", r.info.start_time or 0)
 
 
 def _series(points) -> Series:
