@@ -89,6 +89,8 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             for mode in MODES:
                 for budget in (BIG_BUDGET, SMALL_BUDGET):
                     one(f"z2/{mode}/{budget}", mode, budget, part)
+            # Every rank given the whole mini-batch (no sharding): exact too, only the compute repeats.
+            one("z2/whole-on-every-rank", "group-token-mean", SMALL_BUDGET, batch)
             # A NaN advantage on one response that trains (on the last rank only, at world size 2).
             bad = batch.select(list(range(len(batch))))
             bad.advantages = bad.advantages.clone()

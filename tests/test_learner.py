@@ -260,6 +260,14 @@ def test_update_does_not_depend_on_micro_batches_or_ranks(world, mode):
             assert got["metrics"][M.CLIPFRAC_HIGH] == pytest.approx(ref["metrics"][M.CLIPFRAC_HIGH], abs=1e-9)
 
 
+def test_the_whole_mini_batch_on_every_rank_gives_the_same_step(world):
+    ref = world["w1"][f"z2/group-token-mean/{W.BIG_BUDGET}"]
+    got = world["w2"]["z2/whole-on-every-rank"]
+    assert (got["params"] - ref["params"]).abs().max() < TOL
+    assert got["metrics"][M.POLICY_LOSS] == pytest.approx(ref["metrics"][M.POLICY_LOSS], abs=1e-6)
+    assert got["metrics"][M.CLIPFRAC_LOW] == pytest.approx(ref["metrics"][M.CLIPFRAC_LOW], abs=1e-9)
+
+
 @pytest.mark.parametrize("engine", ["z3", "z0"])
 def test_zero3_and_zero0_with_gradient_clipping_match_the_clipped_reference(world, engine):
     ref, _, ref_norm, _ = reference_step(world["model"], world["batch"], "token-mean", clip=W.CLIP)
