@@ -27,7 +27,8 @@ def curves(row_index: int, final_avg: float, seed: int, steps: np.ndarray, k: in
     frac = steps / max(int(steps[-1]), 1)
     rng = np.random.default_rng(1000 * row_index + seed)
     avg = 10.0 + (final_avg - 10.0) * frac
-    entropy = 0.9 * np.exp(-3 * frac) + 0.05 if row_index < 2 else 0.9 - 0.2 * frac + 0.02 * seed
+    entropy = (0.9 * np.exp(-3 * frac) + 0.05 if row_index < 2
+               else 0.9 - (0.35 - 0.06 * (row_index - 2)) * frac + 0.02 * seed)
     tokens = 4000.0 + 100 * steps * (3.0 if row_index == 5 else 1.0)
     out = {
         M.eval_avg(k): avg, M.eval_pass(k): np.minimum(100.0, avg + 30), M.eval_maj(k): avg + 5,
