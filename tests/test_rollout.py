@@ -209,6 +209,19 @@ def test_hf_same_seed_same_samples(hf_world) -> None:
     assert [[s.response_ids for s in g] for g in a] == [[s.response_ids for s in g] for g in b]
 
 
+def test_hf_chunked_generation_keeps_prompt_order(hf_world) -> None:
+    d, engine, model = hf_world
+    engine.max_batch_sequences = 2  # n=2: one prompt per chunk, three generate calls
+    try:
+        groups = engine.generate(PROMPTS, n=2, max_tokens=5)
+    finally:
+        engine.max_batch_sequences = 512
+    check_samples(groups, 2, 5, model.config.eos_token_id)
+    flat = [s for g in groups for s in g]
+    ref = hf_logprobs(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat])
+    assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
+
+
 def test_hf_sync_tied_weights_and_uniform_policy(hf_world) -> None:
     d, engine, model = hf_world
     prompts, responses = PROMPTS, [[40, 41, 42], [7], [1, 2, 3, 4, 5]]

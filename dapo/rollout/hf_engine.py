@@ -2,7 +2,9 @@
 (vLLM's per-step scheduling dominates at ~1M parameters; FINDINGS: 15-18K vs 5-9K sampled tokens/s).
 
 Simplifications: no paged KV cache or continuous batching (prompts are generated in fixed chunks, left-padded);
-`sleep`/`wake_up` move the model off and back onto the GPU. The log-prob of each sampled token is taken under
+`sleep`/`wake_up` move the model off and back onto the GPU. `generate` keeps each step's processed scores
+([sequences, V] per step) to read the sampled tokens' log-probs, so chunks shrink to fit `score_budget_bytes`:
+fine for small vocabularies (the tiny world); use vLLM for real models. The log-prob of each sampled token is taken under
 the *sampling* distribution (after temperature and top-p), which vLLM's raw log-probs are not; the learner
 recomputes old log-probs itself, so neither enters the loss.
 """
@@ -29,10 +31,11 @@ class HFEngine(RolloutEngine):
         max_model_len: prompt + response cap; `max_tokens` is lowered to fit it.
         seed: seeds torch's generator once; each `generate` call continues the stream.
         max_batch_sequences: sequences decoded at once (prompts are chunked so P_chunk * n <= this).
+        score_budget_bytes: memory for the per-step scores kept during one chunk (at least one prompt's n).
     """
 
     def __init__(self, model_path: str, *, dtype: str = "auto", max_model_len: int, seed: int = 0,
-                 max_batch_sequences: int = 512) -> None:
+                 max_batch_sequences: int = 512, score_budget_bytes: int = 2 << 30) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -41,6 +44,7 @@ class HFEngine(RolloutEngine):
         self.model.to(self.device).eval()
         self.max_model_len = max_model_len
         self.max_batch_sequences = max_batch_sequences
+        self.score_budget_bytes = score_budget_bytes
         self.generator_seed = seed
         torch.manual_seed(seed)
         eos = self.tokenizer.eos_token_id
@@ -56,7 +60,9 @@ class HFEngine(RolloutEngine):
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0) -> list[list[Sample]]:
-        per_chunk = max(1, self.max_batch_sequences // n)
+        # sequences per chunk: at most max_batch_sequences, and the kept scores within the byte budget
+        seqs = min(self.max_batch_sequences, self.score_budget_bytes // (4 * self.model.config.vocab_size * max_tokens))
+        per_chunk = max(1, seqs // n)
         out: list[list[Sample]] = []
         for i in range(0, len(prompt_ids), per_chunk):
             out.extend(self._generate_chunk(prompt_ids[i:i + per_chunk], n, max_tokens, temperature, top_p))
