@@ -191,3 +191,30 @@ def test_cli_executes_the_notebooks_and_saves_them(store, tmp_path):
     assert float(comp["device_hours"]) == pytest.approx(2 * 660 / 3600)
     assert json.loads((out / "figures.json").read_text())["x_axis"] == "rollout"
     assert "row 03_soft_overlong_punishment" in (out / "report.md").read_text()
+
+
+def _run(row: str, seed: int, avg: list[tuple[int, float]]):
+    from dapo.report.load import RunData, Series
+
+    steps, values = zip(*avg, strict=True)
+    return RunData(run_id=f"id-{row}-{seed}", name=f"{row}-s{seed}", row=row, seed=seed, preset="x",
+                   status="finished", params={}, tags={}, start_ms=None, end_ms=None,
+                   history={M.eval_avg(4): Series(np.array(steps), np.array(values))})
+
+
+def test_user_rows_follow_the_paper_rows_and_survive_latex():
+    from dapo.report.formats import to_latex
+    from dapo.report.load import Experiment
+    from dapo.report.table1 import build_table1, table1_table
+
+    # the last step wins even if logged first; a user's variant row comes after the paper's rows
+    runs = [_run(R[0], 0, [(10, 40.0), (0, 5.0), (5, 20.0)]), _run("06_my_variant", 0, [(10, 45.0)])]
+    exp = Experiment("e", "1", "uri", 4, runs)
+    t = build_table1(exp)
+    assert [r.row for r in t.rows] == R + ["06_my_variant"]
+    assert t.rows[0].mean == 40.0 and t.rows[-1].mean == 45.0 and t.rows[-1].paper is None
+    assert t.rows[-1].delta is None                      # row 05 above it has no runs
+    assert f"run {R[0]}-s0: metric {M.eval_pass(4)} missing" in t.missing
+    assert f"run {R[0]}-s0: metric {M.ci_low(M.eval_avg(4))} missing (no CI for one seed)" in t.missing
+    tex = to_latex(table1_table(t))
+    assert r"06\_my\_variant & 45.0 &" in tex and r"row 01\_overlong\_filtering (+ Overlong" in tex

@@ -59,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"dapo report: {e}", file=sys.stderr)
             write_index(out, args.experiment)
             return 1
+        except Exception as e:  # no kernel could start (Jupyter missing or broken): say so, offer the way round
+            print(f"dapo report: could not execute the notebooks ({type(e).__name__}: {e}); "
+                  "`--engine python` writes the same outputs without Jupyter", file=sys.stderr)
+            return 1
     index = write_index(out, args.experiment)
     print(f"dapo report: wrote {index} ({len(exp.runs)} runs, k = {exp.k})")
     return 0

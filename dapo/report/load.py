@@ -32,10 +32,15 @@ class ExperimentNotFound(LookupError):
 
 @dataclass
 class Series:
-    """One metric's history: `steps` [S] rollout steps (sorted, unique), `values` [S]."""
+    """One metric's history: `steps` [S] rollout steps (sorted on construction), `values` [S]."""
 
     steps: np.ndarray
     values: np.ndarray
+
+    def __post_init__(self) -> None:
+        order = np.argsort(np.asarray(self.steps), kind="stable")   # "last" means the latest step
+        self.steps = np.asarray(self.steps, dtype=int)[order]
+        self.values = np.asarray(self.values, dtype=float)[order]
 
     def last(self) -> tuple[int, float]:
         return int(self.steps[-1]), float(self.values[-1])
