@@ -8,6 +8,7 @@ transformers forward of the perturbed model, for tied and untied embeddings. One
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -188,6 +189,10 @@ def test_vllm_uniform_policy_logprobs_and_finish_reasons(vllm_world) -> None:
 @pytest.fixture(scope="module")
 def hf_world(tmp_path_factory: pytest.TempPathFactory):
     d = build_tiny_qwen2(tmp_path_factory.mktemp("tiny_hf"), tie=True)
+    # sampling defaults in the checkpoint (as instruct models ship) must not leak into rollouts: with them the
+    # sampled log-probs below would be 0 (top_k=1) and repetition-penalised
+    gen = json.loads((d / "generation_config.json").read_text())
+    (d / "generation_config.json").write_text(json.dumps({**gen, "top_k": 1, "repetition_penalty": 3.0}))
     return d, make_engine("hf", str(d), dtype="float32", max_model_len=128, seed=0), load_hf(d)
 
 

@@ -56,6 +56,11 @@ class HFEngine(RolloutEngine):
         self.eos_ids = sorted(ids)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_ids[0]
+        # a checkpoint's generation_config.json may carry sampling defaults (instruct models: top_k=20,
+        # repetition_penalty=1.05) that transformers merges into ours; sample exactly as asked instead
+        from transformers import GenerationConfig
+
+        self.model.generation_config = GenerationConfig(eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float = 1.0,
