@@ -53,6 +53,10 @@ def test_sqlite_round_trip_params_tags_metrics_artifacts(tmp_path: Path) -> None
     tr2 = Tracker(uri, "exp-a", None, run_id=tr.run_id, spool_dir=tmp_path / "spool")
     assert tr2.run_id == tr.run_id and tr2.client.get_run(tr.run_id).info.status == "RUNNING"
     tr2.log_metrics({"actor/entropy": 0.4}, step=3)
+    # a resumed run whose config changed: MLflow refuses the new value; training goes on, nothing is spooled
+    tr2.log_params({"algorithm.eps_high": 0.2})
+    assert tr2.client.get_run(tr.run_id).data.params["algorithm.eps_high"] == "0.28"
+    assert not tr2.spool_path.exists() or tr2.spool_path.read_text() == ""
     tr2.finish("KILLED")
     assert len(tr2.client.get_metric_history(tr.run_id, "actor/entropy")) == 4
     assert tr2.client.get_run(tr.run_id).info.status == "KILLED"
