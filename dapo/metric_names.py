@@ -64,6 +64,8 @@ TOKENS_PER_SEC = "perf/tokens_per_sec"            # generated tokens / generatio
 
 # --- evaluation (k is the preset's n: avg@32 for the paper). Use the helpers below.
 EVAL_PREFIX = "eval"
+EVAL_TRUNC_FRAC = "eval/truncated_frac"
+EVAL_LEN_MEAN = "eval/length_mean"
 
 
 def eval_avg(k: int) -> str:
