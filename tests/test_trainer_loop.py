@@ -50,6 +50,12 @@ class FakeEngine:
                         for j, b in enumerate(bits)])
         return out
 
+    def sleep(self):
+        pass
+
+    def wake_up(self):
+        pass
+
     def sync_weights(self, named):
         self.synced.append(float(dict(named)["w"].sum()))
 

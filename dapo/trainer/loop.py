@@ -230,6 +230,7 @@ class Trainer:
         col = collect(self.c.engine, self._next_batch, self.settings, self.c.score_fn,
                       should_stop=lambda: stop.requested, resume=self.refill_resume)
         self.refill_resume = None
+        self.c.engine.sleep()    # colocated GPUs: free the engine's memory for the learner (no-op on CPU)
         batch, stats = None, []
         t0 = t1 = time.perf_counter()
         if col.groups:
@@ -248,6 +249,7 @@ class Trainer:
         lr = learner.lr
         learner.lr_step()
         t3 = time.perf_counter()
+        self.c.engine.wake_up()
         if stats:
             self.c.engine.sync_weights(learner.named_parameters_for_sync())
         t4 = time.perf_counter()

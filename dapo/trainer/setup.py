@@ -83,10 +83,17 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from dapo.data.prompts import tokenize_problems
     from dapo.learner import Learner, LossSpec
+    from dapo.learner.distributed import launcher_env
     from dapo.rewards import score_responses
     from dapo.rollout import make_engine
     from dapo.tracking import Tracker
 
+    world = int((launcher_env() or {}).get("WORLD_SIZE", "1"))
+    if world > 1:
+        # The learner is data-parallel, but the loop does not yet hand each rank its shard of one rollout
+        # (rank 0 generating and broadcasting, collective checkpoints): refuse rather than train wrongly.
+        raise NotImplementedError(f"dapo train runs as one process for now (launcher says WORLD_SIZE={world}); "
+                                  "launch it without torchrun/srun tasks > 1")
     path = model_path(cfg)
     tok = AutoTokenizer.from_pretrained(path)
     d, r, a, t = cfg.data, cfg.rollout, cfg.algorithm, cfg.trainer
