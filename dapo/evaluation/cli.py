@@ -128,8 +128,13 @@ def print_table(metrics: dict[str, float], title: str = "") -> None:
     table = Table(title=title)
     for col in ("metric", "value (%)", "CI low", "CI high"):
         table.add_column(col, justify="left" if col == "metric" else "right")
+    from dapo.metric_names import EVAL_LEN_MEAN, EVAL_TRUNC_FRAC
+
+    if EVAL_TRUNC_FRAC in metrics:
+        table.caption = (f"{100 * metrics[EVAL_TRUNC_FRAC]:.1f}% of responses hit the length cap; "
+                         f"mean length {metrics.get(EVAL_LEN_MEAN, float('nan')):.0f} tokens")
     for name, v in metrics.items():
-        if name.endswith("_ci_low") or name.endswith("_ci_high"):
+        if name.endswith("_ci_low") or name.endswith("_ci_high") or name in (EVAL_TRUNC_FRAC, EVAL_LEN_MEAN):
             continue
         lo, hi = metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high")
         table.add_row(name.removeprefix("eval/").replace("_at_", "@"), f"{v:.1f}",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dapo.metric_names import EVAL_LEN_MEAN, EVAL_TRUNC_FRAC
 from dapo.types import Problem
 
 
@@ -97,6 +98,9 @@ def evaluate(
         extracted.append(row_a)
     ks = [k for k in pass_k if k <= n]
     metrics = eval_summary(correct, extracted, pass_k=ks, bootstrap=bootstrap, confidence=confidence, seed=seed)
+    if samples:  # how often eval responses hit the cap, and how long they are (the overlong toggles act on these)
+        metrics[EVAL_TRUNC_FRAC] = sum(s["truncated"] for s in samples) / len(samples)
+        metrics[EVAL_LEN_MEAN] = sum(s["num_tokens"] for s in samples) / len(samples)
     return EvalResult({k: float(v) for k, v in metrics.items()}, samples)
 
 
