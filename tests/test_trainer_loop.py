@@ -234,3 +234,13 @@ def test_dynamic_sampling_refill_cap_fail_leaves_a_checkpoint(tmp_path):
     assert tr.run() == FAILURE_EXIT_CODE
     state, _, _ = ck.load_checkpoint_state(ck.latest_checkpoint(tmp_path / "run"))
     assert state["step"] == 0 and state["data_order"]["position"] == 0     # the state before the failed step
+
+
+def test_every_logged_name_comes_from_metric_names_and_the_docs_are_current(tmp_path):
+    from dapo.trainer.metrics_doc import main as metrics_doc
+
+    tr = make(tmp_path, "trainer.total_steps=1")
+    assert tr.run() == 0
+    logged = set(FakeTracker.store[tr.run_id]["metrics"])
+    assert logged <= set(M.all_training_metrics())
+    assert metrics_doc(["--check"]) == 0, "docs/metrics.md is stale: python -m dapo.trainer.metrics_doc"

@@ -258,6 +258,7 @@ class Trainer:
         self.tokens_total += col.stats.tokens_generated
         m = rollout_metrics(col, batch, norm_adv_by_std=cfg.algorithm.norm_adv_by_std)
         m.update(mean_update_stats([s for s in stats if not s.get(UPDATE_SKIPPED)], UPDATE_KEYS))
+        m.update(mean_update_stats(stats, [UPDATE_SKIPPED]))     # the fraction of this step's updates skipped
         gen_t = col.timings.get("generate", 0.0)
         m.update({
             M.ROLLOUT_STEP: self.step, M.GRAD_UPDATES: self.grad_updates, M.LR: lr,

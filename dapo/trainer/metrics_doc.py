@@ -56,6 +56,8 @@ _FALLBACK = {
     "TIME_EVAL": "evaluation (logged at eval steps)",
     "TIME_STEP": "the whole rollout step",
     "TIME_TOTAL": "wall time since the run started, earlier attempts (before a resume) included",
+    "EVAL_TRUNC_FRAC": "fraction of eval samples that hit the generation cap",
+    "EVAL_LEN_MEAN": "mean eval response length in tokens",
     "TAG_ROW": "tag: ablation row, e.g. 05_dynamic_sampling",
     "TAG_SEED": "tag: trainer.seed",
     "TAG_PRESET": "tag: scale preset (tiny, qwen2.5-32b)",
