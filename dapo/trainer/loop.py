@@ -178,6 +178,11 @@ class Trainer:
             self.tracker.set_tags({M.TAG_STATUS: "failed"})
             self.tracker.finish("FAILED")
             return FAILURE_EXIT_CODE
+        except Exception:
+            # a crash (engine, learner, disk): say so in MLflow, keep the checkpoints, let the traceback through
+            self.tracker.set_tags({M.TAG_STATUS: "failed"})
+            self.tracker.finish("FAILED")
+            raise
         finally:
             progress.close()
 
