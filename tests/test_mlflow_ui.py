@@ -111,7 +111,9 @@ def test_experiment_page_lists_runs_with_their_avg_at_k(server, in_ci, tmp_path)
             viewport={"width": 1800, "height": 760})
         try:
             page = browser.new_page()
-            page.goto(f"{url}/#/experiments/{exp_id}/runs?orderByKey={sort}&orderByAsc=false")
+            # workflowType=machine_learning: the "Model training" view (MLflow 3 opens in its GenAI view otherwise)
+            page.goto(f"{url}/#/experiments/{exp_id}/runs?workflowType=machine_learning&orderByKey={sort}"
+                      "&orderByAsc=false")
             page.get_by_text(f"{R[5]}-s1").wait_for(timeout=90_000)
             close = page.get_by_role("button", name="Close")       # the assistant side panel, if open
             if close.count():

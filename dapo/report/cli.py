@@ -41,7 +41,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"dapo report: {e}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    if args.engine == "python":
+    engine = args.engine
+    if engine == "notebook":
+        from dapo.report.notebooks import ANALYSIS_DIR
+
+        if not (ANALYSIS_DIR / "table1.py").is_file():   # an installed wheel ships no analysis/ folder
+            print(f"warning: no analysis notebooks in {ANALYSIS_DIR} (not a source checkout); "
+                  "using --engine python", file=sys.stderr)
+            engine = "python"
+    if engine == "python":
         from dapo.report.pipeline import write_figures, write_index, write_tables
 
         write_tables(exp, out, args.gpus_per_run, args.cpus_per_run)
