@@ -2,8 +2,8 @@
 this module; the trainer, eval and analysis import names from here and never spell them out.
 
 Namespaces follow cleanrl's style: `<group>/<name>`. MLflow step counters: each training metric is logged
-twice, once against rollout steps (as `step`) and its gradient-update count is logged as `counters/updates`,
-so analysis can put either on the x-axis.
+with step = rollout step, and the gradient-update count is logged beside it as `counters/grad_updates`, so
+analysis can put either on the x-axis.
 """
 
 from __future__ import annotations
@@ -95,6 +95,8 @@ TAG_PRESET = "dapo.preset"
 TAG_GIT = "dapo.git_commit"
 TAG_CONFIG_HASH = "dapo.config_hash"
 TAG_STATUS = "dapo.status"   # running | finished | failed | preempted
+TAG_GPUS = "dapo.gpus"       # GPUs the run held (world size on GPU machines, 0 on CPU): compute table
+TAG_CPUS = "dapo.cpus"       # CPU threads the run used (for CPU-hours when it held no GPU)
 
 # Rows of Table 1 in order, with the paper's AIME 2024 avg@32.
 PAPER_TABLE1 = {
