@@ -1,0 +1,84 @@
+"""`dapo prepare-data`: resolve a run's train and eval sources, load and deduplicate them, write JSONL.
+
+    dapo prepare-data --preset tiny --out results/data/tiny
+    dapo prepare-data --preset qwen2.5-32b --out results/data/32b data.train=/path/dapo-math-17k.parquet
+
+`data.train` / `data.eval` name a hub id, a local .parquet/.jsonl path, or `tiny` (the tiny world's generated
+files, built first if missing). Writes `<out>/train.jsonl` and `<out>/eval.jsonl` (id, problem, answer: raw
+problem text; the template is applied when prompts are built) and prints the counts. With the model's tokenizer
+at hand (the tiny world's, or a local model directory), prompts longer than `data.max_prompt_length` tokens are
+dropped here and counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dapo.config_cli import add_config_arguments
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_config_arguments(p)
+    p.add_argument("--out", required=True, help="Directory for train.jsonl and eval.jsonl.")
+    p.add_argument("--no-length-filter", action="store_true",
+                   help="Keep prompts longer than data.max_prompt_length (the trainer filters them again).")
+
+
+def resolve_source(source: str, split: str, tiny_dir: Path | None) -> str:
+    """`tiny` -> the tiny world's `<split>.jsonl`; anything else is returned unchanged."""
+    if source != "tiny":
+        return source
+    if tiny_dir is None:
+        raise ValueError("data source `tiny` needs the tiny world's directory")
+    return str(tiny_dir / f"{split}.jsonl")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dapo.config import load_config
+    from dapo.data.loaders import DataError, load_problems_with_stats, write_problems
+
+    cfg = load_config(args.config, preset=args.preset, overrides=args.overrides)
+    tiny_dir = None
+    # the tiny world is built only when its files or its tokenizer are needed
+    if "tiny" in (cfg.data.train, cfg.data.eval) or (cfg.model.path == "tiny" and not args.no_length_filter):
+        from dapo.tinyworld.build import ensure_tiny_world
+
+        tiny_dir = ensure_tiny_world(cfg)
+    tokenizer = None if args.no_length_filter else _tokenizer_or_none(cfg, tiny_dir)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for split, source in (("train", cfg.data.train), ("eval", cfg.data.eval)):
+        resolved = resolve_source(source, split, tiny_dir)
+        try:
+            problems, stats = load_problems_with_stats(resolved)
+        except DataError as e:
+            print(f"dapo prepare-data: {e}", file=sys.stderr)
+            return 2
+        dropped = 0
+        if tokenizer is not None:
+            from dapo.data.prompts import tokenize_problems
+
+            problems, _, dropped = tokenize_problems(problems, tokenizer, use_chat_template=cfg.data.use_chat_template,
+                                                     max_prompt_length=cfg.data.max_prompt_length)
+        n = write_problems(out / f"{split}.jsonl", problems)
+        print(f"{split}: {n} problems -> {out / f'{split}.jsonl'}  (source {resolved}: {stats.rows} rows, "
+              f"{stats.duplicates} duplicates removed, {stats.conflicting_answers} with a conflicting answer, "
+              f"{dropped} over {cfg.data.max_prompt_length} prompt tokens dropped)")
+        if n == 0:
+            print(f"dapo prepare-data: no {split} problems left from {resolved}")
+            return 1
+    return 0
+
+
+def _tokenizer_or_none(cfg, tiny_dir: Path | None):  # noqa: ANN001, ANN202 (config and tokenizer types are heavy)
+    """The run model's tokenizer if it can be loaded offline, else None (and say so)."""
+    from transformers import AutoTokenizer
+
+    path = str(tiny_dir / "model") if cfg.model.path == "tiny" and tiny_dir is not None else cfg.model.path
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        print(f"note: prompt length filter skipped: tokenizer for {path} not available offline ({type(e).__name__})")
+        return None
