@@ -1,0 +1,16 @@
+"""The tiny world: a CPU stand-in for Qwen2.5-32B + DAPO-Math-17k + AIME, built from code by `dapo build-tiny`.
+
+    <tiny.dir>/model/        Qwen2 base model + tokenizer (save_pretrained; AutoModel/AutoTokenizer/vLLM load it)
+    <tiny.dir>/train.jsonl   RL train prompts (id, problem, answer, n_ops)
+    <tiny.dir>/eval.jsonl    the AIME stand-in (tiny.n_eval problems, balanced over difficulty)
+    <tiny.dir>/manifest.json seed, config, hash, build time, accuracy measured at build end
+
+`ensure_tiny_world(cfg)` builds it when missing (or built from another tiny config) and returns `<tiny.dir>`;
+`resolve_model_path(cfg)` turns `model.path: tiny` into `<tiny.dir>/model`. Nothing heavy is imported here.
+"""
+
+from __future__ import annotations
+
+from dapo.tinyworld.build import ensure_tiny_world, resolve_model_path, tiny_paths
+
+__all__ = ["ensure_tiny_world", "resolve_model_path", "tiny_paths"]

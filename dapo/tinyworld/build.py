@@ -1,0 +1,269 @@
+"""Build the tiny world (tasks -> tokenizer -> SFT base model -> measurement) once per config, and cache it.
+
+The cache key is a hash of the `tiny:` config section (without `tiny.dir`) and `BUILD_VERSION`; a directory
+whose manifest carries the same hash is reused as is, so `dapo build-tiny`, the tests and the workflow share one
+build. A build is written to a temporary sibling directory and renamed into place under a file lock, so two
+processes asking for the same world never see a half-written one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dapo.tinyworld.tasks import Task, make_splits, solution_lines
+
+if TYPE_CHECKING:
+    from dapo.config import RunConfig, TinyWorldConfig
+
+# Bump when the task generator, tokenizer or training recipe changes: old caches are then rebuilt.
+BUILD_VERSION = 1
+VERBOSE_FRACTION = 0.35  # supervised targets in the verbose style: with 3-4 steps they overrun 64 tokens
+SFT_BATCH = 32  # sequences per supervised step
+SFT_LR = 3e-3  # FINDINGS: 3e-3 trained the 1.1M prototype in minutes
+VOCAB_SIZE = 1024  # an upper bound: the BPE saturates near 500 on this task's text
+MAX_POSITIONS = 512
+TOKENIZER_CORPUS = 4000  # problems whose prompts and solutions train the BPE
+GROUP_PROMPTS = 64  # train prompts sampled to measure all-correct / all-wrong group fractions
+
+# progress(phase, done, total): phases "tasks", "tokenizer", "sft", "measure"
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class TinyPaths:
+    root: Path
+    model: Path
+    train: Path
+    eval: Path
+    manifest: Path
+
+
+def tiny_paths(root: str | Path) -> TinyPaths:
+    root = Path(root)
+    return TinyPaths(root, root / "model", root / "train.jsonl", root / "eval.jsonl", root / "manifest.json")
+
+
+def world_hash(tiny: TinyWorldConfig) -> str:
+    """What the built world depends on: every `tiny.*` key but `dir`, and the build recipe version."""
+    d = tiny.model_dump(mode="json")
+    d.pop("dir", None)
+    d["build_version"] = BUILD_VERSION
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_manifest(root: str | Path) -> dict[str, Any] | None:
+    path = tiny_paths(root).manifest
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_built(root: str | Path, tiny: TinyWorldConfig) -> bool:
+    m = read_manifest(root)
+    p = tiny_paths(root)
+    return (m is not None and m.get("hash") == world_hash(tiny) and (p.model / "config.json").is_file()
+            and p.train.is_file() and p.eval.is_file())
+
+
+@contextlib.contextmanager
+def _lock(root: Path) -> Iterator[None]:
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure_tiny_world(cfg: RunConfig, *, out: str | Path | None = None, force: bool = False,
+                      progress: Progress | None = None, threads: int = 1) -> Path:
+    """The tiny world directory for `cfg` (default `cfg.tiny.dir`), built first when missing or stale.
+
+    The model is at `<dir>/model`, the data at `<dir>/train.jsonl` and `<dir>/eval.jsonl` (see `tiny_paths`).
+    The build-end measurement uses the run's eval settings (eval.n, temperature, top_p, the eval token cap) and
+    its rollout settings for the train-group fractions; they are recorded in the manifest, not hashed.
+    `threads`: torch CPU threads for the build. 1 by default: on a shared machine two OpenMP threads ran 5-10x
+    slower than one (spin-waiting), and a fixed count keeps the build bit-reproducible.
+    """
+    root = Path(out if out is not None else cfg.tiny.dir)
+    if not force and is_built(root, cfg.tiny):
+        return root
+    with _lock(root):
+        if not force and is_built(root, cfg.tiny):  # another process built it while we waited
+            return root
+        if root.exists() and any(root.iterdir()) and read_manifest(root) is None:
+            raise FileExistsError(f"{root}: exists and is not a tiny world (no manifest.json); refusing to "
+                                  "overwrite it. Point tiny.dir (or --out) at a new or tiny-world directory.")
+        tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            build_tiny_world(
+                cfg.tiny, tmp, eval_n=cfg.eval.n, eval_temperature=cfg.eval.temperature,
+                eval_top_p=cfg.eval.top_p, max_new_tokens=cfg.resolved_eval_max_tokens(),
+                group_n=cfg.rollout.n, group_temperature=cfg.rollout.temperature, group_top_p=cfg.rollout.top_p,
+                max_prompt_length=cfg.data.max_prompt_length, progress=progress, threads=threads,
+            )
+            if root.exists():
+                old = root.parent / f".{root.name}.old-{os.getpid()}"
+                os.replace(root, old)
+                shutil.rmtree(old, ignore_errors=True)
+            os.replace(tmp, root)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+def resolve_model_path(cfg: RunConfig) -> str:
+    """`model.path`, with `tiny` resolved to the tiny world's model directory (built if needed)."""
+    if cfg.model.path == "tiny":
+        return str(tiny_paths(ensure_tiny_world(cfg)).model)
+    return cfg.model.path
+
+
+def _write_jsonl(path: Path, tasks: list[Task], prefix: str) -> None:
+    width = len(str(max(1, len(tasks) - 1)))
+    with path.open("w") as fh:
+        for i, t in enumerate(tasks):
+            row = {"id": f"{prefix}-{i:0{width}d}", "problem": t.text, "answer": str(t.answer), "n_ops": t.n_ops}
+            fh.write(json.dumps(row) + "\n")
+
+
+def build_tiny_world(
+    tiny: TinyWorldConfig,
+    out_dir: str | Path,
+    *,
+    eval_n: int,
+    eval_temperature: float,
+    eval_top_p: float,
+    max_new_tokens: int,
+    group_n: int,
+    group_temperature: float,
+    group_top_p: float,
+    max_prompt_length: int,
+    progress: Progress | None = None,
+    threads: int = 1,
+) -> dict[str, Any]:
+    """Build everything into `out_dir` (no caching here) and return the manifest it wrote."""
+    import torch
+
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _build(tiny, Path(out_dir), eval_n=eval_n, eval_temperature=eval_temperature, eval_top_p=eval_top_p,
+                      max_new_tokens=max_new_tokens, group_n=group_n, group_temperature=group_temperature,
+                      group_top_p=group_top_p, max_prompt_length=max_prompt_length, progress=progress,
+                      threads=threads)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _build(tiny: TinyWorldConfig, out_dir: Path, *, eval_n: int, eval_temperature: float, eval_top_p: float,
+           max_new_tokens: int, group_n: int, group_temperature: float, group_top_p: float,
+           max_prompt_length: int, progress: Progress | None, threads: int) -> dict[str, Any]:
+    import torch
+
+    from dapo.data.prompts import apply_dapo_template, build_prompt
+    from dapo.tinyworld.measure import measure
+    from dapo.tinyworld.model import SFTExample, make_model, param_count, train_sft
+    from dapo.tinyworld.tokenizer import train_tokenizer
+
+    report = progress or (lambda phase, done, total: None)
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = tiny_paths(out_dir)
+    out.model.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(tiny.seed)
+
+    # 1. tasks: disjoint train / eval, and fresh problems with worked solutions for the supervised phase
+    report("tasks", 0, 1)
+    n_sft = tiny.sft_steps * SFT_BATCH
+    splits = make_splits(tiny.seed, tiny.difficulty, tiny.n_train, tiny.n_eval, n_sft)
+    rng = random.Random(f"tinyworld-solutions-{tiny.seed}")
+    styles = [(rng.random() < VERBOSE_FRACTION, rng.random() < tiny.sft_corruption) for _ in splits.sft]
+    solutions = ["\n".join(solution_lines(t, verbose=v, corrupt=c, rng=rng)[0])
+                 for t, (v, c) in zip(splits.sft, styles, strict=True)]
+    _write_jsonl(out.train, splits.train, "tiny-train")
+    _write_jsonl(out.eval, splits.eval, "tiny-eval")
+    report("tasks", 1, 1)
+
+    # 2. tokenizer: trained on the texts the model will see (chat roles, DAPO template, problems, solutions)
+    report("tokenizer", 0, 1)
+    corpus = [f"user\n{apply_dapo_template(t.text)}" for t in splits.sft[:TOKENIZER_CORPUS]]
+    corpus += [f"assistant\n{s}" for s in solutions[:TOKENIZER_CORPUS]]
+    tokenizer = train_tokenizer(corpus, VOCAB_SIZE)
+    report("tokenizer", 1, 1)
+
+    def prompt_ids(tasks: list[Task]) -> list[list[int]]:
+        # the same text as data.prompts.build_prompt + encode_prompt, encoded as one batch (19k prompts)
+        texts = [build_prompt(t.text, tokenizer, use_chat_template=True) for t in tasks]
+        return [list(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    eval_prompts = prompt_ids(splits.eval)
+    longest = max(len(p) for p in eval_prompts + prompt_ids(splits.train))
+    if longest > max_prompt_length:
+        raise ValueError(f"tiny world prompts reach {longest} tokens > data.max_prompt_length "
+                         f"({max_prompt_length}); raise data.max_prompt_length or lower tiny.difficulty")
+
+    # 3. supervised phase
+    eos = tokenizer.eos_token_id
+    responses = tokenizer(solutions, add_special_tokens=False)["input_ids"]
+    examples = [SFTExample(p, list(r) + [eos]) for p, r in zip(prompt_ids(splits.sft), responses, strict=True)]
+    model = make_model(len(tokenizer), hidden_size=tiny.hidden_size, num_layers=tiny.num_layers,
+                       num_heads=tiny.num_heads, tie_embeddings=tiny.tie_embeddings, eos_token_id=eos,
+                       pad_token_id=tokenizer.pad_token_id, max_positions=MAX_POSITIONS, seed=tiny.seed)
+    report("sft", 0, tiny.sft_steps)
+    sft = train_sft(model, examples, steps=tiny.sft_steps, batch_size=SFT_BATCH, lr=SFT_LR,
+                    pad_id=tokenizer.pad_token_id, seed=tiny.seed,
+                    on_step=lambda step, loss: report("sft", step, tiny.sft_steps))
+
+    # 4. save (model + tokenizer + generation config) so AutoModel / AutoTokenizer / vLLM load it offline
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    model.save_pretrained(out.model)
+    tokenizer.save_pretrained(out.model)
+
+    # 5. measure where RL starts: eval avg@k at the eval settings; group fractions at the rollout settings
+    report("measure", 0, 2)
+    ev = measure(model, tokenizer, eval_prompts, [str(t.answer) for t in splits.eval], n=eval_n,
+                 max_new_tokens=max_new_tokens, temperature=eval_temperature, top_p=eval_top_p, seed=tiny.seed)
+    report("measure", 1, 2)
+    group_tasks = splits.train[:GROUP_PROMPTS]
+    gr = measure(model, tokenizer, prompt_ids(group_tasks), [str(t.answer) for t in group_tasks],
+                 n=group_n, max_new_tokens=max_new_tokens, temperature=group_temperature, top_p=group_top_p,
+                 seed=tiny.seed + 1)
+    report("measure", 2, 2)
+
+    manifest = {
+        "hash": world_hash(tiny), "build_version": BUILD_VERSION, "seed": tiny.seed,
+        "tiny": tiny.model_dump(mode="json"),
+        "recipe": {"verbose_fraction": VERBOSE_FRACTION, "sft_batch": SFT_BATCH, "sft_lr": SFT_LR,
+                   "n_sft_examples": n_sft},
+        "created_unix": time.time(), "build_seconds": round(time.perf_counter() - t0, 1),
+        "build_cpu_seconds": round(time.process_time() - c0, 1), "threads": threads,
+        "param_count": param_count(model), "vocab_size": len(tokenizer), "max_prompt_tokens": longest,
+        "n_train": len(splits.train), "n_eval": len(splits.eval),
+        "sft": {k: round(v, 4) for k, v in sft.items()},
+        "eval": {"n": eval_n, "temperature": eval_temperature, "top_p": eval_top_p,
+                 "max_new_tokens": max_new_tokens, f"avg@{eval_n}": round(ev["avg"], 2),
+                 f"pass@{eval_n}": round(ev["pass"], 2), "truncated_fraction": round(ev["truncated_fraction"], 4)},
+        "train_groups": {"prompts": len(group_tasks), "n": group_n, "temperature": group_temperature,
+                         "top_p": group_top_p, f"avg@{group_n}": round(gr["avg"], 2),
+                         "all_correct_fraction": round(gr["all_correct_fraction"], 4),
+                         "all_wrong_fraction": round(gr["all_wrong_fraction"], 4),
+                         "truncated_fraction": round(gr["truncated_fraction"], 4)},
+    }
+    out.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest

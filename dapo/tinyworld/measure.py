@@ -1,0 +1,87 @@
+"""What the tiny base model does at the start of RL, measured with transformers `generate`.
+
+- eval: avg@k (mean accuracy over all problems x k samples, in percent, as the paper's avg@32), pass@k (any
+  correct) and the fraction of samples that hit the generation cap, at the eval sampling settings.
+- train groups: for G samples per train prompt at the rollout settings, the fractions of groups that are
+  all-correct or all-wrong (the groups dynamic sampling would drop; FINDINGS saw 30-60% in a prototype).
+
+Correctness is the tiny world's own integer check (`tasks.is_correct`: last `Answer: N` line); the project's
+verifiers agree with it on integers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from dapo.tinyworld.tasks import is_correct
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+def sample(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[list[int]],
+    *,
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    batch_size: int = 512,
+) -> list[list[tuple[str, bool]]]:
+    """`n` samples per prompt: for each prompt, a list of (response text, truncated). Left-padded batches."""
+    import torch
+
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    flat = [p for p in prompts for _ in range(n)]
+    out: list[tuple[str, bool]] = []
+    torch.manual_seed(seed)
+    model.eval()
+    for start in range(0, len(flat), batch_size):
+        chunk = flat[start:start + batch_size]
+        T = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), T), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), T), dtype=torch.long)
+        for i, p in enumerate(chunk):
+            ids[i, T - len(p):] = torch.tensor(p)
+            mask[i, T - len(p):] = 1
+        with torch.no_grad():
+            gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
+                                 top_p=top_p, top_k=0, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                                 pad_token_id=pad)
+        for row in gen[:, T:].tolist():
+            truncated = eos not in row
+            if not truncated:
+                row = row[:row.index(eos)]
+            out.append((tokenizer.decode(row, skip_special_tokens=True), truncated))
+    return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+
+def measure(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[list[int]],
+    answers: Sequence[str],
+    *,
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+) -> dict[str, float]:
+    """avg@n and pass@n in percent, truncation fraction, all-correct / all-wrong group fractions."""
+    samples = sample(model, tokenizer, prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
+                     top_p=top_p, seed=seed)
+    correct = [[is_correct(text, a) for text, _ in group] for group, a in zip(samples, answers, strict=True)]
+    total = len(prompts) * n
+    return {
+        "avg": 100.0 * sum(map(sum, correct)) / total,
+        "pass": 100.0 * sum(any(c) for c in correct) / len(prompts),
+        "truncated_fraction": sum(t for group in samples for _, t in group) / total,
+        "all_correct_fraction": sum(all(c) for c in correct) / len(prompts),
+        "all_wrong_fraction": sum(not any(c) for c in correct) / len(prompts),
+        "mean_response_chars": sum(len(text) for group in samples for text, _ in group) / total,
+    }

@@ -1,0 +1,194 @@
+"""The tiny world's task family: multi-step arithmetic word problems with integer answers.
+
+A problem starts a person with some objects and applies 1..`difficulty` operations (buy, give away, double,
+triple, halve), one short sentence each:
+
+    Mia has 7 apples. She buys 12 more. She gives away 5. She doubles them. How many apples does Mia have now?
+
+Its worked solution is in the DAPO answer format: one `a op b = r` line per step, then `Answer: N` as the last
+line. Solutions for the supervised phase come in two styles (concise, and a verbose one that restates each
+sentence, which is what makes long problems overrun a 64-token cap) and a fraction of them carry a deliberate
+error (a wrong result or a miscopied operand, propagated coherently to the final answer), so that the base model
+is imperfect in the way RL can fix: right format, shaky arithmetic, some over-long answers.
+
+Everything is a pure function of a `random.Random`, so a seed reproduces the same problems.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+NAMES = [("Mia", "She"), ("Tom", "He"), ("Ava", "She"), ("Leo", "He"), ("Zoe", "She"), ("Max", "He"),
+         ("Amy", "She"), ("Sam", "He"), ("Eva", "She"), ("Ben", "He"), ("Ivy", "She"), ("Dan", "He")]
+OBJECTS = ["apples", "pens", "coins", "books", "cards", "shells", "stamps", "marbles", "cookies", "beads",
+           "toys", "rocks", "eggs", "cups", "keys", "balls"]
+
+# op -> (symbol, phrasings). `{k}` is the operand; multiplications and the halving carry their operand in the verb.
+_ADD = ("+", ["buys {k} more", "finds {k} more", "gets {k} more"])
+_SUB = ("-", ["gives away {k}", "loses {k}", "sells {k}"])
+_MUL = {2: "doubles them", 3: "triples them"}
+_DIV = {2: "halves them"}
+
+_ANSWER_RE = re.compile(r"^\s*Answer:\s*(-?\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One operation: `a op b = r` with the true values."""
+
+    op: str  # "+", "-", "*", "/"
+    b: int
+    phrase: str  # the verb phrase of the sentence ("buys 12 more")
+
+
+@dataclass(frozen=True)
+class Task:
+    """A generated problem. `text` is the raw problem (no template); `answer` the true integer."""
+
+    name: str
+    pronoun: str
+    obj: str
+    start: int
+    steps: tuple[Step, ...]
+    text: str
+    answer: int
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.steps)
+
+
+def _apply(a: int, op: str, b: int) -> int:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    return a // b
+
+
+def make_task(rng: random.Random, n_ops: int) -> Task:
+    """A random problem with exactly `n_ops` operations; every intermediate value stays a positive integer."""
+    name, pronoun = rng.choice(NAMES)
+    obj = rng.choice(OBJECTS)
+    start = rng.randint(2, 20)
+    cur, steps = start, []
+    for _ in range(n_ops):
+        kinds = ["+", "+", "-", "-"]
+        if cur <= 30:
+            kinds.append("*")
+        if cur % 2 == 0 and cur >= 4:
+            kinds.append("/")
+        op = rng.choice(kinds)
+        if op == "+":
+            b = rng.randint(1, 20)
+            phrase = rng.choice(_ADD[1]).format(k=b)
+        elif op == "-" and cur > 1:
+            b = rng.randint(1, min(20, cur - 1))
+            phrase = rng.choice(_SUB[1]).format(k=b)
+        elif op == "*":
+            b = rng.choice(list(_MUL))
+            phrase = _MUL[b]
+        elif op == "/":
+            b, phrase = 2, _DIV[2]
+        else:  # "-" with nothing to give away: buy instead
+            op, b = "+", rng.randint(1, 20)
+            phrase = rng.choice(_ADD[1]).format(k=b)
+        steps.append(Step(op, b, phrase))
+        cur = _apply(cur, op, b)
+    sentences = [f"{name} has {start} {obj}."] + [f"{pronoun} {s.phrase}." for s in steps]
+    text = " ".join(sentences + [f"How many {obj} does {name} have now?"])
+    return Task(name, pronoun, obj, start, tuple(steps), text, cur)
+
+
+def solution_lines(task: Task, *, verbose: bool, corrupt: bool, rng: random.Random) -> tuple[list[str], int]:
+    """Worked solution lines ending in `Answer: N`, and N (the true answer unless `corrupt`).
+
+    A corrupted solution gets one error at a random step: a wrong result (off by 1-3) or a miscopied operand;
+    later steps compute correctly from the wrong value, so the chain is coherent but the answer wrong.
+    """
+    bad_step = rng.randrange(task.n_ops) if corrupt else -1
+    bad_kind = rng.choice(["result", "operand"]) if corrupt else ""
+    lines = [f"{task.name} has {task.start} {task.obj}."] if verbose else []
+    cur = task.start
+    for i, s in enumerate(task.steps):
+        b = s.b
+        if i == bad_step and bad_kind == "operand" and s.op in "+-":
+            b = max(1, b + rng.choice([-2, -1, 1, 2]))
+            if s.op == "-":
+                b = min(b, cur)  # never a negative count
+            if b == s.b:
+                b = s.b + 1 if s.op == "+" or s.b < cur else s.b - 1
+        r = _apply(cur, s.op, b)
+        if i == bad_step and (bad_kind == "result" or s.op in "*/"):
+            r = max(0, r + rng.choice([-3, -2, -1, 1, 2, 3]))
+            if r == _apply(cur, s.op, b):
+                r += 1
+        eq = f"{cur} {s.op} {b} = {r}"
+        lines.append(f"{task.pronoun} {s.phrase}: {eq}." if verbose else eq)
+        cur = r
+    lines.append(f"Answer: {cur}")
+    return lines, cur
+
+
+def solution_text(task: Task, *, verbose: bool = False, corrupt: bool = False,
+                  rng: random.Random | None = None) -> str:
+    """The response text (no EOS): lines joined by newlines."""
+    lines, _ = solution_lines(task, verbose=verbose, corrupt=corrupt, rng=rng or random.Random(0))
+    return "\n".join(lines)
+
+
+def extract_answer(response: str) -> str | None:
+    """The integer on the last line of the form `Answer: N`, or None (the tiny world's answers are integers)."""
+    for line in reversed(response.strip().splitlines()[-20:]):
+        m = _ANSWER_RE.match(line)
+        if m:
+            return str(int(m.group(1)))
+    return None
+
+
+def is_correct(response: str, answer: str | int) -> bool:
+    got = extract_answer(response)
+    return got is not None and got == str(int(answer))
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Disjoint (by problem text) task lists: RL train prompts, eval problems, supervised examples."""
+
+    train: list[Task]
+    eval: list[Task]
+    sft: list[Task]
+
+
+def make_splits(seed: int, difficulty: int, n_train: int, n_eval: int, n_sft: int) -> Splits:
+    """Deterministic per seed. Eval is balanced over 1..difficulty operations (counts differ by at most one);
+    train and sft draw the number of operations uniformly. No text appears in two splits (sft may repeat
+    train texts: it is the base model's pre-training, and RL prompts are the same kind of problem)."""
+    rng = random.Random(f"tinyworld-tasks-{seed}")
+    seen: set[str] = set()
+
+    def fresh(n_ops: int, exclude: set[str]) -> Task:
+        for _ in range(10_000):
+            t = make_task(rng, n_ops)
+            if t.text not in exclude:
+                return t
+        raise RuntimeError(f"could not find a new problem with {n_ops} operations; lower the split sizes")
+
+    eval_tasks = []
+    for i in range(n_eval):
+        t = fresh(1 + i % difficulty, seen)
+        seen.add(t.text)
+        eval_tasks.append(t)
+    eval_tasks.sort(key=lambda t: t.n_ops)
+    eval_texts = set(seen)
+    train = []
+    for _ in range(n_train):
+        t = fresh(rng.randint(1, difficulty), seen)
+        seen.add(t.text)
+        train.append(t)
+    sft = [fresh(rng.randint(1, difficulty), eval_texts) for _ in range(n_sft)]
+    return Splits(train=train, eval=eval_tasks, sft=sft)

@@ -1,0 +1,97 @@
+"""A very small tiny-world build: its directory loads offline in transformers and generates, its data is the
+DAPO format, and a second request for the same config reuses it. The real default build is the slow test."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from dapo.cli import main
+from dapo.config import load_config
+from dapo.data.loaders import load_problems
+from dapo.data.prompts import build_prompt, encode_prompt
+from dapo.tinyworld.build import ensure_tiny_world, is_built, read_manifest, tiny_paths, world_hash
+
+SMALL = ["tiny.sft_steps=8", "tiny.n_train=40", "tiny.n_eval=8", "eval.n=2", "rollout.n=2"]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tw") / "world"
+    cfg = load_config(preset="tiny", overrides=SMALL + [f"tiny.dir={root}"])
+    phases = []
+    assert ensure_tiny_world(cfg, progress=lambda phase, done, total: phases.append(phase)) == root
+    assert phases[0] == "tasks" and phases[-1] == "measure" and "sft" in phases
+    return cfg, root
+
+
+def test_directory_loads_offline_and_generates(small):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg, root = small
+    paths = tiny_paths(root)
+    model = AutoModelForCausalLM.from_pretrained(paths.model, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(paths.model, local_files_only=True)
+    assert model.config.model_type == "qwen2" and model.config.vocab_size == len(tok)
+    assert model.config.hidden_size // model.config.num_attention_heads in (32, 64)  # vLLM-CPU head sizes
+    assert model.generation_config.eos_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert sum(p.numel() for p in model.parameters()) == read_manifest(root)["param_count"]
+    prompt = encode_prompt(build_prompt("Mia has 3 apples. How many apples does Mia have now?", tok, True), tok)
+    torch.manual_seed(0)
+    out = model.generate(torch.tensor([prompt]), do_sample=True, max_new_tokens=6, min_new_tokens=6,
+                         pad_token_id=tok.pad_token_id)
+    assert out.shape == (1, len(prompt) + 6) and out[0, :len(prompt)].tolist() == prompt
+    assert isinstance(tok.decode(out[0, len(prompt):]), str)
+
+
+def test_data_files_are_problems_with_disjoint_splits(small):
+    cfg, root = small
+    train, ev = load_problems(tiny_paths(root).train), load_problems(tiny_paths(root).eval)
+    assert len(train) == 40 and len(ev) == 8
+    assert not {p.problem for p in train} & {p.problem for p in ev}
+    assert [json.loads(line)["n_ops"] for line in tiny_paths(root).eval.read_text().splitlines()] == [1, 1, 2, 2, 3, 3,
+                                                                                                        4, 4]
+    assert all(p.answer.isdigit() for p in train + ev)
+
+
+def test_manifest_records_the_hash_and_the_measurement(small):
+    cfg, root = small
+    m = read_manifest(root)
+    assert m["hash"] == world_hash(cfg.tiny) and m["seed"] == 0 and m["tiny"]["sft_steps"] == 8
+    assert m["eval"]["n"] == 2 and m["eval"]["top_p"] == 0.7 and m["eval"]["max_new_tokens"] == 64
+    assert 0 <= m["eval"]["avg@2"] <= 100 and 0 <= m["eval"]["truncated_fraction"] <= 1
+    assert m["max_prompt_tokens"] <= cfg.data.max_prompt_length
+
+
+def test_same_config_is_a_cache_hit_and_another_is_not(small, capsys):
+    cfg, root = small
+    before = tiny_paths(root).manifest.stat().st_mtime_ns
+    t0 = time.perf_counter()
+    assert ensure_tiny_world(cfg) == root
+    assert time.perf_counter() - t0 < 1.0 and tiny_paths(root).manifest.stat().st_mtime_ns == before
+    assert main(["build-tiny", "--preset", "tiny", "--out", str(root), *SMALL]) == 0
+    assert "up to date" in capsys.readouterr().out
+    # eval settings are measured, not hashed; tiny.* settings are hashed
+    assert is_built(root, load_config(preset="tiny", overrides=SMALL + ["eval.n=4"]).tiny)
+    assert not is_built(root, load_config(preset="tiny", overrides=SMALL + ["tiny.seed=1"]).tiny)
+
+
+def test_refuses_to_overwrite_a_directory_that_is_not_a_tiny_world(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    cfg = load_config(preset="tiny", overrides=SMALL + [f"tiny.dir={tmp_path}"])
+    with pytest.raises(FileExistsError, match="not a tiny world"):
+        ensure_tiny_world(cfg)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_default_build_starts_rl_in_the_intended_regime():
+    """The real tiny world (cached under results/, shared with the workflow): eval avg@16 at T=1, top_p 0.7
+    between 15% and 60%, and some responses hit the 64-token cap. Takes the full build time the first time."""
+    cfg = load_config(preset="tiny")
+    m = read_manifest(ensure_tiny_world(cfg))
+    assert 15 <= m["eval"][f"avg@{cfg.eval.n}"] <= 60
+    assert m["eval"]["truncated_fraction"] > 0

@@ -1,0 +1,99 @@
+"""The tiny world's task family: reproducible per seed, disjoint splits, correct answers, the DAPO answer format."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+
+from dapo.tinyworld.tasks import (
+    Step,
+    Task,
+    extract_answer,
+    is_correct,
+    make_splits,
+    solution_lines,
+    solution_text,
+)
+
+MIA = Task("Mia", "She", "apples", 7, (Step("+", 12, "buys 12 more"), Step("-", 5, "gives away 5"),
+                                       Step("*", 2, "doubles them")),
+           "Mia has 7 apples. She buys 12 more. She gives away 5. She doubles them. "
+           "How many apples does Mia have now?", 28)
+
+_VERBS = [(r"(?:buys|finds|gets) (\d+) more", lambda a, k: a + k), (r"(?:gives away|loses|sells) (\d+)", lambda a, k: a - k),
+          (r"doubles them", lambda a, k: a * 2), (r"triples them", lambda a, k: a * 3),
+          (r"halves them", lambda a, k: a // 2)]
+
+
+def _solve_from_text(text: str) -> int:
+    """An independent reading of the problem sentence by sentence (not the generator's own numbers)."""
+    sentences = text.split(". ")
+    value = int(re.search(r"has (\d+)", sentences[0]).group(1))
+    for s in sentences[1:-1]:
+        for pattern, fn in _VERBS:
+            m = re.search(pattern, s)
+            if m:
+                value = fn(value, int(m.group(1)) if m.groups() else 0)
+                break
+        else:
+            raise AssertionError(f"unknown sentence {s!r}")
+    return value
+
+
+def test_hand_worked_example_in_both_styles():
+    assert solution_text(MIA) == "7 + 12 = 19\n19 - 5 = 14\n14 * 2 = 28\nAnswer: 28"
+    assert solution_text(MIA, verbose=True) == ("Mia has 7 apples.\nShe buys 12 more: 7 + 12 = 19.\n"
+                                                "She gives away 5: 19 - 5 = 14.\nShe doubles them: 14 * 2 = 28.\n"
+                                                "Answer: 28")
+    assert _solve_from_text(MIA.text) == 28
+
+
+def test_same_seed_same_tasks_other_seed_other_tasks():
+    a, b, c = (make_splits(s, 4, 200, 30, 300) for s in (3, 3, 4))
+    for split in ("train", "eval", "sft"):
+        assert [(t.text, t.answer) for t in getattr(a, split)] == [(t.text, t.answer) for t in getattr(b, split)]
+    assert [t.text for t in a.train] != [t.text for t in c.train]
+
+
+def test_splits_do_not_overlap_and_eval_is_balanced_over_difficulty():
+    s = make_splits(0, 4, 2000, 30, 3000)
+    train, ev, sft = ({t.text for t in x} for x in (s.train, s.eval, s.sft))
+    assert len(train) == 2000 and len(ev) == 30  # no repeats inside a split
+    assert not train & ev and not sft & ev
+    assert Counter(t.n_ops for t in s.eval) == {1: 8, 2: 8, 3: 7, 4: 7}
+    assert set(Counter(t.n_ops for t in s.train)) == {1, 2, 3, 4}
+    assert Counter(t.n_ops for t in make_splits(0, 2, 10, 5, 10).eval) == {1: 3, 2: 2}
+
+
+def test_answers_follow_from_the_text_and_clean_solutions_are_right_line_by_line():
+    rng = random.Random(0)
+    for t in make_splits(1, 4, 300, 30, 0).train:
+        assert t.answer == _solve_from_text(t.text) >= 0
+        lines, final = solution_lines(t, verbose=False, corrupt=False, rng=rng)
+        assert final == t.answer and lines[-1] == f"Answer: {t.answer}" and len(lines) == t.n_ops + 1
+        prev = t.start
+        for line in lines[:-1]:
+            a, op, b, r = re.fullmatch(r"(\d+) ([-+*/]) (\d+) = (\d+)", line).groups()
+            assert int(a) == prev and int(r) == {"+": int(a) + int(b), "-": int(a) - int(b),
+                                                  "*": int(a) * int(b), "/": int(a) // int(b)}[op]
+            prev = int(r)
+
+
+def test_corrupted_solutions_keep_the_format_and_are_mostly_wrong():
+    rng = random.Random(0)
+    tasks = make_splits(2, 4, 500, 30, 0).train
+    wrong = 0
+    for t in tasks:
+        lines, final = solution_lines(t, verbose=False, corrupt=True, rng=rng)
+        assert lines[-1] == f"Answer: {final}" and len(lines) == t.n_ops + 1  # may go negative: it is an error
+        wrong += final != t.answer
+    assert wrong / len(tasks) > 0.9  # a later halving can occasionally absorb an off-by-one
+
+
+def test_answer_extraction_reads_the_last_answer_line():
+    assert extract_answer("7 + 12 = 19\nAnswer: 19") == "19"
+    assert extract_answer("Answer: 5\nAnswer: 6\n") == "6"
+    assert extract_answer("Answer: 007") == "7"
+    assert extract_answer("Answer: 5 apples") is None and extract_answer("19") is None
+    assert is_correct("x\nAnswer: 28", "28") and not is_correct("Answer: 27", 28)
