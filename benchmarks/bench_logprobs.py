@@ -1,0 +1,144 @@
+"""The log-prob and entropy head: chunked (`chunked_logprobs_entropy`) versus naive (full logits), peak memory and
+time, forward and forward + backward, at a 152K vocabulary (Qwen2.5's 152,064 rows).
+
+    .venv/bin/python benchmarks/bench_logprobs.py [--quick] [--hidden 1024] [--tokens 1024 4096 16384]
+
+Memory: each case runs in a fresh subprocess and reads its RSS high-water mark (`resource.getrusage`, ru_maxrss);
+the reported "extra" is that peak minus the RSS after the inputs (hidden [T, H], head [V, H], targets) exist, so
+it is what the head itself needs, gradients of hidden and head included. (tracemalloc does not see torch's
+allocations, and torch.cuda is not available here.) Naive is skipped where its estimate (about 4.5 x T x V x 4
+bytes) would not fit in 20 GB or in the memory available now. Times: median of the repetitions inside the case's
+process (one warm-up first); cases alternate chunked / naive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+VOCAB = 152064
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def run_case(method: str, tokens: int, hidden: int, chunk: int, reps: int) -> dict:
+    """Inside the subprocess: one case. Returns times (s) and memory (bytes)."""
+    import torch
+
+    from dapo.algos.logprobs import chunked_logprobs_entropy, naive_logprobs_entropy
+
+    torch.manual_seed(0)
+    h = (torch.randn(tokens, hidden) * 0.5).requires_grad_(True)
+    w = (torch.randn(VOCAB, hidden) / hidden ** 0.5).requires_grad_(True)
+    y = torch.randint(0, VOCAB, (tokens,))
+    base = rss_bytes()
+
+    def fwd():
+        if method == "naive":
+            return naive_logprobs_entropy(h, w, y)
+        return chunked_logprobs_entropy(h, w, y, chunk_size=chunk)
+
+    def fwd_bwd():
+        lp, ent = fwd()
+        (lp.sum() + 0.01 * ent.sum()).backward()
+        h.grad = w.grad = None
+
+    out = {}
+    with torch.no_grad():
+        if tokens <= 4096:  # a warm-up; at 16K tokens one pass takes minutes on 2 cores and warms nothing more
+            fwd()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fwd()
+            ts.append(time.perf_counter() - t0)
+    out["fwd_s"] = sorted(ts)[len(ts) // 2]
+    peak_fwd = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fwd_bwd()
+        ts.append(time.perf_counter() - t0)
+    out["fwd_bwd_s"] = sorted(ts)[len(ts) // 2]
+    out["peak_fwd_extra"] = peak_fwd - base
+    out["peak_extra"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    out["base"] = base
+    return out
+
+
+def mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: method,tokens,hidden,chunk,reps
+    ap.add_argument("--quick", action="store_true", help="1K tokens, hidden 256, nothing recorded")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--tokens", type=int, nargs="*", default=[1024, 4096, 16384])
+    ap.add_argument("--chunks", type=int, nargs="*", default=[1024, 256])
+    ap.add_argument("--reps", type=int, default=1)
+    args = ap.parse_args()
+    if args.case:
+        m, t, h, c, r = args.case.split(",")
+        print(json.dumps(run_case(m, int(t), int(h), int(c), int(r))))
+        return
+
+    from _common import fmt, machine, md_table, print_table, record
+
+    info = machine()
+    if args.quick:
+        args.hidden, args.tokens, args.chunks, args.reps = 256, [1024], [256], 1
+    rows, results = [], {}
+    for t in args.tokens:
+        cases = [("chunked", c) for c in args.chunks] + [("naive", 0)]
+        for method, c in cases:
+            need = 4.5 * t * VOCAB * 4
+            if method == "naive" and need > min(20e9, mem_available() - 3e9):
+                rows.append([t, method, "-", f"skipped: needs ~{need / 1e9:.0f} GB", "", "", "", ""])
+                continue
+            cmd = [sys.executable, __file__, "--case", f"{method},{t},{args.hidden},{c},{args.reps}"]
+            p = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if p.returncode != 0:
+                rows.append([t, method, c or "-", f"failed rc={p.returncode}: {p.stderr.strip()[-120:]}",
+                             "", "", "", ""])
+                continue
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+            results[(t, method, c)] = r
+            rows.append([t, method, c or "-", f"{r['peak_fwd_extra'] / 2**20:,.0f}", f"{r['peak_extra'] / 2**20:,.0f}",
+                         f"{r['base'] / 2**20:,.0f}", fmt(r["fwd_s"] * 1e3), fmt(r["fwd_bwd_s"] * 1e3)])
+    # memory ratios against naive at the same T
+    ratios = []
+    for (t, method, c), r in results.items():
+        nv = results.get((t, "naive", 0))
+        if method == "chunked" and nv:
+            ratios.append([t, c, f"{r['peak_extra'] / nv['peak_extra']:.3f}",
+                           f"{nv['fwd_bwd_s'] / r['fwd_bwd_s']:.2f}x"])
+    header = ["tokens T", "method", "chunk", "peak extra MiB (fwd, no grad)", "peak extra MiB (fwd+bwd)",
+              "RSS of inputs MiB", "fwd ms", "fwd+bwd ms"]
+    print_table(f"log-probs + entropy head, V={VOCAB}, H={args.hidden}, float32", header, rows)
+    rheader = ["tokens T", "chunk", "peak extra chunked / naive (fwd+bwd)", "naive time / chunked time"]
+    print_table("chunked versus naive", rheader, ratios)
+    if not args.quick:
+        body = (f"V = {VOCAB}, H = {args.hidden}, float32; {args.reps} timed repetitions per case after a warm-up, "
+                f"fresh process per case.\n\n{md_table(header, rows)}\n\n{md_table(rheader, ratios)}")
+        record("logprobs", "OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_logprobs.py "
+               + " ".join(sys.argv[1:]), info, body)
+
+
+if __name__ == "__main__":
+    main()
