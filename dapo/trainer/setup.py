@@ -32,8 +32,13 @@ def git_commit() -> str:
 
 def run_tags(cfg: RunConfig) -> dict[str, str]:
     """MLflow tags that line runs up in the UI's compare view."""
+    import torch
+
+    # one process per run for now (see build_components): one GPU when there is one, else the CPU threads
+    gpus = 1 if torch.cuda.is_available() else 0
     return {M.TAG_ROW: cfg.tracking.row, M.TAG_SEED: str(cfg.trainer.seed), M.TAG_PRESET: cfg.tracking.preset,
-            M.TAG_GIT: git_commit(), M.TAG_CONFIG_HASH: cfg.config_hash()}
+            M.TAG_GIT: git_commit(), M.TAG_CONFIG_HASH: cfg.config_hash(), M.TAG_GPUS: str(gpus),
+            M.TAG_CPUS: str(torch.get_num_threads())}
 
 
 def model_path(cfg: RunConfig) -> str:
