@@ -45,7 +45,7 @@ def test_hand_worked_example_in_both_styles():
     assert solution_text(MIA) == "7 + 12 = 19\n19 - 5 = 14\n14 * 2 = 28\nAnswer: 28"
     assert solution_text(MIA, verbose=True) == ("Mia has 7 apples.\nShe buys 12 more: 7 + 12 = 19.\n"
                                                 "She gives away 5: 19 - 5 = 14.\nShe doubles them: 14 * 2 = 28.\n"
-                                                "Answer: 28")
+                                                "Mia has 28 apples now.\nAnswer: 28")
     assert _solve_from_text(MIA.text) == 28
 
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from dapo.config import RunConfig, TinyWorldConfig
 
 # Bump when the task generator, tokenizer or training recipe changes: old caches are then rebuilt.
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 VERBOSE_FRACTION = 0.35  # supervised targets in the verbose style: with 3-4 steps they overrun 64 tokens
 SFT_BATCH = 32  # sequences per supervised step
 SFT_LR = 3e-3  # FINDINGS: 3e-3 trained the 1.1M prototype in minutes
