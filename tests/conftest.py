@@ -37,6 +37,6 @@ def tiny_world_dir() -> Path:
     from dapo.config import load_config
     from dapo.tinyworld import ensure_tiny_world
 
-    out = REPO / "results" / "tiny" / "tiny_world"
+    out = REPO / "results" / "tiny_world"  # the tiny preset's default tiny.dir, shared with the tinyworld tests
     cfg = load_config(preset="tiny", overrides=[f"tiny.dir={out}"])
     return Path(ensure_tiny_world(cfg))

@@ -46,14 +46,29 @@ def test_train_job_sorts_resume_from_failure(tmp_path, attempt, code, prior_fail
     if prior_failed:
         (run_dir / "FAILED").write_text("3\n")
     r = subprocess.run(
-        ["bash", str(TRAIN_JOB), str(run_dir), str(attempt), str(log), "bash", "-c", f"touch {ran}; exit {code}"],
+        ["bash", str(TRAIN_JOB), str(run_dir), str(attempt), str(log), "bash", "-c",
+         f"touch {ran}; echo trace-{code}; exit {code}"],
         capture_output=True, text=True,
     )
     assert r.returncode == want_rc, r.stderr
     assert (run_dir / "FAILED").exists() == want_failed
-    assert ran.exists() == (not (prior_failed and attempt > 1))
+    ran_now = not (prior_failed and attempt > 1)
+    assert ran.exists() == ran_now
     if want_rc not in (0, 75):
-        assert str(log) in r.stderr  # a failed job is reported with its log path
+        # a failed job is reported with its log path; every attempt's output is kept in the run directory
+        assert str(run_dir / "train.log") in r.stderr
+    if ran_now:
+        assert f"trace-{code}" in log.read_text() and f"trace-{code}" in (run_dir / "train.log").read_text()
+
+
+def test_first_failure_survives_snakemake_truncating_the_log(tmp_path):
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    run_dir.mkdir()
+    subprocess.run(["bash", str(TRAIN_JOB), str(run_dir), "1", str(log), "bash", "-c", "echo boom-trace; exit 3"])
+    log.write_text("")  # what a retry may do to the rule's log
+    r = subprocess.run(["bash", str(TRAIN_JOB), str(run_dir), "2", str(log), "true"], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "boom-trace" in (run_dir / "train.log").read_text()
 
 
 # ------------------------------------------------------------------------------------------ validation

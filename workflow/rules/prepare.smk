@@ -46,3 +46,17 @@ rule prepare_data:
         "dapo prepare-data "
         + q("--preset", PRESET, "--out", RESULTS / "data", *OVERRIDES, f"tiny.dir={TINY_DIR}")
         + " > {log} 2>&1"
+
+
+rule tracking_store:
+    """Create the MLflow store and experiment once, before runs start side by side (two processes creating a fresh
+    SQLite store's tables at the same moment make one of them fail)."""
+    output:
+        touch(RESULTS / "logs" / "tracking_store.done"),
+    log:
+        RESULTS / "logs" / "tracking_store.log",
+    localrule: True
+    shell:
+        "python -c 'import sys, mlflow; mlflow.set_tracking_uri(sys.argv[1]); mlflow.set_experiment(sys.argv[2])' "
+        + q(TRACKING_URI, EXPERIMENT)
+        + " > {log} 2>&1"

@@ -9,6 +9,7 @@ rule train:
         model=base_model_marker(),
         train=rules.prepare_data.output.train,
         eval=rules.prepare_data.output.eval,
+        store=rules.tracking_store.output,
     output:
         done=RESULTS / "runs" / "{row}" / "s{seed}" / "DONE.json",
     log:
