@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -51,7 +54,9 @@ def main() -> None:
     ap.add_argument("--cores", default="all")
     ap.add_argument("--results", default="/tmp/bench_results")
     ap.add_argument("--dry-run", action="store_true", help="plan only (snakemake -n), nothing recorded")
-    ap.add_argument("--extra", nargs="*", default=[], help="more `--config` key=value pairs")
+    ap.add_argument("--extra", nargs="*", default=[],
+                    help="more `--config` key=value pairs, e.g. tiny_world=DIR to reuse a built tiny world")
+    ap.add_argument("--timeout", type=float, default=None, help="stop after this many seconds; record the jobs done")
     args = ap.parse_args()
     from _common import ROOT, machine, md_table, print_table, record
 
@@ -62,9 +67,16 @@ def main() -> None:
     if args.dry_run:
         cmd.append("-n")
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    # its own session, so a timeout can stop snakemake and the jobs it started (and nothing else)
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        log, _ = p.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGTERM)
+        log, _ = p.communicate()
+        p.returncode = "timeout"
     wall = time.perf_counter() - t0
-    log = p.stdout + "\n" + p.stderr
     results.mkdir(parents=True, exist_ok=True)
     (results / "snakemake.out").write_text(log)
     if args.dry_run:
@@ -79,10 +91,17 @@ def main() -> None:
         rows.append([j["rule"], j["wildcards"], j["start"].strftime("%H:%M:%S"), f"{d:.0f}"])
     summary = [[r, len(ds), f"{sum(ds):.0f}", f"{max(ds):.0f}"] for r, ds in per_rule.items()]
     summary.append(["all_ablations (wall-clock)", len(jobs), f"{wall:.0f}", f"{wall / 60:.1f} min"])
+    for kv in args.extra:  # a reused tiny world: show what its build cost when it was made
+        if kv.startswith("tiny_world="):
+            m = json.loads((Path(kv.split("=", 1)[1]) / "manifest.json").read_text())
+            summary.append(["tiny_world (reused; its manifest)", 1, f"{m.get('build_seconds', 0):.0f}",
+                            f"{m.get('build_cpu_seconds', 0):.0f} CPU s"])
     header, sheader = ["rule", "wildcards", "start", "seconds"], ["rule", "jobs", "sum s", "max s"]
     print_table("Jobs", header, rows)
     print_table(f"all_ablations: {'ok' if p.returncode == 0 else f'FAILED rc={p.returncode}'}", sheader, summary)
-    status = "finished" if p.returncode == 0 else f"FAILED (snakemake exit {p.returncode}; log {results}/snakemake.out)"
+    status = ("finished" if p.returncode == 0 else
+              f"stopped after --timeout {args.timeout:.0f} s" if p.returncode == "timeout" else
+              f"FAILED (snakemake exit {p.returncode}; log {results}/snakemake.out)")
     body = (f"Status: {status}. Wall-clock {wall:.0f} s ({wall / 60:.1f} min); target 15 min.\n\n"
             f"{md_table(sheader, summary)}\n\n<details><summary>every job</summary>\n\n{md_table(header, rows)}\n\n"
             f"</details>")

@@ -45,7 +45,7 @@ from _common import (  # noqa: E402
 # (name, model kwargs, responses per mini-batch, group size, max prompt length, max response length)
 MODELS = {
     "tiny": (dict(vocab=1024, hidden=128, layers=4, heads=2), 16, 8, 96, 64),
-    "qwen2-h512-l8-v32k": (dict(vocab=32000, hidden=512, layers=8, heads=8), 16, 8, 64, 192),
+    "qwen2-h512-l8-v32k": (dict(vocab=32000, hidden=512, layers=8, heads=8), 8, 8, 64, 128),
 }
 
 
@@ -119,11 +119,24 @@ def trl_update(trainer, inputs) -> None:
     trainer.optimizer.zero_grad()
 
 
+def profile(fn, top: int = 6) -> list[tuple[str, float]]:
+    """Self CPU time (ms) of the heaviest ops in one call, from torch.profiler: where an update spends its time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    with tprofile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    ev = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in ev) / 1e3
+    return [("(total)", total)] + [(e.key, e.self_cpu_time_total / 1e3) for e in ev[:top]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="tiny model only, 2 repetitions, nothing recorded")
     ap.add_argument("--models", nargs="*", default=list(MODELS))
+    ap.add_argument("--profile", action="store_true", help="also show the heaviest ops of one update per path")
     args = ap.parse_args()
     info = machine()
     reps = 2 if args.quick else args.reps
@@ -134,7 +147,7 @@ def main() -> None:
         have_trl = True
     except ImportError:
         have_trl = False
-    rows = []
+    rows, prof_rows = [], []
     for name in models:
         kw, n, g, max_p, max_r = MODELS[name]
         path = random_qwen2(f"learner-{name}", **kw)
@@ -152,6 +165,9 @@ def main() -> None:
             trainer, inputs = trl_side(path, b, old, g, max_r, tmp)
             cases["TRL GRPOTrainer (dapo loss)"] = (lambda t=trainer, i=inputs: trl_update(t, i))
         times = interleaved(cases, reps=reps, warmup=1)
+        if args.profile:
+            for case, fn in cases.items():
+                prof_rows.append([name, case, "; ".join(f"{k} {v:,.0f}" for k, v in profile(fn))])
         base = median(times["dapo Learner ZeRO-0"])
         for case, ts in times.items():
             m = median(ts)
@@ -161,11 +177,16 @@ def main() -> None:
     header = ["model", "params", "mini-batch", "update path", "median ms", "min-max ms", "tokens/s (all)",
               "response tokens/s", "time / dapo ZeRO-0"]
     print_table("One DAPO update, world size 1, float32", header, rows)
+    pheader = ["model", "update path", "self CPU ms: total; heaviest ops (one profiled update)"]
+    if prof_rows:
+        print_table("Where the time goes", pheader, prof_rows)
     if not have_trl:
         print("TRL not importable: only the dapo rows were measured (see the module docstring)")
     if not args.quick:
         body = (f"{reps} interleaved repetitions after 1 warm-up each; TRL {'present' if have_trl else 'absent'}."
                 f"\n\n" + md_table(header, rows))
+        if prof_rows:
+            body += "\n\n" + md_table(pheader, prof_rows)
         record("learner", "PYTHONPATH=/tmp/trl_site .venv/bin/python benchmarks/bench_learner.py "
                + " ".join(sys.argv[1:]), info, body)
 

@@ -47,6 +47,10 @@ def run_case(method: str, tokens: int, hidden: int, chunk: int, reps: int) -> di
     def fwd():
         if method == "naive":
             return naive_logprobs_entropy(h, w, y)
+        if method == "inplace":
+            from _inplace_head import inplace_chunked
+
+            return inplace_chunked(h, w, y, chunk=chunk)
         return chunked_logprobs_entropy(h, w, y, chunk_size=chunk)
 
     def fwd_bwd():
@@ -92,6 +96,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="*", default=[1024, 4096, 16384])
     ap.add_argument("--chunks", type=int, nargs="*", default=[1024, 256])
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--methods", nargs="*", default=["chunked", "naive"], choices=["chunked", "inplace", "naive"],
+                    help="`inplace`: the variant in benchmarks/_inplace_head.py (what a fix would buy)")
     args = ap.parse_args()
     if args.case:
         m, t, h, c, r = args.case.split(",")
@@ -105,7 +111,10 @@ def main() -> None:
         args.hidden, args.tokens, args.chunks, args.reps = 256, [1024], [256], 1
     rows, results = [], {}
     for t in args.tokens:
-        cases = [("chunked", c) for c in args.chunks] + [("naive", 0)]
+        # above 4K tokens only the first chunk size: one pass there takes minutes on 2 cores
+        chunks = args.chunks if t <= 4096 else args.chunks[:1]
+        cases = [(m, c) for m in ("chunked", "inplace") if m in args.methods for c in chunks]
+        cases += [("naive", 0)] if "naive" in args.methods else []
         for method, c in cases:
             need = 4.5 * t * VOCAB * 4
             if method == "naive" and need > min(20e9, mem_available() - 3e9):
@@ -125,18 +134,20 @@ def main() -> None:
     ratios = []
     for (t, method, c), r in results.items():
         nv = results.get((t, "naive", 0))
-        if method == "chunked" and nv:
-            ratios.append([t, c, f"{r['peak_extra'] / nv['peak_extra']:.3f}",
+        if method != "naive" and nv:
+            ratios.append([t, f"{method} {c}", f"{r['peak_extra'] / nv['peak_extra']:.3f}",
                            f"{nv['fwd_bwd_s'] / r['fwd_bwd_s']:.2f}x"])
     header = ["tokens T", "method", "chunk", "peak extra MiB (fwd, no grad)", "peak extra MiB (fwd+bwd)",
               "RSS of inputs MiB", "fwd ms", "fwd+bwd ms"]
     print_table(f"log-probs + entropy head, V={VOCAB}, H={args.hidden}, float32", header, rows)
-    rheader = ["tokens T", "chunk", "peak extra chunked / naive (fwd+bwd)", "naive time / chunked time"]
+    rheader = ["tokens T", "method, chunk", "peak extra chunked / naive (fwd+bwd)", "naive time / chunked time"]
     print_table("chunked versus naive", rheader, ratios)
     if not args.quick:
-        body = (f"V = {VOCAB}, H = {args.hidden}, float32; {args.reps} timed repetitions per case after a warm-up, "
+        body = (f"V = {VOCAB}, H = {args.hidden}, float32; {args.reps} timed repetition(s) per case after a warm-up "
+                f"(none at 16K tokens), "
                 f"fresh process per case.\n\n{md_table(header, rows)}\n\n{md_table(rheader, ratios)}")
-        record("logprobs", "OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_logprobs.py "
+        section = "logprobs" if args.methods == ["chunked", "naive"] else "logprobs_" + "_".join(args.methods)
+        record(section, ".venv/bin/python benchmarks/bench_logprobs.py "
                + " ".join(sys.argv[1:]), info, body)
 
 
