@@ -88,6 +88,10 @@ def test_launcher_env_from_torchrun_slurm_or_nothing():
         }
     )
     assert (sl["RANK"], sl["WORLD_SIZE"], sl["LOCAL_RANK"], sl["MASTER_ADDR"]) == ("5", "16", "5", "gpu-003")
+    # two SLURM jobs on one node must not rendezvous on the same port
+    ports = {launcher_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": j})["MASTER_PORT"]
+             for j in ("101", "102")}
+    assert len(ports) == 2 and all(20000 <= int(p) < 40000 for p in ports)
     assert first_slurm_host("nodeA,nodeB") == "nodeA" and first_slurm_host("n[7-9]") == "n7"
 
 

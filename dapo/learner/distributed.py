@@ -8,7 +8,8 @@ Where rank and world size come from, first match wins:
 
 - torchrun (or any launcher that sets them): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
 - SLURM `srun`: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; MASTER_ADDR from the environment, else the first host
-  of SLURM_JOB_NODELIST / SLURM_NODELIST; MASTER_PORT from the environment, else 29500.
+  of SLURM_JOB_NODELIST / SLURM_NODELIST; MASTER_PORT from the environment, else one derived from SLURM_JOB_ID
+  (so jobs sharing a node do not fight over one port).
 - nothing set: one process (world size 1) over an in-memory store: no port, no MPI discovery.
 
 The backend is NCCL when CUDA is available, else gloo. The resolved values are written back to RANK, WORLD_SIZE,
@@ -69,7 +70,7 @@ def launcher_env(env: dict[str, str] | os._Environ | None = None) -> dict[str, s
             "WORLD_SIZE": env["SLURM_NTASKS"],
             "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
             "MASTER_ADDR": env.get("MASTER_ADDR") or first_slurm_host(nodelist),
-            "MASTER_PORT": env.get("MASTER_PORT", "29500"),
+            "MASTER_PORT": env.get("MASTER_PORT") or str(20000 + int(env.get("SLURM_JOB_ID", "9500")) % 20000),
         }
     return None
 
@@ -88,8 +89,9 @@ def init_distributed(backend: str | None = None) -> DistInfo:
     if use_cuda:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        if world == 1 and "MASTER_ADDR" not in found:
-            # One process: an in-memory store needs no free port and cannot collide with other runs.
+        if world == 1:
+            # One process (also a one-task SLURM job): an in-memory store needs no free port and cannot collide
+            # with other runs on the node.
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         else:
             dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world)
