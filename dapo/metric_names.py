@@ -42,7 +42,7 @@ KL_REF = "actor/kl_ref"                            # when kl_coef > 0
 GRAD_NORM = "actor/grad_norm"
 LR = "actor/lr"
 NONFINITE_SKIPPED = "actor/nonfinite_skipped"      # cumulative skipped updates
-UPDATE_SKIPPED = "actor/update_skipped"            # 1.0 when this update was skipped (non-finite loss/grad)
+UPDATE_SKIPPED = "actor/update_skipped"            # per step: fraction of its updates skipped (non-finite)
 
 # --- dynamic sampling
 DS_GEN_BATCHES = "dynamic_sampling/gen_batches"
