@@ -49,7 +49,8 @@ class TinyWorldConfig(_Section):
     """The CPU stand-in for Qwen2.5-32B + DAPO-Math-17k + AIME (built from code, nothing downloaded)."""
 
     seed: int = Field(0, description="Seed for the task generator, tokenizer and base-model training.")
-    dir: str = Field("results/tiny_world", description="Where the tiny world is built and cached.")
+    dir: str = Field("results/tiny_world", description="Where the tiny world is built and cached: model/ "
+                     "(base model + tokenizer), train.jsonl, eval.jsonl, manifest.json.")
     difficulty: int = Field(4, ge=1, le=8, description="Maximum number of operations per word problem.")
     n_train: int = Field(4000, gt=0, description="Training prompts for RL.")
     n_eval: int = Field(30, gt=0, description="Eval problems (30, standing in for AIME).")
