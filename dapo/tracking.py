@@ -19,6 +19,7 @@ spent), naming the URI.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -101,11 +102,29 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.uri = resolve_uri(uri)
+        lock: Any = contextlib.nullcontext()
         if self.uri.startswith("sqlite:///"):
-            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(tracking_uri=self.uri)
+            db = Path(self.uri.removeprefix("sqlite:///"))
+            db.parent.mkdir(parents=True, exist_ok=True)
+            # Two runs starting at once on a fresh SQLite store both try to create its tables and one fails
+            # ("table ... already exists"): serialise store creation and run start across processes.
+            from filelock import FileLock
+
+            lock = FileLock(str(db) + ".lock", timeout=300)
         self.retry_interval_s = retry_interval_s
         self._next_try = 0.0
+        with lock:
+            self.client = MlflowClient(tracking_uri=self.uri)
+            run = self._start(experiment, run_name, run_id, mark_running)
+        self.run_id: str = run.info.run_id
+        self.experiment_id: str = run.info.experiment_id
+        spool_root = Path(spool_dir) if spool_dir is not None else Path("results") / "mlflow_spool"
+        spool_root.mkdir(parents=True, exist_ok=True)
+        self.spool_path = spool_root / f"{self.run_id}.jsonl"
+        if tags:
+            self.set_tags(tags)
+
+    def _start(self, experiment: str, run_name: str, run_id: str | None, mark_running: bool) -> Any:
         try:
             if run_id is None:
                 exp = self.client.get_experiment_by_name(experiment)
@@ -117,13 +136,7 @@ class Tracker:
                     self.client.update_run(run_id, status="RUNNING")
         except Exception as e:
             raise RuntimeError(f"MLflow at {self.uri} could not start the run: {e}") from e
-        self.run_id: str = run.info.run_id
-        self.experiment_id: str = run.info.experiment_id
-        spool_root = Path(spool_dir) if spool_dir is not None else Path("results") / "mlflow_spool"
-        spool_root.mkdir(parents=True, exist_ok=True)
-        self.spool_path = spool_root / f"{self.run_id}.jsonl"
-        if tags:
-            self.set_tags(tags)
+        return run
 
     def _create_experiment(self, name: str) -> str:
         try:

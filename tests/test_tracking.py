@@ -152,3 +152,27 @@ def test_server_killed_mid_run_loses_no_point(tmp_path: Path) -> None:
         assert len(tr.client.get_metric_history(tr.run_id, "time/step")) == 12
     finally:
         _stop_server(proc)
+
+
+def _start_run(uri: str, name: str) -> str:
+    from dapo.tracking import Tracker
+
+    t = Tracker(uri, "race", name, spool_dir=Path(uri.removeprefix("sqlite:///")).parent / "spool")
+    t.log_metrics({"m": 1.0}, step=0)
+    t.finish("FINISHED")
+    return t.run_id
+
+
+def test_runs_starting_at_once_on_a_fresh_sqlite_store(tmp_path):
+    """Parallel jobs of one ablation start together; a fresh SQLite store must not lose any of them."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with cf.ProcessPoolExecutor(3, mp_context=mp.get_context("spawn")) as ex:
+        ids = list(ex.map(_start_run, [uri] * 3, ["a", "b", "c"]))
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("race").experiment_id])
+    assert sorted(r.info.run_id for r in runs) == sorted(ids) and len(set(ids)) == 3
