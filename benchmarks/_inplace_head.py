@@ -25,10 +25,16 @@ class _InplaceChunked(torch.autograd.Function):
         for s in range(0, n, chunk):
             e = min(s + chunk, n)
             z = (hidden[s:e] @ weight.t()).to(cdt)
-            lse[s:e] = torch.logsumexp(z, dim=-1)
-            logp[s:e] = z.gather(-1, targets[s:e, None]).squeeze(-1) - lse[s:e]
-            z.sub_(lse[s:e, None])                       # z = log p
-            ent[s:e] = -(z.exp() * z).sum(-1)            # one [c, V] temporary
+            m = z.amax(-1, keepdim=True)
+            z.sub_(m)                                    # shifted logits (logsumexp would allocate ~3 copies)
+            p = z.exp()                                  # the only [c, V] temporary
+            sumexp = p.sum(-1)
+            lse_shifted = sumexp.log()
+            logp[s:e] = z.gather(-1, targets[s:e, None]).squeeze(-1) - lse_shifted
+            # H = log S - sum(p z) / S, the dot product without a [c, V] product tensor
+            ent[s:e] = lse_shifted - torch.linalg.vecdot(p, z) / sumexp
+            lse[s:e] = lse_shifted + m.squeeze(-1)
+            del p
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
         ctx.chunk = chunk
         return logp, ent

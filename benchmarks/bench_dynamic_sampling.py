@@ -4,8 +4,8 @@ short tiny training run of row 04 (token-level loss, no dynamic sampling) and ro
     .venv/bin/python benchmarks/bench_dynamic_sampling.py [--steps 6] [--quick]
 
 Each row runs `dapo train --preset tiny` for `--steps` rollout steps (eval only at the end, no intermediate
-checkpoints) in its own process, one after the other, into a fresh MLflow SQLite store; the per-step metrics
-(`dynamic_sampling/*`, `time/*`) are read back from MLflow. Generation's share is sum(time/generate) /
+checkpoints) in its own process (OMP_NUM_THREADS=1, as the workflow's train jobs), one after the other, into a
+fresh MLflow SQLite store; the per-step metrics (`dynamic_sampling/*`, `time/*`) are read back from MLflow. Generation's share is sum(time/generate) /
 sum(time/step) over the training steps (the final eval and start-up are outside time/step; they are in the run's
 wall-clock, shown separately). The tiny world is built once (or reused) under --tiny-dir.
 """
@@ -43,7 +43,7 @@ def main() -> None:
     out = Path(args.out) / time.strftime("%H%M%S")
     out.mkdir(parents=True)
     uri = f"sqlite:///{out}/mlflow.db"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     dapo = str(Path(sys.executable).with_name("dapo"))
     rows, walls = [], {}
     for row in ROWS:

@@ -77,6 +77,37 @@ def dapo_side(path: Path, b: dict, zero: int, tokens_budget: int):
     return learner, batch
 
 
+def plain_side(path: Path, batch, chunk: int = 1024):
+    """dapo's model path and loss without DeepSpeed: the same PolicyModule (chunked head), clipped surrogate and
+    token-mean weights, with a bare torch AdamW and clip_grad_norm_. Isolates the engine's share of an update."""
+    from dapo.algos.aggregation import token_weights, weighted_sum
+    from dapo.algos.surrogate import clipped_surrogate
+    from dapo.learner.batch import collate
+    from dapo.learner.model import load_policy
+
+    module, _ = load_policy(str(path), torch.float32, False, {"zero_optimization": {"stage": 0}})
+    module.train()
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-6)
+    n = len(batch)
+    weights = token_weights(batch.loss_mask, "token-mean", batch.group_ids,
+                            num_tokens=float(batch.loss_mask.sum()), num_seqs=float(n),
+                            num_groups=float(len(set(batch.group_ids.tolist()))))
+
+    def update() -> None:
+        order = sorted(range(n), key=lambda i: len(batch.prompt_ids[i]) + len(batch.response_ids[i]))
+        mb = collate(batch.prompt_ids, batch.response_ids, order)
+        logp, _ = module(input_ids=mb.input_ids, attention_mask=mb.attention_mask, positions=mb.positions,
+                         targets=mb.targets, temperature=1.0, chunk_size=chunk, with_entropy=True)
+        r, c = mb.token_rows, mb.token_cols
+        out = clipped_surrogate(logp, batch.old_logp[r, c], batch.advantages[r], 0.2, 0.28, None, None, 0.0)
+        weighted_sum(out.loss, weights[r, c]).backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+
+    return update
+
+
 def trl_side(path: Path, b: dict, old_logp: torch.Tensor, g: int, max_r: int, workdir: str):
     """A GRPOTrainer on the same model, and the inputs its `_compute_loss` reads, built from the same batch."""
     from datasets import Dataset
@@ -137,7 +168,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny model only, 2 repetitions, nothing recorded")
     ap.add_argument("--models", nargs="*", default=list(MODELS))
     ap.add_argument("--profile", action="store_true", help="also show the heaviest ops of one update per path")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads (0: torch's default); 1 avoids OpenMP spin-waits on an oversubscribed machine")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     info = machine()
     reps = 2 if args.quick else args.reps
     models = ["tiny"] if args.quick else args.models
@@ -160,6 +195,7 @@ def main() -> None:
             learner, batch = dapo_side(path, b, zero, budget)
             old = batch.old_logp if old is None else old
             cases[f"dapo Learner ZeRO-{zero}"] = (lambda lr=learner, bt=batch: lr.update(bt))
+        cases["dapo model + loss, plain torch (no DeepSpeed)"] = plain_side(path, batch)
         if have_trl:
             tmp = tempfile.mkdtemp(prefix="trl-bench-")
             trainer, inputs = trl_side(path, b, old, g, max_r, tmp)
