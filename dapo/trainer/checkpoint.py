@@ -116,28 +116,37 @@ def save_checkpoint(
         keep: how many complete checkpoints to keep (the new one included).
         rng: RNG states to store (default: the current ones).
     """
+    # Several ranks (torchrun/srun): every rank writes its learner part (DeepSpeed, collective) into the folder
+    # rank 0 picked; rank 0 alone writes the trainer's files and publishes the folder with the rename.
+    from dapo.trainer import dist
+
     root = checkpoints_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(".tmp-*"):   # a previous save that crashed half-way
-        shutil.rmtree(stale, ignore_errors=True)
-    name = f"step_{step:06d}"
-    suffix = 0
-    while (root / name).exists():
-        suffix += 1
-        name = f"step_{step:06d}.{suffix}"
-    tmp = root / f".tmp-{name}-{os.getpid()}"
-    tmp.mkdir()
+    tmp = final = None
+    if dist.is_main():
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".tmp-*"):   # a previous save that crashed half-way
+            shutil.rmtree(stale, ignore_errors=True)
+        name = f"step_{step:06d}"
+        suffix = 0
+        while (root / name).exists():
+            suffix += 1
+            name = f"step_{step:06d}.{suffix}"
+        tmp, final = root / f".tmp-{name}-{os.getpid()}", root / name
+        tmp.mkdir()
+    tmp, final = dist.broadcast((tmp, final))
     save_learner(tmp / LEARNER_DIR)
-    (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
-    torch.save(rng if rng is not None else rng_state(), tmp / RNG_FILE)
-    if refill is not None:
-        torch.save(refill, tmp / REFILL_FILE)
-    (tmp / COMPLETE).write_text(name + "\n")
-    _fsync_tree(tmp)
-    final = root / name
-    os.rename(tmp, final)
-    _fsync_dir(root)
-    prune(run_dir, keep)
+    dist.barrier()
+    if dist.is_main():
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
+        torch.save(rng if rng is not None else rng_state(), tmp / RNG_FILE)
+        if refill is not None:
+            torch.save(refill, tmp / REFILL_FILE)
+        (tmp / COMPLETE).write_text(final.name + "\n")
+        _fsync_tree(tmp)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        prune(run_dir, keep)
+    dist.barrier()   # no rank goes on (or reads the checkpoint list) before the folder is published
     return final
 
 

@@ -10,9 +10,14 @@ Counters: `step` counts rollout steps (the lr schedule's unit), `grad_updates` c
 paper's x-axis); generation batches are counted separately and never advance either.
 
 Safety: checkpoints every `checkpoint_every` steps (atomic, see `checkpoint.py`); a stop signal ends the step at
-the next safe point, checkpoints and exits with RESUME_EXIT_CODE; non-finite updates are skipped by the learner
-and counted here, and `max_consecutive_nonfinite` in a row fails the run without overwriting the last good
-checkpoint.
+the next safe point (a signal seen by any rank stops every rank at the same step), checkpoints and exits with
+RESUME_EXIT_CODE; non-finite updates are skipped by the learner and counted here, and `max_consecutive_nonfinite`
+in a row fails the run without overwriting the last good checkpoint.
+
+Several ranks (torchrun / srun, see `dist.py`): rank 0 collects the step (generate, score, refill) and broadcasts
+it; every rank builds the same batch and computes old log-probs and updates on its `shard` (whole groups); the
+learner all-reduces the normaliser, so the update equals the one-process update. Rank 0 alone talks to the
+engine, MLflow, the progress display and the run directory's own files; checkpoints are collective.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from dapo import metric_names as M
 from dapo.algos.dynamic_sampling import RefillCapReached
 from dapo.config import RunConfig
 from dapo.learner.learner import UPDATE_SKIPPED
-from dapo.trainer import FAILURE_EXIT_CODE, RESUME_EXIT_CODE
+from dapo.trainer import FAILURE_EXIT_CODE, RESUME_EXIT_CODE, dist
 from dapo.trainer import checkpoint as ck
 from dapo.trainer.batch import ResponseBatch, build_batch, group_rows, minibatch_plan
 from dapo.trainer.collect import RolloutSettings, ScoreFn, StopDuringRefill, collect
@@ -122,7 +127,8 @@ class Trainer:
     def save(self, *, refill: Any = None, rng: dict[str, Any] | None = None, state: dict | None = None) -> Path:
         path = ck.save_checkpoint(self.run_dir, self.step, state or self.state(), self.c.learner.save_checkpoint,
                                   refill=refill, keep=self.cfg.trainer.keep_checkpoints, rng=rng)
-        log.info("checkpoint %s", path)
+        if dist.is_main():
+            log.info("checkpoint %s", path)
         return path
 
     def restore(self) -> bool:
@@ -150,17 +156,18 @@ class Trainer:
     def run(self) -> int:
         """Train to `total_steps` (or resume and finish). Returns the process exit code."""
         cfg = self.cfg
-        if (self.run_dir / "DONE.json").is_file():
+        if dist.broadcast((self.run_dir / "DONE.json").is_file()):
             log.info("%s/DONE.json exists: this run is finished, nothing to do", self.run_dir)
             return 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resumed = self.restore()
-        self.tracker = self.c.make_tracker(self.run_id)
+        self.tracker = self.c.make_tracker(self.run_id) if dist.is_main() else dist.Null()
         if self.run_id is None:
             self.run_id = self.tracker.run_id
             self.tracker.log_params(cfg.flat())
         self.tracker.set_tags({**run_tags(cfg), M.TAG_STATUS: "running"})
-        progress = Progress(cfg.trainer.total_steps, self.step, rich=self.progress_rich)
+        progress: Any = (Progress(cfg.trainer.total_steps, self.step, rich=self.progress_rich) if dist.is_main()
+                         else dist.Null())
         try:
             with StopFlag() as stop:
                 if not resumed and cfg.eval.every > 0:
@@ -215,7 +222,7 @@ class Trainer:
             self._evaluate(progress)
         if self._sigterm_at and self.step == self._sigterm_at:
             stop.request()
-        if stop.requested:
+        if dist.any_rank(stop.requested):
             self.save()
             return self._preempted(progress)
         every = cfg.trainer.checkpoint_every
@@ -232,8 +239,7 @@ class Trainer:
         next_step = self.step + 1
         if self.refill_resume is None:
             seed_step(cfg.trainer.seed, next_step)
-        col = collect(self.c.engine, self._next_batch, self.settings, self.c.score_fn,
-                      should_stop=lambda: stop.requested, resume=self.refill_resume)
+        col = self._collect(stop)
         self.refill_resume = None
         self.c.engine.sleep()    # colocated GPUs: free the engine's memory for the learner (no-op on CPU)
         batch, stats = None, []
@@ -244,7 +250,7 @@ class Trainer:
             if self._poison and next_step >= self._poison:
                 batch.advantages = torch.full_like(batch.advantages, float("nan"))
             t0 = time.perf_counter()
-            batch.old_logprobs, batch.entropy = learner.compute_logprobs(batch.to_policy_batch())
+            batch.old_logprobs, batch.entropy = self._old_logprobs(batch)
             t1 = time.perf_counter()
             stats = self._updates(batch, len(col.groups), next_step)
         else:
@@ -283,7 +289,8 @@ class Trainer:
         policy_batch = batch.to_policy_batch()
         stats = []
         for group_idx in minibatch_plan(num_groups, t.mini_batch_size, t.epochs, t.seed, step):
-            out = self.c.learner.update(policy_batch.select(group_rows(batch, group_idx)))
+            rows = policy_batch.select(group_rows(batch, group_idx))
+            out = self.c.learner.update(rows.shard(dist.rank(), dist.world_size()))
             stats.append(out)
             self.grad_updates += 1
             if out.get(UPDATE_SKIPPED):
@@ -297,12 +304,52 @@ class Trainer:
                 self.nonfinite_streak = 0
         return stats
 
+    def _collect(self, stop: StopFlag) -> Any:
+        """Rank 0 collects the step and broadcasts it (or the stop / refill-cap outcome, raised on every rank, so
+        that every rank takes part in the checkpoint that follows)."""
+        out: tuple[str, Any] | None = None
+        if dist.is_main():
+            try:
+                out = ("ok", collect(self.c.engine, self._next_batch, self.settings, self.c.score_fn,
+                                     should_stop=lambda: stop.requested, resume=self.refill_resume))
+            except StopDuringRefill as e:
+                out = ("stop", e.state)
+            except RefillCapReached as e:
+                out = ("cap", (str(e), e.stats, e.kept))
+            except Exception as e:
+                dist.broadcast(("error", f"{type(e).__name__}: {e}"))   # do not leave the other ranks waiting
+                raise
+        kind, value = dist.broadcast(out)
+        if kind == "stop":
+            raise StopDuringRefill(value)
+        if kind == "cap":
+            raise RefillCapReached(*value)
+        if kind == "error":
+            raise RuntimeError(f"rank 0 failed while collecting the rollout step: {value}")
+        return value
+
+    def _old_logprobs(self, batch: ResponseBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Old log-probs and entropies [N, T] of the whole batch: each rank computes its shard's rows, then all
+        ranks gather them (the mini-batches re-shard by group, and the metrics need every row)."""
+        pb, world = batch.to_policy_batch(), dist.world_size()
+        if world == 1:
+            return self.c.learner.compute_logprobs(pb)
+        mine = pb.shard(dist.rank(), world)
+        held = set(mine.group_ids.tolist())
+        rows = [i for i, g in enumerate(pb.group_ids.tolist()) if g in held]   # shard keeps this order
+        lp, ent = self.c.learner.compute_logprobs(mine)
+        logp, entropy = torch.zeros_like(batch.loss_mask), torch.zeros_like(batch.loss_mask)
+        for r, part_lp, part_ent in dist.all_gather((rows, lp, ent)):
+            if r:
+                logp[r], entropy[r] = part_lp, part_ent
+        return logp, entropy
+
     def _next_batch(self, k: int) -> tuple[list[Problem], list[list[int]]]:
         idx = self.order.take(k)
         return [self.c.problems[i] for i in idx], [self.c.prompts[i] for i in idx]
 
     def _evaluate(self, progress: Progress) -> None:
-        if self.c.evaluate is None:
+        if self.c.evaluate is None or not dist.is_main():   # only rank 0 has an engine
             return
         t0 = time.perf_counter()
         # eval sampling must not move the training RNG streams (resume reproducibility)
@@ -326,8 +373,10 @@ class Trainer:
         final = self.run_dir / "final"
         self.c.learner.save_hf(final)
         last = ck.latest_checkpoint(self.run_dir)
-        if last is None or ck.load_checkpoint_state(last)[0]["step"] != self.step:
+        if dist.broadcast(last is None or ck.load_checkpoint_state(last)[0]["step"] != self.step):
             self.save()
+        if not dist.is_main():
+            return 0
         summary = {"run_id": self.run_id, "step": self.step, "grad_updates": self.grad_updates,
                    "nonfinite_skipped": self.nonfinite_total, "elapsed_s": self.elapsed(), "final_model": str(final),
                    "eval": getattr(self, "last_eval", {})}

@@ -34,8 +34,10 @@ def run_tags(cfg: RunConfig) -> dict[str, str]:
     """MLflow tags that line runs up in the UI's compare view."""
     import torch
 
-    # one process per run for now (see build_components): one GPU when there is one, else the CPU threads
-    gpus = 1 if torch.cuda.is_available() else 0
+    from dapo.trainer import dist
+
+    # one GPU per rank when there are GPUs, else the CPU threads (of each rank)
+    gpus = dist.world_size() if torch.cuda.is_available() else 0
     return {M.TAG_ROW: cfg.tracking.row, M.TAG_SEED: str(cfg.trainer.seed), M.TAG_PRESET: cfg.tracking.preset,
             M.TAG_GIT: git_commit(), M.TAG_CONFIG_HASH: cfg.config_hash(), M.TAG_GPUS: str(gpus),
             M.TAG_CPUS: str(torch.get_num_threads())}
@@ -88,17 +90,20 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from dapo.data.prompts import tokenize_problems
     from dapo.learner import Learner, LossSpec
-    from dapo.learner.distributed import launcher_env
+    from dapo.learner.distributed import init_distributed
     from dapo.rewards import score_responses
     from dapo.rollout import make_engine
     from dapo.tracking import Tracker
+    from dapo.trainer import dist
+    from dapo.trainer.dist import Null, NullEngine
 
-    world = int((launcher_env() or {}).get("WORLD_SIZE", "1"))
-    if world > 1:
-        # The learner is data-parallel, but the loop does not yet hand each rank its shard of one rollout
-        # (rank 0 generating and broadcasting, collective checkpoints): refuse rather than train wrongly.
-        raise NotImplementedError(f"dapo train runs as one process for now (launcher says WORLD_SIZE={world}); "
-                                  "launch it without torchrun/srun tasks > 1")
+    # torchrun / srun ranks (or one process): join the group now (the learner adopts it), so that rank 0 alone
+    # builds the tiny world when it is missing while the others wait for it.
+    main = init_distributed().is_main
+    if main:
+        model_path(cfg)
+        load_problems(cfg, "train")
+    dist.barrier()
     path = model_path(cfg)
     tok = AutoTokenizer.from_pretrained(path)
     d, r, a, t = cfg.data, cfg.rollout, cfg.algorithm, cfg.trainer
@@ -119,7 +124,8 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
                       micro_batch_tokens=t.micro_batch_tokens, logprob_chunk_size=t.logprob_chunk_size,
                       gradient_checkpointing=cfg.model.gradient_checkpointing)
     max_len = d.max_prompt_length + max(r.max_response_length, cfg.resolved_eval_max_tokens())
-    engine = make_engine(r.engine, path, dtype=cfg.model.dtype, max_model_len=max_len, seed=t.seed,
+    # only rank 0 generates (loop.py broadcasts its rollouts): the other ranks start no vLLM
+    engine = NullEngine() if not main else make_engine(r.engine, path, dtype=cfg.model.dtype, max_model_len=max_len, seed=t.seed,
                          tensor_parallel_size=r.tensor_parallel_size,
                          gpu_memory_utilization=r.gpu_memory_utilization, cpu_kv_cache_gib=r.cpu_kv_cache_gib,
                          enable_sleep_mode=r.enable_sleep_mode)
@@ -128,11 +134,14 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
         return score_responses(texts, answers, verifier=a.verifier)
 
     def make_tracker(run_id: str | None) -> Any:
+        if not main:
+            return Null()
         return Tracker(cfg.tracking.uri, cfg.tracking.experiment, cfg.run_name(), run_id=run_id,
                        spool_dir=Path(run_dir) / "mlflow_spool")
 
     return Components(engine=engine, learner=learner, problems=problems, prompts=prompts, score_fn=score_fn,
-                      make_tracker=make_tracker, evaluate=make_evaluate(cfg, tok))
+                      make_tracker=make_tracker,
+                      evaluate=make_evaluate(cfg, tok) if main else None)
 
 
 def make_evaluate(cfg: RunConfig, tokenizer: Any) -> Callable[[Any], dict[str, float]] | None:
