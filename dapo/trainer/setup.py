@@ -125,10 +125,10 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
                       gradient_checkpointing=cfg.model.gradient_checkpointing)
     max_len = d.max_prompt_length + max(r.max_response_length, cfg.resolved_eval_max_tokens())
     # only rank 0 generates (loop.py broadcasts its rollouts): the other ranks start no vLLM
-    engine = NullEngine() if not main else make_engine(r.engine, path, dtype=cfg.model.dtype, max_model_len=max_len, seed=t.seed,
-                         tensor_parallel_size=r.tensor_parallel_size,
-                         gpu_memory_utilization=r.gpu_memory_utilization, cpu_kv_cache_gib=r.cpu_kv_cache_gib,
-                         enable_sleep_mode=r.enable_sleep_mode)
+    engine = NullEngine() if not main else make_engine(
+        r.engine, path, dtype=cfg.model.dtype, max_model_len=max_len, seed=t.seed,
+        tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
+        cpu_kv_cache_gib=r.cpu_kv_cache_gib, enable_sleep_mode=r.enable_sleep_mode)
 
     def score_fn(texts: list[str], answers: list[str]) -> list[Any]:
         return score_responses(texts, answers, verifier=a.verifier)
