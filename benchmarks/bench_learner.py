@@ -223,7 +223,7 @@ def main() -> None:
                 f"\n\n" + md_table(header, rows))
         if prof_rows:
             body += "\n\n" + md_table(pheader, prof_rows)
-        record("learner", "PYTHONPATH=/tmp/trl_site .venv/bin/python benchmarks/bench_learner.py "
+        record("learner_profile" if args.profile else "learner", "PYTHONPATH=/tmp/trl_site .venv/bin/python benchmarks/bench_learner.py "
                + " ".join(sys.argv[1:]), info, body)
 
 

@@ -47,19 +47,19 @@ def main() -> None:
     reps = 1 if args.quick else args.reps
     models = ["tiny"] if args.quick else args.models
     rows, sync_rows = [], []
+    header = ["model", "params", "prompts x n x max_tokens", "engine", "median s / call", "sampled tokens/s",
+              "min-max tokens/s"]
+    sheader = ["model", "weights MiB (fp32)", "engine", "sync median ms", "min-max ms"]
     for name in models:
         r, sr = measure(name, reps)
         rows += r
         sync_rows += sr
-    header = ["model", "params", "prompts x n x max_tokens", "engine", "median s / call", "sampled tokens/s",
-              "min-max tokens/s"]
-    sheader = ["model", "weights MiB (fp32)", "engine", "sync median ms", "min-max ms"]
+        if not args.quick:  # recorded after each model: the larger ones take long on 2 shared cores
+            body = (f"{reps} interleaved repetitions after 1 warm-up call per engine; prompts of {PROMPT_LEN} "
+                    f"tokens.\n\n{md_table(header, rows)}\n\n{md_table(sheader, sync_rows)}")
+            record("rollout", ".venv/bin/python benchmarks/bench_rollout.py " + " ".join(sys.argv[1:]), info, body)
     print_table("Rollout throughput (float32, CPU)", header, rows)
     print_table("Weight sync per step", sheader, sync_rows)
-    if not args.quick:
-        body = (f"{reps} interleaved repetitions after 1 warm-up call per engine; prompts of {PROMPT_LEN} tokens."
-                f"\n\n{md_table(header, rows)}\n\n{md_table(sheader, sync_rows)}")
-        record("rollout", ".venv/bin/python benchmarks/bench_rollout.py " + " ".join(sys.argv[1:]), info, body)
 
 
 def measure(name: str, reps: int) -> tuple[list[list], list[list]]:
