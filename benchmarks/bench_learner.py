@@ -77,7 +77,7 @@ def dapo_side(path: Path, b: dict, zero: int, tokens_budget: int):
     return learner, batch
 
 
-def plain_side(path: Path, batch, chunk: int = 1024):
+def plain_side(path: Path, batch, chunk: int = 1024, fused: bool = False):
     """dapo's model path and loss without DeepSpeed: the same PolicyModule (chunked head), clipped surrogate and
     token-mean weights, with a bare torch AdamW and clip_grad_norm_. Isolates the engine's share of an update."""
     from dapo.algos.aggregation import token_weights, weighted_sum
@@ -87,7 +87,7 @@ def plain_side(path: Path, batch, chunk: int = 1024):
 
     module, _ = load_policy(str(path), torch.float32, False, {"zero_optimization": {"stage": 0}})
     module.train()
-    opt = torch.optim.AdamW(module.parameters(), lr=1e-6)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-6, fused=fused or None)
     n = len(batch)
     weights = token_weights(batch.loss_mask, "token-mean", batch.group_ids,
                             num_tokens=float(batch.loss_mask.sum()), num_seqs=float(n),
@@ -168,6 +168,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny model only, 2 repetitions, nothing recorded")
     ap.add_argument("--models", nargs="*", default=list(MODELS))
     ap.add_argument("--profile", action="store_true", help="also show the heaviest ops of one update per path")
+    ap.add_argument("--ablate", action="store_true",
+                    help="plain-torch path with default vs fused AdamW, and TRL (where the gap to TRL comes from)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads (0: torch's default); 1 avoids OpenMP spin-waits on an oversubscribed machine")
     args = ap.parse_args()
@@ -194,8 +196,11 @@ def main() -> None:
         for zero in (0, 2):
             learner, batch = dapo_side(path, b, zero, budget)
             old = batch.old_logp if old is None else old
-            cases[f"dapo Learner ZeRO-{zero}"] = (lambda lr=learner, bt=batch: lr.update(bt))
+            if not args.ablate:
+                cases[f"dapo Learner ZeRO-{zero}"] = (lambda lr=learner, bt=batch: lr.update(bt))
         cases["dapo model + loss, plain torch (no DeepSpeed)"] = plain_side(path, batch)
+        if args.ablate:
+            cases["same, fused AdamW"] = plain_side(path, batch, fused=True)
         if have_trl:
             tmp = tempfile.mkdtemp(prefix="trl-bench-")
             trainer, inputs = trl_side(path, b, old, g, max_r, tmp)
@@ -204,14 +209,14 @@ def main() -> None:
         if args.profile:
             for case, fn in cases.items():
                 prof_rows.append([name, case, "; ".join(f"{k} {v:,.0f}" for k, v in profile(fn))])
-        base = median(times["dapo Learner ZeRO-0"])
+        base = median(times[next(iter(times))])
         for case, ts in times.items():
             m = median(ts)
             rows.append([name, f"{param_count(path) / 1e6:.2f}M", f"{n} x (P<={max_p}, R<={max_r})", case,
                          fmt(m * 1e3), spread([t * 1e3 for t in ts]), f"{tokens / m:,.0f}",
                          f"{resp_tokens / m:,.0f}", f"{m / base:.2f}"])
     header = ["model", "params", "mini-batch", "update path", "median ms", "min-max ms", "tokens/s (all)",
-              "response tokens/s", "time / dapo ZeRO-0"]
+              "response tokens/s", "time / first row"]
     print_table("One DAPO update, world size 1, float32", header, rows)
     pheader = ["model", "update path", "self CPU ms: total; heaviest ops (one profiled update)"]
     if prof_rows:
@@ -223,7 +228,7 @@ def main() -> None:
                 f"\n\n" + md_table(header, rows))
         if prof_rows:
             body += "\n\n" + md_table(pheader, prof_rows)
-        record("learner_profile" if args.profile else "learner", "PYTHONPATH=/tmp/trl_site .venv/bin/python benchmarks/bench_learner.py "
+        record("learner_ablate" if args.ablate else "learner_profile" if args.profile else "learner", "PYTHONPATH=/tmp/trl_site .venv/bin/python benchmarks/bench_learner.py "
                + " ".join(sys.argv[1:]), info, body)
 
 
