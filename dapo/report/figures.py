@@ -162,8 +162,11 @@ def draw_figure(exp: Experiment, spec: FigureSpec, out_dir: str | Path, x_axis: 
         shown = "; ".join(missing[:4]) + (f"; +{len(missing) - 4} more" if len(missing) > 4 else "")
         note = f"missing: {shown}"
     fig.suptitle(textwrap.fill(title, width=int(width * 14)), fontsize=10)
+    # the note can name several runs: wrap it to the figure's width so none of it falls off the edge
+    note = textwrap.fill(note, width=int(width * 18))
+    n_lines = note.count("\n") + 1
     fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7, color="firebrick" if missing else "dimgray")
-    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+    fig.tight_layout(rect=(0, 0.04 * n_lines, 1, 0.95))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
