@@ -101,7 +101,8 @@ def test_the_plain_number_shortcut_agrees_with_math_verify():
 
     warm_up()
     pairs = [("204", "204"), ("204.0", "204"), ("206.0", "204"), ("-3", "3"), ("0204", "204"),
-             ("12", "120"), ("1.50", "1.5"), ("7", "7.000")]
+             ("12", "120"), ("1.50", "1.5"), ("7", "7.000"),
+             ("1" * 31, "204"), ("9" * 60, "9" * 60), ("9" * 59 + "8", "9" * 60)]
     for extracted, gold in pairs:
         fast = fast_equivalent(extracted, gold)
         assert fast is not None

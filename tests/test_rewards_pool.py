@@ -46,6 +46,7 @@ def hostile_corpus() -> tuple[list[str], list[str]]:
         ("Answer: $" + "\\sqrt{" * 100 + "2" + "}" * 100 + "$", "2"),
         ("Answer: \\begin{matrix}" + "1&" * 2000 + "\\end{matrix}", "1"),
         ("Answer: " + "a_{b_{c_{" * 500, "1"),
+        ("Answer: " + "1" * 31, "7"),                                            # past Decimal's 28 digits
         (BOMB, "3"),                                                              # would hang math-verify
         ("Answer: $(10^{10})!$", "3"),                                           # factorial of 10^10
         ("Answer: $\\frac{408}{2}$", "204"),                                     # a normal correct one

@@ -117,9 +117,11 @@ def fast_equivalent(extracted: str, gold: str) -> bool | None:
         return True
     if _PLAIN_NUMBER.fullmatch(a) and _PLAIN_NUMBER.fullmatch(b):
         x, y = Decimal(a), Decimal(b)
-        if x == y:
+        if x == y:                          # exact at any length (comparison does not round)
             return True
-        if x % 1 == 0 and y % 1 == 0:      # two different integers (206.0 is one)
+        # two different integers (206.0 is one). `x % 1` would raise DivisionImpossible past the context's 28
+        # digits (a 31-digit answer from a tiny policy crashed a training run); to_integral_value is exact.
+        if x == x.to_integral_value() and y == y.to_integral_value():
             return False
     return None
 
