@@ -60,6 +60,10 @@ class TinyWorldConfig(_Section):
     tie_embeddings: bool = Field(False, description="Tied output head (vLLM-CPU needs a re-pack after sync).")
     sft_steps: int = Field(600, gt=0, description="Supervised steps that make the base model.")
     sft_corruption: float = Field(0.25, ge=0, le=1, description="Fraction of worked solutions with an error.")
+    sft_guess: float = Field(0.3, ge=0, le=1, description="Fraction of supervised targets that skip the working "
+                             "(`Answer: N` only): the habit RL trains away (worked solutions score higher).")
+    sft_verbose: float = Field(0.3, ge=0, le=1, description="Fraction of supervised targets in the verbose style "
+                               "(restates every sentence: 3-4 step problems overrun the 64-token cap).")
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -214,6 +218,9 @@ class RunConfig(_Section):
         if t.train_batch_size % t.mini_batch_size:
             raise ValueError(f"trainer.train_batch_size ({t.train_batch_size}) is not a multiple of "
                              f"trainer.mini_batch_size ({t.mini_batch_size})")
+        if self.tiny.sft_guess + self.tiny.sft_verbose > 1:
+            raise ValueError(f"tiny.sft_guess ({self.tiny.sft_guess}) + tiny.sft_verbose ({self.tiny.sft_verbose}) "
+                             "> 1; they are fractions of one supervised corpus (the rest is concise)")
         if a.dual_clip_c is not None and a.dual_clip_c <= 1:
             raise ValueError(f"algorithm.dual_clip_c ({a.dual_clip_c}) must be > 1 (released recipe: 10), or null")
         return self

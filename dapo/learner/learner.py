@@ -249,9 +249,9 @@ class Learner:
         """The optimizer step at the accumulation boundary; returns (grad norm before clipping, applied)."""
         if self._own_overflow_check:
             grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
-            norm = float(
-                torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double()) for g in grads]))
-            )
+            # One foreach pass in the gradients' dtype (a float64 copy of every gradient cost ~8x more:
+            # BENCHMARKS.md section 1); a NaN or inf anywhere still makes the norm non-finite.
+            norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
             if not math.isfinite(norm):
                 self.engine.zero_grad()
                 applied = False

@@ -27,8 +27,7 @@ if TYPE_CHECKING:
     from dapo.config import RunConfig, TinyWorldConfig
 
 # Bump when the task generator, tokenizer or training recipe changes: old caches are then rebuilt.
-BUILD_VERSION = 2
-VERBOSE_FRACTION = 0.35  # supervised targets in the verbose style: with 3-4 steps they overrun 64 tokens
+BUILD_VERSION = 3
 SFT_BATCH = 32  # sequences per supervised step
 SFT_LR = 3e-3  # FINDINGS: 3e-3 trained the 1.1M prototype in minutes
 VOCAB_SIZE = 1024  # an upper bound: the BPE saturates near 500 on this task's text
@@ -191,9 +190,11 @@ def _build(tiny: TinyWorldConfig, out_dir: Path, *, eval_n: int, eval_temperatur
     n_sft = tiny.sft_steps * SFT_BATCH
     splits = make_splits(tiny.seed, tiny.difficulty, tiny.n_train, tiny.n_eval, n_sft)
     rng = random.Random(f"tinyworld-solutions-{tiny.seed}")
-    styles = [(rng.random() < VERBOSE_FRACTION, rng.random() < tiny.sft_corruption) for _ in splits.sft]
-    solutions = ["\n".join(solution_lines(t, verbose=v, corrupt=c, rng=rng)[0])
-                 for t, (v, c) in zip(splits.sft, styles, strict=True)]
+    solutions = []
+    for t in splits.sft:
+        u, corrupt = rng.random(), rng.random() < tiny.sft_corruption
+        guess, verbose = u < tiny.sft_guess, tiny.sft_guess <= u < tiny.sft_guess + tiny.sft_verbose
+        solutions.append("\n".join(solution_lines(t, verbose=verbose, corrupt=corrupt, guess=guess, rng=rng)[0]))
     _write_jsonl(out.train, splits.train, "tiny-train")
     _write_jsonl(out.eval, splits.eval, "tiny-eval")
     report("tasks", 1, 1)
@@ -249,7 +250,7 @@ def _build(tiny: TinyWorldConfig, out_dir: Path, *, eval_n: int, eval_temperatur
     manifest = {
         "hash": world_hash(tiny), "build_version": BUILD_VERSION, "seed": tiny.seed,
         "tiny": tiny.model_dump(mode="json"),
-        "recipe": {"verbose_fraction": VERBOSE_FRACTION, "sft_batch": SFT_BATCH, "sft_lr": SFT_LR,
+        "recipe": {"sft_batch": SFT_BATCH, "sft_lr": SFT_LR,
                    "n_sft_examples": n_sft},
         "created_unix": time.time(), "build_seconds": round(time.perf_counter() - t0, 1),
         "build_cpu_seconds": round(time.process_time() - c0, 1), "threads": threads,

@@ -6,10 +6,12 @@ triple, halve), one short sentence each:
     Mia has 7 apples. She buys 12 more. She gives away 5. She doubles them. How many apples does Mia have now?
 
 Its worked solution is in the DAPO answer format: one `a op b = r` line per step, then `Answer: N` as the last
-line. Solutions for the supervised phase come in two styles (concise, and a verbose one that restates each
-sentence, which is what makes long problems overrun a 64-token cap) and a fraction of them carry a deliberate
-error (a wrong result or a miscopied operand, propagated coherently to the final answer), so that the base model
-is imperfect in the way RL can fix: right format, shaky arithmetic, some over-long answers.
+line. Solutions for the supervised phase come in three styles: concise; verbose, restating each sentence (what
+makes long problems overrun a 64-token cap); and a bare guess, `Answer: N` with no working. A fraction of the
+worked ones carry a deliberate error (a wrong result or a miscopied operand, propagated coherently to the final
+answer). The base model is so imperfect in the ways RL fixes in a few dozen steps: it often skips the working
+(and is then mostly wrong on multi-step problems), sometimes runs over the length cap, and samples slips. Its
+arithmetic when it does work is decent, so the reward separates the habits within a group.
 
 Everything is a pure function of a `random.Random`, so a seed reproduces the same problems.
 """
@@ -110,12 +112,17 @@ def make_task(rng: random.Random, n_ops: int) -> Task:
     return Task(name, pronoun, obj, start, tuple(steps), text, cur)
 
 
-def solution_lines(task: Task, *, verbose: bool, corrupt: bool, rng: random.Random) -> tuple[list[str], int]:
+def solution_lines(task: Task, *, verbose: bool, corrupt: bool, rng: random.Random,
+                   guess: bool = False) -> tuple[list[str], int]:
     """Worked solution lines ending in `Answer: N`, and N (the true answer unless `corrupt`).
 
     A corrupted solution gets one error at a random step: a wrong result (off by 1-3) or a miscopied operand;
     later steps compute correctly from the wrong value, so the chain is coherent but the answer wrong.
+    A `guess` is the bare `Answer: N` with the true N and no working: a writer who did it in their head. A small
+    model imitating it must produce a multi-step result in one token, and mostly cannot.
     """
+    if guess:
+        return [f"Answer: {task.answer}"], task.answer
     bad_step = rng.randrange(task.n_ops) if corrupt else -1
     bad_kind = rng.choice(["result", "operand"]) if corrupt else ""
     lines = [f"{task.name} has {task.start} {task.obj}."] if verbose else []
