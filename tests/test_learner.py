@@ -302,11 +302,10 @@ def test_after_a_skipped_step_the_next_update_is_the_ordinary_one(world):
 
 
 # ---------------------------------------------------------------------- single-process learner behaviour
-@pytest.fixture(scope="module")
-def adamw(world):
+def _zero2_adamw(model_dir) -> Learner:
     """A ZeRO-2 AdamW learner with warm-up, in this process (world size 1)."""
     return Learner(
-        str(world["model_dir"]),
+        str(model_dir),
         loss=W.loss_spec("token-mean"),
         lr=1e-3,
         warmup_steps=3,
@@ -317,6 +316,11 @@ def adamw(world):
         micro_batch_tokens=W.SMALL_BUDGET,
         logprob_chunk_size=5,
     )
+
+
+@pytest.fixture(scope="module")
+def adamw(world):
+    return _zero2_adamw(world["model_dir"])
 
 
 def test_compute_logprobs_matches_full_logits_at_the_sampling_temperature(world, adamw):
@@ -342,18 +346,7 @@ def test_checkpoint_round_trip_is_exact_and_restores_the_schedule(world, adamw, 
     second = adamw.update(batch)
     after = W.flat_params(adamw)
 
-    other = Learner(
-        str(world["model_dir"]),
-        loss=W.loss_spec("token-mean"),
-        lr=1e-3,
-        warmup_steps=3,
-        weight_decay=0.1,
-        grad_clip=1.0,
-        zero_stage=2,
-        dtype="float32",
-        micro_batch_tokens=W.SMALL_BUDGET,
-        logprob_chunk_size=5,
-    )
+    other = _zero2_adamw(world["model_dir"])   # a second learner, same settings
     other.load_checkpoint(tmp_path / "ck")
     assert other.lr == pytest.approx(2e-3 / 3) and other.engine.get_lr() == [pytest.approx(2e-3 / 3)]
     again = other.update(batch)  # same Adam moments and step count, so bit-identical

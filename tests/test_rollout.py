@@ -174,6 +174,11 @@ def test_vllm_uniform_policy_logprobs_and_finish_reasons(vllm_world) -> None:
     """With the final norm zeroed every logit is 0: each sampled token has log-prob -log V exactly, and a response
     stops at EOS ("stop", EOS kept as its last token) or runs to the cap ("length")."""
     d, engine, model = vllm_world
+    assert_uniform_policy(engine, model)
+
+
+def assert_uniform_policy(engine, model) -> None:
+    """Zero the final norm (every logit 0), sync, sample: log-probs are -log V, both finish reasons occur."""
     with torch.no_grad():
         model.model.norm.weight.zero_()
     engine.sync_weights(model.state_dict().items())
@@ -237,14 +242,7 @@ def test_hf_sync_tied_weights_and_uniform_policy(hf_world) -> None:
     with pytest.raises(KeyError):
         engine.sync_weights([("model.not_a_layer.weight", torch.zeros(1))])
 
-    with torch.no_grad():
-        model.model.norm.weight.zero_()
-    engine.sync_weights(model.state_dict().items())
-    groups = engine.generate(PROMPTS, n=32, max_tokens=48)
-    check_samples(groups, 32, 48, model.config.eos_token_id)
-    lps = torch.tensor([lp for g in groups for s in g for lp in s.logprobs])
-    assert lps.sub(-math.log(model.config.vocab_size)).abs().max() < 1e-5
-    assert {s.finish_reason for g in groups for s in g} == {"stop", "length"}
+    assert_uniform_policy(engine, model)
 
 
 def test_make_engine_rejects_unknown_kind() -> None:
