@@ -58,7 +58,7 @@ class TinyWorldConfig(_Section):
     num_layers: int = Field(4, gt=0)
     num_heads: int = Field(2, gt=0, description="Head size = hidden/heads; vLLM-CPU needs head size 32 or 64.")
     tie_embeddings: bool = Field(False, description="Tied output head (vLLM-CPU needs a re-pack after sync).")
-    sft_steps: int = Field(600, gt=0, description="Supervised steps that make the base model.")
+    sft_steps: int = Field(1000, gt=0, description="Supervised steps that make the base model.")
     sft_corruption: float = Field(0.25, ge=0, le=1, description="Fraction of worked solutions with an error.")
     sft_guess: float = Field(0.3, ge=0, le=1, description="Fraction of supervised targets that skip the working "
                              "(`Answer: N` only): the habit RL trains away (worked solutions score higher).")

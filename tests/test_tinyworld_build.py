@@ -89,9 +89,15 @@ def test_refuses_to_overwrite_a_directory_that_is_not_a_tiny_world(tmp_path):
 
 @pytest.mark.slow
 def test_default_build_starts_rl_in_the_intended_regime():
-    """The real tiny world (cached under results/, shared with the workflow): eval avg@16 at T=1, top_p 0.7
-    between 15% and 60%, and some responses hit the 64-token cap. Takes the full build time the first time."""
+    """The real tiny world (cached under results/, shared with the workflow) gives every toggle something to act
+    on (issue #5): eval avg@16 at T=1, top_p 0.7 between 15% and 60% with room above it (pass@16), some rollouts
+    hit the 64-token cap, and a good share of groups have zero advantage. Takes the full build time the first
+    time."""
     cfg = load_config(preset="tiny")
     m = read_manifest(ensure_tiny_world(cfg))
-    assert 15 <= m["eval"][f"avg@{cfg.eval.n}"] <= 60
+    avg = m["eval"][f"avg@{cfg.eval.n}"]
+    assert 15 <= avg <= 60 and m["eval"][f"pass@{cfg.eval.n}"] >= avg + 20
     assert m["eval"]["truncated_fraction"] > 0
+    g = m["train_groups"]
+    assert 0.03 <= g["truncated_fraction"] <= 0.2
+    assert 0.2 <= g["all_wrong_fraction"] + g["all_correct_fraction"] <= 0.6

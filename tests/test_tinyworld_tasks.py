@@ -41,11 +41,13 @@ def _solve_from_text(text: str) -> int:
     return value
 
 
-def test_hand_worked_example_in_both_styles():
+def test_hand_worked_example_in_every_style():
     assert solution_text(MIA) == "7 + 12 = 19\n19 - 5 = 14\n14 * 2 = 28\nAnswer: 28"
     assert solution_text(MIA, verbose=True) == ("Mia has 7 apples.\nShe buys 12 more: 7 + 12 = 19.\n"
                                                 "She gives away 5: 19 - 5 = 14.\nShe doubles them: 14 * 2 = 28.\n"
                                                 "Mia has 28 apples now.\nAnswer: 28")
+    # a guess has no working and the true answer, whatever the other flags say
+    assert solution_text(MIA, guess=True) == solution_text(MIA, guess=True, corrupt=True, verbose=True) == "Answer: 28"
     assert _solve_from_text(MIA.text) == 28
 
 

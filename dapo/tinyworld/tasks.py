@@ -149,10 +149,10 @@ def solution_lines(task: Task, *, verbose: bool, corrupt: bool, rng: random.Rand
     return lines, cur
 
 
-def solution_text(task: Task, *, verbose: bool = False, corrupt: bool = False,
+def solution_text(task: Task, *, verbose: bool = False, corrupt: bool = False, guess: bool = False,
                   rng: random.Random | None = None) -> str:
     """The response text (no EOS): lines joined by newlines."""
-    lines, _ = solution_lines(task, verbose=verbose, corrupt=corrupt, rng=rng or random.Random(0))
+    lines, _ = solution_lines(task, verbose=verbose, corrupt=corrupt, guess=guess, rng=rng or random.Random(0))
     return "\n".join(lines)
 
 
