@@ -144,7 +144,7 @@ def _slurm_answers() -> bool:
 
 # The tiny preset cut to a few steps, so six rows train and evaluate in minutes on two cores.
 CI_OVERRIDES = [
-    "trainer.total_steps=2", "trainer.train_batch_size=4", "trainer.mini_batch_size=2",
+    "trainer.total_steps=2", "trainer.train_batch_size=4", "trainer.mini_batch_size=2", "algorithm.gen_batch_size=8",
     "trainer.checkpoint_every=1", "eval.n=2", "eval.every=0", "eval.bootstrap=50", "eval.pass_k=[1,2]",
 ]
 
