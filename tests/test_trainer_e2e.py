@@ -39,7 +39,7 @@ def args(world: Path, tmp: Path, row: str = "00_naive_grpo", *extra: str) -> lis
             "trainer.checkpoint_every=1", "trainer.keep_checkpoints=2", "rollout.n=4",
             "rollout.max_response_length=24", "algorithm.overlong_buffer_len=8", "eval.n=2", "eval.every=3",
             "eval.pass_k=[1,2]", "eval.bootstrap=20", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
-            "tracking.experiment=e2e", *extra]
+            "tracking.experiment=e2e", "rollout.engine=hf", *extra]   # HF: bitwise-reproducible sampling
 
 
 def env(**extra: str) -> dict[str, str]:
