@@ -10,8 +10,9 @@ line. Solutions for the supervised phase come in three styles: concise; verbose,
 makes long problems overrun a 64-token cap); and a bare guess, `Answer: N` with no working. A fraction of the
 worked ones carry a deliberate error (a wrong result or a miscopied operand, propagated coherently to the final
 answer). The base model is so imperfect in the ways RL fixes in a few dozen steps: it often skips the working
-(and is then mostly wrong on multi-step problems), sometimes runs over the length cap, and samples slips. Its
-arithmetic when it does work is decent, so the reward separates the habits within a group.
+(and is then mostly wrong on multi-step problems), sometimes runs over the length cap, and samples slips. When
+it does work it is right far more often (base model at top_p 0.7: 47% concise, 8% guesses), so the reward
+separates the habits.
 
 Everything is a pure function of a `random.Random`, so a seed reproduces the same problems.
 """
