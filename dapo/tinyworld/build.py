@@ -250,8 +250,7 @@ def _build(tiny: TinyWorldConfig, out_dir: Path, *, eval_n: int, eval_temperatur
     manifest = {
         "hash": world_hash(tiny), "build_version": BUILD_VERSION, "seed": tiny.seed,
         "tiny": tiny.model_dump(mode="json"),
-        "recipe": {"sft_batch": SFT_BATCH, "sft_lr": SFT_LR,
-                   "n_sft_examples": n_sft},
+        "recipe": {"sft_batch": SFT_BATCH, "sft_lr": SFT_LR, "n_sft_examples": n_sft},
         "created_unix": time.time(), "build_seconds": round(time.perf_counter() - t0, 1),
         "build_cpu_seconds": round(time.process_time() - c0, 1), "threads": threads,
         "param_count": param_count(model), "vocab_size": len(tokenizer), "max_prompt_tokens": longest,
