@@ -128,6 +128,9 @@ class TrainerConfig(_Section):
     mini_batch_size: int = Field(32, gt=0, description="Prompts per gradient update. Paper: 32 (16 updates).")
     epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
     micro_batch_tokens: int = Field(32768, gt=0, description="Token budget per micro-batch (forward/backward).")
+    pack_prompts: bool = Field(False, description="Learner: each group's responses share one copy of their prompt "
+                               "in the forward (block mask; same log-probs). Pays when prompts are a large share "
+                               "of the tokens (tiny preset: ~2.5x faster learner); needs sdpa/eager attention.")
     lr: float = Field(1e-6, gt=0)
     weight_decay: float = Field(0.1, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)

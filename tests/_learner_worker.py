@@ -78,9 +78,11 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             b: PolicyBatch,
             learner: Learner = learner,
             init_dir: Path = init_dir,
+            pack: bool = False,
         ) -> None:
             learner.load_checkpoint(init_dir)
             learner.loss, learner.micro_batch_tokens = loss_spec(mode), budget
+            learner.pack_prompts = pack
             plan = [r for r in learner._plan(b) if r]
             metrics = learner.update(b)
             results[name] = {"params": flat_params(learner), "metrics": metrics, "micro_batches": len(plan)}
@@ -89,6 +91,7 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             for mode in MODES:
                 for budget in (BIG_BUDGET, SMALL_BUDGET):
                     one(f"z2/{mode}/{budget}", mode, budget, part)
+                    one(f"z2/{mode}/packed/{budget}", mode, budget, part, pack=True)
             # Every rank given the whole mini-batch (no sharding): exact too, only the compute repeats.
             one("z2/whole-on-every-rank", "group-token-mean", SMALL_BUDGET, batch)
             # A NaN advantage on one response that trains (on the last rank only, at world size 2).
@@ -101,6 +104,7 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             results["z2/after_nan"] = {"params": flat_params(learner), "metrics": metrics}
         else:
             one(f"{ename}/token-mean/{SMALL_BUDGET}", "token-mean", SMALL_BUDGET, part)
+            one(f"{ename}/token-mean/packed/{SMALL_BUDGET}", "token-mean", SMALL_BUDGET, part, pack=True)
             if ename == "z0":
                 bad = batch.select(list(range(len(batch))))
                 bad.advantages = bad.advantages.clone()

@@ -32,7 +32,7 @@ from dapo.learner import (
     plan_micro_batches,
     response_mask,
 )
-from dapo.learner.batch import collate
+from dapo.learner.batch import collate, collate_packed, plan_packed_micro_batches
 from dapo.learner.distributed import first_slurm_host, launcher_env
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -64,6 +64,41 @@ def test_collate_puts_each_target_at_the_position_that_predicts_it():
     assert mb.positions.tolist() == [1, 2, 3, 4]  # row 1 position 0 = flat 4
     assert mb.targets.tolist() == [1, 2, 3, 4]
     assert mb.token_rows.tolist() == [0, 0, 0, 1] and mb.token_cols.tolist() == [0, 1, 2, 0]
+
+
+def test_packed_rows_share_the_prompt_and_keep_each_response_to_itself():
+    prompts = [[7, 8], [7, 8], [9], [7, 8]]
+    responses = [[1, 2, 3], [4], [5, 6], []]
+    plan = plan_packed_micro_batches(prompts, responses, token_budget=100)
+    assert plan == [[[0, 1], [2]]]  # one row per prompt; the empty response has nothing to compute
+    mb = collate_packed(prompts, responses, plan[0])
+    assert mb.input_ids.tolist() == [[7, 8, 1, 2], [9, 5, 0, 0]]  # the prompt once, then response[:-1] each
+    assert mb.position_ids.tolist()[0] == [0, 1, 2, 3]
+    # response 0's tokens at 0 <- prompt end (1), 1 <- its token 0 (2), 2 <- 3; response 1 (one token) <- 1
+    assert mb.positions.tolist() == [1, 2, 3, 1, 4 + 0, 4 + 1]
+    assert mb.targets.tolist() == [1, 2, 3, 4, 5, 6]
+    assert mb.token_rows.tolist() == [0, 0, 0, 1, 2, 2] and mb.token_cols.tolist() == [0, 1, 2, 0, 0, 1]
+    m = mb.attention_mask[:, 0].int().tolist()
+    assert m[0] == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    assert m[1] == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]  # padding sees itself only
+    # Two responses of one prompt: the second one does not see the first, and restarts at the prompt's end.
+    two = collate_packed([[7, 8]] * 2, [[1, 2, 3], [4, 5]], [[0, 1]])
+    assert two.position_ids.tolist() == [[0, 1, 2, 3, 2]]
+    assert two.attention_mask[0, 0, 4].int().tolist() == [1, 1, 0, 0, 1]
+    # Over the budget: the group is cut into rows that each repeat the prompt.
+    cut = plan_packed_micro_batches([[7, 8]] * 3, [[1] * 6, [2] * 6, [3] * 6], token_budget=12)
+    assert sorted(i for mb in cut for row in mb for i in row) == [0, 1, 2]
+    assert all(len(row) <= 2 for mb in cut for row in mb)
+
+
+def test_packing_refuses_an_attention_that_ignores_the_block_mask():
+    from types import SimpleNamespace
+
+    from dapo.learner.model import check_packable
+
+    check_packable(SimpleNamespace(config=SimpleNamespace(_attn_implementation="sdpa")))
+    with pytest.raises(ValueError, match="pack_prompts: false"):
+        check_packable(SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2")))
 
 
 def test_lr_warms_up_linearly_over_rollout_steps_then_stays_constant():
@@ -253,13 +288,15 @@ def test_one_update_equals_the_naive_whole_batch_step(world, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_update_does_not_depend_on_micro_batches_or_ranks(world, mode):
+def test_update_does_not_depend_on_micro_batches_ranks_or_packing(world, mode):
+    """Packed (`pack_prompts`: each group's responses behind one copy of the prompt) is the same step too."""
     ref = world["w1"][f"z2/{mode}/{W.BIG_BUDGET}"]
     assert world["w1"][f"z2/{mode}/{W.SMALL_BUDGET}"]["micro_batches"] == 4
+    assert world["w1"][f"z2/{mode}/packed/{W.SMALL_BUDGET}"]["micro_batches"] > 1
     for w in ("w1", "w2"):
-        for budget in (W.BIG_BUDGET, W.SMALL_BUDGET):
-            got = world[w][f"z2/{mode}/{budget}"]
-            assert (got["params"] - ref["params"]).abs().max() < TOL, (w, budget)
+        for case in (W.BIG_BUDGET, W.SMALL_BUDGET, f"packed/{W.BIG_BUDGET}", f"packed/{W.SMALL_BUDGET}"):
+            got = world[w][f"z2/{mode}/{case}"]
+            assert (got["params"] - ref["params"]).abs().max() < TOL, (w, case)
             assert got["metrics"][M.POLICY_LOSS] == pytest.approx(ref["metrics"][M.POLICY_LOSS], abs=1e-6)
             assert got["metrics"][M.CLIPFRAC_HIGH] == pytest.approx(ref["metrics"][M.CLIPFRAC_HIGH], abs=1e-9)
 
@@ -277,10 +314,11 @@ def test_zero3_and_zero0_with_gradient_clipping_match_the_clipped_reference(worl
     ref, _, ref_norm, _ = reference_step(world["model"], world["batch"], "token-mean", clip=W.CLIP)
     assert ref_norm > 2 * W.CLIP  # the clip binds
     for w in ("w1", "w2"):
-        got = world[w][f"{engine}/token-mean/{W.SMALL_BUDGET}"]
-        assert got["params"].shape == ref.shape  # gathered to full size under ZeRO-3
-        assert (got["params"] - ref).abs().max() < TOL, w
-        assert got["metrics"][M.GRAD_NORM] == pytest.approx(ref_norm, rel=1e-5)
+        for case in (f"{W.SMALL_BUDGET}", f"packed/{W.SMALL_BUDGET}"):
+            got = world[w][f"{engine}/token-mean/{case}"]
+            assert got["params"].shape == ref.shape  # gathered to full size under ZeRO-3
+            assert (got["params"] - ref).abs().max() < TOL, (w, case)
+            assert got["metrics"][M.GRAD_NORM] == pytest.approx(ref_norm, rel=1e-5)
 
 
 @pytest.mark.parametrize("case", ["z2/nan", "z0/nan"])

@@ -1,10 +1,18 @@
 """What the trainer hands the learner (`PolicyBatch`, `LossSpec`), and how a batch becomes micro-batches.
 
-Micro-batches are length-sorted and right-padded under a token budget, not packed. Packing several sequences
-into one row needs attention that stays inside each sequence: flash-attn's varlen kernels (GPU only) or a
-block-diagonal mask that grows as L^2 per row. Sorting by length first makes padding small (neighbours have
-similar lengths), keeps every model's plain causal attention, and gives the same per-token numbers on CPU and
-GPU. The budget counts padded tokens (rows x longest row), so it bounds activation memory the same way.
+By default micro-batches are length-sorted and right-padded under a token budget, not packed. Packing several
+sequences into one row needs attention that stays inside each sequence: flash-attn's varlen kernels (GPU only)
+or a block mask that grows as L^2 per row. Sorting by length first makes padding small (neighbours have similar
+lengths), keeps every model's plain causal attention, and gives the same per-token numbers on CPU and GPU. The
+budget counts padded tokens (rows x longest row), so it bounds activation memory the same way.
+
+`trainer.pack_prompts` packs the responses of a group behind one copy of their shared prompt instead
+(`plan_packed_micro_batches`, `collate_packed`): each response attends to the prompt and to itself, at the
+positions it would have alone, so every log-prob is the unpacked one (to float rounding) and the prompt's
+forward and backward run once per group instead of once per response. That pays where prompts are a large
+share of the tokens (the tiny preset: ~100-token prompts, ~30-token responses, 8 per group); its L^2 mask rules
+it out for 20K-token responses, and it needs an attention that takes a 4D mask (sdpa or eager, not
+flash-attn 2).
 """
 
 from __future__ import annotations
@@ -160,11 +168,47 @@ def plan_micro_batches(seq_lengths: list[int], token_budget: int) -> list[list[i
     return out
 
 
+def plan_packed_micro_batches(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], token_budget: int
+) -> list[list[list[int]]]:
+    """Split sequences into packed rows (one prompt, then the responses that share it) and the rows into
+    micro-batches of at most `token_budget` padded tokens, as `plan_micro_batches` does for plain rows.
+
+    A group whose packed row would exceed the budget is cut into several rows (each repeats the prompt).
+    Returns micro-batches as lists of packed rows, each a list of sequence indices (empty responses left out).
+    """
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, (p, r) in enumerate(zip(prompt_ids, response_ids, strict=True)):
+        if r:
+            groups.setdefault(tuple(p), []).append(i)
+    rows: list[list[int]] = []
+    for prompt, members in groups.items():
+        row: list[int] = []
+        width = len(prompt)
+        for i in sorted(members, key=lambda i: (-len(response_ids[i]), i)):
+            extra = len(response_ids[i]) - 1  # the last response token is never an input
+            if row and width + extra > token_budget:
+                rows.append(row)
+                row, width = [], len(prompt)
+            row.append(i)
+            width += extra
+        rows.append(row)
+    lengths = [packed_length(prompt_ids, response_ids, row) for row in rows]
+    return [[rows[k] for k in mb] for mb in plan_micro_batches(lengths, token_budget)]
+
+
+def packed_length(prompt_ids: list[list[int]], response_ids: list[list[int]], row: list[int]) -> int:
+    """Model-input length of a packed row: the shared prompt once, then each response but its last token."""
+    return len(prompt_ids[row[0]]) + sum(len(response_ids[i]) - 1 for i in row)
+
+
 @dataclass
 class MicroBatch:
     """Right-padded model inputs of some rows and where their response tokens' predictions sit.
 
-    input_ids, attention_mask: [B, L] (prompt + response[:-1], the last token predicts nothing).
+    input_ids, attention_mask: [B, L] (prompt + response[:-1], the last token predicts nothing). Packed
+    (`collate_packed`): attention_mask is a [B, 1, L, L] bool block mask (True: may attend) and position_ids
+    [B, L] restart each response at its prompt's length.
     positions: [T] flat indices into B*L of the hidden states that predict `targets` [T] (the rows' response
     tokens, row by row). `rows`: the batch rows, in micro-batch order. `token_rows`, `token_cols`: [T] each, the
     (row in the batch, response position) of each target, to gather per-token batch tensors.
@@ -177,6 +221,7 @@ class MicroBatch:
     targets: Tensor
     token_rows: Tensor
     token_cols: Tensor
+    position_ids: Tensor | None = None
 
 
 def collate(
@@ -205,6 +250,56 @@ def collate(
         targets=torch.cat(targets),
         token_rows=torch.cat(token_rows),
         token_cols=torch.cat(token_cols),
+    )
+
+
+def collate_packed(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], rows: list[list[int]], pad_id: int = 0
+) -> MicroBatch:
+    """Build the micro-batch of packed `rows` (from `plan_packed_micro_batches`): row b is the shared prompt P
+    (length p) then response[:-1] of each member. Response token 0 is predicted at position p - 1 (the
+    prompt's last token, shared), token t > 0 at the response's own token t - 1; positions restart at p for
+    each response, and each response attends to the whole prompt and causally to itself."""
+    widths = [packed_length(prompt_ids, response_ids, row) for row in rows]
+    width = max(widths)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros(len(rows), width, dtype=torch.long)
+    # Padding attends to itself only: a query row with nothing to attend to is NaN under sdpa's bool mask.
+    mask = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    positions, targets, token_rows, token_cols = [], [], [], []
+    for b, row in enumerate(rows):
+        prompt = prompt_ids[row[0]]
+        p = len(prompt)
+        input_ids[b, :p] = torch.as_tensor(prompt, dtype=torch.long)
+        position_ids[b, :p] = torch.arange(p)
+        mask[b, :p, :p] = causal[:p, :p]
+        start = p
+        for i in row:
+            if prompt_ids[i] != prompt:
+                raise ValueError(f"collate_packed: row {b} mixes prompts (sequence {i})")
+            resp = response_ids[i]
+            n = len(resp) - 1
+            end = start + n
+            input_ids[b, start:end] = torch.as_tensor(resp[:-1], dtype=torch.long)
+            position_ids[b, start:end] = torch.arange(p, p + n)
+            mask[b, start:end, :p] = True
+            mask[b, start:end, start:end] = causal[:n, :n]
+            # token 0 <- prompt's last position; token t > 0 <- this response's token t - 1
+            positions.append(b * width + torch.cat([torch.tensor([p - 1]), torch.arange(start, end)]))
+            targets.append(torch.as_tensor(resp, dtype=torch.long))
+            token_rows.append(torch.full((n + 1,), i, dtype=torch.long))
+            token_cols.append(torch.arange(n + 1))
+            start = end
+    return MicroBatch(
+        rows=[i for row in rows for i in row],
+        input_ids=input_ids,
+        attention_mask=mask.unsqueeze(1),
+        positions=torch.cat(positions),
+        targets=torch.cat(targets),
+        token_rows=torch.cat(token_rows),
+        token_cols=torch.cat(token_cols),
+        position_ids=position_ids,
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -31,11 +32,13 @@ from dapo.learner.batch import (
     MicroBatch,
     PolicyBatch,
     collate,
+    collate_packed,
     dummy_micro_batch,
     plan_micro_batches,
+    plan_packed_micro_batches,
 )
 from dapo.learner.distributed import all_reduce, init_distributed
-from dapo.learner.model import copy_tokenizer_files, load_policy, prepare_deepspeed
+from dapo.learner.model import check_packable, copy_tokenizer_files, load_policy, prepare_deepspeed
 from dapo.learner.optim import deepspeed_config, lr_at, make_optimizer, resolve_dtype
 
 # The per-update "this step was skipped" flag (1.0 / 0.0); the cumulative count is M.NONFINITE_SKIPPED.
@@ -62,6 +65,7 @@ class Learner:
         logprob_chunk_size: int = 1024,
         gradient_checkpointing: bool = False,
         optimizer: str = "adamw",
+        pack_prompts: bool = False,
     ) -> None:
         import deepspeed
 
@@ -70,11 +74,14 @@ class Learner:
         self.model_path, self.loss, self.zero_stage = model_path, loss, zero_stage
         self.base_lr, self.warmup_steps = lr, warmup_steps
         self.micro_batch_tokens, self.chunk_size = micro_batch_tokens, logprob_chunk_size
+        self.pack_prompts = pack_prompts  # one prompt per group in the forward (dapo.learner.batch)
         self.dtype = resolve_dtype(dtype)
         ds_config = deepspeed_config(
             zero_stage, self.dtype == torch.bfloat16, grad_clip, self.dist.world_size
         )
         policy, self._zero_init = load_policy(model_path, self.dtype, gradient_checkpointing, ds_config)
+        if pack_prompts:
+            check_packable(policy.lm)
         self._torch_opt = make_optimizer(policy.parameters(), optimizer, lr, weight_decay, betas)
         self.engine, *_ = deepspeed.initialize(model=policy, optimizer=self._torch_opt, config=ds_config)
         if zero_stage == 3:
@@ -109,15 +116,27 @@ class Learner:
                 group["lr"] = value
 
     # ------------------------------------------------------------------------------------------ forward
-    def _plan(self, batch: PolicyBatch) -> list[list[int]]:
-        """Micro-batches of this rank, padded with empty ones ([]: a dummy pass) to the most any rank has."""
-        lengths = [
-            len(p) + len(r) - 1 if r else 0 for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)
-        ]
-        plan = plan_micro_batches(lengths, self.micro_batch_tokens)
+    def _plan(self, batch: PolicyBatch) -> list[list[Any]]:
+        """Micro-batches of this rank (sequence indices, or packed rows of them with `pack_prompts`), padded with
+        empty ones ([]: a dummy pass) to the most any rank has."""
+        if self.pack_prompts:
+            plan = plan_packed_micro_batches(batch.prompt_ids, batch.response_ids, self.micro_batch_tokens)
+        else:
+            lengths = [
+                len(p) + len(r) - 1 if r else 0
+                for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)
+            ]
+            plan = plan_micro_batches(lengths, self.micro_batch_tokens)
         # At least one pass, so a step always follows a backward (a mini-batch without responses).
         most = max(1, int(all_reduce(torch.tensor([len(plan)], dtype=torch.float64), "max").item()))
         return plan + [[] for _ in range(most - len(plan))]
+
+    def _collate(self, batch: PolicyBatch, item: list[Any]) -> MicroBatch:
+        if not item:
+            return dummy_micro_batch()
+        if self.pack_prompts:
+            return collate_packed(batch.prompt_ids, batch.response_ids, item)
+        return collate(batch.prompt_ids, batch.response_ids, item)
 
     def _forward(self, mb: MicroBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         dev = self.dist.device
@@ -129,6 +148,7 @@ class Learner:
             temperature=self.loss.temperature,
             chunk_size=self.chunk_size,
             with_entropy=with_entropy,
+            position_ids=None if mb.position_ids is None else mb.position_ids.to(dev),
         )
 
     @torch.no_grad()
@@ -143,7 +163,7 @@ class Learner:
         logp = torch.zeros(n, width, dtype=torch.float32)
         entropy = torch.zeros(n, width, dtype=torch.float32)
         for rows in self._plan(batch):
-            mb = collate(batch.prompt_ids, batch.response_ids, rows) if rows else dummy_micro_batch()
+            mb = self._collate(batch, rows)
             lp, ent = self._forward(mb, with_entropy=True)
             if rows:
                 logp[mb.token_rows, mb.token_cols] = lp.float().cpu()
@@ -190,7 +210,7 @@ class Learner:
             last = k == len(plan) - 1
             self.engine.set_gradient_accumulation_boundary(last)
             if rows:
-                mb = collate(batch.prompt_ids, batch.response_ids, rows)
+                mb = self._collate(batch, rows)
                 loss, part = self._micro_loss(batch, mb, weights)
                 sums += part
                 local_bad |= ~torch.isfinite(loss.detach())

@@ -55,15 +55,34 @@ class PolicyModule(nn.Module):
         temperature: float,
         chunk_size: int,
         with_entropy: bool,
+        position_ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """input_ids, attention_mask [B, L]; positions [T] flat indices into B*L; targets [T] ->
-        (logp [T], entropy [T] or None), logits divided by `temperature` as when sampling."""
-        out = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        (logp [T], entropy [T] or None), logits divided by `temperature` as when sampling.
+        A packed micro-batch passes a [B, 1, L, L] bool mask and position_ids [B, L] (`collate_packed`)."""
+        if attention_mask.dim() == 4:
+            # transformers passes a 4D mask through as is; additive, so eager attention reads it too.
+            dtype = self.head_weight().dtype
+            attention_mask = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device
+                                         ).masked_fill_(~attention_mask, torch.finfo(dtype).min)
+        out = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                 use_cache=False)
         hidden = out.last_hidden_state
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
         return chunked_logprobs_entropy(
             hidden, self.head_weight(), targets, chunk_size, temperature, with_entropy
         )
+
+
+PACKABLE_ATTENTION = ("sdpa", "eager")  # attention implementations that honour a custom 4D mask
+
+
+def check_packable(lm: nn.Module) -> None:
+    """Raise if the model's attention ignores custom 4D masks (flash-attn 2 does), which packing needs."""
+    impl = getattr(lm.config, "_attn_implementation", None)
+    if impl not in PACKABLE_ATTENTION:
+        raise ValueError(f"trainer.pack_prompts needs attention that takes a 4D mask ({', '.join(PACKABLE_ATTENTION)}); "
+                         f"this model uses {impl!r}. Set trainer.pack_prompts: false.")
 
 
 def prepare_deepspeed() -> None:

@@ -122,7 +122,7 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
                       lr=t.lr, warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, betas=tuple(t.betas),
                       grad_clip=t.grad_clip, zero_stage=t.zero_stage, dtype=cfg.model.dtype,
                       micro_batch_tokens=t.micro_batch_tokens, logprob_chunk_size=t.logprob_chunk_size,
-                      gradient_checkpointing=cfg.model.gradient_checkpointing)
+                      gradient_checkpointing=cfg.model.gradient_checkpointing, pack_prompts=t.pack_prompts)
     max_len = d.max_prompt_length + max(r.max_response_length, cfg.resolved_eval_max_tokens())
     # only rank 0 generates (loop.py broadcasts its rollouts): the other ranks start no vLLM
     engine = NullEngine() if not main else make_engine(
