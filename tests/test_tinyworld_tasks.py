@@ -51,6 +51,40 @@ def test_hand_worked_example_in_every_style():
     assert _solve_from_text(MIA.text) == 28
 
 
+def test_connectives_open_some_lines_and_change_nothing_else():
+    import random
+
+    from dapo.tinyworld.tasks import CONNECTIVES
+
+    plain = solution_text(MIA).splitlines()
+    seen = set()
+    for seed in range(40):
+        lines = solution_text(MIA, connectives=0.75, rng=random.Random(seed)).splitlines()
+        assert lines[-1] == "Answer: 28" and len(lines) == len(plain)
+        for got, want in zip(lines[:-1], plain[:-1], strict=True):
+            word, _, rest = got.partition(" ")
+            if got != want:  # an opening word, then the very same equation
+                assert word.lower() in CONNECTIVES and rest == want
+                seen.add(word)
+    assert seen == {w.capitalize() for w in CONNECTIVES}
+    # 0 draws nothing from the generator: the worlds built before the option are reproduced bit for bit
+    rng = random.Random(5)
+    solution_text(MIA, corrupt=True, rng=rng)
+    after_plain = rng.random()
+    rng = random.Random(5)
+    solution_text(MIA, corrupt=True, connectives=0.0, rng=rng)
+    assert rng.random() == after_plain
+
+
+def test_world_hash_ignores_connectives_at_zero_only():
+    from dapo.config import TinyWorldConfig
+    from dapo.tinyworld.build import world_hash
+
+    base = TinyWorldConfig()
+    assert world_hash(base) == world_hash(TinyWorldConfig(sft_connectives=0.0))
+    assert world_hash(TinyWorldConfig(sft_connectives=0.75)) != world_hash(base)
+
+
 def test_same_seed_same_tasks_other_seed_other_tasks():
     a, b, c = (make_splits(s, 4, 200, 30, 300) for s in (3, 3, 4))
     for split in ("train", "eval", "sft"):

@@ -57,6 +57,8 @@ def world_hash(tiny: TinyWorldConfig) -> str:
     """What the built world depends on: every `tiny.*` key but `dir`, and the build recipe version."""
     d = tiny.model_dump(mode="json")
     d.pop("dir", None)
+    if not d.get("sft_connectives"):  # added after build 3 and a no-op at 0: worlds built before it stay valid
+        d.pop("sft_connectives", None)
     d["build_version"] = BUILD_VERSION
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -194,7 +196,8 @@ def _build(tiny: TinyWorldConfig, out_dir: Path, *, eval_n: int, eval_temperatur
     for t in splits.sft:
         u, corrupt = rng.random(), rng.random() < tiny.sft_corruption
         guess, verbose = u < tiny.sft_guess, tiny.sft_guess <= u < tiny.sft_guess + tiny.sft_verbose
-        solutions.append("\n".join(solution_lines(t, verbose=verbose, corrupt=corrupt, guess=guess, rng=rng)[0]))
+        solutions.append("\n".join(solution_lines(t, verbose=verbose, corrupt=corrupt, guess=guess,
+                                                  connectives=tiny.sft_connectives, rng=rng)[0]))
     _write_jsonl(out.train, splits.train, "tiny-train")
     _write_jsonl(out.eval, splits.eval, "tiny-eval")
     report("tasks", 1, 1)

@@ -40,6 +40,12 @@ START_MAX = 15
 ADD_MAX = 9
 MUL_MAX_INPUT = 15
 
+# Free phrasing: a worked line may open with a connective word. The choice never changes the answer, so the base
+# model samples it at ~1/4 each (none, so, then, now): the uncertain, reward-neutral tokens that real reasoning
+# text is full of, and where a clipped update can bind (a token is upper-clipped only if its old probability is
+# below 1 / (1 + eps_high); a world of near-certain tokens left the clip idle).
+CONNECTIVES = ("so", "then", "now")
+
 _ANSWER_RE = re.compile(r"^\s*Answer:\s*(-?\d+)\s*$")
 
 
@@ -114,13 +120,15 @@ def make_task(rng: random.Random, n_ops: int) -> Task:
 
 
 def solution_lines(task: Task, *, verbose: bool, corrupt: bool, rng: random.Random,
-                   guess: bool = False) -> tuple[list[str], int]:
+                   guess: bool = False, connectives: float = 0.0) -> tuple[list[str], int]:
     """Worked solution lines ending in `Answer: N`, and N (the true answer unless `corrupt`).
 
     A corrupted solution gets one error at a random step: a wrong result (off by 1-3) or a miscopied operand;
     later steps compute correctly from the wrong value, so the chain is coherent but the answer wrong.
     A `guess` is the bare `Answer: N` with the true N and no working: a writer who did it in their head. A small
     model imitating it must produce a multi-step result in one token, and mostly cannot.
+    `connectives`: the probability that a worked line opens with one of `CONNECTIVES` (uniform), e.g. `So 7 + 3 =
+    10` or, verbose, `She buys 3 more: then 7 + 3 = 10.`
     """
     if guess:
         return [f"Answer: {task.answer}"], task.answer
@@ -142,6 +150,9 @@ def solution_lines(task: Task, *, verbose: bool, corrupt: bool, rng: random.Rand
             if r == _apply(cur, s.op, b):
                 r += 1
         eq = f"{cur} {s.op} {b} = {r}"
+        if connectives > 0 and rng.random() < connectives:
+            word = rng.choice(CONNECTIVES)
+            eq = f"{word} {eq}" if verbose else f"{word.capitalize()} {eq}"
         lines.append(f"{task.pronoun} {s.phrase}: {eq}." if verbose else eq)
         cur = r
     if verbose:
@@ -151,9 +162,10 @@ def solution_lines(task: Task, *, verbose: bool, corrupt: bool, rng: random.Rand
 
 
 def solution_text(task: Task, *, verbose: bool = False, corrupt: bool = False, guess: bool = False,
-                  rng: random.Random | None = None) -> str:
+                  connectives: float = 0.0, rng: random.Random | None = None) -> str:
     """The response text (no EOS): lines joined by newlines."""
-    lines, _ = solution_lines(task, verbose=verbose, corrupt=corrupt, guess=guess, rng=rng or random.Random(0))
+    lines, _ = solution_lines(task, verbose=verbose, corrupt=corrupt, guess=guess, connectives=connectives,
+                              rng=rng or random.Random(0))
     return "\n".join(lines)
 
 
