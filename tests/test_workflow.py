@@ -96,6 +96,10 @@ def test_tiny_plan_is_six_rows_by_seeds(tmp_path):
     stats = _job_stats(r.stdout)
     assert stats["train"] == 12 and stats["evaluate"] == 12 and stats["report"] == 1
     assert stats["tiny_world"] == 1 and stats["prepare_data"] == 1
+    # the longest jobs (dynamic sampling) are scheduled first, so two cores stay busy to the end
+    trains = [b for b in r.stdout.split("\nrule ") if b.startswith("train:")]
+    first = {b.split("row=")[1].split(",")[0] for b in trains if "priority: 1" in b}
+    assert first == {"05_dynamic_sampling"} and len(trains) == 12
 
 
 def test_one_target_per_row(tmp_path):

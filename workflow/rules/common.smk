@@ -125,6 +125,12 @@ def slurm_resources(kind):
     return res
 
 
+def train_priority(row, seed):
+    """Start the rows that sample the most first (dynamic sampling draws up to max_num_gen_batches generation
+    batches per step): longest job first keeps both cores busy to the end of a local run (BENCHMARKS.md, 5)."""
+    return 1 if RUN_CFGS[(row, int(seed))].algorithm.dynamic_sampling else 0
+
+
 def launcher(kind):
     """How a job starts its processes: one per GPU under SLURM (srun), torchrun elsewhere."""
     world = getattr(BASE.resources, kind).world_size

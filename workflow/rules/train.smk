@@ -22,6 +22,7 @@ rule train:
         ),
         launcher=launcher("train"),
     threads: BASE.resources.train.cpus_per_task
+    priority: lambda wc: train_priority(wc.row, wc.seed)
     retries: config.get("max_resubmits", 5)
     resources:
         **slurm_resources("train"),
