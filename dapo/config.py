@@ -133,7 +133,8 @@ class TrainerConfig(_Section):
     micro_batch_tokens: int = Field(32768, gt=0, description="Token budget per micro-batch (forward/backward).")
     pack_prompts: bool = Field(False, description="Learner: each group's responses share one copy of their prompt "
                                "in the forward (block mask; same log-probs). Pays when prompts are a large share "
-                               "of the tokens (tiny preset: learner ~2x faster); needs sdpa/eager attention.")
+                               "of the tokens (tiny preset: learner ~2x faster); needs sdpa/eager attention. Its mask "
+                               "takes rows x L^2 memory: keep micro_batch_tokens small (tiny preset: 4096).")
     lr: float = Field(1e-6, gt=0)
     weight_decay: float = Field(0.1, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)

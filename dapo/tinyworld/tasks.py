@@ -40,10 +40,11 @@ START_MAX = 15
 ADD_MAX = 9
 MUL_MAX_INPUT = 15
 
-# Free phrasing: a worked line may open with a connective word. The choice never changes the answer, so the base
-# model samples it at ~1/4 each (none, so, then, now): the uncertain, reward-neutral tokens that real reasoning
-# text is full of, and where a clipped update can bind (a token is upper-clipped only if its old probability is
-# below 1 / (1 + eps_high); a world of near-certain tokens left the clip idle).
+# Free phrasing (`tiny.sft_connectives`, off by default): a worked line may open with a connective word. The choice
+# never changes the answer, so the base model samples it at ~1/4 each (none, so, then, now): uncertain,
+# reward-neutral tokens, as real reasoning text has. Tried as a way to make the upper clip bind (only a token with
+# old probability below 1 / (1 + eps_high) can be upper-clipped); it raised entropy 0.25 -> 0.36 but not the
+# clip fraction (README, "The tiny preset, measured"), so the default world has none.
 CONNECTIVES = ("so", "then", "now")
 
 _ANSWER_RE = re.compile(r"^\s*Answer:\s*(-?\d+)\s*$")
