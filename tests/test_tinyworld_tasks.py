@@ -7,6 +7,7 @@ import re
 from collections import Counter
 
 from dapo.tinyworld.tasks import (
+    CONNECTIVES,
     Step,
     Task,
     extract_answer,
@@ -52,10 +53,6 @@ def test_hand_worked_example_in_every_style():
 
 
 def test_connectives_open_some_lines_and_change_nothing_else():
-    import random
-
-    from dapo.tinyworld.tasks import CONNECTIVES
-
     plain = solution_text(MIA).splitlines()
     seen = set()
     for seed in range(40):
