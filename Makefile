@@ -23,5 +23,6 @@ services:            ## a one-node SLURM cluster (with accounting) and Chromium,
 stop-services:
 	bash scripts/services.sh stop
 
-lint: setup             ## ruff's checks; formatting is by hand (120 columns, aligned comments), not ruff format
-	ruff check dapo tests
+lint: setup             ## ruff's checks and ruff format (120 columns, pyproject.toml), as CI runs them
+	ruff check .
+	ruff format --check .

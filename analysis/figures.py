@@ -29,7 +29,7 @@ from dapo.report.pipeline import write_figures
 experiment = "dapo-ablation"
 tracking_uri = None
 out_dir = "results/report"
-x_axis = "updates"           # "updates" (the paper's gradient updates) or "rollout" (rollout steps)
+x_axis = "updates"  # "updates" (the paper's gradient updates) or "rollout" (rollout steps)
 
 # %%
 exp = load_experiment(experiment, tracking_uri)

@@ -30,9 +30,9 @@ from dapo.report.pipeline import write_tables
 
 # %% tags=["parameters"]
 experiment = "dapo-ablation"
-tracking_uri = None          # None: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db
+tracking_uri = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db
 out_dir = "results/report"
-gpus_per_run = None          # None: from each run's tags/params, else 0 (costed in CPU-hours)
+gpus_per_run = None  # None: from each run's tags/params, else 0 (costed in CPU-hours)
 cpus_per_run = None
 confidence = 0.95
 

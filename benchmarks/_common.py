@@ -40,8 +40,9 @@ def machine() -> dict[str, str]:
     except (OSError, AttributeError):
         mem = "unknown"
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=False).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
     except OSError:
         commit = "?"
     import torch
@@ -67,7 +68,7 @@ def interleaved(cases: dict[str, Callable[[], Any]], reps: int, warmup: int = 1)
             cases[name]()
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(reps):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             t0 = time.perf_counter()
             cases[name]()
@@ -85,8 +86,18 @@ def spread(xs: Sequence[float]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- models
-def random_qwen2(name: str, *, vocab: int, hidden: int, layers: int, heads: int, intermediate: int | None = None,
-                 tie: bool = False, max_positions: int = 4096, seed: int = 0) -> Path:
+def random_qwen2(
+    name: str,
+    *,
+    vocab: int,
+    hidden: int,
+    layers: int,
+    heads: int,
+    intermediate: int | None = None,
+    tie: bool = False,
+    max_positions: int = 4096,
+    seed: int = 0,
+) -> Path:
     """A randomly initialised Qwen2ForCausalLM (float32) saved with a tokenizer, cached under MODEL_CACHE/name.
 
     The tokenizer is a byte-level BPE trained on a little synthetic text (a few hundred tokens); the model's
@@ -102,15 +113,28 @@ def random_qwen2(name: str, *, vocab: int, hidden: int, layers: int, heads: int,
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    corpus = [f"Tom has {i} apples and buys {i * 7 % 13} more. {i} + {i * 7 % 13} = {i + i * 7 % 13}. Answer: "
-              f"{i + i * 7 % 13}" for i in range(2000)]
+    corpus = [
+        f"Tom has {i} apples and buys {i * 7 % 13} more. {i} + {i * 7 % 13} = {i + i * 7 % 13}. Answer: "
+        f"{i + i * 7 % 13}"
+        for i in range(2000)
+    ]
     tok = train_tokenizer(corpus, vocab_size=min(vocab, 512))
     tok.save_pretrained(tmp)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate or 4 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                      max_position_embeddings=max_positions, tie_word_embeddings=tie, rope_theta=10000.0,
-                      eos_token_id=eos, pad_token_id=tok.pad_token_id, bos_token_id=None)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate or 4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=tie,
+        rope_theta=10000.0,
+        eos_token_id=eos,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg).float()
     model.save_pretrained(tmp)
@@ -162,11 +186,11 @@ def record(name: str, command: str, info: dict[str, str], body: str) -> None:
     machine_lines = "\n".join(f"- {k}: {v}" for k, v in info.items())
     section = f"{start}\nCommand: `{command}`\n\n{machine_lines}\n\n{body.strip()}\n{end}"
     if start in text and end in text:
-        text = text[: text.index(start)] + section + text[text.index(end) + len(end):]
+        text = text[: text.index(start)] + section + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip() + f"\n\n{section}\n"
     BENCH_MD.write_text(text)
 
 
 def fmt(x: float, digits: int = 3) -> str:
-    return f"{x:.{digits}g}" if abs(x) < 10 ** digits else f"{x:,.0f}"
+    return f"{x:.{digits}g}" if abs(x) < 10**digits else f"{x:,.0f}"

@@ -26,8 +26,8 @@ class _InplaceChunked(torch.autograd.Function):
             e = min(s + chunk, n)
             z = (hidden[s:e] @ weight.t()).to(cdt)
             m = z.amax(-1, keepdim=True)
-            z.sub_(m)                                    # shifted logits (logsumexp would allocate ~3 copies)
-            p = z.exp()                                  # the only [c, V] temporary
+            z.sub_(m)  # shifted logits (logsumexp would allocate ~3 copies)
+            p = z.exp()  # the only [c, V] temporary
             sumexp = p.sum(-1)
             lse_shifted = sumexp.log()
             logp[s:e] = z.gather(-1, targets[s:e, None]).squeeze(-1) - lse_shifted
@@ -48,8 +48,8 @@ class _InplaceChunked(torch.autograd.Function):
         for s in range(0, n, c):
             e = min(s + c, n)
             z = (hidden[s:e] @ weight.t()).to(cdt)
-            z.sub_(lse[s:e, None])                       # log p
-            p = z.exp()                                  # the second [c, V] buffer
+            z.sub_(lse[s:e, None])  # log p
+            p = z.exp()  # the second [c, V] buffer
             # dH/dz = -p (log p + H);  dlogp_y/dz = 1[v = y] - p
             z.add_(ent[s:e, None]).mul_(p).mul_(-g_ent[s:e, None])
             z.addcmul_(p, g_logp[s:e, None], value=-1.0)

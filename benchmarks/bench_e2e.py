@@ -54,8 +54,12 @@ def main() -> None:
     ap.add_argument("--cores", default="all")
     ap.add_argument("--results", default="/tmp/bench_results")
     ap.add_argument("--dry-run", action="store_true", help="plan only (snakemake -n), nothing recorded")
-    ap.add_argument("--extra", nargs="*", default=[],
-                    help="more `--config` key=value pairs, e.g. tiny_world=DIR to reuse a built tiny world")
+    ap.add_argument(
+        "--extra",
+        nargs="*",
+        default=[],
+        help="more `--config` key=value pairs, e.g. tiny_world=DIR to reuse a built tiny world",
+    )
     ap.add_argument("--timeout", type=float, default=None, help="stop after this many seconds; record the jobs done")
     args = ap.parse_args()
     from _common import ROOT, machine, md_table, print_table, record
@@ -68,8 +72,9 @@ def main() -> None:
         cmd.append("-n")
     t0 = time.perf_counter()
     # its own session, so a timeout can stop snakemake and the jobs it started (and nothing else)
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         log, _ = p.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -94,17 +99,29 @@ def main() -> None:
     for kv in args.extra:  # a reused tiny world: show what its build cost when it was made
         if kv.startswith("tiny_world="):
             m = json.loads((Path(kv.split("=", 1)[1]) / "manifest.json").read_text())
-            summary.append(["tiny_world (reused; its manifest)", 1, f"{m.get('build_seconds', 0):.0f}",
-                            f"{m.get('build_cpu_seconds', 0):.0f} CPU s"])
+            summary.append(
+                [
+                    "tiny_world (reused; its manifest)",
+                    1,
+                    f"{m.get('build_seconds', 0):.0f}",
+                    f"{m.get('build_cpu_seconds', 0):.0f} CPU s",
+                ]
+            )
     header, sheader = ["rule", "wildcards", "start", "seconds"], ["rule", "jobs", "sum s", "max s"]
     print_table("Jobs", header, rows)
     print_table(f"all_ablations: {'ok' if p.returncode == 0 else f'FAILED rc={p.returncode}'}", sheader, summary)
-    status = ("finished" if p.returncode == 0 else
-              f"stopped after --timeout {args.timeout:.0f} s" if p.returncode == "timeout" else
-              f"FAILED (snakemake exit {p.returncode}; log {results}/snakemake.out)")
-    body = (f"Status: {status}. Wall-clock {wall:.0f} s ({wall / 60:.1f} min); target 15 min.\n\n"
-            f"{md_table(sheader, summary)}\n\n<details><summary>every job</summary>\n\n{md_table(header, rows)}\n\n"
-            f"</details>")
+    status = (
+        "finished"
+        if p.returncode == 0
+        else f"stopped after --timeout {args.timeout:.0f} s"
+        if p.returncode == "timeout"
+        else f"FAILED (snakemake exit {p.returncode}; log {results}/snakemake.out)"
+    )
+    body = (
+        f"Status: {status}. Wall-clock {wall:.0f} s ({wall / 60:.1f} min); target 15 min.\n\n"
+        f"{md_table(sheader, summary)}\n\n<details><summary>every job</summary>\n\n{md_table(header, rows)}\n\n"
+        f"</details>"
+    )
     record("e2e", ".venv/bin/python benchmarks/bench_e2e.py " + " ".join(sys.argv[1:]), info, body)
 
 

@@ -70,8 +70,15 @@ def make_batch(n: int, g: int, max_p: int, max_r: int, vocab: int, seed: int = 0
 def dapo_side(path: Path, b: dict, zero: int, tokens_budget: int):
     from dapo.learner import Learner, LossSpec, PolicyBatch, response_mask
 
-    learner = Learner(str(path), loss=LossSpec(eps_low=0.2, eps_high=0.28, loss_agg="token-mean"), lr=1e-6,
-                      grad_clip=1.0, zero_stage=zero, dtype="float32", micro_batch_tokens=tokens_budget)
+    learner = Learner(
+        str(path),
+        loss=LossSpec(eps_low=0.2, eps_high=0.28, loss_agg="token-mean"),
+        lr=1e-6,
+        grad_clip=1.0,
+        zero_stage=zero,
+        dtype="float32",
+        micro_batch_tokens=tokens_budget,
+    )
     batch = PolicyBatch(b["prompts"], b["responses"], b["advantages"], response_mask(b["responses"]), b["groups"])
     batch.old_logp, _ = learner.compute_logprobs(batch)
     return learner, batch
@@ -89,15 +96,27 @@ def plain_side(path: Path, batch, chunk: int = 1024, fused: bool = False):
     module.train()
     opt = torch.optim.AdamW(module.parameters(), lr=1e-6, fused=fused or None)
     n = len(batch)
-    weights = token_weights(batch.loss_mask, "token-mean", batch.group_ids,
-                            num_tokens=float(batch.loss_mask.sum()), num_seqs=float(n),
-                            num_groups=float(len(set(batch.group_ids.tolist()))))
+    weights = token_weights(
+        batch.loss_mask,
+        "token-mean",
+        batch.group_ids,
+        num_tokens=float(batch.loss_mask.sum()),
+        num_seqs=float(n),
+        num_groups=float(len(set(batch.group_ids.tolist()))),
+    )
 
     def update() -> None:
         order = sorted(range(n), key=lambda i: len(batch.prompt_ids[i]) + len(batch.response_ids[i]))
         mb = collate(batch.prompt_ids, batch.response_ids, order)
-        logp, _ = module(input_ids=mb.input_ids, attention_mask=mb.attention_mask, positions=mb.positions,
-                         targets=mb.targets, temperature=1.0, chunk_size=chunk, with_entropy=True)
+        logp, _ = module(
+            input_ids=mb.input_ids,
+            attention_mask=mb.attention_mask,
+            positions=mb.positions,
+            targets=mb.targets,
+            temperature=1.0,
+            chunk_size=chunk,
+            with_entropy=True,
+        )
         r, c = mb.token_rows, mb.token_cols
         out = clipped_surrogate(logp, batch.old_logp[r, c], batch.advantages[r], 0.2, 0.28, None, None, 0.0)
         weighted_sum(out.loss, weights[r, c]).backward()
@@ -115,14 +134,34 @@ def trl_side(path: Path, b: dict, old_logp: torch.Tensor, g: int, max_r: int, wo
     from trl import GRPOConfig, GRPOTrainer
 
     n = len(b["prompts"])
-    args = GRPOConfig(output_dir=workdir, use_cpu=True, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.0,
-                      per_device_train_batch_size=n, num_generations=g, gradient_accumulation_steps=1,
-                      max_completion_length=max_r, learning_rate=1e-6, max_grad_norm=1.0, report_to="none",
-                      bf16=False, use_vllm=False, logging_steps=1000, save_strategy="no")
+    args = GRPOConfig(
+        output_dir=workdir,
+        use_cpu=True,
+        loss_type="dapo",
+        epsilon=0.2,
+        epsilon_high=0.28,
+        beta=0.0,
+        per_device_train_batch_size=n,
+        num_generations=g,
+        gradient_accumulation_steps=1,
+        max_completion_length=max_r,
+        learning_rate=1e-6,
+        max_grad_norm=1.0,
+        report_to="none",
+        bf16=False,
+        use_vllm=False,
+        logging_steps=1000,
+        save_strategy="no",
+    )
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(str(path))
-    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
-                          train_dataset=Dataset.from_dict({"prompt": ["x"] * n}), processing_class=tok)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["x"] * n}),
+        processing_class=tok,
+    )
     trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer's training loop, which we bypass
     trainer.model.train()
@@ -133,11 +172,17 @@ def trl_side(path: Path, b: dict, old_logp: torch.Tensor, g: int, max_r: int, wo
     cid = torch.full((n, rw), tok.pad_token_id, dtype=torch.long)
     cmask = torch.zeros(n, rw, dtype=torch.long)
     for i, (p, r) in enumerate(zip(b["prompts"], b["responses"], strict=True)):
-        pid[i, pw - len(p):], pmask[i, pw - len(p):] = torch.tensor(p), 1   # TRL left-pads prompts
-        cid[i, :len(r)], cmask[i, :len(r)] = torch.tensor(r), 1
-    inputs = dict(prompt_ids=pid, prompt_mask=pmask, completion_ids=cid, completion_mask=cmask,
-                  advantages=b["advantages"].float(), old_per_token_logps=old_logp[:, :rw].float(),
-                  num_items_in_batch=cmask.sum().float())
+        pid[i, pw - len(p) :], pmask[i, pw - len(p) :] = torch.tensor(p), 1  # TRL left-pads prompts
+        cid[i, : len(r)], cmask[i, : len(r)] = torch.tensor(r), 1
+    inputs = dict(
+        prompt_ids=pid,
+        prompt_mask=pmask,
+        completion_ids=cid,
+        completion_mask=cmask,
+        advantages=b["advantages"].float(),
+        old_per_token_logps=old_logp[:, :rw].float(),
+        num_items_in_batch=cmask.sum().float(),
+    )
     return trainer, inputs
 
 
@@ -168,10 +213,17 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny model only, 2 repetitions, nothing recorded")
     ap.add_argument("--models", nargs="*", default=list(MODELS))
     ap.add_argument("--profile", action="store_true", help="also show the heaviest ops of one update per path")
-    ap.add_argument("--ablate", action="store_true",
-                    help="plain-torch path with default vs fused AdamW, and TRL (where the gap to TRL comes from)")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="torch threads (0: torch's default); 1 avoids OpenMP spin-waits on an oversubscribed machine")
+    ap.add_argument(
+        "--ablate",
+        action="store_true",
+        help="plain-torch path with default vs fused AdamW, and TRL (where the gap to TRL comes from)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads (0: torch's default); 1 avoids OpenMP spin-waits on an oversubscribed machine",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -197,14 +249,14 @@ def main() -> None:
             learner, batch = dapo_side(path, b, zero, budget)
             old = batch.old_logp if old is None else old
             if not args.ablate:
-                cases[f"dapo Learner ZeRO-{zero}"] = (lambda lr=learner, bt=batch: lr.update(bt))
+                cases[f"dapo Learner ZeRO-{zero}"] = lambda lr=learner, bt=batch: lr.update(bt)
         cases["dapo model + loss, plain torch (no DeepSpeed)"] = plain_side(path, batch)
         if args.ablate:
             cases["same, fused AdamW"] = plain_side(path, batch, fused=True)
         if have_trl:
             tmp = tempfile.mkdtemp(prefix="trl-bench-")
             trainer, inputs = trl_side(path, b, old, g, max_r, tmp)
-            cases["TRL GRPOTrainer (dapo loss)"] = (lambda t=trainer, i=inputs: trl_update(t, i))
+            cases["TRL GRPOTrainer (dapo loss)"] = lambda t=trainer, i=inputs: trl_update(t, i)
         times = interleaved(cases, reps=reps, warmup=1)
         if args.profile:
             for case, fn in cases.items():
@@ -212,11 +264,30 @@ def main() -> None:
         base = median(times[next(iter(times))])
         for case, ts in times.items():
             m = median(ts)
-            rows.append([name, f"{param_count(path) / 1e6:.2f}M", f"{n} x (P<={max_p}, R<={max_r})", case,
-                         fmt(m * 1e3), spread([t * 1e3 for t in ts]), f"{tokens / m:,.0f}",
-                         f"{resp_tokens / m:,.0f}", f"{m / base:.2f}"])
-    header = ["model", "params", "mini-batch", "update path", "median ms", "min-max ms", "tokens/s (all)",
-              "response tokens/s", "time / first row"]
+            rows.append(
+                [
+                    name,
+                    f"{param_count(path) / 1e6:.2f}M",
+                    f"{n} x (P<={max_p}, R<={max_r})",
+                    case,
+                    fmt(m * 1e3),
+                    spread([t * 1e3 for t in ts]),
+                    f"{tokens / m:,.0f}",
+                    f"{resp_tokens / m:,.0f}",
+                    f"{m / base:.2f}",
+                ]
+            )
+    header = [
+        "model",
+        "params",
+        "mini-batch",
+        "update path",
+        "median ms",
+        "min-max ms",
+        "tokens/s (all)",
+        "response tokens/s",
+        "time / first row",
+    ]
     print_table("One DAPO update, world size 1, float32", header, rows)
     pheader = ["model", "update path", "self CPU ms: total; heaviest ops (one profiled update)"]
     if prof_rows:
@@ -224,12 +295,18 @@ def main() -> None:
     if not have_trl:
         print("TRL not importable: only the dapo rows were measured (see the module docstring)")
     if not args.quick:
-        body = (f"{reps} interleaved repetitions after 1 warm-up each; TRL {'present' if have_trl else 'absent'}."
-                f"\n\n" + md_table(header, rows))
+        body = (
+            f"{reps} interleaved repetitions after 1 warm-up each; TRL {'present' if have_trl else 'absent'}."
+            f"\n\n" + md_table(header, rows)
+        )
         if prof_rows:
             body += "\n\n" + md_table(pheader, prof_rows)
-        record("learner_ablate" if args.ablate else "learner_profile" if args.profile else "learner", "PYTHONPATH=/tmp/trl_site .venv/bin/python benchmarks/bench_learner.py "
-               + " ".join(sys.argv[1:]), info, body)
+        record(
+            "learner_ablate" if args.ablate else "learner_profile" if args.profile else "learner",
+            "PYTHONPATH=/tmp/trl_site .venv/bin/python benchmarks/bench_learner.py " + " ".join(sys.argv[1:]),
+            info,
+            body,
+        )
 
 
 if __name__ == "__main__":

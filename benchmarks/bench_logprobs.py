@@ -40,7 +40,7 @@ def run_case(method: str, tokens: int, hidden: int, chunk: int, reps: int) -> di
 
     torch.manual_seed(0)
     h = (torch.randn(tokens, hidden) * 0.5).requires_grad_(True)
-    w = (torch.randn(VOCAB, hidden) / hidden ** 0.5).requires_grad_(True)
+    w = (torch.randn(VOCAB, hidden) / hidden**0.5).requires_grad_(True)
     y = torch.randint(0, VOCAB, (tokens,))
     base = rss_bytes()
 
@@ -96,8 +96,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="*", default=[1024, 4096, 16384])
     ap.add_argument("--chunks", type=int, nargs="*", default=[1024, 256])
     ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--methods", nargs="*", default=["chunked", "naive"], choices=["chunked", "inplace", "naive"],
-                    help="`inplace`: the variant in benchmarks/_inplace_head.py (what a fix would buy)")
+    ap.add_argument(
+        "--methods",
+        nargs="*",
+        default=["chunked", "naive"],
+        choices=["chunked", "inplace", "naive"],
+        help="`inplace`: the variant in benchmarks/_inplace_head.py (what a fix would buy)",
+    )
     args = ap.parse_args()
     if args.case:
         m, t, h, c, r = args.case.split(",")
@@ -123,32 +128,58 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--case", f"{method},{t},{args.hidden},{c},{args.reps}"]
             p = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if p.returncode != 0:
-                rows.append([t, method, c or "-", f"failed rc={p.returncode}: {p.stderr.strip()[-120:]}",
-                             "", "", "", ""])
+                rows.append(
+                    [t, method, c or "-", f"failed rc={p.returncode}: {p.stderr.strip()[-120:]}", "", "", "", ""]
+                )
                 continue
             r = json.loads(p.stdout.strip().splitlines()[-1])
             results[(t, method, c)] = r
-            rows.append([t, method, c or "-", f"{r['peak_fwd_extra'] / 2**20:,.0f}", f"{r['peak_extra'] / 2**20:,.0f}",
-                         f"{r['base'] / 2**20:,.0f}", fmt(r["fwd_s"] * 1e3), fmt(r["fwd_bwd_s"] * 1e3)])
+            rows.append(
+                [
+                    t,
+                    method,
+                    c or "-",
+                    f"{r['peak_fwd_extra'] / 2**20:,.0f}",
+                    f"{r['peak_extra'] / 2**20:,.0f}",
+                    f"{r['base'] / 2**20:,.0f}",
+                    fmt(r["fwd_s"] * 1e3),
+                    fmt(r["fwd_bwd_s"] * 1e3),
+                ]
+            )
     # memory ratios against naive at the same T
     ratios = []
     for (t, method, c), r in results.items():
         nv = results.get((t, "naive", 0))
         if method != "naive" and nv:
-            ratios.append([t, f"{method} {c}", f"{r['peak_extra'] / nv['peak_extra']:.3f}",
-                           f"{nv['fwd_bwd_s'] / r['fwd_bwd_s']:.2f}x"])
-    header = ["tokens T", "method", "chunk", "peak extra MiB (fwd, no grad)", "peak extra MiB (fwd+bwd)",
-              "RSS of inputs MiB", "fwd ms", "fwd+bwd ms"]
+            ratios.append(
+                [
+                    t,
+                    f"{method} {c}",
+                    f"{r['peak_extra'] / nv['peak_extra']:.3f}",
+                    f"{nv['fwd_bwd_s'] / r['fwd_bwd_s']:.2f}x",
+                ]
+            )
+    header = [
+        "tokens T",
+        "method",
+        "chunk",
+        "peak extra MiB (fwd, no grad)",
+        "peak extra MiB (fwd+bwd)",
+        "RSS of inputs MiB",
+        "fwd ms",
+        "fwd+bwd ms",
+    ]
     print_table(f"log-probs + entropy head, V={VOCAB}, H={args.hidden}, float32", header, rows)
     rheader = ["tokens T", "method, chunk", "peak extra chunked / naive (fwd+bwd)", "naive time / chunked time"]
     print_table("chunked versus naive", rheader, ratios)
     if not args.quick:
-        body = (f"V = {VOCAB}, H = {args.hidden}, float32; {args.reps} timed repetition(s) per case after a warm-up "
-                f"(none at 16K tokens), "
-                f"fresh process per case.\n\n{md_table(header, rows)}\n\n{md_table(rheader, ratios)}")
+        body = (
+            f"V = {VOCAB}, H = {args.hidden}, float32; {args.reps} timed repetition(s) per case after a warm-up "
+            f"(none at 16K tokens), "
+            f"fresh process per case.\n\n{md_table(header, rows)}\n\n{md_table(rheader, ratios)}"
+        )
         section = "logprobs" if args.methods == ["chunked", "naive"] else "logprobs_" + "_".join(args.methods)
-        record(section, ".venv/bin/python benchmarks/bench_logprobs.py "
-               + " ".join(sys.argv[1:]), info, body)
+        record(section, ".venv/bin/python benchmarks/bench_logprobs.py " + " ".join(sys.argv[1:]), info, body)
 
 
 if __name__ == "__main__":

@@ -47,16 +47,25 @@ def main() -> None:
     reps = 1 if args.quick else args.reps
     models = ["tiny"] if args.quick else args.models
     rows, sync_rows = [], []
-    header = ["model", "params", "prompts x n x max_tokens", "engine", "median s / call", "sampled tokens/s",
-              "min-max tokens/s"]
+    header = [
+        "model",
+        "params",
+        "prompts x n x max_tokens",
+        "engine",
+        "median s / call",
+        "sampled tokens/s",
+        "min-max tokens/s",
+    ]
     sheader = ["model", "weights MiB (fp32)", "engine", "sync median ms", "min-max ms"]
     for name in models:
         r, sr = measure(name, reps)
         rows += r
         sync_rows += sr
         if not args.quick:  # recorded after each model: the larger ones take long on 2 shared cores
-            body = (f"{reps} interleaved repetitions after 1 warm-up call per engine; prompts of {PROMPT_LEN} "
-                    f"tokens.\n\n{md_table(header, rows)}\n\n{md_table(sheader, sync_rows)}")
+            body = (
+                f"{reps} interleaved repetitions after 1 warm-up call per engine; prompts of {PROMPT_LEN} "
+                f"tokens.\n\n{md_table(header, rows)}\n\n{md_table(sheader, sync_rows)}"
+            )
             record("rollout", ".venv/bin/python benchmarks/bench_rollout.py " + " ".join(sys.argv[1:]), info, body)
     print_table("Rollout throughput (float32, CPU)", header, rows)
     print_table("Weight sync per step", sheader, sync_rows)
@@ -75,8 +84,10 @@ def measure(name: str, reps: int) -> tuple[list[list], list[list]]:
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 400) for _ in range(PROMPT_LEN)] for _ in range(n_prompts)]
     max_len = PROMPT_LEN + max_tokens + 8
-    engines = {"vllm": make_engine("vllm", str(path), dtype="float32", max_model_len=max_len, seed=0),
-               "hf": make_engine("hf", str(path), dtype="float32", max_model_len=max_len, seed=0)}
+    engines = {
+        "vllm": make_engine("vllm", str(path), dtype="float32", max_model_len=max_len, seed=0),
+        "hf": make_engine("hf", str(path), dtype="float32", max_model_len=max_len, seed=0),
+    }
     produced: dict[str, list[int]] = {k: [] for k in engines}
 
     def gen(kind: str) -> None:
@@ -88,8 +99,17 @@ def measure(name: str, reps: int) -> tuple[list[list], list[list]]:
     for kind, ts in times.items():
         toks = produced[kind][1:]  # the warm-up call's count is dropped with its time
         tps = [t / s for t, s in zip(toks, ts, strict=True)]
-        rows.append([name, f"{param_count(path) / 1e6:.1f}M", f"{n_prompts}x{n}x{max_tokens}", kind,
-                     fmt(median(ts)), f"{median(tps):,.0f}", f"{min(tps):,.0f}-{max(tps):,.0f}"])
+        rows.append(
+            [
+                name,
+                f"{param_count(path) / 1e6:.1f}M",
+                f"{n_prompts}x{n}x{max_tokens}",
+                kind,
+                fmt(median(ts)),
+                f"{median(tps):,.0f}",
+                f"{min(tps):,.0f}-{max(tps):,.0f}",
+            ]
+        )
     # weight sync: perturbed copies of the model's tensors, as a learner would hand over after an update
     state = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).state_dict()
     named = [(k, v + 1e-4 * torch.randn_like(v)) for k, v in state.items()]
@@ -100,8 +120,7 @@ def measure(name: str, reps: int) -> tuple[list[list], list[list]]:
     stimes = interleaved({k: (lambda k=k: sync(k)) for k in engines}, reps=max(3, reps), warmup=1)
     mb = sum(v.numel() * 4 for _, v in named) / 2**20
     for kind, ts in stimes.items():
-        sync_rows.append([name, f"{mb:,.0f}", kind, fmt(median(ts) * 1e3),
-                          f"{min(ts) * 1e3:.3g}-{max(ts) * 1e3:.3g}"])
+        sync_rows.append([name, f"{mb:,.0f}", kind, fmt(median(ts) * 1e3), f"{min(ts) * 1e3:.3g}-{max(ts) * 1e3:.3g}"])
     for e in engines.values():
         e.close()
     return rows, sync_rows

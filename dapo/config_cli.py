@@ -9,8 +9,12 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
     """The options every command that takes a run config shares."""
     p.add_argument("--config", "-c", help="Row config YAML (e.g. configs/ablations/05_dynamic_sampling.yaml).")
     p.add_argument("--preset", "-p", help="Scale preset: a name in configs/presets/ (tiny, qwen2.5-32b) or a path.")
-    p.add_argument("overrides", nargs="*", metavar="section.key=value",
-                   help="Overrides, parsed as YAML (e.g. trainer.total_steps=5 trainer.seed=1).")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="section.key=value",
+        help="Overrides, parsed as YAML (e.g. trainer.total_steps=5 trainer.seed=1).",
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +32,5 @@ def run(args: argparse.Namespace) -> int:
         return 0
     cfg = load_config(args.config, preset=args.preset, overrides=args.overrides)
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
-    print(f"# config hash {cfg.config_hash()}  run name {cfg.run_name()}  "
-          f"updates/step {cfg.trainer.updates_per_step}")
+    print(f"# config hash {cfg.config_hash()}  run name {cfg.run_name()}  updates/step {cfg.trainer.updates_per_step}")
     return 0

@@ -13,41 +13,41 @@ ROLLOUT_STEP = "counters/rollout_step"
 GRAD_UPDATES = "counters/grad_updates"
 
 # --- reward and accuracy (on the groups that trained)
-REWARD_MEAN = "reward/mean"               # shaped reward (with the overlong penalty when on)
-SCORE_MEAN = "reward/score_mean"          # +1/-1 correctness score before shaping
-ACC_MEAN = "reward/accuracy"              # fraction correct
-ALL_CORRECT_FRAC = "reward/all_correct_frac"   # Fig 3b: groups with every response correct (before filtering)
+REWARD_MEAN = "reward/mean"  # shaped reward (with the overlong penalty when on)
+SCORE_MEAN = "reward/score_mean"  # +1/-1 correctness score before shaping
+ACC_MEAN = "reward/accuracy"  # fraction correct
+ALL_CORRECT_FRAC = "reward/all_correct_frac"  # Fig 3b: groups with every response correct (before filtering)
 ALL_WRONG_FRAC = "reward/all_wrong_frac"
 OVERLONG_PENALTY_MEAN = "reward/overlong_penalty_mean"
 
 # --- advantages
 ADV_MEAN = "adv/mean"
 ADV_ABS_MEAN = "adv/abs_mean"
-ZERO_ADV_GROUP_FRAC = "adv/zero_adv_group_frac"   # groups whose advantages are all 0 (before filtering)
+ZERO_ADV_GROUP_FRAC = "adv/zero_adv_group_frac"  # groups whose advantages are all 0 (before filtering)
 
 # --- responses
 RESP_LEN_MEAN = "response/length_mean"
 RESP_LEN_MAX = "response/length_max"
-RESP_TRUNC_FRAC = "response/truncated_frac"       # finish reason "length"
-ENTROPY = "actor/entropy"                          # mean entropy of generated tokens (Figs 2, 4, 5)
+RESP_TRUNC_FRAC = "response/truncated_frac"  # finish reason "length"
+ENTROPY = "actor/entropy"  # mean entropy of generated tokens (Figs 2, 4, 5)
 
 # --- policy update
 POLICY_LOSS = "actor/pg_loss"
-CLIPFRAC_LOW = "actor/clipfrac_lower"              # ratio < 1 - eps_low with A < 0 (bound active)
-CLIPFRAC_HIGH = "actor/clipfrac_upper"             # ratio > 1 + eps_high with A > 0 (bound active)
-CLIP_HIGH_PROB = "actor/clipped_upper_old_prob"    # Fig 3a: mean pi_old of tokens clipped at the upper bound
+CLIPFRAC_LOW = "actor/clipfrac_lower"  # ratio < 1 - eps_low with A < 0 (bound active)
+CLIPFRAC_HIGH = "actor/clipfrac_upper"  # ratio > 1 + eps_high with A > 0 (bound active)
+CLIP_HIGH_PROB = "actor/clipped_upper_old_prob"  # Fig 3a: mean pi_old of tokens clipped at the upper bound
 DUAL_CLIPFRAC = "actor/dual_clipfrac"
-APPROX_KL = "actor/approx_kl"                      # k3 estimate of KL(pi_old || pi_theta)
-KL_REF = "actor/kl_ref"                            # when kl_coef > 0
+APPROX_KL = "actor/approx_kl"  # k3 estimate of KL(pi_old || pi_theta)
+KL_REF = "actor/kl_ref"  # when kl_coef > 0
 GRAD_NORM = "actor/grad_norm"
 LR = "actor/lr"
-NONFINITE_SKIPPED = "actor/nonfinite_skipped"      # cumulative skipped updates
-UPDATE_SKIPPED = "actor/update_skipped"            # per step: fraction of its updates skipped (non-finite)
+NONFINITE_SKIPPED = "actor/nonfinite_skipped"  # cumulative skipped updates
+UPDATE_SKIPPED = "actor/update_skipped"  # per step: fraction of its updates skipped (non-finite)
 
 # --- dynamic sampling
 DS_GEN_BATCHES = "dynamic_sampling/gen_batches"
 DS_GROUPS_KEPT = "dynamic_sampling/groups_kept"
-DS_GROUPS_DROPPED = "dynamic_sampling/groups_dropped"   # filtered out + surplus
+DS_GROUPS_DROPPED = "dynamic_sampling/groups_dropped"  # filtered out + surplus
 DS_TOKENS_GENERATED = "dynamic_sampling/tokens_generated"  # including dropped groups
 DS_TOKENS_GENERATED_TOTAL = "dynamic_sampling/tokens_generated_total"  # cumulative
 
@@ -60,7 +60,7 @@ TIME_SYNC = "time/weight_sync"
 TIME_EVAL = "time/eval"
 TIME_STEP = "time/step"
 TIME_TOTAL = "time/elapsed"
-TOKENS_PER_SEC = "perf/tokens_per_sec"            # generated tokens / generation time
+TOKENS_PER_SEC = "perf/tokens_per_sec"  # generated tokens / generation time
 
 # --- evaluation (k is the preset's n: avg@32 for the paper). Use the helpers below.
 EVAL_PREFIX = "eval"
@@ -94,9 +94,9 @@ TAG_SEED = "dapo.seed"
 TAG_PRESET = "dapo.preset"
 TAG_GIT = "dapo.git_commit"
 TAG_CONFIG_HASH = "dapo.config_hash"
-TAG_STATUS = "dapo.status"   # running | finished | failed | preempted
-TAG_GPUS = "dapo.gpus"       # GPUs the run held (world size on GPU machines, 0 on CPU): compute table
-TAG_CPUS = "dapo.cpus"       # CPU threads the run used (for CPU-hours when it held no GPU)
+TAG_STATUS = "dapo.status"  # running | finished | failed | preempted
+TAG_GPUS = "dapo.gpus"  # GPUs the run held (world size on GPU machines, 0 on CPU): compute table
+TAG_CPUS = "dapo.cpus"  # CPU threads the run used (for CPU-hours when it held no GPU)
 
 # Rows of Table 1 in order, with the paper's AIME 2024 avg@32.
 PAPER_TABLE1 = {

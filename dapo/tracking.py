@@ -152,13 +152,17 @@ class Tracker:
     def log_params(self, params: dict[str, Any]) -> None:
         """Every param, value truncated to MLflow's limit. Re-logging a param with a different value (a resumed
         run whose config changed) is refused by MLflow; we log a warning instead of failing training."""
-        recs = [{"kind": "param", "key": _truncate(k, MAX_KEY_LENGTH), "value": _truncate(v, MAX_PARAM_VAL_LENGTH)}
-                for k, v in params.items()]
+        recs = [
+            {"kind": "param", "key": _truncate(k, MAX_KEY_LENGTH), "value": _truncate(v, MAX_PARAM_VAL_LENGTH)}
+            for k, v in params.items()
+        ]
         self._submit(recs)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        recs = [{"kind": "tag", "key": _truncate(k, MAX_KEY_LENGTH), "value": _truncate(v, MAX_TAG_VAL_LENGTH)}
-                for k, v in tags.items()]
+        recs = [
+            {"kind": "tag", "key": _truncate(k, MAX_KEY_LENGTH), "value": _truncate(v, MAX_TAG_VAL_LENGTH)}
+            for k, v in tags.items()
+        ]
         self._submit(recs)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -261,8 +265,9 @@ class Tracker:
         from mlflow.entities import Metric, Param, RunTag
 
         if kind == "metric":
-            self.client.log_batch(self.run_id, metrics=[
-                Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in recs])
+            self.client.log_batch(
+                self.run_id, metrics=[Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in recs]
+            )
         elif kind == "param":
             self.client.log_batch(self.run_id, params=[Param(r["key"], r["value"]) for r in recs])
         elif kind == "tag":

@@ -31,7 +31,7 @@ def test_dr_grpo_only_centres():
 def test_rows_are_independent_and_equal_groups_get_zero():
     r = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0], [1.0, -1.0, -1.0]])
     a = group_advantages(r)
-    assert torch.equal(a[:2], torch.zeros(2, 3))   # no gradient from all-correct / all-wrong groups
+    assert torch.equal(a[:2], torch.zeros(2, 3))  # no gradient from all-correct / all-wrong groups
     torch.testing.assert_close(a[2], group_advantages(r[2:])[0])
     assert abs(float(a[2].sum())) < 1e-6
 
@@ -39,7 +39,7 @@ def test_rows_are_independent_and_equal_groups_get_zero():
 def test_soft_penalty_shaped_rewards_keep_their_spread():
     # A group of wrong answers with different overlong penalties is not all-equal: advantages are non-zero.
     a = group_advantages(torch.tensor([[-1.0, -1.5, -2.0]]))
-    torch.testing.assert_close(a, torch.tensor([[0.5, 0.0, -0.5]]) / (0.5 + 1e-6))   # mean -1.5, std 0.5
+    torch.testing.assert_close(a, torch.tensor([[0.5, 0.0, -0.5]]) / (0.5 + 1e-6))  # mean -1.5, std 0.5
 
 
 def test_integer_rewards_and_bad_shapes():

@@ -11,16 +11,17 @@ from dapo.algos.aggregation import MODES, aggregate, local_counts, token_weights
 
 # Three responses (groups 0, 0, 1) with 4, 2 and 1 loss tokens; a fourth (group 1) and a fifth (group 2) are
 # overlong-filtered (all mask 0) and carry a huge loss that must not leak into any value or count.
-LOSS = torch.tensor([[1.0, 2, 3, 4], [10, 20, 0, 0], [6, 0, 0, 0], [1e6, 1e6, 1e6, 1e6], [-1e6, 0, 0, 0]],
-                    dtype=torch.float64)
+LOSS = torch.tensor(
+    [[1.0, 2, 3, 4], [10, 20, 0, 0], [6, 0, 0, 0], [1e6, 1e6, 1e6, 1e6], [-1e6, 0, 0, 0]], dtype=torch.float64
+)
 MASK = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.float64)
 GROUPS = torch.tensor([0, 0, 1, 1, 2])
 
 EXPECTED = {
-    "token-mean": 46 / 7,                                    # (10 + 30 + 6) / 7 tokens
-    "seq-mean-token-mean": (10 / 4 + 30 / 2 + 6 / 1) / 3,    # mean over the 3 live responses
-    "group-token-mean": ((10 + 30) / 6 + 6 / 1) / 2,         # Eq. 12: per prompt, then mean over 2 live prompts
-    "seq-mean-token-sum": (10 + 30 + 6) / 4 / 3,             # constant C = 4
+    "token-mean": 46 / 7,  # (10 + 30 + 6) / 7 tokens
+    "seq-mean-token-mean": (10 / 4 + 30 / 2 + 6 / 1) / 3,  # mean over the 3 live responses
+    "group-token-mean": ((10 + 30) / 6 + 6 / 1) / 2,  # Eq. 12: per prompt, then mean over 2 live prompts
+    "seq-mean-token-sum": (10 + 30 + 6) / 4 / 3,  # constant C = 4
 }
 
 
@@ -39,8 +40,7 @@ def test_local_counts_skip_masked_out_responses_and_groups():
 
 def test_group_token_mean_uses_mini_batch_group_counts():
     # Group 0 split across two micro-batches: each row's weight is 1 / (6 tokens * 2 groups), not per micro-batch.
-    w = token_weights(MASK, "group-token-mean", GROUPS, num_tokens=7, num_seqs=3, num_groups=2,
-                      dtype=torch.float64)
+    w = token_weights(MASK, "group-token-mean", GROUPS, num_tokens=7, num_seqs=3, num_groups=2, dtype=torch.float64)
     torch.testing.assert_close(w[0], torch.full((4,), 1 / 12, dtype=torch.float64))
     torch.testing.assert_close(w[1], torch.tensor([1 / 12, 1 / 12, 0, 0], dtype=torch.float64))
     torch.testing.assert_close(w[2], torch.tensor([1 / 2, 0, 0, 0], dtype=torch.float64))
@@ -54,7 +54,7 @@ def test_equal_lengths_token_mean_equals_seq_mean():
     groups = torch.tensor([0, 0, 1, 1, 2, 2])
     values = {m: aggregate(loss, mask, m, groups, seq_sum_constant=5).item() for m in MODES}
     assert values["token-mean"] == pytest.approx(values["seq-mean-token-mean"], rel=1e-12)
-    assert values["token-mean"] == pytest.approx(values["group-token-mean"], rel=1e-12)   # equal group sizes too
+    assert values["token-mean"] == pytest.approx(values["group-token-mean"], rel=1e-12)  # equal group sizes too
     assert values["token-mean"] == pytest.approx(values["seq-mean-token-sum"], rel=1e-12)  # C = the length
 
 
@@ -93,13 +93,13 @@ def test_per_micro_batch_token_mean_is_not_the_mini_batch_mean():
 def _split_loss_and_grad(params, mask, groups, mode, rank_rows, micro_rows):
     """Sum of micro-batch losses over ranks with the global normaliser; gradient w.r.t. params."""
     per_rank = [local_counts(mask[r], groups[r]) for r in rank_rows]
-    glob = {k: sum(c[k] for c in per_rank) for k in per_rank[0]}     # what an all-reduce (sum) gives
+    glob = {k: sum(c[k] for c in per_rank) for k in per_rank[0]}  # what an all-reduce (sum) gives
     total = torch.zeros((), dtype=torch.float64)
     for r, micro in zip(rank_rows, micro_rows, strict=True):
         w = token_weights(mask[r], mode, groups[r], **glob, seq_sum_constant=7.0, dtype=torch.float64)
         for mb in micro:
             rows = r[mb]
-            loss_mb = torch.tanh(params[rows]) * (1 + rows[:, None])   # any per-token loss of the params
+            loss_mb = torch.tanh(params[rows]) * (1 + rows[:, None])  # any per-token loss of the params
             total = total + weighted_sum(loss_mb, w[mb])
     (grad,) = torch.autograd.grad(total, params)
     return total, grad
@@ -107,15 +107,20 @@ def _split_loss_and_grad(params, mask, groups, mode, rank_rows, micro_rows):
 
 @settings(max_examples=30, deadline=None)
 @given(
-    num_prompts=st.integers(1, 6), g=st.integers(1, 4), t=st.integers(1, 6), seed=st.integers(0, 2**31 - 1),
-    n_ranks=st.integers(1, 3), mode=st.sampled_from(MODES), p_filter=st.floats(0.0, 0.6),
+    num_prompts=st.integers(1, 6),
+    g=st.integers(1, 4),
+    t=st.integers(1, 6),
+    seed=st.integers(0, 2**31 - 1),
+    n_ranks=st.integers(1, 3),
+    mode=st.sampled_from(MODES),
+    p_filter=st.floats(0.0, 0.6),
 )
 def test_split_over_micro_batches_and_ranks_is_exact(num_prompts, g, t, seed, n_ranks, mode, p_filter):
     gen = torch.Generator().manual_seed(seed)
     n = num_prompts * g
     groups = torch.arange(num_prompts).repeat_interleave(g)
     lengths = torch.randint(0, t + 1, (n,), generator=gen)
-    lengths[torch.rand(n, generator=gen) < p_filter] = 0                 # overlong-filtered responses
+    lengths[torch.rand(n, generator=gen) < p_filter] = 0  # overlong-filtered responses
     mask = (torch.arange(t)[None, :] < lengths[:, None]).to(torch.float64)
     params = torch.randn(n, t, dtype=torch.float64, generator=gen, requires_grad=True)
 

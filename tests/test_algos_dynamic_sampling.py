@@ -13,7 +13,7 @@ def test_keep_groups_from_correctness():
     assert keep_groups(correct).tolist() == [False, False, True, True]
     # Any values: kept iff not all equal (std > 0).
     assert keep_groups(torch.tensor([[1.0, 1.0], [0.0, 1.0]])).tolist() == [False, True]
-    assert keep_groups(torch.tensor([[True]])).tolist() == [False]   # G = 1 is never informative
+    assert keep_groups(torch.tensor([[True]])).tolist() == [False]  # G = 1 is never informative
 
 
 def test_exactly_full_in_one_batch():
@@ -31,10 +31,10 @@ def test_refill_then_surplus_dropped():
     assert acc.add([3, 4, 5], [False, False, False], 25) is False
     assert acc.add([6, 7, 8, 9, 10], [True, True, False, True, True], 50) is True
     kept, s = acc.result()
-    assert kept == [0, 6, 7, 9]   # first informative groups in order; 10 is surplus
+    assert kept == [0, 6, 7, 9]  # first informative groups in order; 10 is surplus
     assert (s.gen_batches, s.groups_generated, s.groups_kept) == (3, 11, 4)
     assert (s.groups_filtered, s.groups_surplus, s.groups_dropped) == (6, 1, 7)
-    assert s.tokens_generated == 105   # dropped groups' tokens included
+    assert s.tokens_generated == 105  # dropped groups' tokens included
     with pytest.raises(RuntimeError, match="done"):
         acc.add([11], [True], 1)
 

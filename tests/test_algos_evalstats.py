@@ -30,7 +30,7 @@ def test_pass_at_k_large_n_is_stable_and_exact():
     exact = 1 - Fraction(math.comb(150, 32), math.comb(200, 32))
     assert pass_at_k(200, 50, 32) == pytest.approx(float(exact), rel=1e-12)
     assert pass_at_k(1000, 1, 1) == pytest.approx(0.001)
-    assert pass_at_k(32, 1, 32) == 1.0 and pass_at_k(32, 0, 32) == 0.0   # pass@n = any correct
+    assert pass_at_k(32, 1, 32) == 1.0 and pass_at_k(32, 0, 32) == 0.0  # pass@n = any correct
 
 
 def test_pass_at_k_rejects_k_above_n():
@@ -47,20 +47,20 @@ ANSWERS = [["5", "7", "7", "5"], ["3", "3", "3", "3"], [None, None, None, "2"]]
 def test_eval_summary_hand_computed():
     out = eval_summary(CORRECT, ANSWERS, pass_k=(1, 2, 4), bootstrap=0)
     assert set(out) == {mn.eval_avg(4), mn.eval_pass(1), mn.eval_pass(2), mn.eval_pass(4), mn.eval_maj(4)}
-    assert out[mn.eval_avg(4)] == pytest.approx(50.0)                      # 6 of 12 samples
-    assert out[mn.eval_pass(1)] == pytest.approx(50.0)                     # pass@1 = mean accuracy
+    assert out[mn.eval_avg(4)] == pytest.approx(50.0)  # 6 of 12 samples
+    assert out[mn.eval_pass(1)] == pytest.approx(50.0)  # pass@1 = mean accuracy
     assert out[mn.eval_pass(2)] == pytest.approx(100 * (5 / 6 + 1 + 0) / 3)  # 1 - C(2,2)/C(4,2) = 5/6
-    assert out[mn.eval_pass(4)] == pytest.approx(200 / 3)                  # any correct: 2 of 3 problems
+    assert out[mn.eval_pass(4)] == pytest.approx(200 / 3)  # any correct: 2 of 3 problems
     # Problem 1: "5" and "7" tie 2-2, "5" was seen first and is correct; problem 3: "2" wins over None, wrong.
     assert out[mn.eval_maj(4)] == pytest.approx(200 / 3)
 
 
 def test_majority_vote_rules():
-    assert majority_correct([False, False, False, True], [None, None, None, "9"]) is True   # None never wins
+    assert majority_correct([False, False, False, True], [None, None, None, "9"]) is True  # None never wins
     assert majority_correct([True, False, False], ["1", "2", "2"]) is False
-    assert majority_correct([True, False], ["1", "2"]) is True      # tie: first seen
-    assert majority_correct([False, True], ["2", "1"]) is False     # tie, other order: deterministic by order
-    assert majority_correct([True, True], [None, None]) is False    # nothing extracted: wrong
+    assert majority_correct([True, False], ["1", "2"]) is True  # tie: first seen
+    assert majority_correct([False, True], ["2", "1"]) is False  # tie, other order: deterministic by order
+    assert majority_correct([True, True], [None, None]) is False  # nothing extracted: wrong
 
 
 def test_bootstrap_ci_is_seeded_and_brackets_the_mean():

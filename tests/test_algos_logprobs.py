@@ -40,14 +40,21 @@ def test_hand_computed_two_token_vocab():
 
 
 @settings(max_examples=15, deadline=None)
-@given(t=st.integers(1, 40), h=st.integers(1, 9), v=st.integers(2, 60), chunk=st.integers(1, 17),
-       temperature=st.sampled_from([1.0, 0.7, 1.6]), seed=st.integers(0, 2**31 - 1))
+@given(
+    t=st.integers(1, 40),
+    h=st.integers(1, 9),
+    v=st.integers(2, 60),
+    chunk=st.integers(1, 17),
+    temperature=st.sampled_from([1.0, 0.7, 1.6]),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_chunked_equals_naive_value_and_gradient_float64(t, h, v, chunk, temperature, seed):
     hidden, weight, targets, g = _inputs(t, h, v, seed)
     up_lp = torch.randn(t, generator=g, dtype=torch.float64)
     up_ent = torch.randn(t, generator=g, dtype=torch.float64)
-    ours = _grads(chunked_logprobs_entropy, hidden, weight, targets, up_lp, up_ent, chunk_size=chunk,
-                  temperature=temperature)
+    ours = _grads(
+        chunked_logprobs_entropy, hidden, weight, targets, up_lp, up_ent, chunk_size=chunk, temperature=temperature
+    )
     ref = _grads(naive_logprobs_entropy, hidden, weight, targets, up_lp, up_ent, temperature=temperature)
     for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
@@ -86,11 +93,11 @@ def test_saves_no_tensor_of_size_t_times_v():
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
         logp, ent = chunked_logprobs_entropy(hidden, weight, targets, chunk_size=chunk)
-    assert saved and max(saved) == v * h   # the weight itself is the largest thing kept; no logits
+    assert saved and max(saved) == v * h  # the weight itself is the largest thing kept; no logits
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
         saved.clear()
         naive_logprobs_entropy(hidden, weight, targets)
-    assert max(saved) >= t * v   # the naive path keeps the full logits for backward
+    assert max(saved) >= t * v  # the naive path keeps the full logits for backward
 
 
 def test_bf16_is_upcast_and_close_to_float32():

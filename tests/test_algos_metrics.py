@@ -20,14 +20,14 @@ MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
 
 
 def test_clip_fractions_over_loss_tokens_only():
-    lower = torch.tensor([[True, False, False, True], [False, False, False, False]])   # (0, 3) is padding
-    upper = torch.tensor([[False, True, False, False], [True, False, True, False]])   # (1, 2) is padding
+    lower = torch.tensor([[True, False, False, True], [False, False, False, False]])  # (0, 3) is padding
+    upper = torch.tensor([[False, True, False, False], [True, False, True, False]])  # (1, 2) is padding
     assert clip_fractions(lower, upper, MASK) == (pytest.approx(0.25), pytest.approx(0.5))
 
 
 def test_fig3a_mean_old_prob_of_upper_clipped_tokens():
     old_logp = torch.log(torch.tensor([[0.1, 0.3, 0.9, 0.5], [0.05, 0.5, 0.5, 0.5]]))
-    upper = torch.tensor([[True, True, False, True], [False, False, False, False]])   # (0, 3) is padding
+    upper = torch.tensor([[True, True, False, True], [False, False, False, False]])  # (0, 3) is padding
     assert clipped_upper_old_prob(old_logp, upper, MASK) == pytest.approx(0.2)
     assert math.isnan(clipped_upper_old_prob(old_logp, torch.zeros_like(upper), MASK))
 

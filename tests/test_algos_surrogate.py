@@ -49,7 +49,7 @@ def test_flags_mark_only_active_bounds():
     out, grad = _run([0.5, 1.5, 0.9], [1.0, -1.0, 0.0], eps_low=0.2, eps_high=0.2)
     assert not out.clipped_lower.any() and not out.clipped_upper.any()
     assert grad[0] != 0 and grad[1] != 0
-    assert out.loss[0, 2].item() == 0.0   # A = 0: no loss, no flag
+    assert out.loss[0, 2].item() == 0.0  # A = 0: no loss, no flag
 
 
 def test_dual_clip_verl_form():
@@ -96,8 +96,11 @@ def _grpo_reference(logp, old_logp, adv, eps):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    n=st.integers(1, 5), t=st.integers(1, 7), seed=st.integers(0, 2**31 - 1),
-    eps=st.floats(0.05, 0.5), scale=st.floats(0.01, 2.0),
+    n=st.integers(1, 5),
+    t=st.integers(1, 7),
+    seed=st.integers(0, 2**31 - 1),
+    eps=st.floats(0.05, 0.5),
+    scale=st.floats(0.01, 2.0),
 )
 def test_equal_eps_reproduces_grpo(n, t, seed, eps, scale):
     g = torch.Generator().manual_seed(seed)
@@ -113,8 +116,11 @@ def test_equal_eps_reproduces_grpo(n, t, seed, eps, scale):
 
 
 @settings(max_examples=40, deadline=None)
-@given(hnp.arrays("float64", st.tuples(st.integers(1, 4), st.integers(1, 6)), elements=st.floats(-3, 3)),
-       st.floats(0.0, 0.9), st.floats(0.0, 2.0))
+@given(
+    hnp.arrays("float64", st.tuples(st.integers(1, 4), st.integers(1, 6)), elements=st.floats(-3, 3)),
+    st.floats(0.0, 0.9),
+    st.floats(0.0, 2.0),
+)
 def test_flags_are_exactly_where_the_gradient_vanishes(log_ratio, eps_low, eps_high):
     n = log_ratio.shape[0]
     logp = torch.tensor(log_ratio, requires_grad=True)
@@ -125,4 +131,4 @@ def test_flags_are_exactly_where_the_gradient_vanishes(log_ratio, eps_low, eps_h
     active = out.clipped_lower | out.clipped_upper
     assert torch.all(grad[active] == 0)
     assert torch.all(grad[~active & (a != 0)] != 0)
-    assert torch.all(out.loss >= -a * out.ratio - 1e-12)   # the clipped loss is pessimistic
+    assert torch.all(out.loss >= -a * out.ratio - 1e-12)  # the clipped loss is pessimistic

@@ -14,8 +14,12 @@ ROWS = sorted(ABLATIONS_DIR.glob("*.yaml"))
 
 def test_six_rows_in_paper_order():
     assert [p.stem for p in ROWS] == [
-        "00_naive_grpo", "01_overlong_filtering", "02_clip_higher",
-        "03_soft_overlong_punishment", "04_token_level_loss", "05_dynamic_sampling",
+        "00_naive_grpo",
+        "01_overlong_filtering",
+        "02_clip_higher",
+        "03_soft_overlong_punishment",
+        "04_token_level_loss",
+        "05_dynamic_sampling",
     ]
 
 

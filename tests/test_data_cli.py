@@ -19,11 +19,22 @@ def test_local_sources_are_deduplicated_and_written(tmp_path, capsys):
     train = _jsonl(tmp_path / "train.jsonl", [{"prompt": f"Compute {i}+1.", "answer": i + 1} for i in range(5)] * 100)
     ev = _jsonl(tmp_path / "aime.jsonl", [{"id": "a", "problem": "P?", "answer": "7"}] * 32)
     out = tmp_path / "out"
-    rc = main(["prepare-data", "--preset", "tiny", "--out", str(out), "--no-length-filter",
-               f"data.train={train}", f"data.eval={ev}"])
+    rc = main(
+        [
+            "prepare-data",
+            "--preset",
+            "tiny",
+            "--out",
+            str(out),
+            "--no-length-filter",
+            f"data.train={train}",
+            f"data.eval={ev}",
+        ]
+    )
     assert rc == 0
     assert [(p.problem, p.answer) for p in load_problems(out / "train.jsonl")] == [
-        (f"Compute {i}+1.", str(i + 1)) for i in range(5)]
+        (f"Compute {i}+1.", str(i + 1)) for i in range(5)
+    ]
     assert [(p.id, p.answer) for p in load_problems(out / "eval.jsonl")] == [("a", "7")]
     printed = capsys.readouterr().out
     assert "train: 5 problems" in printed and "500 rows, 495 duplicates removed" in printed
@@ -36,13 +47,30 @@ def test_prompts_over_max_prompt_length_are_dropped_with_the_models_tokenizer(tm
 
     tok = train_tokenizer([apply_dapo_template("Mia has 3 apples.")] * 20, 300)
     tok.save_pretrained(tmp_path / "model")
-    n_short = len(tok(tok.apply_chat_template([{"role": "user", "content": apply_dapo_template("Short.")}],
-                                              tokenize=False, add_generation_prompt=True),
-                      add_special_tokens=False)["input_ids"])
-    data = _jsonl(tmp_path / "d.jsonl", [{"problem": "Short.", "answer": "1"},
-                                         {"problem": "Much longer " * 30, "answer": "2"}])
-    rc = main(["prepare-data", "--preset", "tiny", "--out", str(tmp_path / "out"), f"model.path={tmp_path / 'model'}",
-               f"data.train={data}", f"data.eval={data}", f"data.max_prompt_length={n_short}"])
+    n_short = len(
+        tok(
+            tok.apply_chat_template(
+                [{"role": "user", "content": apply_dapo_template("Short.")}], tokenize=False, add_generation_prompt=True
+            ),
+            add_special_tokens=False,
+        )["input_ids"]
+    )
+    data = _jsonl(
+        tmp_path / "d.jsonl", [{"problem": "Short.", "answer": "1"}, {"problem": "Much longer " * 30, "answer": "2"}]
+    )
+    rc = main(
+        [
+            "prepare-data",
+            "--preset",
+            "tiny",
+            "--out",
+            str(tmp_path / "out"),
+            f"model.path={tmp_path / 'model'}",
+            f"data.train={data}",
+            f"data.eval={data}",
+            f"data.max_prompt_length={n_short}",
+        ]
+    )
     assert rc == 0
     assert [p.problem for p in load_problems(tmp_path / "out" / "train.jsonl")] == ["Short."]
     assert f"1 over {n_short} prompt tokens dropped" in capsys.readouterr().out
@@ -66,6 +94,16 @@ def test_tiny_resolves_to_the_tiny_worlds_files(tmp_path, capsys):
 
 def test_an_unloadable_source_fails_with_the_file_and_line(tmp_path, capsys):
     bad = _jsonl(tmp_path / "bad.jsonl", [{"problem": "no answer"}])
-    rc = main(["prepare-data", "--preset", "tiny", "--out", str(tmp_path / "o"), "--no-length-filter",
-               f"data.train={bad}", f"data.eval={bad}"])
+    rc = main(
+        [
+            "prepare-data",
+            "--preset",
+            "tiny",
+            "--out",
+            str(tmp_path / "o"),
+            "--no-length-filter",
+            f"data.train={bad}",
+            f"data.eval={bad}",
+        ]
+    )
     assert rc == 2 and f"{bad}:1: no answer" in capsys.readouterr().err

@@ -12,8 +12,38 @@ import pytest
 from dapo.data.loaders import DataError, load_problems, load_problems_with_stats, write_problems
 from dapo.data.prompts import DAPO_PREFIX, DAPO_SUFFIX, apply_dapo_template, build_prompt
 
-AIME24_ANSWERS = [204, 25, 809, 116, 104, 294, 540, 197, 480, 113, 371, 385, 110, 104, 721,
-                  73, 236, 45, 33, 80, 55, 699, 127, 902, 468, 601, 23, 321, 211, 315]
+AIME24_ANSWERS = [
+    204,
+    25,
+    809,
+    116,
+    104,
+    294,
+    540,
+    197,
+    480,
+    113,
+    371,
+    385,
+    110,
+    104,
+    721,
+    73,
+    236,
+    45,
+    33,
+    80,
+    55,
+    699,
+    127,
+    902,
+    468,
+    601,
+    23,
+    321,
+    211,
+    315,
+]
 
 
 def _write_jsonl(path, rows):
@@ -60,28 +90,45 @@ def test_duplicate_text_with_another_answer_keeps_the_first_and_is_counted(tmp_p
 def test_dapo_parquet_layout_strips_the_template_and_dedups_the_100_copies(tmp_path):
     """DAPO-Math-17k rows: templated chat prompt, reward_model.ground_truth, extra_info.index; 100 copies each."""
     raw = ["Find $x$ if $\\{x\\} = 3$.", "Compute 2+2."]
-    rows = [{"data_source": "math_dapo", "prompt": [{"role": "user", "content": apply_dapo_template(r)}],
-             "ability": "MATH", "reward_model": {"ground_truth": a, "style": "rule-lighteval/MATH_v2"},
-             "extra_info": {"index": f"uuid-{i}"}} for i, (r, a) in enumerate(zip(raw, ["3", "4"], strict=True))] * 100
+    rows = [
+        {
+            "data_source": "math_dapo",
+            "prompt": [{"role": "user", "content": apply_dapo_template(r)}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": a, "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": f"uuid-{i}"},
+        }
+        for i, (r, a) in enumerate(zip(raw, ["3", "4"], strict=True))
+    ] * 100
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "dapo-math-17k.parquet")
     problems, stats = load_problems_with_stats(tmp_path / "dapo-math-17k.parquet")
     assert stats.rows == 200 and [(p.id, p.problem, p.answer) for p in problems] == [
-        ("uuid-0", raw[0], "3"), ("uuid-1", raw[1], "4")]
+        ("uuid-0", raw[0], "3"),
+        ("uuid-1", raw[1], "4"),
+    ]
 
 
 def test_aime_parquet_layout_reads_raw_problem(tmp_path):
-    rows = [{"prompt": [{"role": "user", "content": apply_dapo_template("Q")}],
-             "reward_model": {"ground_truth": "204"}, "extra_info": {"index": 25, "raw_problem": "Q"}}] * 32
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": apply_dapo_template("Q")}],
+            "reward_model": {"ground_truth": "204"},
+            "extra_info": {"index": 25, "raw_problem": "Q"},
+        }
+    ] * 32
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "aime-2024.parquet")
     assert [(p.id, p.problem, p.answer) for p in load_problems(tmp_path / "aime-2024.parquet")] == [("25", "Q", "204")]
 
 
-@pytest.mark.parametrize(("bad", "message"), [
-    ({"problem": "no answer here"}, "no answer"),
-    ({"problem": "empty answer", "answer": " "}, "`answer` is empty"),
-    ({"problem": ["not", "text"], "answer": "1"}, "`problem` must be non-empty text"),
-    ({"problem": "answer is a list", "answer": [1]}, "`answer` must be a string or number"),
-])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"problem": "no answer here"}, "no answer"),
+        ({"problem": "empty answer", "answer": " "}, "`answer` is empty"),
+        ({"problem": ["not", "text"], "answer": "1"}, "`problem` must be non-empty text"),
+        ({"problem": "answer is a list", "answer": [1]}, "`answer` must be a string or number"),
+    ],
+)
 def test_a_broken_row_names_the_file_and_its_1_based_line(tmp_path, bad, message):
     path = tmp_path / "broken.jsonl"
     path.write_text(json.dumps({"problem": "ok", "answer": "1"}) + "\n\n" + json.dumps(bad) + "\n")

@@ -57,8 +57,7 @@ def test_encoding_adds_no_extra_special_tokens(tokenizer):
 def test_prompts_over_the_limit_are_dropped_not_truncated(tokenizer):
     short, long = Problem("a", "Mia has 1 apples.", "1"), Problem("b", "Mia has 1 apples. " * 20, "1")
     n_short = len(encode_prompt(build_prompt(short.problem, tokenizer, True), tokenizer))
-    kept, ids, dropped = tokenize_problems([long, short], tokenizer, use_chat_template=True,
-                                           max_prompt_length=n_short)
+    kept, ids, dropped = tokenize_problems([long, short], tokenizer, use_chat_template=True, max_prompt_length=n_short)
     assert kept == [short] and dropped == 1 and len(ids[0]) == n_short
     kept, _, dropped = tokenize_problems([long, short], tokenizer, use_chat_template=True, max_prompt_length=10_000)
     assert kept == [long, short] and dropped == 0

@@ -13,8 +13,11 @@ from dapo import metric_names as M
 from dapo.evaluation import EvalResult, evaluate, write_samples
 from dapo.types import Problem, Sample
 
-PROBLEMS = [Problem("p0", "What is 6 times 7?", "42"), Problem("p1", "Half of one?", "\\frac{1}{2}"),
-            Problem("p2", "Sum of 100 and 4?", "104")]
+PROBLEMS = [
+    Problem("p0", "What is 6 times 7?", "42"),
+    Problem("p1", "Half of one?", "\\frac{1}{2}"),
+    Problem("p2", "Sum of 100 and 4?", "104"),
+]
 
 
 class OracleEngine:
@@ -30,15 +33,29 @@ class OracleEngine:
         for p in prompt_ids:
             i = p[0]
             texts = [f"Let me think.\nAnswer: {self.answer_for(i, j)}" for j in range(n)]
-            out.append([Sample(list(p), [1, 2, 3], [-0.1] * 3, "length" if j == 0 else "stop", t)
-                        for j, t in enumerate(texts)])
+            out.append(
+                [Sample(list(p), [1, 2, 3], [-0.1] * 3, "length" if j == 0 else "stop", t) for j, t in enumerate(texts)]
+            )
         return out
 
 
 def run(engine, n: int = 4, **kw) -> EvalResult:  # noqa: ANN001
     prompts = [[i] for i in range(len(PROBLEMS))]
-    return evaluate(engine, PROBLEMS, prompts, n=n, max_tokens=32, temperature=1.0, top_p=0.7, pass_k=[1, 2, 4],
-                    verifier="math_verify", bootstrap=200, confidence=0.9, seed=0, **kw)
+    return evaluate(
+        engine,
+        PROBLEMS,
+        prompts,
+        n=n,
+        max_tokens=32,
+        temperature=1.0,
+        top_p=0.7,
+        pass_k=[1, 2, 4],
+        verifier="math_verify",
+        bootstrap=200,
+        confidence=0.9,
+        seed=0,
+        **kw,
+    )
 
 
 def test_right_oracle_scores_100_and_wrong_oracle_0() -> None:
@@ -72,8 +89,7 @@ def test_hand_computed_avg_pass_maj_and_sample_records() -> None:
 
     assert len(res.samples) == 3 * 4
     s = res.samples[5]  # problem p1, sample 1
-    assert (s["problem_id"], s["sample_index"], s["extracted"], s["correct"], s["score"]) == ("p1", 1, "1/2",
-                                                                                              True, 1.0)
+    assert (s["problem_id"], s["sample_index"], s["extracted"], s["correct"], s["score"]) == ("p1", 1, "1/2", True, 1.0)
     assert res.samples[4]["truncated"] is True and s["truncated"] is False
     assert s["text"].endswith("Answer: 1/2") and s["num_tokens"] == 3
 
@@ -103,8 +119,7 @@ def test_tokenizer_form_builds_dapo_prompts(tmp_path: Path) -> None:
         def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0):  # noqa: ANN001, ANN201
             return [[Sample(list(p), [1], None, "stop", f"Answer: {seen[tuple(p)]}")] * n for p in prompt_ids]
 
-    res = evaluate(ByPrompt(None), tok, PROBLEMS, n=2, max_tokens=8, pass_k=[1], bootstrap=0,
-                   use_chat_template=False)
+    res = evaluate(ByPrompt(None), tok, PROBLEMS, n=2, max_tokens=8, pass_k=[1], bootstrap=0, use_chat_template=False)
     assert res.metrics[M.eval_avg(2)] == pytest.approx(100.0)
 
 
@@ -121,14 +136,35 @@ def test_dapo_eval_cli_tiny_model_through_vllm(tmp_path: Path) -> None:
 
     model = build_tiny_qwen2(tmp_path / "model", tie=True)
     data = tmp_path / "eval.jsonl"
-    data.write_text("".join(json.dumps({"id": f"q{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)})
-                            + "\n" for i in range(5)))
+    data.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(5)
+        )
+    )
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "eval"
-    rc = main(["eval", "--preset", "tiny", "--model", str(model), "--out", str(out), f"data.eval={data}",
-               "data.max_prompt_length=512", "data.use_chat_template=false", "rollout.engine=vllm",
-               "model.dtype=float32", "eval.n=4", "eval.max_tokens=16", "eval.pass_k=[1,2,4,8]",
-               "eval.bootstrap=50", f"tracking.uri={uri}", "tracking.experiment=eval-test"])
+    rc = main(
+        [
+            "eval",
+            "--preset",
+            "tiny",
+            "--model",
+            str(model),
+            "--out",
+            str(out),
+            f"data.eval={data}",
+            "data.max_prompt_length=512",
+            "data.use_chat_template=false",
+            "rollout.engine=vllm",
+            "model.dtype=float32",
+            "eval.n=4",
+            "eval.max_tokens=16",
+            "eval.pass_k=[1,2,4,8]",
+            "eval.bootstrap=50",
+            f"tracking.uri={uri}",
+            "tracking.experiment=eval-test",
+        ]
+    )
     assert rc == 0
     rows = [json.loads(ln) for ln in (out / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 5 * 4
@@ -146,7 +182,9 @@ def test_dapo_eval_cli_tiny_model_through_vllm(tmp_path: Path) -> None:
     logged = runs[0].data.metrics
     assert logged[M.eval_avg(4)] == pytest.approx(metrics[M.eval_avg(4)])
     assert sorted(f.path for f in tr.client.list_artifacts(runs[0].info.run_id, "eval")) == [
-        "eval/metrics.json", "eval/samples.jsonl"]
+        "eval/metrics.json",
+        "eval/samples.jsonl",
+    ]
 
     # into an existing training run: metrics at its last rollout step, its status untouched
     from dapo.config import load_config
@@ -156,8 +194,9 @@ def test_dapo_eval_cli_tiny_model_through_vllm(tmp_path: Path) -> None:
     train.log_metrics({M.ROLLOUT_STEP: 30}, step=30)
     train.finish("FINISHED")
     cfg = load_config(None, preset="tiny", overrides=[f"tracking.uri={uri}", "tracking.experiment=eval-test"])
-    rid = log_to_mlflow(cfg, {M.eval_avg(4): 12.5}, [out / "metrics.json"], run_id=train.run_id, step=None,
-                        spool_dir=tmp_path / "spool")
+    rid = log_to_mlflow(
+        cfg, {M.eval_avg(4): 12.5}, [out / "metrics.json"], run_id=train.run_id, step=None, spool_dir=tmp_path / "spool"
+    )
     assert rid == train.run_id
     hist = train.client.get_metric_history(rid, M.eval_avg(4))
     assert [(h.step, h.value) for h in hist] == [(30, 12.5)]

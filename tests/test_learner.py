@@ -102,17 +102,13 @@ def test_packing_refuses_an_attention_that_ignores_the_block_mask():
 
 
 def test_lr_warms_up_linearly_over_rollout_steps_then_stays_constant():
-    assert [lr_at(s, 1e-6, 4) for s in range(6)] == pytest.approx(
-        [0.25e-6, 0.5e-6, 0.75e-6, 1e-6, 1e-6, 1e-6]
-    )
+    assert [lr_at(s, 1e-6, 4) for s in range(6)] == pytest.approx([0.25e-6, 0.5e-6, 0.75e-6, 1e-6, 1e-6, 1e-6])
     assert lr_at(0, 3e-4, 0) == 3e-4
 
 
 def test_launcher_env_from_torchrun_slurm_or_nothing():
     assert launcher_env({}) is None
-    tr = launcher_env(
-        {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
-    )
+    tr = launcher_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
     assert (tr["RANK"], tr["WORLD_SIZE"], tr["LOCAL_RANK"], tr["MASTER_ADDR"]) == ("3", "8", "1", "h")
     sl = launcher_env(
         {
@@ -124,8 +120,10 @@ def test_launcher_env_from_torchrun_slurm_or_nothing():
     )
     assert (sl["RANK"], sl["WORLD_SIZE"], sl["LOCAL_RANK"], sl["MASTER_ADDR"]) == ("5", "16", "5", "gpu-003")
     # two SLURM jobs on one node must not rendezvous on the same port
-    ports = {launcher_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": j})["MASTER_PORT"]
-             for j in ("101", "102")}
+    ports = {
+        launcher_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": j})["MASTER_PORT"]
+        for j in ("101", "102")
+    }
     assert len(ports) == 2 and all(20000 <= int(p) < 40000 for p in ports)
     assert first_slurm_host("nodeA,nodeB") == "nodeA" and first_slurm_host("n[7-9]") == "n7"
 
@@ -247,12 +245,8 @@ def reference_step(model, batch: PolicyBatch, mode: str, clip: float | None = No
     spec = W.loss_spec(mode)
     model.zero_grad()
     logp = reference_logp(model, batch, spec.temperature)
-    out = clipped_surrogate(
-        logp, batch.old_logp, batch.advantages, spec.eps_low, spec.eps_high, spec.dual_clip_c
-    )
-    loss = aggregate(
-        out.loss, batch.loss_mask, mode, batch.group_ids, seq_sum_constant=spec.seq_token_sum_constant
-    )
+    out = clipped_surrogate(logp, batch.old_logp, batch.advantages, spec.eps_low, spec.eps_high, spec.dual_clip_c)
+    loss = aggregate(out.loss, batch.loss_mask, mode, batch.group_ids, seq_sum_constant=spec.seq_token_sum_constant)
     loss.backward()
     grads = [p.grad.double() for _, p in model.named_parameters()]
     norm = float(torch.sqrt(sum((g**2).sum() for g in grads)))
@@ -384,7 +378,7 @@ def test_checkpoint_round_trip_is_exact_and_restores_the_schedule(world, adamw, 
     second = adamw.update(batch)
     after = W.flat_params(adamw)
 
-    other = _zero2_adamw(world["model_dir"])   # a second learner, same settings
+    other = _zero2_adamw(world["model_dir"])  # a second learner, same settings
     other.load_checkpoint(tmp_path / "ck")
     assert other.lr == pytest.approx(2e-3 / 3) and other.engine.get_lr() == [pytest.approx(2e-3 / 3)]
     again = other.update(batch)  # same Adam moments and step count, so bit-identical

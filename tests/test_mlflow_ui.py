@@ -27,9 +27,17 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 CHROMIUM = os.environ.get("DAPO_CHROMIUM", "/usr/bin/chromium")
 REPO = Path(__file__).resolve().parent.parent
 R = list(M.PAPER_TABLE1)
-FINAL = {r: [20.0 + 4.5 * i, 21.5 + 4.5 * i] for i, r in enumerate(R)}   # made-up final avg@32, one decimal
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FINAL = {r: [20.0 + 4.5 * i, 21.5 + 4.5 * i] for i, r in enumerate(R)}  # made-up final avg@32, one decimal
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def _need_browser(in_ci: bool):
@@ -63,13 +71,31 @@ def server(tmp_path_factory):
     exp_id = build_synthetic_experiment(store, "dapo-ablation", FINAL, total_steps=5, eval_every=5)
     port = _free_port()
     log = open(d / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
-                             "--default-artifact-root", (d / "artifacts").as_uri(), "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "1"],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=d, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            store,
+            "--default-artifact-root",
+            (d / "artifacts").as_uri(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=d,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 180      # ~6 s on an idle machine, much more on a busy one
+        deadline = time.time() + 180  # ~6 s on an idle machine, much more on a busy one
         while True:
             try:
                 urllib.request.urlopen(f"{url}/health", timeout=2)
@@ -80,11 +106,11 @@ def server(tmp_path_factory):
                 time.sleep(0.5)
         yield url, exp_id
     finally:
-        proc.terminate()                  # SIGTERM to the parent stops its workers
+        proc.terminate()  # SIGTERM to the parent stops its workers
         try:
             proc.wait(15)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)   # the session this test started, by its id
+            os.killpg(proc.pid, signal.SIGKILL)  # the session this test started, by its id
             proc.wait(5)
         log.close()
 
@@ -107,15 +133,19 @@ def test_experiment_page_lists_runs_with_their_avg_at_k(server, in_ci, tmp_path)
     shot = tmp_path / "mlflow_ui.png"
     with sync_playwright() as p:
         browser = p.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-            viewport={"width": 1800, "height": 760})
+            str(tmp_path / "chromium-profile"),
+            executable_path=CHROMIUM,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1800, "height": 760},
+        )
         try:
             page = browser.new_page()
             # workflowType=machine_learning: the "Model training" view (MLflow 3 opens in its GenAI view otherwise)
-            page.goto(f"{url}/#/experiments/{exp_id}/runs?workflowType=machine_learning&orderByKey={sort}"
-                      "&orderByAsc=false")
+            page.goto(
+                f"{url}/#/experiments/{exp_id}/runs?workflowType=machine_learning&orderByKey={sort}&orderByAsc=false"
+            )
             page.get_by_text(f"{R[5]}-s1").wait_for(timeout=90_000)
-            close = page.get_by_role("button", name="Close")       # the assistant side panel, if open
+            close = page.get_by_role("button", name="Close")  # the assistant side panel, if open
             if close.count():
                 close.first.click()
             page.get_by_role("button", name="Columns", exact=True).click()
@@ -142,7 +172,7 @@ def test_experiment_page_lists_runs_with_their_avg_at_k(server, in_ci, tmp_path)
     got = {v["name"]: float(v["avg"]) for v in shown.values()}
     assert got == {f"{r}-s{s}": FINAL[r][s] for r in R for s in (0, 1)}
     order = [v["avg"] for _, v in sorted(shown.items(), key=lambda kv: int(kv[0]))]
-    assert [float(a) for a in order] == sorted((float(a) for a in order), reverse=True)   # sorted by avg@32
+    assert [float(a) for a in order] == sorted((float(a) for a in order), reverse=True)  # sorted by avg@32
     assert shot.read_bytes()[:4] == b"\x89PNG" and shot.stat().st_size > 20_000
     if os.environ.get("DAPO_UPDATE_DOCS_IMG"):
         (REPO / "docs" / "img").mkdir(parents=True, exist_ok=True)

@@ -21,10 +21,16 @@ from dapo.report.load import ExperimentNotFound, load_experiment
 
 R = list(M.PAPER_TABLE1)
 # final avg@32 per row and seed (percent)
-FULL = {R[0]: [20.0, 24.0], R[1]: [30.0, 31.0], R[2]: [33.0, 35.0], R[3]: [36.0, 36.0], R[4]: [40.0, 37.0],
-        R[5]: [45.0, 48.0]}
+FULL = {
+    R[0]: [20.0, 24.0],
+    R[1]: [30.0, 31.0],
+    R[2]: [33.0, 35.0],
+    R[3]: [36.0, 36.0],
+    R[4]: [40.0, 37.0],
+    R[5]: [45.0, 48.0],
+}
 GAPPY = {R[0]: [20.0, 24.0], R[1]: [30.0, 31.0], R[2]: [33.0, 35.0], R[4]: [40.0, 37.0], R[5]: [45.0]}
-T_975_DF1 = 12.706204736174705     # Student t quantile 0.975 with 1 degree of freedom
+T_975_DF1 = 12.706204736174705  # Student t quantile 0.975 with 1 degree of freedom
 STEPS = 10
 
 
@@ -35,14 +41,19 @@ def store(tmp_path_factory):
     d = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{d}/mlflow.db"
     build_synthetic_experiment(uri, "full", FULL, total_steps=STEPS, eval_every=5)
-    build_synthetic_experiment(uri, "gappy", GAPPY, total_steps=STEPS, eval_every=5,
-                               drop_metrics={R[4]: [M.ENTROPY, M.eval_maj(32)]})
+    build_synthetic_experiment(
+        uri, "gappy", GAPPY, total_steps=STEPS, eval_every=5, drop_metrics={R[4]: [M.ENTROPY, M.eval_maj(32)]}
+    )
     # a later standalone `dapo eval` run with the same row/seed tags but no training curves
     from mlflow.tracking import MlflowClient
 
     c = MlflowClient(uri)
-    run = c.create_run(c.get_experiment_by_name("gappy").experiment_id, run_name=f"eval-{R[0]}-s0",
-                       tags={M.TAG_ROW: R[0], M.TAG_SEED: "0"}, start_time=int(time.time() * 1000) + 10_000)
+    run = c.create_run(
+        c.get_experiment_by_name("gappy").experiment_id,
+        run_name=f"eval-{R[0]}-s0",
+        tags={M.TAG_ROW: R[0], M.TAG_SEED: "0"},
+        start_time=int(time.time() * 1000) + 10_000,
+    )
     c.log_metric(run.info.run_id, M.eval_avg(32), 99.0, step=0)
     c.set_terminated(run.info.run_id, "FINISHED")
     return uri
@@ -69,27 +80,27 @@ def _csv(path) -> dict[str, dict[str, str]]:
 
 def test_table1_holds_the_mean_over_seeds_delta_and_paper_column(full_report):
     rows = _csv(full_report / "table1.csv")
-    assert list(rows) == R                                  # PAPER_TABLE1 order
+    assert list(rows) == R  # PAPER_TABLE1 order
     means = {r: float(np.mean(v)) for r, v in FULL.items()}
     assert [float(rows[r]["avg_mean"]) for r in R] == pytest.approx([22.0, 30.5, 34.0, 36.0, 38.5, 46.5])
     assert [float(rows[r]["avg_mean"]) for r in R] == pytest.approx([means[r] for r in R])
-    assert rows[R[0]]["delta"] == ""                        # nothing above row 00
+    assert rows[R[0]]["delta"] == ""  # nothing above row 00
     assert [float(rows[r]["delta"]) for r in R[1:]] == pytest.approx([8.5, 3.5, 2.0, 2.5, 8.0])
     assert [float(rows[r]["paper_avg"]) for r in R] == [30, 36, 38, 41, 42, 50]
     assert [float(rows[r]["paper_delta"]) for r in R[1:]] == [6, 2, 3, 1, 8]
     # synthetic curves: pass@32 = avg + 30, maj@32 = avg + 5 at every step
     assert float(rows[R[5]]["pass_mean"]) == pytest.approx(76.5)
     assert float(rows[R[5]]["maj_mean"]) == pytest.approx(51.5)
-    assert rows[R[0]]["final_step"] == f"{STEPS} {STEPS}"   # the last eval, not an earlier one
+    assert rows[R[0]]["final_step"] == f"{STEPS} {STEPS}"  # the last eval, not an earlier one
 
 
 def test_table1_ci_is_a_t_interval_over_two_seeds(full_report):
     r = _csv(full_report / "table1.csv")[R[0]]
-    sd = math.sqrt(((20 - 22) ** 2 + (24 - 22) ** 2) / 1)   # 2.828
-    half = T_975_DF1 * sd / math.sqrt(2)                    # 25.41
+    sd = math.sqrt(((20 - 22) ** 2 + (24 - 22) ** 2) / 1)  # 2.828
+    half = T_975_DF1 * sd / math.sqrt(2)  # 25.41
     assert float(r["avg_std"]) == pytest.approx(sd)
     assert (float(r["ci_low"]), float(r["ci_high"])) == pytest.approx((22 - half, 22 + half))
-    same = _csv(full_report / "table1.csv")[R[3]]           # equal seeds: zero-width interval
+    same = _csv(full_report / "table1.csv")[R[3]]  # equal seeds: zero-width interval
     assert (float(same["ci_low"]), float(same["ci_high"])) == pytest.approx((36.0, 36.0))
 
 
@@ -108,7 +119,7 @@ def test_compute_table_counts_tokens_and_gpu_hours(full_report):
     assert float(rows[R[0]]["tokens_generated"]) == pytest.approx(40000 + 100 * 55)
     assert float(rows[R[5]]["tokens_generated"]) == pytest.approx(40000 + 300 * 55)
     assert float(rows[R[0]]["wall_clock_s"]) == pytest.approx(660)
-    assert float(rows[R[0]]["device_hours"]) == pytest.approx(8 * 660 / 3600)       # --gpus-per-run 8
+    assert float(rows[R[0]]["device_hours"]) == pytest.approx(8 * 660 / 3600)  # --gpus-per-run 8
     assert float(rows[R[0]]["avg_per_device_hour"]) == pytest.approx(22.0 / (8 * 660 / 3600))
     assert float(rows[R[5]]["device_hours"]) == pytest.approx(8 * 990 / 3600)
     assert "GPU-hours" in (full_report / "compute.md").read_text()
@@ -119,9 +130,16 @@ def test_every_figure_is_written_as_png_and_pdf(full_report):
         png, pdf = full_report / "figures" / f"{spec.name}.png", full_report / "figures" / f"{spec.name}.pdf"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
         assert pdf.read_bytes()[:5] == b"%PDF-"
-    assert {s.name for s in FIGURES} >= {"fig1_full_recipe", "fig2_clip_higher", "fig3a_clipped_prob",
-                                         "fig3b_all_correct", "fig4_token_level_loss", "fig5_overlong_filtering",
-                                         "fig6_dynamic_sampling", "response_length"}
+    assert {s.name for s in FIGURES} >= {
+        "fig1_full_recipe",
+        "fig2_clip_higher",
+        "fig3a_clipped_prob",
+        "fig3b_all_correct",
+        "fig4_token_level_loss",
+        "fig5_overlong_filtering",
+        "fig6_dynamic_sampling",
+        "response_length",
+    }
 
 
 def test_missing_row_and_metrics_are_named_not_raised(gappy_report, capsys):
@@ -130,10 +148,10 @@ def test_missing_row_and_metrics_are_named_not_raised(gappy_report, capsys):
     assert "row 03_soft_overlong_punishment" in missing
     assert f"run {R[4]}-s0: metric {M.eval_maj(32)} missing" in missing
     rows = _csv(gappy_report / "table1.csv")
-    assert float(rows[R[0]]["avg_mean"]) == pytest.approx(22.0)          # the training run, not the eval run
+    assert float(rows[R[0]]["avg_mean"]) == pytest.approx(22.0)  # the training run, not the eval run
     warnings = json.loads((gappy_report / "warnings.json").read_text())
     assert any(f"not eval-{R[0]}-s0" in w for w in warnings)
-    assert rows[R[3]]["avg_mean"] == "" and rows[R[4]]["delta"] == ""   # no row above to compare with
+    assert rows[R[3]]["avg_mean"] == "" and rows[R[4]]["delta"] == ""  # no row above to compare with
     assert float(rows[R[4]]["avg_mean"]) == pytest.approx(38.5)
     # one seed: the run's own bootstrap CI (synthetic: avg -/+ 6)
     assert (float(rows[R[5]]["ci_low"]), float(rows[R[5]]["ci_high"])) == pytest.approx((39.0, 51.0))
@@ -141,7 +159,7 @@ def test_missing_row_and_metrics_are_named_not_raised(gappy_report, capsys):
     report = (gappy_report / "report.md").read_text().split("## Missing")[1]
     assert f"fig4_token_level_loss: row {R[3]}" in report
     assert f"fig4_token_level_loss: {M.ENTROPY} for run {R[4]}-s0" in report
-    for spec in FIGURES:                                    # still drawn, with what exists
+    for spec in FIGURES:  # still drawn, with what exists
         assert (gappy_report / "figures" / f"{spec.name}.png").is_file()
 
 
@@ -151,14 +169,15 @@ def test_x_axis_maps_rollout_steps_to_gradient_updates(store):
     run = exp.runs_of(R[2])[0]
     steps = np.array([0, 5, 10])
     assert run.x_of(steps, "rollout").tolist() == [0, 5, 10]
-    assert run.x_of(steps, "updates").tolist() == [0, 80, 160]      # 512 / 32 = 16 updates per rollout step
-    del run.history[M.GRAD_UPDATES]                                 # falls back to the params
+    assert run.x_of(steps, "updates").tolist() == [0, 80, 160]  # 512 / 32 = 16 updates per rollout step
+    del run.history[M.GRAD_UPDATES]  # falls back to the params
     assert run.x_of(np.array([3]), "updates").tolist() == [48]
 
 
 def test_seed_band_is_mean_and_sd_over_the_seeds_present():
-    x, mean, sd, n = seed_band([(np.array([0, 1, 2]), np.array([1.0, 2.0, 3.0])),
-                                (np.array([0, 1]), np.array([3.0, 4.0]))])
+    x, mean, sd, n = seed_band(
+        [(np.array([0, 1, 2]), np.array([1.0, 2.0, 3.0])), (np.array([0, 1]), np.array([3.0, 4.0]))]
+    )
     assert x.tolist() == [0, 1, 2] and mean.tolist() == [2.0, 3.0, 3.0] and n.tolist() == [2, 2, 1]
     assert sd == pytest.approx([math.sqrt(2), math.sqrt(2), 0.0])
 
@@ -178,16 +197,34 @@ def test_cli_executes_the_notebooks_and_saves_them(store, tmp_path):
     from dapo.cli import main
 
     out = tmp_path / "report"
-    assert main(["report", "--experiment", "gappy", "--tracking-uri", store, "--out", str(out),
-                 "--x-axis", "rollout", "--gpus-per-run", "0", "--cpus-per-run", "2"]) == 0
+    assert (
+        main(
+            [
+                "report",
+                "--experiment",
+                "gappy",
+                "--tracking-uri",
+                store,
+                "--out",
+                str(out),
+                "--x-axis",
+                "rollout",
+                "--gpus-per-run",
+                "0",
+                "--cpus-per-run",
+                "2",
+            ]
+        )
+        == 0
+    )
     for nb in ("table1", "figures"):
         cells = json.loads((out / "notebooks" / f"{nb}.ipynb").read_text())["cells"]
         code = [c for c in cells if c["cell_type"] == "code"]
-        assert code and all(c.get("execution_count") for c in code)          # every cell ran
+        assert code and all(c.get("execution_count") for c in code)  # every cell ran
         assert any("injected-parameters" in c["metadata"].get("tags", []) for c in code)
     assert _csv(out / "table1.csv")[R[1]]["avg_mean"] == "30.5"
     comp = _csv(out / "compute.csv")[R[0]]
-    assert comp["resources_per_run"] == "2 CPU"                               # 0 GPUs -> CPU-hours
+    assert comp["resources_per_run"] == "2 CPU"  # 0 GPUs -> CPU-hours
     assert float(comp["device_hours"]) == pytest.approx(2 * 660 / 3600)
     assert json.loads((out / "figures.json").read_text())["x_axis"] == "rollout"
     assert "row 03_soft_overlong_punishment" in (out / "report.md").read_text()
@@ -197,9 +234,19 @@ def _run(row: str, seed: int, avg: list[tuple[int, float]]):
     from dapo.report.load import RunData, Series
 
     steps, values = zip(*avg, strict=True)
-    return RunData(run_id=f"id-{row}-{seed}", name=f"{row}-s{seed}", row=row, seed=seed, preset="x",
-                   status="finished", params={}, tags={}, start_ms=None, end_ms=None,
-                   history={M.eval_avg(4): Series(np.array(steps), np.array(values))})
+    return RunData(
+        run_id=f"id-{row}-{seed}",
+        name=f"{row}-s{seed}",
+        row=row,
+        seed=seed,
+        preset="x",
+        status="finished",
+        params={},
+        tags={},
+        start_ms=None,
+        end_ms=None,
+        history={M.eval_avg(4): Series(np.array(steps), np.array(values))},
+    )
 
 
 def test_user_rows_follow_the_paper_rows_and_survive_latex():
@@ -213,7 +260,7 @@ def test_user_rows_follow_the_paper_rows_and_survive_latex():
     t = build_table1(exp)
     assert [r.row for r in t.rows] == R + ["06_my_variant"]
     assert t.rows[0].mean == 40.0 and t.rows[-1].mean == 45.0 and t.rows[-1].paper is None
-    assert t.rows[-1].delta is None                      # row 05 above it has no runs
+    assert t.rows[-1].delta is None  # row 05 above it has no runs
     assert f"run {R[0]}-s0: metric {M.eval_pass(4)} missing" in t.missing
     assert f"run {R[0]}-s0: metric {M.ci_low(M.eval_avg(4))} missing (no CI for one seed)" in t.missing
     tex = to_latex(table1_table(t))

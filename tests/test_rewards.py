@@ -73,7 +73,7 @@ def test_wrong_and_missing_answers_score_minus_one(shared_data, verifier):
 def test_the_last_answer_line_wins(verifier):
     first_wrong = "Answer: 5\nWait, I made an error. Redoing it.\nAnswer: 204\n"
     last_wrong = "Answer: 204\nHmm, on reflection:\nAnswer: 5"
-    empty_last = "Answer: 204\nAnswer:"          # an empty last line does not count (as in the released rule)
+    empty_last = "Answer: 204\nAnswer:"  # an empty last line does not count (as in the released rule)
     scores = score_responses([first_wrong, last_wrong, empty_last], ["204"] * 3, verifier=verifier, workers=0)
     assert [s.score for s in scores] == [1.0, -1.0, 1.0]
 
@@ -88,8 +88,8 @@ def test_math_verify_decides_equivalence_beyond_string_equality():
         ("Answer: $2\\sqrt{3}$", "\\sqrt{12}", True),
         ("Answer: $x = 204$", "204", True),
         ("Answer: 2^{10}", "1024", True),
-        ("Answer: 3\\sqrt{2}", "3", False),           # unwrapped, math-verify would read 3 here
-        ("Answer: 5 or 204", "204", False),           # a hedge is a set {5, 204}, not 204
+        ("Answer: 3\\sqrt{2}", "3", False),  # unwrapped, math-verify would read 3 here
+        ("Answer: 5 or 204", "204", False),  # a hedge is a set {5, 204}, not 204
         ("Answer: $\\frac{1}{3}$", "0.5", False),
     ]
     scores = score_responses([c[0] for c in cases], [c[1] for c in cases], workers=0)
@@ -100,26 +100,39 @@ def test_the_plain_number_shortcut_agrees_with_math_verify():
     from math_verify import parse, verify
 
     warm_up()
-    pairs = [("204", "204"), ("204.0", "204"), ("206.0", "204"), ("-3", "3"), ("0204", "204"),
-             ("12", "120"), ("1.50", "1.5"), ("7", "7.000"),
-             ("1" * 31, "204"), ("9" * 60, "9" * 60), ("9" * 59 + "8", "9" * 60)]
+    pairs = [
+        ("204", "204"),
+        ("204.0", "204"),
+        ("206.0", "204"),
+        ("-3", "3"),
+        ("0204", "204"),
+        ("12", "120"),
+        ("1.50", "1.5"),
+        ("7", "7.000"),
+        ("1" * 31, "204"),
+        ("9" * 60, "9" * 60),
+        ("9" * 59 + "8", "9" * 60),
+    ]
     for extracted, gold in pairs:
         fast = fast_equivalent(extracted, gold)
         assert fast is not None
-        full = verify(parse(f"${gold}$", parsing_timeout=None), parse(f"${extracted}$", parsing_timeout=None),
-                      timeout_seconds=None)
+        full = verify(
+            parse(f"${gold}$", parsing_timeout=None),
+            parse(f"${extracted}$", parsing_timeout=None),
+            timeout_seconds=None,
+        )
         assert fast == full, (extracted, gold)
-    assert fast_equivalent("0.3333333", "0.33333333") is None     # math-verify's rounding decides these
+    assert fast_equivalent("0.3333333", "0.33333333") is None  # math-verify's rounding decides these
 
 
 def test_a_check_that_would_hang_math_verify_is_cut_off_inline():
-    warm_up()      # outside the clock: the one-off warm-up runs without a deadline
-    bomb = "Answer: $10^{10^{10^{10}}}$"   # sympy tries to evaluate it: > 15 s unbounded (measured)
+    warm_up()  # outside the clock: the one-off warm-up runs without a deadline
+    bomb = "Answer: $10^{10^{10^{10}}}$"  # sympy tries to evaluate it: > 15 s unbounded (measured)
     t0 = time.monotonic()
     s = score_math_verify(bomb, "3", timeout_s=0.5)
     elapsed = time.monotonic() - t0
     assert s.score == -1.0 and not s.correct
-    assert s.extracted == "10^{10^{10^{10}}}"          # kept for inspection
+    assert s.extracted == "10^{10^{10^{10}}}"  # kept for inspection
     assert elapsed < 0.5 * 6
     # the interrupted check left the process able to verify
     assert check(("\\frac{408}{2}", "204", 5.0)) == ("ok", True)
@@ -154,25 +167,28 @@ def test_misuse_raises():
 
 
 # ------------------------------------------------------------------------------------------ extraction
-@pytest.mark.parametrize(("text", "expected"), [
-    ("Answer: 204", "204"),
-    ("answer:204.", "204"),
-    ("**Answer:** $\\boxed{204}$.", "204"),
-    ("Final Answer:\n\n$\\frac{1}{2}$", "\\frac{1}{2}"),       # the released rule's \s* crosses newlines
-    ("Answer: \\(x^2\\)", "x^2"),
-    ("Answer: $x$ = $5$", "$x$ = $5$"),                          # not one span: left for the verifier
-    ("thus \\boxed{\\frac{1}{\\sqrt{2}}} done", "\\frac{1}{\\sqrt{2}}"),
-    ("\\boxed{1} then \\boxed{2}", "2"),
-    ("\\boxed{7} and finally \\boxed{8", "7"),                   # unbalanced last box: the one before
-    ("\\boxed 5", "5"),
-    ("\\fbox{12}", "12"),
-    ("Answer: \u200f2\u200b0\u20624\ufeff", "204"),              # RTL mark, zero-width space/joiner, BOM
-    ("Answer: \uff12\uff10\uff14", "204"),                        # full-width digits
-    ("Answer: 2\x0004\ud800", "204"),                             # NUL and a lone surrogate
-    ("Answer: \u2212204", "-204"),                                 # unicode minus
-    ("no answer here", None),
-    ("Answer: ** **", None),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Answer: 204", "204"),
+        ("answer:204.", "204"),
+        ("**Answer:** $\\boxed{204}$.", "204"),
+        ("Final Answer:\n\n$\\frac{1}{2}$", "\\frac{1}{2}"),  # the released rule's \s* crosses newlines
+        ("Answer: \\(x^2\\)", "x^2"),
+        ("Answer: $x$ = $5$", "$x$ = $5$"),  # not one span: left for the verifier
+        ("thus \\boxed{\\frac{1}{\\sqrt{2}}} done", "\\frac{1}{\\sqrt{2}}"),
+        ("\\boxed{1} then \\boxed{2}", "2"),
+        ("\\boxed{7} and finally \\boxed{8", "7"),  # unbalanced last box: the one before
+        ("\\boxed 5", "5"),
+        ("\\fbox{12}", "12"),
+        ("Answer: \u200f2\u200b0\u20624\ufeff", "204"),  # RTL mark, zero-width space/joiner, BOM
+        ("Answer: \uff12\uff10\uff14", "204"),  # full-width digits
+        ("Answer: 2\x0004\ud800", "204"),  # NUL and a lone surrogate
+        ("Answer: \u2212204", "-204"),  # unicode minus
+        ("no answer here", None),
+        ("Answer: ** **", None),
+    ],
+)
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
 
@@ -191,33 +207,39 @@ def test_extract_answer_never_raises_and_is_capped(text):
     assert score_dapo_rule(text + "\\boxed{" + text, "1").score in (1.0, -1.0)
 
 
-@pytest.mark.parametrize("text", [
-    ("Answer: 12 {\\frac{\\boxed{" * 4000)[:100_000],
-    "answer" + " " * 100_000 + "x",              # quadratic backtracking bait for a naive `\s*\**\s*`
-    ("answer" + " *" * 500) * 100,
-    "\\boxed{" * 20_000 + "\\fbox{" * 20_000,
-    "Answer:" + " " * 100_000 + "7",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        ("Answer: 12 {\\frac{\\boxed{" * 4000)[:100_000],
+        "answer" + " " * 100_000 + "x",  # quadratic backtracking bait for a naive `\s*\**\s*`
+        ("answer" + " *" * 500) * 100,
+        "\\boxed{" * 20_000 + "\\fbox{" * 20_000,
+        "Answer:" + " " * 100_000 + "7",
+    ],
+)
 def test_extraction_is_fast_on_a_100k_response(text):
     t0 = time.perf_counter()
     for _ in range(5):
         extract_answer(text)
-    assert (time.perf_counter() - t0) / 5 < 0.5        # ~10 ms idle; generous for a loaded machine
+    assert (time.perf_counter() - t0) / 5 < 0.5  # ~10 ms idle; generous for a loaded machine
 
 
 # ------------------------------------------------------------------------------------------ the paper's rule
-@pytest.mark.parametrize(("raw", "expected"), [
-    ("$204$", "204"),
-    ("204.0", "204"),                        # our one addition to the released rule
-    ("1{,}000", "1000"),
-    ("1,000", "1000"),
-    ("10 \\text{ inches}", "10"),
-    ("x = 5", "5"),
-    ("\\frac12", "\\frac{1}{2}"),
-    ("\\boxed{\\frac{3}{4}}", "\\frac{3}{4}"),
-    ("90^\\circ", "90"),
-    ("2.5", "2.5"),
-])
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("$204$", "204"),
+        ("204.0", "204"),  # our one addition to the released rule
+        ("1{,}000", "1000"),
+        ("1,000", "1000"),
+        ("10 \\text{ inches}", "10"),
+        ("x = 5", "5"),
+        ("\\frac12", "\\frac{1}{2}"),
+        ("\\boxed{\\frac{3}{4}}", "\\frac{3}{4}"),
+        ("90^\\circ", "90"),
+        ("2.5", "2.5"),
+    ],
+)
 def test_normalize_final_answer(raw, expected):
     assert normalize_final_answer(raw) == expected
 
@@ -231,4 +253,4 @@ def test_extracted_answers_agree_across_formats_for_majority_voting():
 def test_the_papers_rule_reads_only_the_last_300_characters():
     early = "Answer: 204\n" + "x" * 300
     assert score_dapo_rule(early, "204").score == -1.0
-    assert score_math_verify(early, "204").score == 1.0        # our extraction reads the whole response
+    assert score_math_verify(early, "204").score == 1.0  # our extraction reads the whole response

@@ -33,18 +33,32 @@ def build_tiny_qwen2(d: Path, *, tie: bool, seed: int = 0) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     from dapo.data.prompts import apply_dapo_template
 
     corpus = [apply_dapo_template("12 + 30 = ? apples and pears"), "Answer: 42"]
     tok.train_from_iterator(corpus * 8, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     fast.save_pretrained(d)
-    cfg = Qwen2Config(vocab_size=len(fast), hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
-                      num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
-                      max_position_embeddings=1024, tie_word_embeddings=tie, initializer_range=INIT_STD,
-                      eos_token_id=fast.eos_token_id, bos_token_id=None, pad_token_id=fast.eos_token_id)
+    cfg = Qwen2Config(
+        vocab_size=len(fast),
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        max_position_embeddings=1024,
+        tie_word_embeddings=tie,
+        initializer_range=INIT_STD,
+        eos_token_id=fast.eos_token_id,
+        bos_token_id=None,
+        pad_token_id=fast.eos_token_id,
+    )
     torch.manual_seed(seed)
     Qwen2ForCausalLM(cfg).save_pretrained(d)
     return d
@@ -57,14 +71,15 @@ def load_hf(d: Path) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def hf_logprobs(model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]],
-                temperature: float = 1.0) -> list[torch.Tensor]:
+def hf_logprobs(
+    model: torch.nn.Module, prompts: list[list[int]], responses: list[list[int]], temperature: float = 1.0
+) -> list[torch.Tensor]:
     """The learner's view: log p(response_t | prompt, response_<t) from a plain forward."""
     out = []
     for p, r in zip(prompts, responses, strict=True):
         seq = torch.tensor([p + r])
-        logits = model(input_ids=seq).logits[0, len(p) - 1:-1] / temperature
-        out.append(torch.log_softmax(logits.float(), -1).gather(1, seq[0, len(p):, None]).squeeze(1))
+        logits = model(input_ids=seq).logits[0, len(p) - 1 : -1] / temperature
+        out.append(torch.log_softmax(logits.float(), -1).gather(1, seq[0, len(p) :, None]).squeeze(1))
     return out
 
 

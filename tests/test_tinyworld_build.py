@@ -41,10 +41,11 @@ def test_directory_loads_offline_and_generates(small):
     assert sum(p.numel() for p in model.parameters()) == read_manifest(root)["param_count"]
     prompt = encode_prompt(build_prompt("Mia has 3 apples. How many apples does Mia have now?", tok, True), tok)
     torch.manual_seed(0)
-    out = model.generate(torch.tensor([prompt]), do_sample=True, max_new_tokens=6, min_new_tokens=6,
-                         pad_token_id=tok.pad_token_id)
-    assert out.shape == (1, len(prompt) + 6) and out[0, :len(prompt)].tolist() == prompt
-    assert isinstance(tok.decode(out[0, len(prompt):]), str)
+    out = model.generate(
+        torch.tensor([prompt]), do_sample=True, max_new_tokens=6, min_new_tokens=6, pad_token_id=tok.pad_token_id
+    )
+    assert out.shape == (1, len(prompt) + 6) and out[0, : len(prompt)].tolist() == prompt
+    assert isinstance(tok.decode(out[0, len(prompt) :]), str)
 
 
 def test_data_files_are_problems_with_disjoint_splits(small):
@@ -52,8 +53,16 @@ def test_data_files_are_problems_with_disjoint_splits(small):
     train, ev = load_problems(tiny_paths(root).train), load_problems(tiny_paths(root).eval)
     assert len(train) == 40 and len(ev) == 8
     assert not {p.problem for p in train} & {p.problem for p in ev}
-    assert [json.loads(line)["n_ops"] for line in tiny_paths(root).eval.read_text().splitlines()] == [1, 1, 2, 2, 3, 3,
-                                                                                                        4, 4]
+    assert [json.loads(line)["n_ops"] for line in tiny_paths(root).eval.read_text().splitlines()] == [
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+        4,
+        4,
+    ]
     assert all(p.answer.isdigit() for p in train + ev)
 
 

@@ -9,8 +9,16 @@ from dapo.tinyworld.model import SFTExample, lr_at, make_model, param_count, res
 
 
 def _model(**kw):
-    args = dict(hidden_size=64, num_layers=2, num_heads=2, tie_embeddings=False, eos_token_id=2, pad_token_id=0,
-                max_positions=128, seed=0)
+    args = dict(
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        tie_embeddings=False,
+        eos_token_id=2,
+        pad_token_id=0,
+        max_positions=128,
+        seed=0,
+    )
     return make_model(50, **{**args, **kw})
 
 
@@ -31,8 +39,13 @@ def test_shared_prefix_loss_equals_a_plain_forward_pass():
     model = _model()
     g = torch.Generator().manual_seed(0)
     prefix = torch.randint(3, 50, (12,), generator=g).tolist()
-    examples = [SFTExample(prefix + torch.randint(3, 50, (n,), generator=g).tolist(),
-                           torch.randint(3, 50, (m,), generator=g).tolist() + [2]) for n, m in [(3, 5), (7, 2), (1, 9)]]
+    examples = [
+        SFTExample(
+            prefix + torch.randint(3, 50, (n,), generator=g).tolist(),
+            torch.randint(3, 50, (m,), generator=g).tolist() + [2],
+        )
+        for n, m in [(3, 5), (7, 2), (1, 9)]
+    ]
     loss = response_loss(model, examples, pad_id=0)
     grads = torch.autograd.grad(loss, list(model.parameters()))
     total, count = 0.0, 0

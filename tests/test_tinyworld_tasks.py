@@ -17,14 +17,23 @@ from dapo.tinyworld.tasks import (
     solution_text,
 )
 
-MIA = Task("Mia", "She", "apples", 7, (Step("+", 12, "buys 12 more"), Step("-", 5, "gives away 5"),
-                                       Step("*", 2, "doubles them")),
-           "Mia has 7 apples. She buys 12 more. She gives away 5. She doubles them. "
-           "How many apples does Mia have now?", 28)
+MIA = Task(
+    "Mia",
+    "She",
+    "apples",
+    7,
+    (Step("+", 12, "buys 12 more"), Step("-", 5, "gives away 5"), Step("*", 2, "doubles them")),
+    "Mia has 7 apples. She buys 12 more. She gives away 5. She doubles them. How many apples does Mia have now?",
+    28,
+)
 
-_VERBS = [(r"(?:buys|finds|gets) (\d+) more", lambda a, k: a + k), (r"(?:gives away|loses|sells) (\d+)", lambda a, k: a - k),
-          (r"doubles them", lambda a, k: a * 2), (r"triples them", lambda a, k: a * 3),
-          (r"halves them", lambda a, k: a // 2)]
+_VERBS = [
+    (r"(?:buys|finds|gets) (\d+) more", lambda a, k: a + k),
+    (r"(?:gives away|loses|sells) (\d+)", lambda a, k: a - k),
+    (r"doubles them", lambda a, k: a * 2),
+    (r"triples them", lambda a, k: a * 3),
+    (r"halves them", lambda a, k: a // 2),
+]
 
 
 def _solve_from_text(text: str) -> int:
@@ -44,9 +53,11 @@ def _solve_from_text(text: str) -> int:
 
 def test_hand_worked_example_in_every_style():
     assert solution_text(MIA) == "7 + 12 = 19\n19 - 5 = 14\n14 * 2 = 28\nAnswer: 28"
-    assert solution_text(MIA, verbose=True) == ("Mia has 7 apples.\nShe buys 12 more: 7 + 12 = 19.\n"
-                                                "She gives away 5: 19 - 5 = 14.\nShe doubles them: 14 * 2 = 28.\n"
-                                                "Mia has 28 apples now.\nAnswer: 28")
+    assert solution_text(MIA, verbose=True) == (
+        "Mia has 7 apples.\nShe buys 12 more: 7 + 12 = 19.\n"
+        "She gives away 5: 19 - 5 = 14.\nShe doubles them: 14 * 2 = 28.\n"
+        "Mia has 28 apples now.\nAnswer: 28"
+    )
     # a guess has no working and the true answer, whatever the other flags say
     assert solution_text(MIA, guess=True) == solution_text(MIA, guess=True, corrupt=True, verbose=True) == "Answer: 28"
     assert _solve_from_text(MIA.text) == 28
@@ -108,8 +119,11 @@ def test_answers_follow_from_the_text_and_clean_solutions_are_right_line_by_line
         prev = t.start
         for line in lines[:-1]:
             a, op, b, r = re.fullmatch(r"(\d+) ([-+*/]) (\d+) = (\d+)", line).groups()
-            assert int(a) == prev and int(r) == {"+": int(a) + int(b), "-": int(a) - int(b),
-                                                  "*": int(a) * int(b), "/": int(a) // int(b)}[op]
+            assert (
+                int(a) == prev
+                and int(r)
+                == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b), "/": int(a) // int(b)}[op]
+            )
             prev = int(r)
 
 

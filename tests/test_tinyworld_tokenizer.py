@@ -28,8 +28,9 @@ def reloaded(trained, tmp_path_factory):
 
     d = tmp_path_factory.mktemp("tok")
     trained.save_pretrained(d)
-    Qwen2Config(vocab_size=len(trained), hidden_size=64, num_hidden_layers=1, num_attention_heads=1,
-                intermediate_size=64).save_pretrained(d)
+    Qwen2Config(
+        vocab_size=len(trained), hidden_size=64, num_hidden_layers=1, num_attention_heads=1, intermediate_size=64
+    ).save_pretrained(d)
     return load_tokenizer(d)
 
 
@@ -46,15 +47,19 @@ def test_round_trip_is_lossless(trained, text):
 @pytest.mark.parametrize("text", TEXTS)
 def test_autotokenizer_with_a_qwen2_config_gives_identical_ids(trained, reloaded, text):
     prompt = build_prompt(text, trained, use_chat_template=True)
-    assert reloaded(prompt, add_special_tokens=False)["input_ids"] == trained(prompt, add_special_tokens=False)[
-        "input_ids"]
+    assert (
+        reloaded(prompt, add_special_tokens=False)["input_ids"]
+        == trained(prompt, add_special_tokens=False)["input_ids"]
+    )
     assert reloaded(text)["input_ids"] == trained(text)["input_ids"]
 
 
 def test_special_tokens_and_chat_template_survive_saving(trained, reloaded):
     assert reloaded.eos_token == IM_END and reloaded.pad_token == PAD_TOKEN
     assert reloaded.eos_token_id == trained.eos_token_id != reloaded.pad_token_id
-    assert build_prompt("Q", reloaded, True) == f"<|im_start|>user\n{apply_dapo_template('Q')}<|im_end|>\n" \
-                                                 "<|im_start|>assistant\n"
+    assert (
+        build_prompt("Q", reloaded, True) == f"<|im_start|>user\n{apply_dapo_template('Q')}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     ids = reloaded(f"Answer: 3{IM_END}", add_special_tokens=False)["input_ids"]
     assert ids[-1] == reloaded.eos_token_id  # the EOS text maps to the single EOS id the engines stop on

@@ -71,10 +71,24 @@ def _free_port() -> int:
 def _start_server(store: Path, port: int) -> subprocess.Popen:
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     proc = subprocess.Popen(
-        [str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
-         "--artifacts-destination", str(store / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        cwd=store, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            str(mlflow_bin),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{store / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(store / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        cwd=store,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -113,8 +127,9 @@ def test_server_killed_mid_run_loses_no_point(tmp_path: Path) -> None:
     port = _free_port()
     proc = _start_server(store, port)
     try:
-        tr = Tracker(f"http://127.0.0.1:{port}", "exp-resilient", "row5-s0", spool_dir=tmp_path / "spool",
-                     retry_interval_s=0.0)
+        tr = Tracker(
+            f"http://127.0.0.1:{port}", "exp-resilient", "row5-s0", spool_dir=tmp_path / "spool", retry_interval_s=0.0
+        )
         tr.log_params({"algorithm.eps_high": 0.28})
         for step in range(0, 5):
             tr.log_metrics({"reward/accuracy": step / 10, "time/step": 1.0 + step}, step=step)
@@ -146,8 +161,18 @@ def test_server_killed_mid_run_loses_no_point(tmp_path: Path) -> None:
         # a replay of a point the server already has (written, but the answer was lost) is stored once:
         # MLflow keys metric rows by (key, timestamp, step, value) and the spool keeps the original timestamp
         first = min(hist, key=lambda m: m.step)
-        tr.spool_path.write_text(json.dumps({"kind": "metric", "key": "time/step", "value": first.value,
-                                             "step": first.step, "timestamp": first.timestamp}) + "\n")
+        tr.spool_path.write_text(
+            json.dumps(
+                {
+                    "kind": "metric",
+                    "key": "time/step",
+                    "value": first.value,
+                    "step": first.step,
+                    "timestamp": first.timestamp,
+                }
+            )
+            + "\n"
+        )
         assert tr.flush()
         assert len(tr.client.get_metric_history(tr.run_id, "time/step")) == 12
     finally:

@@ -60,7 +60,7 @@ def test_half_written_checkpoint_is_never_loaded(tmp_path):
     with pytest.raises(OSError):
         ck.save_checkpoint(tmp_path, 8, {}, crashing_learner)
     assert ck.latest_checkpoint(tmp_path).name == "step_000005"
-    _save(tmp_path, 9)                                # the next save sweeps the stale temp folders
+    _save(tmp_path, 9)  # the next save sweeps the stale temp folders
     assert not list(ck.checkpoints_dir(tmp_path).glob(".tmp-*"))
 
 
@@ -76,14 +76,14 @@ def test_rng_state_round_trip():
 def test_prompt_order_is_seeded_resumable_and_covers_each_epoch():
     a = PromptOrder(10, seed=3)
     first = a.take(7) + a.take(3)
-    assert sorted(first) == list(range(10))                 # epoch 0 is a permutation
+    assert sorted(first) == list(range(10))  # epoch 0 is a permutation
     assert first != list(range(10))
     b = PromptOrder(10, seed=3)
     b.take(4)
     saved = b.state_dict()
     c = PromptOrder(10, seed=3)
     c.load_state_dict(saved)
-    assert c.take(13) == b.take(13)                          # crosses into epoch 1 identically
+    assert c.take(13) == b.take(13)  # crosses into epoch 1 identically
     assert PromptOrder(10, seed=4).take(10) != first
     with pytest.raises(ValueError, match="same config"):
         PromptOrder(11, seed=3).load_state_dict(saved)
@@ -94,6 +94,6 @@ def test_stop_flag_catches_sigterm_and_sigusr1():
         assert not flag.requested
         os.kill(os.getpid(), signal.SIGUSR1)
         assert flag.requested and flag.signum == signal.SIGUSR1
-        os.kill(os.getpid(), signal.SIGTERM)                 # a second signal keeps the first
+        os.kill(os.getpid(), signal.SIGTERM)  # a second signal keeps the first
         assert flag.signum == signal.SIGUSR1
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

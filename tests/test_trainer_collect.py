@@ -48,8 +48,12 @@ class ScriptedEngine:
         for p in prompt_ids:
             rows = self.script[p[0]]
             assert len(rows) == n
-            out.append([Sample(prompt_ids=p, response_ids=[7] * ln, logprobs=None, finish_reason=fr, text=t)
-                        for t, ln, fr in rows])
+            out.append(
+                [
+                    Sample(prompt_ids=p, response_ids=[7] * ln, logprobs=None, finish_reason=fr, text=t)
+                    for t, ln, fr in rows
+                ]
+            )
         return out
 
 
@@ -86,7 +90,7 @@ def test_without_dynamic_sampling_every_group_trains(clock):
     out = collect(engine, next_batch, s, score_fn)
     assert [g.problem.id for g in out.groups] == ["0", "1", "2"]
     assert out.groups[1].scores == [1.0, -1.0, 1.0, -1.0]
-    assert out.groups[1].rewards == out.groups[1].scores          # no penalty when off
+    assert out.groups[1].rewards == out.groups[1].scores  # no penalty when off
     assert out.stats.gen_batches == 1 and out.stats.groups_kept == 3 and out.stats.tokens_generated == 3 * 4 * 5
     assert out.timings["generate"] == 3.0
 
@@ -95,8 +99,14 @@ def test_soft_overlong_penalty_shapes_rewards_eq13(clock):
     # L_max 16, L_cache 8: |y| <= 8 -> 0; 12 -> (8-12)/8 = -0.5; 14 -> -0.75; 16 -> -1.0 (at the cap, in band)
     engine = ScriptedEngine({0: WRONG_VARIED_LEN}, clock)
     next_batch, _ = make_source(1)
-    s = RolloutSettings(n=4, max_tokens=16, train_batch_size=1, overlong_penalty=True, overlong_buffer_len=8,
-                        overlong_penalty_factor=1.0)
+    s = RolloutSettings(
+        n=4,
+        max_tokens=16,
+        train_batch_size=1,
+        overlong_penalty=True,
+        overlong_buffer_len=8,
+        overlong_penalty_factor=1.0,
+    )
     g = collect(engine, next_batch, s, score_fn).groups[0]
     assert g.penalties == [0.0, -0.5, -0.75, -1.0]
     assert g.rewards == [-1.0, -1.5, -1.75, -2.0]
@@ -109,13 +119,26 @@ def test_refill_accounting_counts_every_batch(clock):
     script = {0: ALL_RIGHT, 1: MIXED, 2: WRONG_VARIED_LEN, 3: MIXED, 4: MIXED, 5: ALL_RIGHT}
     engine = ScriptedEngine(script, clock)
     next_batch, pos = make_source(6)
-    s = RolloutSettings(n=4, max_tokens=16, dynamic_sampling=True, train_batch_size=2, gen_batch_size=3,
-                        max_num_gen_batches=5, overlong_penalty=True, overlong_buffer_len=8)
+    s = RolloutSettings(
+        n=4,
+        max_tokens=16,
+        dynamic_sampling=True,
+        train_batch_size=2,
+        gen_batch_size=3,
+        max_num_gen_batches=5,
+        overlong_penalty=True,
+        overlong_buffer_len=8,
+    )
     out = collect(engine, next_batch, s, score_fn)
     assert [g.problem.id for g in out.groups] == ["1", "3"]
     st = out.stats
-    assert (st.gen_batches, st.groups_generated, st.groups_kept, st.groups_filtered, st.groups_surplus) == \
-        (2, 6, 2, 3, 1)
+    assert (st.gen_batches, st.groups_generated, st.groups_kept, st.groups_filtered, st.groups_surplus) == (
+        2,
+        6,
+        2,
+        3,
+        1,
+    )
     assert st.groups_dropped == 4
     # tokens of every generated response, dropped groups included: 5 groups of 4x5 + (2+12+14+16)
     assert st.tokens_generated == 5 * 20 + 44
@@ -130,8 +153,15 @@ def test_refill_accounting_counts_every_batch(clock):
 def test_refill_cap_partial_trains_on_what_was_kept(clock):
     engine = ScriptedEngine({0: ALL_RIGHT, 1: MIXED, 2: ALL_WRONG}, clock)
     next_batch, _ = make_source(3)
-    s = RolloutSettings(n=4, max_tokens=16, dynamic_sampling=True, train_batch_size=3, gen_batch_size=3,
-                        max_num_gen_batches=2, at_refill_cap="partial")
+    s = RolloutSettings(
+        n=4,
+        max_tokens=16,
+        dynamic_sampling=True,
+        train_batch_size=3,
+        gen_batch_size=3,
+        max_num_gen_batches=2,
+        at_refill_cap="partial",
+    )
     out = collect(engine, next_batch, s, score_fn)
     assert [g.problem.id for g in out.groups] == ["1", "1"]
     assert out.stats.hit_cap and not out.stats.full and out.stats.gen_batches == 2
@@ -140,8 +170,15 @@ def test_refill_cap_partial_trains_on_what_was_kept(clock):
 def test_refill_cap_fail_raises_with_counts(clock):
     engine = ScriptedEngine({0: ALL_RIGHT, 1: ALL_WRONG}, clock)
     next_batch, _ = make_source(2)
-    s = RolloutSettings(n=4, max_tokens=16, dynamic_sampling=True, train_batch_size=2, gen_batch_size=2,
-                        max_num_gen_batches=3, at_refill_cap="fail")
+    s = RolloutSettings(
+        n=4,
+        max_tokens=16,
+        dynamic_sampling=True,
+        train_batch_size=2,
+        gen_batch_size=2,
+        max_num_gen_batches=3,
+        at_refill_cap="fail",
+    )
     with pytest.raises(RefillCapReached, match="max_num_gen_batches=3") as e:
         collect(engine, next_batch, s, score_fn)
     assert e.value.stats.gen_batches == 3 and e.value.stats.groups_kept == 0
@@ -149,8 +186,9 @@ def test_refill_cap_fail_raises_with_counts(clock):
 
 def test_stop_mid_refill_then_resume_gives_the_uninterrupted_result(clock):
     script = {0: ALL_RIGHT, 1: MIXED, 2: ALL_WRONG, 3: MIXED, 4: MIXED, 5: MIXED}
-    s = RolloutSettings(n=4, max_tokens=16, dynamic_sampling=True, train_batch_size=3, gen_batch_size=2,
-                        max_num_gen_batches=0)
+    s = RolloutSettings(
+        n=4, max_tokens=16, dynamic_sampling=True, train_batch_size=3, gen_batch_size=2, max_num_gen_batches=0
+    )
     ref = collect(ScriptedEngine(script, clock), make_source(6)[0], s, score_fn)
 
     import pickle
@@ -160,8 +198,8 @@ def test_stop_mid_refill_then_resume_gives_the_uninterrupted_result(clock):
     stops = iter([True])
     with pytest.raises(StopDuringRefill) as e:
         collect(engine, next_batch, s, score_fn, should_stop=lambda: next(stops, False))
-    assert engine.calls == [[0, 1]] and pos["i"] == 2          # stopped after the first batch, before the next
-    state = pickle.loads(pickle.dumps(e.value.state))           # it goes through a checkpoint file
+    assert engine.calls == [[0, 1]] and pos["i"] == 2  # stopped after the first batch, before the next
+    state = pickle.loads(pickle.dumps(e.value.state))  # it goes through a checkpoint file
     out = collect(engine, next_batch, s, score_fn, resume=state)
     assert [g.problem.id for g in out.groups] == [g.problem.id for g in ref.groups] == ["1", "3", "4"]
     assert out.stats == ref.stats

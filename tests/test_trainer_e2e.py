@@ -33,18 +33,44 @@ def world(tmp_path_factory) -> Path:
 
 
 def args(world: Path, tmp: Path, row: str = "00_naive_grpo", *extra: str) -> list[str]:
-    return ["--config", str(REPO / "configs" / "ablations" / f"{row}.yaml"), "--preset", "tiny",
-            f"tiny.dir={world}", "tiny.sft_steps=20", "tiny.n_train=64", "tiny.n_eval=4",
-            "trainer.total_steps=3", "trainer.train_batch_size=2", "trainer.mini_batch_size=1",
-            "trainer.checkpoint_every=1", "trainer.keep_checkpoints=2", "rollout.n=4",
-            "rollout.max_response_length=24", "algorithm.overlong_buffer_len=8", "eval.n=2", "eval.every=3",
-            "eval.pass_k=[1,2]", "eval.bootstrap=20", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
-            "tracking.experiment=e2e", "rollout.engine=hf", *extra]   # HF: bitwise-reproducible sampling
+    return [
+        "--config",
+        str(REPO / "configs" / "ablations" / f"{row}.yaml"),
+        "--preset",
+        "tiny",
+        f"tiny.dir={world}",
+        "tiny.sft_steps=20",
+        "tiny.n_train=64",
+        "tiny.n_eval=4",
+        "trainer.total_steps=3",
+        "trainer.train_batch_size=2",
+        "trainer.mini_batch_size=1",
+        "trainer.checkpoint_every=1",
+        "trainer.keep_checkpoints=2",
+        "rollout.n=4",
+        "rollout.max_response_length=24",
+        "algorithm.overlong_buffer_len=8",
+        "eval.n=2",
+        "eval.every=3",
+        "eval.pass_k=[1,2]",
+        "eval.bootstrap=20",
+        f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+        "tracking.experiment=e2e",
+        "rollout.engine=hf",
+        *extra,
+    ]  # HF: bitwise-reproducible sampling
 
 
 def env(**extra: str) -> dict[str, str]:
-    e = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-             TOKENIZERS_PARALLELISM="false", PYTHONHASHSEED="0")
+    e = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONHASHSEED="0",
+    )
     e.update(extra)
     return e
 
@@ -52,9 +78,13 @@ def env(**extra: str) -> dict[str, str]:
 def start(run_dir: Path, argv: list[str], **env_extra: str) -> subprocess.Popen:
     run_dir.mkdir(parents=True, exist_ok=True)
     log = open(run_dir.parent / f"{run_dir.name}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "dapo.cli", "train", *argv, "--run-dir", str(run_dir),
-                             "--progress", "log"], cwd=run_dir.parent, env=env(**env_extra), stdout=log,
-                            stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dapo.cli", "train", *argv, "--run-dir", str(run_dir), "--progress", "log"],
+        cwd=run_dir.parent,
+        env=env(**env_extra),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def train(run_dir: Path, argv: list[str], timeout: float = 600, **env_extra: str) -> int:
@@ -113,16 +143,41 @@ def test_uninterrupted_run_logs_everything(reference):
     assert run.data.params["algorithm.eps_high"] == "0.2" and run.data.params["rollout.n"] == "4"
     h = history(tmp / "mlflow.db", done["run_id"])
     assert h[M.GRAD_UPDATES] == {1: 2.0, 2: 4.0, 3: 6.0}
-    assert set(h[M.eval_avg(2)]) == {0, 3}                       # eval at the start and at the end
+    assert set(h[M.eval_avg(2)]) == {0, 3}  # eval at the start and at the end
     # every per-step metric that always has a value is logged at every step (NaN-able ones may be absent)
-    always = {M.REWARD_MEAN, M.SCORE_MEAN, M.ACC_MEAN, M.ALL_CORRECT_FRAC, M.ALL_WRONG_FRAC, M.ADV_MEAN,
-              M.ADV_ABS_MEAN, M.ZERO_ADV_GROUP_FRAC, M.RESP_LEN_MEAN, M.RESP_LEN_MAX, M.RESP_TRUNC_FRAC, M.ENTROPY,
-              M.POLICY_LOSS, M.CLIPFRAC_LOW, M.CLIPFRAC_HIGH, M.APPROX_KL, M.GRAD_NORM, M.LR, M.NONFINITE_SKIPPED,
-              M.DS_GEN_BATCHES, M.DS_GROUPS_KEPT, M.DS_TOKENS_GENERATED, M.DS_TOKENS_GENERATED_TOTAL,
-              M.TIME_GENERATE, M.TIME_UPDATE, M.TIME_STEP, M.TOKENS_PER_SEC, M.OVERLONG_PENALTY_MEAN}
+    always = {
+        M.REWARD_MEAN,
+        M.SCORE_MEAN,
+        M.ACC_MEAN,
+        M.ALL_CORRECT_FRAC,
+        M.ALL_WRONG_FRAC,
+        M.ADV_MEAN,
+        M.ADV_ABS_MEAN,
+        M.ZERO_ADV_GROUP_FRAC,
+        M.RESP_LEN_MEAN,
+        M.RESP_LEN_MAX,
+        M.RESP_TRUNC_FRAC,
+        M.ENTROPY,
+        M.POLICY_LOSS,
+        M.CLIPFRAC_LOW,
+        M.CLIPFRAC_HIGH,
+        M.APPROX_KL,
+        M.GRAD_NORM,
+        M.LR,
+        M.NONFINITE_SKIPPED,
+        M.DS_GEN_BATCHES,
+        M.DS_GROUPS_KEPT,
+        M.DS_TOKENS_GENERATED,
+        M.DS_TOKENS_GENERATED_TOTAL,
+        M.TIME_GENERATE,
+        M.TIME_UPDATE,
+        M.TIME_STEP,
+        M.TOKENS_PER_SEC,
+        M.OVERLONG_PENALTY_MEAN,
+    }
     for key in always:
         assert set(h[key]) == {1, 2, 3}, key
-    assert h[M.LR][1] == pytest.approx(1e-4 / 2) and h[M.LR][2] == pytest.approx(1e-4)   # warm-up 2 steps
+    assert h[M.LR][1] == pytest.approx(1e-4 / 2) and h[M.LR][2] == pytest.approx(1e-4)  # warm-up 2 steps
     # the final model is a loadable HF checkpoint with the trained weights
     from transformers import AutoModelForCausalLM
 
@@ -140,7 +195,7 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(reference, world, tmp
             assert p.poll() is None, log_text(run_dir)
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        os.kill(p.pid, signal.SIGKILL)                       # no chance to clean up: mid step 2
+        os.kill(p.pid, signal.SIGKILL)  # no chance to clean up: mid step 2
         assert p.wait(60) == -signal.SIGKILL
     finally:
         p.kill()
@@ -162,8 +217,17 @@ def test_sigkill_then_resume_matches_the_uninterrupted_run(reference, world, tmp
 
 def test_sigterm_exits_75_with_a_loadable_checkpoint_then_resumes(world, tmp_path):
     run_dir = tmp_path / "run"
-    p = start(run_dir, args(world, tmp_path, "05_dynamic_sampling", "trainer.total_steps=2",
-                            "algorithm.gen_batch_size=2", "algorithm.max_num_gen_batches=2"))
+    p = start(
+        run_dir,
+        args(
+            world,
+            tmp_path,
+            "05_dynamic_sampling",
+            "trainer.total_steps=2",
+            "algorithm.gen_batch_size=2",
+            "algorithm.max_num_gen_batches=2",
+        ),
+    )
     try:
         deadline = time.monotonic() + 600
         while "step 1/2" not in log_text(run_dir):
@@ -178,32 +242,50 @@ def test_sigterm_exits_75_with_a_loadable_checkpoint_then_resumes(world, tmp_pat
     state, rng, _ = ck.load_checkpoint_state(latest)
     assert state["step"] >= 1 and state["mlflow_run_id"] and "torch" in rng
     assert (latest / ck.LEARNER_DIR).is_dir()
-    assert train(run_dir, args(world, tmp_path, "05_dynamic_sampling", "trainer.total_steps=2",
-                               "algorithm.gen_batch_size=2", "algorithm.max_num_gen_batches=2")) == 0
+    assert (
+        train(
+            run_dir,
+            args(
+                world,
+                tmp_path,
+                "05_dynamic_sampling",
+                "trainer.total_steps=2",
+                "algorithm.gen_batch_size=2",
+                "algorithm.max_num_gen_batches=2",
+            ),
+        )
+        == 0
+    )
     done = json.loads((run_dir / "DONE.json").read_text())
-    assert done["run_id"] == state["mlflow_run_id"] and done["step"] == 2     # the same MLflow run
+    assert done["run_id"] == state["mlflow_run_id"] and done["step"] == 2  # the same MLflow run
 
 
 def test_nonfinite_loss_is_skipped_then_fails_with_a_message(world, tmp_path):
     run_dir = tmp_path / "run"
-    rc = train(run_dir, args(world, tmp_path, "00_naive_grpo", "trainer.max_consecutive_nonfinite=3",
-                             "eval.every=0"), DAPO_TEST_POISON_STEP="2")
+    rc = train(
+        run_dir,
+        args(world, tmp_path, "00_naive_grpo", "trainer.max_consecutive_nonfinite=3", "eval.every=0"),
+        DAPO_TEST_POISON_STEP="2",
+    )
     text = log_text(run_dir)
     assert rc == FAILURE_EXIT_CODE, text
     assert "3 non-finite updates in a row" in text and "step_000001" in text
-    assert [p.name for p in ck.list_checkpoints(run_dir)] == ["step_000001"]    # the good one, not overwritten
+    assert [p.name for p in ck.list_checkpoints(run_dir)] == ["step_000001"]  # the good one, not overwritten
     from mlflow.tracking import MlflowClient
 
     c = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     run = c.search_runs([c.get_experiment_by_name("e2e").experiment_id])[0]
     assert run.info.status == "FAILED"
-    assert run.data.metrics[M.NONFINITE_SKIPPED] == 3.0            # step 2: both updates skipped; step 3: 1 more
+    assert run.data.metrics[M.NONFINITE_SKIPPED] == 3.0  # step 2: both updates skipped; step 3: 1 more
 
 
 def test_vllm_engine_trains_two_steps(world, tmp_path):
     pytest.importorskip("vllm")
     run_dir = tmp_path / "run"
-    rc = train(run_dir, args(world, tmp_path, "00_naive_grpo", "rollout.engine=vllm", "trainer.total_steps=2",
-                             "eval.every=0"), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    rc = train(
+        run_dir,
+        args(world, tmp_path, "00_naive_grpo", "rollout.engine=vllm", "trainer.total_steps=2", "eval.every=0"),
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+    )
     assert rc == 0, log_text(run_dir)[-3000:]
     assert json.loads((run_dir / "DONE.json").read_text())["grad_updates"] == 4

@@ -45,9 +45,18 @@ class FakeEngine:
         out = []
         for p in prompt_ids:
             bits = torch.randint(0, 2, (n,)).tolist()
-            out.append([Sample(prompt_ids=p, response_ids=[5] * (max_tokens if j % 3 == 2 else 3), logprobs=None,
-                               finish_reason="length" if j % 3 == 2 else "stop", text=str(b))
-                        for j, b in enumerate(bits)])
+            out.append(
+                [
+                    Sample(
+                        prompt_ids=p,
+                        response_ids=[5] * (max_tokens if j % 3 == 2 else 3),
+                        logprobs=None,
+                        finish_reason="length" if j % 3 == 2 else "stop",
+                        text=str(b),
+                    )
+                    for j, b in enumerate(bits)
+                ]
+            )
         return out
 
     def sleep(self):
@@ -78,8 +87,7 @@ class FakeLearner:
         if not torch.isfinite(g):
             return {UPDATE_SKIPPED: 1.0}
         self.w += 0.01 * g
-        return {M.POLICY_LOSS: float(-g), M.GRAD_NORM: float(g.abs()), M.CLIPFRAC_HIGH: 0.0,
-                M.CLIP_HIGH_PROB: math.nan}
+        return {M.POLICY_LOSS: float(-g), M.GRAD_NORM: float(g.abs()), M.CLIPFRAC_HIGH: 0.0, M.CLIP_HIGH_PROB: math.nan}
 
     def lr_step(self):
         self.lr_steps += 1
@@ -132,13 +140,30 @@ PROBLEMS = [Problem(id=str(i), problem=f"p{i}", answer="1") for i in range(20)]
 
 
 def make(tmp_path, *overrides, engine=None, learner=None, evaluate=None):
-    cfg = load_config("configs/ablations/00_naive_grpo.yaml", preset="tiny", overrides=[
-        "trainer.total_steps=6", "trainer.train_batch_size=4", "trainer.mini_batch_size=2", "trainer.epochs=2",
-        "rollout.n=3", "rollout.max_response_length=8", "trainer.checkpoint_every=2", "eval.every=0",
-        *overrides])
-    comps = Components(engine=engine or FakeEngine(), learner=learner or FakeLearner(), problems=PROBLEMS,
-                       prompts=[[i] for i in range(20)], score_fn=score_fn, make_tracker=FakeTracker,
-                       evaluate=evaluate)
+    cfg = load_config(
+        "configs/ablations/00_naive_grpo.yaml",
+        preset="tiny",
+        overrides=[
+            "trainer.total_steps=6",
+            "trainer.train_batch_size=4",
+            "trainer.mini_batch_size=2",
+            "trainer.epochs=2",
+            "rollout.n=3",
+            "rollout.max_response_length=8",
+            "trainer.checkpoint_every=2",
+            "eval.every=0",
+            *overrides,
+        ],
+    )
+    comps = Components(
+        engine=engine or FakeEngine(),
+        learner=learner or FakeLearner(),
+        problems=PROBLEMS,
+        prompts=[[i] for i in range(20)],
+        score_fn=score_fn,
+        make_tracker=FakeTracker,
+        evaluate=evaluate,
+    )
     return Trainer(cfg, tmp_path / "run", comps, progress=False)
 
 
@@ -162,31 +187,40 @@ def test_counters_minibatches_and_metrics(tmp_path):
     m = rec["metrics"]
     assert sorted(m[M.ROLLOUT_STEP]) == list(range(1, 7))
     assert m[M.GRAD_UPDATES][6] == 24
-    assert m[M.LR][1] == 0.0 and m[M.LR][2] == 5e-4 and m[M.LR][3] == 1e-3     # lr logged before its step
+    assert m[M.LR][1] == 0.0 and m[M.LR][2] == 5e-4 and m[M.LR][3] == 1e-3  # lr logged before its step
     assert m[M.RESP_TRUNC_FRAC][1] == pytest.approx(1 / 3)
     assert m[M.ENTROPY][1] == pytest.approx(0.5)
-    assert M.CLIP_HIGH_PROB not in m                       # NaN (nothing clipped) is left out, not logged as 0
+    assert M.CLIP_HIGH_PROB not in m  # NaN (nothing clipped) is left out, not logged as 0
     assert m[M.DS_GEN_BATCHES][1] == 1 and m[M.DS_TOKENS_GENERATED][1] == 4 * (3 + 3 + 8)
     assert rec["params"]["algorithm.eps_high"] == 0.2 and rec["tags"][M.TAG_ROW] == "00_naive_grpo"
     assert rec["tags"][M.TAG_STATUS] == "finished" and rec["status"] == "FINISHED"
     done = json.loads((tmp_path / "run" / "DONE.json").read_text())
     assert done["step"] == 6 and done["grad_updates"] == 24 and (tmp_path / "run" / "final" / "w.pt").is_file()
-    assert tr.c.engine.synced[-1] == pytest.approx(float(lrn.w.sum()))     # the engine holds the final weights
+    assert tr.c.engine.synced[-1] == pytest.approx(float(lrn.w.sum()))  # the engine holds the final weights
 
 
 def test_overlong_filter_zeroes_truncated_rows_in_what_the_learner_sees(tmp_path):
     for row, expect_zero in (("00_naive_grpo", False), ("01_overlong_filtering", True)):
         tr = make(tmp_path / row, "trainer.total_steps=1")
-        tr.cfg = load_config(f"configs/ablations/{row}.yaml", preset="tiny", overrides=[
-            "trainer.total_steps=1", "trainer.train_batch_size=4", "trainer.mini_batch_size=2", "rollout.n=3",
-            "rollout.max_response_length=8", "eval.every=0"])
+        tr.cfg = load_config(
+            f"configs/ablations/{row}.yaml",
+            preset="tiny",
+            overrides=[
+                "trainer.total_steps=1",
+                "trainer.train_batch_size=4",
+                "trainer.mini_batch_size=2",
+                "rollout.n=3",
+                "rollout.max_response_length=8",
+                "eval.every=0",
+            ],
+        )
         assert tr.run() == 0
         for mb in tr.c.learner.minibatches:
-            truncated = torch.tensor([len(r) == 8 for r in mb.response_ids])     # the fake's cap-length responses
+            truncated = torch.tensor([len(r) == 8 for r in mb.response_ids])  # the fake's cap-length responses
             trunc_rows = mb.loss_mask[truncated]
             assert trunc_rows.numel() > 0
             assert bool((trunc_rows.sum(1) == 0).all()) == expect_zero
-            assert bool((mb.loss_mask[~truncated].sum(1) == 3).all())   # the others keep their 3 tokens
+            assert bool((mb.loss_mask[~truncated].sum(1) == 3).all())  # the others keep their 3 tokens
 
 
 def test_sigterm_checkpoints_and_exits_for_resume(tmp_path, monkeypatch):
@@ -205,7 +239,7 @@ def test_sigterm_checkpoints_and_exits_for_resume(tmp_path, monkeypatch):
 def test_resume_after_a_crash_matches_the_uninterrupted_run(tmp_path):
     ref = make(tmp_path / "ref")
     assert ref.run() == 0
-    crashed = make(tmp_path / "cut", engine=FakeEngine(crash_at=5))        # dies in step 5 (checkpoint at 4)
+    crashed = make(tmp_path / "cut", engine=FakeEngine(crash_at=5))  # dies in step 5 (checkpoint at 4)
     with pytest.raises(KeyboardInterrupt):
         crashed.run()
     resumed = make(tmp_path / "cut")
@@ -219,21 +253,26 @@ def test_resume_after_a_crash_matches_the_uninterrupted_run(tmp_path):
 
 
 def test_nonfinite_updates_are_counted_then_fail_keeping_the_good_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setenv(POISON_ENV, "3")                  # every update from step 3 on is NaN
+    monkeypatch.setenv(POISON_ENV, "3")  # every update from step 3 on is NaN
     tr = make(tmp_path, "trainer.max_consecutive_nonfinite=6", "trainer.checkpoint_every=1")
     assert tr.run() == FAILURE_EXIT_CODE
     m = FakeTracker.store[tr.run_id]["metrics"]
-    assert m[M.NONFINITE_SKIPPED] == {1: 0, 2: 0, 3: 4, 4: 6}     # 4 updates a step; stops and fails at 6
+    assert m[M.NONFINITE_SKIPPED] == {1: 0, 2: 0, 3: 4, 4: 6}  # 4 updates a step; stops and fails at 6
     assert ck.latest_checkpoint(tmp_path / "run").name == "step_000002"
     assert FakeTracker.store[tr.run_id]["status"] == "FAILED"
 
 
 def test_dynamic_sampling_refill_cap_fail_leaves_a_checkpoint(tmp_path):
-    tr = make(tmp_path, "algorithm.dynamic_sampling=true", "algorithm.max_num_gen_batches=1",
-              "algorithm.at_refill_cap=fail", "algorithm.gen_batch_size=1")
+    tr = make(
+        tmp_path,
+        "algorithm.dynamic_sampling=true",
+        "algorithm.max_num_gen_batches=1",
+        "algorithm.at_refill_cap=fail",
+        "algorithm.gen_batch_size=1",
+    )
     assert tr.run() == FAILURE_EXIT_CODE
     state, _, _ = ck.load_checkpoint_state(ck.latest_checkpoint(tmp_path / "run"))
-    assert state["step"] == 0 and state["data_order"]["position"] == 0     # the state before the failed step
+    assert state["step"] == 0 and state["data_order"]["position"] == 0  # the state before the failed step
 
 
 def test_every_logged_name_comes_from_metric_names_and_the_docs_are_current(tmp_path):

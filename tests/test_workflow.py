@@ -23,7 +23,11 @@ TRAIN_JOB = REPO / "workflow" / "scripts" / "train_job.sh"
 def snakemake(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run snakemake from the repository root, as a user does (the profile is looked up relative to it)."""
     return subprocess.run(
-        [SNAKEMAKE, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        [SNAKEMAKE, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
 
@@ -32,12 +36,12 @@ def snakemake(*args: str, timeout: float = 120, env: dict | None = None) -> subp
 @pytest.mark.parametrize(
     "attempt, code, prior_failed, want_rc, want_failed",
     [
-        (1, 0, False, 0, False),     # finished
-        (1, 75, False, 75, False),   # cut off by SLURM: resubmit and resume, not a failure
-        (2, 75, False, 75, False),   # cut off again
-        (1, 3, False, 3, True),      # a real failure is final
-        (2, 0, True, 1, True),       # a later attempt after a real failure stops at once, without running
-        (1, 0, True, 0, False),      # a new Snakemake invocation (attempt 1) tries again
+        (1, 0, False, 0, False),  # finished
+        (1, 75, False, 75, False),  # cut off by SLURM: resubmit and resume, not a failure
+        (2, 75, False, 75, False),  # cut off again
+        (1, 3, False, 3, True),  # a real failure is final
+        (2, 0, True, 1, True),  # a later attempt after a real failure stops at once, without running
+        (1, 0, True, 0, False),  # a new Snakemake invocation (attempt 1) tries again
     ],
 )
 def test_train_job_sorts_resume_from_failure(tmp_path, attempt, code, prior_failed, want_rc, want_failed):
@@ -46,9 +50,18 @@ def test_train_job_sorts_resume_from_failure(tmp_path, attempt, code, prior_fail
     if prior_failed:
         (run_dir / "FAILED").write_text("3\n")
     r = subprocess.run(
-        ["bash", str(TRAIN_JOB), str(run_dir), str(attempt), str(log), "bash", "-c",
-         f"touch {ran}; echo trace-{code}; exit {code}"],
-        capture_output=True, text=True,
+        [
+            "bash",
+            str(TRAIN_JOB),
+            str(run_dir),
+            str(attempt),
+            str(log),
+            "bash",
+            "-c",
+            f"touch {ran}; echo trace-{code}; exit {code}",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == want_rc, r.stderr
     assert (run_dir / "FAILED").exists() == want_failed
@@ -73,8 +86,7 @@ def test_first_failure_survives_snakemake_truncating_the_log(tmp_path):
 
 # ------------------------------------------------------------------------------------------ validation
 def test_bad_override_stops_the_workflow_before_any_job(tmp_path):
-    r = snakemake("-n", "all_ablations", "--config", f"results={tmp_path}",
-                  'overrides=["algorithm.eps_high=0.1"]')
+    r = snakemake("-n", "all_ablations", "--config", f"results={tmp_path}", 'overrides=["algorithm.eps_high=0.1"]')
     assert r.returncode != 0
     out = r.stdout + r.stderr
     assert "eps_high" in out and "command line" in out and "00_naive_grpo.yaml" in out
@@ -112,8 +124,7 @@ def test_one_target_per_row(tmp_path):
 def test_paper_plan_dry_run_with_the_slurm_profile(tmp_path):
     """`snakemake -n --profile slurm all_ablations` with the 32B preset prints the plan in seconds, no GPUs."""
     t0 = time.monotonic()
-    r = snakemake("-n", "--profile", "slurm", "all_ablations", "--config", "preset=qwen2.5-32b",
-                  f"results={tmp_path}")
+    r = snakemake("-n", "--profile", "slurm", "all_ablations", "--config", "preset=qwen2.5-32b", f"results={tmp_path}")
     elapsed = time.monotonic() - t0
     assert r.returncode == 0, r.stderr[-3000:]
     assert elapsed < 60
@@ -148,8 +159,15 @@ def _slurm_answers() -> bool:
 
 # The tiny preset cut to a few steps, so six rows train and evaluate in minutes on two cores.
 CI_OVERRIDES = [
-    "trainer.total_steps=2", "trainer.train_batch_size=4", "trainer.mini_batch_size=2", "algorithm.gen_batch_size=8",
-    "trainer.checkpoint_every=1", "eval.n=2", "eval.every=0", "eval.bootstrap=50", "eval.pass_k=[1,2]",
+    "trainer.total_steps=2",
+    "trainer.train_batch_size=4",
+    "trainer.mini_batch_size=2",
+    "algorithm.gen_batch_size=8",
+    "trainer.checkpoint_every=1",
+    "eval.n=2",
+    "eval.every=0",
+    "eval.bootstrap=50",
+    "eval.pass_k=[1,2]",
 ]
 
 
@@ -163,8 +181,14 @@ def test_all_ablations_through_slurm(tmp_path, in_ci, tiny_world_dir):
     results = tmp_path / "results"
     overrides = json.dumps(CI_OVERRIDES)
     r = snakemake(
-        "--profile", "slurm", "all_ablations", "--config", f"results={results}", f"overrides={overrides}",
-        f"tiny_world={tiny_world_dir}", timeout=1800,
+        "--profile",
+        "slurm",
+        "all_ablations",
+        "--config",
+        f"results={results}",
+        f"overrides={overrides}",
+        f"tiny_world={tiny_world_dir}",
+        timeout=1800,
     )
     log = r.stdout[-4000:] + r.stderr[-6000:]
     assert r.returncode == 0, log
@@ -186,6 +210,14 @@ def test_all_ablations_through_slurm(tmp_path, in_ci, tiny_world_dir):
         assert run.info.status == "FINISHED", (row, run.info.status)
         assert eval_avg(2) in run.data.metrics, (row, sorted(run.data.metrics))
     # a rerun skips finished work
-    r2 = snakemake("--profile", "slurm", "all_ablations", "--config", f"results={results}",
-                   f"overrides={overrides}", f"tiny_world={tiny_world_dir}", timeout=300)
+    r2 = snakemake(
+        "--profile",
+        "slurm",
+        "all_ablations",
+        "--config",
+        f"results={results}",
+        f"overrides={overrides}",
+        f"tiny_world={tiny_world_dir}",
+        timeout=300,
+    )
     assert r2.returncode == 0 and "Nothing to be done" in r2.stdout + r2.stderr

@@ -20,8 +20,21 @@ from dapo.algos.overlong import overlong_loss_mask, soft_overlong_penalty
 from dapo.algos.surrogate import SurrogateOut, clipped_surrogate
 
 __all__ = [
-    "MODES", "RefillAccumulator", "RefillCapReached", "RefillStats", "SurrogateOut", "aggregate",
-    "chunked_logprobs_entropy", "clipped_surrogate", "group_advantages", "keep_groups", "local_counts",
-    "naive_logprobs_entropy", "overlong_loss_mask", "sequence_scales", "soft_overlong_penalty", "token_weights",
+    "MODES",
+    "RefillAccumulator",
+    "RefillCapReached",
+    "RefillStats",
+    "SurrogateOut",
+    "aggregate",
+    "chunked_logprobs_entropy",
+    "clipped_surrogate",
+    "group_advantages",
+    "keep_groups",
+    "local_counts",
+    "naive_logprobs_entropy",
+    "overlong_loss_mask",
+    "sequence_scales",
+    "soft_overlong_penalty",
+    "token_weights",
     "weighted_sum",
 ]

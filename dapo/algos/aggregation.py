@@ -79,15 +79,17 @@ def sequence_scales(
         scale = 1.0 / (lengths.clamp(min=1.0) * max(num_seqs, 1))
     elif mode == "seq-mean-token-sum":
         if seq_sum_constant is None or seq_sum_constant <= 0:
-            raise ValueError(f"seq-mean-token-sum needs seq_sum_constant > 0 (e.g. the max response length), "
-                             f"got {seq_sum_constant}")
+            raise ValueError(
+                f"seq-mean-token-sum needs seq_sum_constant > 0 (e.g. the max response length), got {seq_sum_constant}"
+            )
         scale = torch.full_like(lengths, 1.0 / (seq_sum_constant * max(num_seqs, 1)))
     elif mode == "group-token-mean":
         if group_ids is None:
             raise ValueError("group-token-mean needs group_ids (the prompt index of each response)")
         _, inverse = torch.unique(group_ids, return_inverse=True)
-        group_tokens = torch.zeros(int(inverse.max().item()) + 1 if inverse.numel() else 0,
-                                   dtype=torch.float64, device=lengths.device)
+        group_tokens = torch.zeros(
+            int(inverse.max().item()) + 1 if inverse.numel() else 0, dtype=torch.float64, device=lengths.device
+        )
         group_tokens.index_add_(0, inverse, lengths)
         scale = 1.0 / (group_tokens[inverse].clamp(min=1.0) * max(num_groups, 1))
     else:
@@ -111,8 +113,15 @@ def token_weights(
     Args and counts as in `sequence_scales`; `mask` [N, T] is the loss mask (after overlong filtering).
     The weights carry no gradient; slice their rows per micro-batch.
     """
-    scales = sequence_scales(mask.to(torch.float64).sum(dim=-1), mode, group_ids, num_tokens=num_tokens,
-                             num_seqs=num_seqs, num_groups=num_groups, seq_sum_constant=seq_sum_constant)
+    scales = sequence_scales(
+        mask.to(torch.float64).sum(dim=-1),
+        mode,
+        group_ids,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        num_groups=num_groups,
+        seq_sum_constant=seq_sum_constant,
+    )
     return (mask.to(torch.float64) * scales.unsqueeze(-1)).to(dtype)
 
 
@@ -140,10 +149,13 @@ def aggregate(
     """
     local = local_counts(mask, group_ids)
     w = token_weights(
-        mask, mode, group_ids,
+        mask,
+        mode,
+        group_ids,
         num_tokens=local["num_tokens"] if num_tokens is None else num_tokens,
         num_seqs=local["num_seqs"] if num_seqs is None else num_seqs,
         num_groups=local["num_groups"] if num_groups is None else num_groups,
-        seq_sum_constant=seq_sum_constant, dtype=loss.dtype,
+        seq_sum_constant=seq_sum_constant,
+        dtype=loss.dtype,
     )
     return weighted_sum(loss, w)

@@ -32,14 +32,14 @@ def keep_groups(correct: Tensor) -> Tensor:
 class RefillStats:
     """What one rollout step's refill loop cost (SPEC section 7, dynamic sampling metrics)."""
 
-    gen_batches: int = 0        # generation batches used, the first one included
+    gen_batches: int = 0  # generation batches used, the first one included
     groups_generated: int = 0
-    groups_kept: int = 0        # groups handed to training
-    groups_filtered: int = 0    # not informative (all correct or all wrong)
-    groups_surplus: int = 0     # informative but beyond the target
-    tokens_generated: int = 0   # every generated token, dropped groups included
-    full: bool = False          # reached the target
-    hit_cap: bool = False       # stopped by max_gen_batches before the target
+    groups_kept: int = 0  # groups handed to training
+    groups_filtered: int = 0  # not informative (all correct or all wrong)
+    groups_surplus: int = 0  # informative but beyond the target
+    tokens_generated: int = 0  # every generated token, dropped groups included
+    full: bool = False  # reached the target
+    hit_cap: bool = False  # stopped by max_gen_batches before the target
 
     @property
     def groups_dropped(self) -> int:
@@ -68,8 +68,7 @@ class RefillAccumulator:
     `kept, stats = acc.result()`.
     """
 
-    def __init__(self, target_groups: int, max_gen_batches: int = 0,
-                 at_cap: Literal["fail", "partial"] = "fail"):
+    def __init__(self, target_groups: int, max_gen_batches: int = 0, at_cap: Literal["fail", "partial"] = "fail"):
         if target_groups <= 0:
             raise ValueError(f"target_groups must be > 0, got {target_groups}")
         if max_gen_batches < 0:
@@ -125,7 +124,10 @@ class RefillAccumulator:
                     f"{s.gen_batches} generation batches (max_num_gen_batches={self.max_gen_batches}); "
                     f"{s.groups_filtered} of {s.groups_generated} groups were all correct or all wrong. Raise "
                     f"algorithm.max_num_gen_batches (0: no cap), enlarge algorithm.gen_batch_size, or set "
-                    f"algorithm.at_refill_cap=partial to train on the groups kept.", s, list(self._kept))
+                    f"algorithm.at_refill_cap=partial to train on the groups kept.",
+                    s,
+                    list(self._kept),
+                )
             s.hit_cap = True
             return True
         return False
@@ -133,6 +135,8 @@ class RefillAccumulator:
     def result(self) -> tuple[list[Any], RefillStats]:
         """The kept groups (exactly target_groups when full, fewer after a partial stop) and the stats."""
         if not self.done:
-            raise RuntimeError(f"RefillAccumulator is not done: {self.stats.groups_kept}/{self.target_groups} "
-                               "groups kept and no cap reached; add more generation batches")
+            raise RuntimeError(
+                f"RefillAccumulator is not done: {self.stats.groups_kept}/{self.target_groups} "
+                "groups kept and no cap reached; add more generation batches"
+            )
         return list(self._kept), self.stats

@@ -97,7 +97,8 @@ def eval_summary(
         if len(answers) != p or any(len(row) != n for row in answers):
             raise ValueError(f"answers must be [P][n] = [{p}][{n}] like correct")
         per_problem[metric_names.eval_maj(n)] = 100.0 * np.array(
-            [majority_correct(c[i], answers[i]) for i in range(p)], dtype=np.float64)
+            [majority_correct(c[i], answers[i]) for i in range(p)], dtype=np.float64
+        )
     out: dict[str, float] = {}
     for name, values in per_problem.items():
         out[name] = float(values.mean())

@@ -28,8 +28,15 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 class _ChunkedLogprobEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int,
-                temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        targets: Tensor,
+        chunk_size: int,
+        temperature: float,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:
         cdt = _compute_dtype(hidden.dtype)
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=cdt, device=hidden.device)
@@ -85,8 +92,14 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
 
 
-def chunked_logprobs_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, chunk_size: int = 1024,
-                             temperature: float = 1.0, with_entropy: bool = True) -> tuple[Tensor, Tensor | None]:
+def chunked_logprobs_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """Log-probs of `targets` (and the entropy of the full distribution) without materialising [T, V] logits.
 
     Args:
@@ -107,14 +120,20 @@ def chunked_logprobs_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, ch
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} disagree")
     lead = targets.shape
-    logp, ent = _ChunkedLogprobEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight,
-                                             targets.reshape(-1).long(), chunk_size, float(temperature),
-                                             with_entropy)
+    logp, ent = _ChunkedLogprobEntropy.apply(
+        hidden.reshape(-1, hidden.shape[-1]),
+        weight,
+        targets.reshape(-1).long(),
+        chunk_size,
+        float(temperature),
+        with_entropy,
+    )
     return logp.reshape(lead), (ent.reshape(lead) if with_entropy else None)
 
 
-def naive_logprobs_entropy(hidden: Tensor, weight: Tensor, targets: Tensor,
-                           temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+def naive_logprobs_entropy(
+    hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
     """The reference: full logits, log_softmax, gather. Same shapes and dtypes as `chunked_logprobs_entropy`."""
     z = (hidden @ weight.t()).to(_compute_dtype(hidden.dtype)) / temperature
     logp_all = F.log_softmax(z, dim=-1)

@@ -32,8 +32,9 @@ def overlong_loss_mask(response_mask: Tensor, truncated: Tensor) -> Tensor:
     return response_mask * keep if response_mask.dtype != torch.bool else response_mask & keep
 
 
-def soft_overlong_penalty(lengths: Tensor, max_len: int, buffer_len: int, factor: float = 1.0,
-                          dtype: torch.dtype = torch.float32) -> Tensor:
+def soft_overlong_penalty(
+    lengths: Tensor, max_len: int, buffer_len: int, factor: float = 1.0, dtype: torch.dtype = torch.float32
+) -> Tensor:
     """R_length of Eq. 13 times `factor`.
 
     Args:

@@ -27,11 +27,11 @@ class SurrogateOut:
     loss and zeroed the gradient; they ignore the loss mask (metrics apply it)."""
 
     loss: Tensor
-    clipped_lower: Tensor   # rho < 1 - eps_low and A < 0
-    clipped_upper: Tensor   # rho > 1 + eps_high and A > 0 (Fig 3a's tokens)
-    dual_clipped: Tensor    # A < 0 and the dual-clip bound -c*A was taken (all False when c is None)
-    ratio: Tensor           # rho, detached
-    kl: Tensor | None       # k3 KL to the reference per token (None without ref_logp)
+    clipped_lower: Tensor  # rho < 1 - eps_low and A < 0
+    clipped_upper: Tensor  # rho > 1 + eps_high and A > 0 (Fig 3a's tokens)
+    dual_clipped: Tensor  # A < 0 and the dual-clip bound -c*A was taken (all False when c is None)
+    ratio: Tensor  # rho, detached
+    kl: Tensor | None  # k3 KL to the reference per token (None without ref_logp)
 
 
 def clipped_surrogate(
@@ -73,14 +73,14 @@ def clipped_surrogate(
     ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    loss = torch.maximum(unclipped, clipped)   # = -min(rho A, clip(rho) A)
+    loss = torch.maximum(unclipped, clipped)  # = -min(rho A, clip(rho) A)
 
     r = ratio.detach()
     clipped_lower = (r < 1.0 - eps_low) & (adv < 0)
     clipped_upper = (r > 1.0 + eps_high) & (adv > 0)
 
     if dual_clip_c is not None:
-        bound = -adv * dual_clip_c          # positive where A < 0
+        bound = -adv * dual_clip_c  # positive where A < 0
         neg = adv < 0
         dual_clipped = neg & (loss.detach() > bound)
         loss = torch.where(neg, torch.minimum(loss, bound), loss)
@@ -95,5 +95,6 @@ def clipped_surrogate(
         if kl_coef > 0:
             loss = loss + kl_coef * kl
         kl = kl.detach() if kl_coef == 0 else kl
-    return SurrogateOut(loss=loss, clipped_lower=clipped_lower, clipped_upper=clipped_upper,
-                        dual_clipped=dual_clipped, ratio=r, kl=kl)
+    return SurrogateOut(
+        loss=loss, clipped_lower=clipped_lower, clipped_upper=clipped_upper, dual_clipped=dual_clipped, ratio=r, kl=kl
+    )

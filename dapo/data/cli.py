@@ -22,8 +22,11 @@ from dapo.config_cli import add_config_arguments
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     p.add_argument("--out", required=True, help="Directory for train.jsonl and eval.jsonl.")
-    p.add_argument("--no-length-filter", action="store_true",
-                   help="Keep prompts longer than data.max_prompt_length (the trainer filters them again).")
+    p.add_argument(
+        "--no-length-filter",
+        action="store_true",
+        help="Keep prompts longer than data.max_prompt_length (the trainer filters them again).",
+    )
 
 
 def resolve_source(source: str, split: str, tiny_dir: Path | None) -> str:
@@ -60,12 +63,18 @@ def run(args: argparse.Namespace) -> int:
         if tokenizer is not None:
             from dapo.data.prompts import tokenize_problems
 
-            problems, _, dropped = tokenize_problems(problems, tokenizer, use_chat_template=cfg.data.use_chat_template,
-                                                     max_prompt_length=cfg.data.max_prompt_length)
+            problems, _, dropped = tokenize_problems(
+                problems,
+                tokenizer,
+                use_chat_template=cfg.data.use_chat_template,
+                max_prompt_length=cfg.data.max_prompt_length,
+            )
         n = write_problems(out / f"{split}.jsonl", problems)
-        print(f"{split}: {n} problems -> {out / f'{split}.jsonl'}  (source {resolved}: {stats.rows} rows, "
-              f"{stats.duplicates} duplicates removed, {stats.conflicting_answers} with a conflicting answer, "
-              f"{dropped} over {cfg.data.max_prompt_length} prompt tokens dropped)")
+        print(
+            f"{split}: {n} problems -> {out / f'{split}.jsonl'}  (source {resolved}: {stats.rows} rows, "
+            f"{stats.duplicates} duplicates removed, {stats.conflicting_answers} with a conflicting answer, "
+            f"{dropped} over {cfg.data.max_prompt_length} prompt tokens dropped)"
+        )
         if n == 0:
             print(f"dapo prepare-data: no {split} problems left from {resolved}")
             return 1

@@ -75,8 +75,9 @@ def _problem_text(row: Mapping[str, Any], where: str) -> str:
         content = content.get("content") if isinstance(content, Mapping) else None
         if isinstance(content, str) and content.strip():
             return strip_dapo_template(content)
-    raise DataError(f"{where}: no problem text (looked for extra_info.raw_problem, problem, prompt); "
-                    f"row keys: {sorted(row)}")
+    raise DataError(
+        f"{where}: no problem text (looked for extra_info.raw_problem, problem, prompt); row keys: {sorted(row)}"
+    )
 
 
 def _answer(row: Mapping[str, Any], where: str) -> str:
@@ -100,8 +101,9 @@ def row_to_problem(row: Any, where: str, default_id: str) -> Problem:
     pid = row.get("id")
     if pid is None:
         pid = _get(row, "extra_info.index")
-    return Problem(id=str(pid) if pid is not None else default_id, problem=_problem_text(row, where),
-                   answer=_answer(row, where))
+    return Problem(
+        id=str(pid) if pid is not None else default_id, problem=_problem_text(row, where), answer=_answer(row, where)
+    )
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
@@ -159,12 +161,14 @@ def dedup_problems(problems: Iterable[Problem]) -> tuple[list[Problem], LoadStat
         if kept is not p and kept.answer != p.answer:
             conflicts += 1
     unique = list(first.values())
-    return unique, LoadStats(rows=rows, unique=len(unique), duplicates=rows - len(unique),
-                             conflicting_answers=conflicts)
+    return unique, LoadStats(
+        rows=rows, unique=len(unique), duplicates=rows - len(unique), conflicting_answers=conflicts
+    )
 
 
-def load_problems_with_stats(source: str | Path, *, split: str = "train",
-                             dedup: bool = True) -> tuple[list[Problem], LoadStats]:
+def load_problems_with_stats(
+    source: str | Path, *, split: str = "train", dedup: bool = True
+) -> tuple[list[Problem], LoadStats]:
     """All problems of `source` (deduplicated by problem text unless `dedup=False`) and what loading did."""
     stem = Path(str(source)).stem or str(source).rsplit("/", 1)[-1]
     problems = [row_to_problem(row, where, f"{stem}-{i}") for i, (where, row) in enumerate(iter_rows(source, split))]

@@ -32,7 +32,7 @@ def strip_dapo_template(text: str) -> str:
     """Inverse of `apply_dapo_template` for upstream rows that store the templated prompt; other text is
     returned unchanged."""
     if text.startswith(DAPO_PREFIX) and text.endswith(DAPO_SUFFIX):
-        return text[len(DAPO_PREFIX):len(text) - len(DAPO_SUFFIX)]
+        return text[len(DAPO_PREFIX) : len(text) - len(DAPO_SUFFIX)]
     return text
 
 
@@ -45,8 +45,9 @@ def build_prompt(problem_text: str, tokenizer: PreTrainedTokenizerBase | None, u
     """
     content = apply_dapo_template(problem_text)
     if use_chat_template and tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                             add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
     return content
 
 

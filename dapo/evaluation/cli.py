@@ -22,12 +22,17 @@ if TYPE_CHECKING:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
-    p.add_argument("--model", help="Model directory to evaluate (default: model.path; `tiny`: the tiny world's "
-                   "base model).")
+    p.add_argument(
+        "--model", help="Model directory to evaluate (default: model.path; `tiny`: the tiny world's base model)."
+    )
     p.add_argument("--out", required=True, help="Output folder for samples.jsonl and metrics.json.")
     p.add_argument("--run-id", help="Log into this existing MLflow run (e.g. the training run) instead of a new one.")
-    p.add_argument("--step", type=int, default=None, help="MLflow step of the eval metrics (default: the run's "
-                   "last logged rollout step with --run-id, else 0).")
+    p.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="MLflow step of the eval metrics (default: the run's last logged rollout step with --run-id, else 0).",
+    )
     p.add_argument("--no-tracking", action="store_true", help="Write files only; log nothing to MLflow.")
 
 
@@ -50,32 +55,60 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     tok = AutoTokenizer.from_pretrained(path)
-    problems, prompts, dropped = tokenize_problems(eval_problems(cfg), tok,
-                                                   use_chat_template=cfg.data.use_chat_template,
-                                                   max_prompt_length=cfg.data.max_prompt_length)
+    problems, prompts, dropped = tokenize_problems(
+        eval_problems(cfg),
+        tok,
+        use_chat_template=cfg.data.use_chat_template,
+        max_prompt_length=cfg.data.max_prompt_length,
+    )
     if dropped:
         logging.warning("dropped %d eval prompts longer than data.max_prompt_length", dropped)
     e, max_tokens = cfg.eval, cfg.resolved_eval_max_tokens()
-    engine = make_engine(cfg.rollout.engine, path, dtype=cfg.model.dtype, seed=cfg.trainer.seed,
-                         max_model_len=max(len(p) for p in prompts) + max_tokens,
-                         tensor_parallel_size=cfg.rollout.tensor_parallel_size,
-                         gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                         cpu_kv_cache_gib=cfg.rollout.cpu_kv_cache_gib, enable_sleep_mode=False)
+    engine = make_engine(
+        cfg.rollout.engine,
+        path,
+        dtype=cfg.model.dtype,
+        seed=cfg.trainer.seed,
+        max_model_len=max(len(p) for p in prompts) + max_tokens,
+        tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        cpu_kv_cache_gib=cfg.rollout.cpu_kv_cache_gib,
+        enable_sleep_mode=False,
+    )
     try:
-        result = evaluate(engine, problems, prompts, n=e.n, max_tokens=max_tokens, temperature=e.temperature,
-                          top_p=e.top_p, pass_k=e.pass_k, verifier=cfg.algorithm.verifier, bootstrap=e.bootstrap,
-                          confidence=e.confidence, seed=cfg.trainer.seed)
+        result = evaluate(
+            engine,
+            problems,
+            prompts,
+            n=e.n,
+            max_tokens=max_tokens,
+            temperature=e.temperature,
+            top_p=e.top_p,
+            pass_k=e.pass_k,
+            verifier=cfg.algorithm.verifier,
+            bootstrap=e.bootstrap,
+            confidence=e.confidence,
+            seed=cfg.trainer.seed,
+        )
     finally:
         engine.close()
     samples_path = write_samples(result.samples, out / "samples.jsonl")
     metrics_path = out / "metrics.json"
-    metrics_path.write_text(json.dumps({"model": str(path), "problems": len(problems), "n": e.n,
-                                        "metrics": result.metrics}, indent=2) + "\n")
+    metrics_path.write_text(
+        json.dumps({"model": str(path), "problems": len(problems), "n": e.n, "metrics": result.metrics}, indent=2)
+        + "\n"
+    )
     print_table(result.metrics, title=f"{cfg.data.eval}: {len(problems)} problems x n={e.n}  ({path})")
     print(f"wrote {samples_path} ({len(result.samples)} rows) and {metrics_path}")
     if not args.no_tracking:
-        run_id = log_to_mlflow(cfg, result.metrics, [samples_path, metrics_path], run_id=args.run_id,
-                               step=args.step, spool_dir=out / "mlflow_spool")
+        run_id = log_to_mlflow(
+            cfg,
+            result.metrics,
+            [samples_path, metrics_path],
+            run_id=args.run_id,
+            step=args.step,
+            spool_dir=out / "mlflow_spool",
+        )
         print(f"logged to MLflow run {run_id}")
     return 0
 
@@ -93,18 +126,32 @@ def eval_problems(cfg: RunConfig) -> list:
     return load_problems(source, split="train")
 
 
-def log_to_mlflow(cfg: RunConfig, metrics: dict[str, float], files: list[Path], *, run_id: str | None,
-                  step: int | None, spool_dir: Path) -> str:
+def log_to_mlflow(
+    cfg: RunConfig,
+    metrics: dict[str, float],
+    files: list[Path],
+    *,
+    run_id: str | None,
+    step: int | None,
+    spool_dir: Path,
+) -> str:
     """Metrics at `step` and the files as artifacts under `eval/`; returns the run id."""
     import math
 
     from dapo import metric_names as M
     from dapo.tracking import Tracker
 
-    tr = Tracker(cfg.tracking.uri, cfg.tracking.experiment, f"eval-{cfg.run_name()}", run_id=run_id,
-                 spool_dir=spool_dir, mark_running=False,
-                 tags=None if run_id else {M.TAG_ROW: cfg.tracking.row, M.TAG_PRESET: cfg.tracking.preset,
-                                           M.TAG_SEED: str(cfg.trainer.seed)})
+    tr = Tracker(
+        cfg.tracking.uri,
+        cfg.tracking.experiment,
+        f"eval-{cfg.run_name()}",
+        run_id=run_id,
+        spool_dir=spool_dir,
+        mark_running=False,
+        tags=None
+        if run_id
+        else {M.TAG_ROW: cfg.tracking.row, M.TAG_PRESET: cfg.tracking.preset, M.TAG_SEED: str(cfg.trainer.seed)},
+    )
     if step is None:
         step = 0
         if run_id:  # after training: put the point at the run's last rollout step
@@ -131,12 +178,18 @@ def print_table(metrics: dict[str, float], title: str = "") -> None:
     from dapo.metric_names import EVAL_LEN_MEAN, EVAL_TRUNC_FRAC
 
     if EVAL_TRUNC_FRAC in metrics:
-        table.caption = (f"{100 * metrics[EVAL_TRUNC_FRAC]:.1f}% of responses hit the length cap; "
-                         f"mean length {metrics.get(EVAL_LEN_MEAN, float('nan')):.0f} tokens")
+        table.caption = (
+            f"{100 * metrics[EVAL_TRUNC_FRAC]:.1f}% of responses hit the length cap; "
+            f"mean length {metrics.get(EVAL_LEN_MEAN, float('nan')):.0f} tokens"
+        )
     for name, v in metrics.items():
         if name.endswith("_ci_low") or name.endswith("_ci_high") or name in (EVAL_TRUNC_FRAC, EVAL_LEN_MEAN):
             continue
         lo, hi = metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high")
-        table.add_row(name.removeprefix("eval/").replace("_at_", "@"), f"{v:.1f}",
-                      "" if lo is None else f"{lo:.1f}", "" if hi is None else f"{hi:.1f}")
+        table.add_row(
+            name.removeprefix("eval/").replace("_at_", "@"),
+            f"{v:.1f}",
+            "" if lo is None else f"{lo:.1f}",
+            "" if hi is None else f"{hi:.1f}",
+        )
     Console().print(table)

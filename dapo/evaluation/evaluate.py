@@ -91,9 +91,19 @@ def evaluate(
             sc = next(it)
             row_c.append(bool(sc.correct))
             row_a.append(sc.extracted)
-            samples.append({"problem_id": p.id, "sample_index": j, "text": s.text, "extracted": sc.extracted,
-                            "answer": p.answer, "score": float(sc.score), "correct": bool(sc.correct),
-                            "truncated": s.finish_reason == "length", "num_tokens": len(s.response_ids)})
+            samples.append(
+                {
+                    "problem_id": p.id,
+                    "sample_index": j,
+                    "text": s.text,
+                    "extracted": sc.extracted,
+                    "answer": p.answer,
+                    "score": float(sc.score),
+                    "correct": bool(sc.correct),
+                    "truncated": s.finish_reason == "length",
+                    "num_tokens": len(s.response_ids),
+                }
+            )
         correct.append(row_c)
         extracted.append(row_a)
     ks = [k for k in pass_k if k <= n]
@@ -104,8 +114,7 @@ def evaluate(
     return EvalResult({k: float(v) for k, v in metrics.items()}, samples)
 
 
-def _problems_and_prompts(a: Any, b: Sequence[Any], use_chat_template: bool) -> tuple[list[Problem],
-                                                                                      list[list[int]]]:
+def _problems_and_prompts(a: Any, b: Sequence[Any], use_chat_template: bool) -> tuple[list[Problem], list[list[int]]]:
     if isinstance(a, Sequence) and all(isinstance(p, Problem) for p in a):
         problems, prompts = list(a), [list(x) for x in b]
         if len(problems) != len(prompts):
@@ -114,8 +123,7 @@ def _problems_and_prompts(a: Any, b: Sequence[Any], use_chat_template: bool) -> 
     from dapo.data.prompts import build_prompt, encode_prompt
 
     tokenizer, problems = a, list(b)
-    return problems, [encode_prompt(build_prompt(p.problem, tokenizer, use_chat_template), tokenizer)
-                      for p in problems]
+    return problems, [encode_prompt(build_prompt(p.problem, tokenizer, use_chat_template), tokenizer) for p in problems]
 
 
 def write_samples(samples: Sequence[Mapping[str, Any]], path: str | Path) -> Path:

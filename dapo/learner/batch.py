@@ -101,9 +101,7 @@ class PolicyBatch:
                     f"PolicyBatch.{name} is {tuple(t.shape)}; need [N={n}, R>={width}] (R: longest response)"
                 )
         if any(len(p) == 0 for p in self.prompt_ids):
-            raise ValueError(
-                "PolicyBatch: empty prompt (the first response token needs a position to predict it)"
-            )
+            raise ValueError("PolicyBatch: empty prompt (the first response token needs a position to predict it)")
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -224,9 +222,7 @@ class MicroBatch:
     position_ids: Tensor | None = None
 
 
-def collate(
-    prompt_ids: list[list[int]], response_ids: list[list[int]], rows: list[int], pad_id: int = 0
-) -> MicroBatch:
+def collate(prompt_ids: list[list[int]], response_ids: list[list[int]], rows: list[int], pad_id: int = 0) -> MicroBatch:
     """Build the padded micro-batch of `rows` (indices into prompt_ids / response_ids)."""
     seqs = [prompt_ids[i] + response_ids[i][:-1] for i in rows]
     width = max(len(s) for s in seqs)

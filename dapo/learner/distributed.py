@@ -105,9 +105,7 @@ def all_reduce(values: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """
     out = values.detach().clone()
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dev = (
-            torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else out.device
-        )
+        dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else out.device
         buf = out.to(dev)
         dist.all_reduce(buf, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         out = buf.to(values.device)

@@ -76,9 +76,7 @@ class Learner:
         self.micro_batch_tokens, self.chunk_size = micro_batch_tokens, logprob_chunk_size
         self.pack_prompts = pack_prompts  # one prompt per group in the forward (dapo.learner.batch)
         self.dtype = resolve_dtype(dtype)
-        ds_config = deepspeed_config(
-            zero_stage, self.dtype == torch.bfloat16, grad_clip, self.dist.world_size
-        )
+        ds_config = deepspeed_config(zero_stage, self.dtype == torch.bfloat16, grad_clip, self.dist.world_size)
         policy, self._zero_init = load_policy(model_path, self.dtype, gradient_checkpointing, ds_config)
         if pack_prompts:
             check_packable(policy.lm)
@@ -123,8 +121,7 @@ class Learner:
             plan = plan_packed_micro_batches(batch.prompt_ids, batch.response_ids, self.micro_batch_tokens)
         else:
             lengths = [
-                len(p) + len(r) - 1 if r else 0
-                for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)
+                len(p) + len(r) - 1 if r else 0 for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)
             ]
             plan = plan_micro_batches(lengths, self.micro_batch_tokens)
         # At least one pass, so a step always follows a backward (a mini-batch without responses).
@@ -187,9 +184,7 @@ class Learner:
         spec, world = self.loss, self.dist.world_size
         counts = local_counts(batch.loss_mask, batch.group_ids)
         total = all_reduce(
-            torch.tensor(
-                [counts["num_tokens"], counts["num_seqs"], counts["num_groups"]], dtype=torch.float64
-            ),
+            torch.tensor([counts["num_tokens"], counts["num_seqs"], counts["num_groups"]], dtype=torch.float64),
             "sum",
         ).tolist()
         weights = token_weights(
@@ -246,9 +241,7 @@ class Learner:
         log_r = (logp.detach() - old).double()
 
         def msum(x: Tensor, where: Tensor = m) -> Tensor:
-            return torch.where(
-                where, x.detach().double(), torch.zeros((), dtype=torch.float64, device=dev)
-            ).sum()
+            return torch.where(where, x.detach().double(), torch.zeros((), dtype=torch.float64, device=dev)).sum()
 
         upper = out.clipped_upper & m
         part = torch.stack(
@@ -359,9 +352,7 @@ class Learner:
             str(directory), tag=_CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
         )
         if path is None or not client or "dapo_learner" not in client:
-            raise FileNotFoundError(
-                f"{directory}: no learner checkpoint (expected DeepSpeed tag {_CKPT_TAG!r})"
-            )
+            raise FileNotFoundError(f"{directory}: no learner checkpoint (expected DeepSpeed tag {_CKPT_TAG!r})")
         counters = client["dapo_learner"]
         self.rollout_steps, self.updates = counters["rollout_steps"], counters["updates"]
         self.skipped_updates = counters["skipped_updates"]

@@ -41,9 +41,7 @@ class PolicyModule(nn.Module):
     def head_weight(self) -> nn.Parameter:
         head = self.lm.get_output_embeddings()
         if getattr(head, "bias", None) is not None:
-            raise ValueError(
-                "an output head with a bias is not supported (chunked log-probs use the weight only)"
-            )
+            raise ValueError("an output head with a bias is not supported (chunked log-probs use the weight only)")
         return head.weight
 
     def forward(
@@ -63,15 +61,15 @@ class PolicyModule(nn.Module):
         if attention_mask.dim() == 4:
             # transformers passes a 4D mask through as is; additive, so eager attention reads it too.
             dtype = self.head_weight().dtype
-            attention_mask = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device
-                                         ).masked_fill_(~attention_mask, torch.finfo(dtype).min)
-        out = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                 use_cache=False)
+            attention_mask = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device).masked_fill_(
+                ~attention_mask, torch.finfo(dtype).min
+            )
+        out = self.lm.base_model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
         hidden = out.last_hidden_state
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
-        return chunked_logprobs_entropy(
-            hidden, self.head_weight(), targets, chunk_size, temperature, with_entropy
-        )
+        return chunked_logprobs_entropy(hidden, self.head_weight(), targets, chunk_size, temperature, with_entropy)
 
 
 PACKABLE_ATTENTION = ("sdpa", "eager")  # attention implementations that honour a custom 4D mask
@@ -81,8 +79,10 @@ def check_packable(lm: nn.Module) -> None:
     """Raise if the model's attention ignores custom 4D masks (flash-attn 2 does), which packing needs."""
     impl = getattr(lm.config, "_attn_implementation", None)
     if impl not in PACKABLE_ATTENTION:
-        raise ValueError(f"trainer.pack_prompts needs attention that takes a 4D mask ({', '.join(PACKABLE_ATTENTION)}); "
-                         f"this model uses {impl!r}. Set trainer.pack_prompts: false.")
+        raise ValueError(
+            f"trainer.pack_prompts needs attention that takes a 4D mask ({', '.join(PACKABLE_ATTENTION)}); "
+            f"this model uses {impl!r}. Set trainer.pack_prompts: false."
+        )
 
 
 def prepare_deepspeed() -> None:

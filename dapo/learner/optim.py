@@ -68,9 +68,7 @@ def deepspeed_config(zero_stage: int, bf16: bool, grad_clip: float, world_size: 
 def resolve_dtype(dtype: str) -> torch.dtype:
     """ "auto" -> bfloat16 on a GPU that has it, else float32 (CPU runs and tests stay exact in float32)."""
     if dtype == "auto":
-        return (
-            torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
-        )
+        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
     table = {"float32": torch.float32, "bfloat16": torch.bfloat16}
     if dtype not in table:
         raise ValueError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")

@@ -14,18 +14,37 @@ import sys
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiment", required=True, help="MLflow experiment name (one per ablation).")
-    p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db).")
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db).",
+    )
     p.add_argument("--out", default="results/report", help="Output folder (default: results/report).")
-    p.add_argument("--x-axis", choices=("updates", "rollout"), default="updates",
-                   help="Figures' x-axis: gradient updates (the paper's) or rollout steps.")
-    p.add_argument("--gpus-per-run", type=float, default=None,
-                   help="GPUs each run used, for GPU-hours (default: a run's tag/param, else 0: CPU-hours).")
-    p.add_argument("--cpus-per-run", type=float, default=None,
-                   help="CPUs each run used, for CPU-hours when a run had no GPU (default: tag/param, else 1).")
-    p.add_argument("--engine", choices=("notebook", "python"), default="notebook",
-                   help="notebook: execute the analysis notebooks with papermill (saved beside the outputs); "
-                   "python: call the same functions directly.")
+    p.add_argument(
+        "--x-axis",
+        choices=("updates", "rollout"),
+        default="updates",
+        help="Figures' x-axis: gradient updates (the paper's) or rollout steps.",
+    )
+    p.add_argument(
+        "--gpus-per-run",
+        type=float,
+        default=None,
+        help="GPUs each run used, for GPU-hours (default: a run's tag/param, else 0: CPU-hours).",
+    )
+    p.add_argument(
+        "--cpus-per-run",
+        type=float,
+        default=None,
+        help="CPUs each run used, for CPU-hours when a run had no GPU (default: tag/param, else 1).",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("notebook", "python"),
+        default="notebook",
+        help="notebook: execute the analysis notebooks with papermill (saved beside the outputs); "
+        "python: call the same functions directly.",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     uri = resolve_tracking_uri(args.tracking_uri)
     out = Path(args.out).resolve()
     try:
-        exp = load_experiment(args.experiment, uri)   # fail fast, with the known names, before any kernel starts
+        exp = load_experiment(args.experiment, uri)  # fail fast, with the known names, before any kernel starts
     except ExperimentNotFound as e:
         print(f"dapo report: {e}", file=sys.stderr)
         return 2
@@ -45,9 +64,11 @@ def run(args: argparse.Namespace) -> int:
     if engine == "notebook":
         from dapo.report.notebooks import ANALYSIS_DIR
 
-        if not (ANALYSIS_DIR / "table1.py").is_file():   # an installed wheel ships no analysis/ folder
-            print(f"warning: no analysis notebooks in {ANALYSIS_DIR} (not a source checkout); "
-                  "using --engine python", file=sys.stderr)
+        if not (ANALYSIS_DIR / "table1.py").is_file():  # an installed wheel ships no analysis/ folder
+            print(
+                f"warning: no analysis notebooks in {ANALYSIS_DIR} (not a source checkout); using --engine python",
+                file=sys.stderr,
+            )
             engine = "python"
     if engine == "python":
         from dapo.report.pipeline import write_figures, write_index, write_tables
@@ -60,16 +81,20 @@ def run(args: argparse.Namespace) -> int:
 
         common = {"experiment": args.experiment, "tracking_uri": uri}
         try:
-            run_notebooks(dict(common, gpus_per_run=args.gpus_per_run, cpus_per_run=args.cpus_per_run), out,
-                          ("table1",))
+            run_notebooks(
+                dict(common, gpus_per_run=args.gpus_per_run, cpus_per_run=args.cpus_per_run), out, ("table1",)
+            )
             run_notebooks(dict(common, x_axis=args.x_axis), out, ("figures",))
         except NotebookFailed as e:
             print(f"dapo report: {e}", file=sys.stderr)
             write_index(out, args.experiment)
             return 1
         except Exception as e:  # no kernel could start (Jupyter missing or broken): say so, offer the way round
-            print(f"dapo report: could not execute the notebooks ({type(e).__name__}: {e}); "
-                  "`--engine python` writes the same outputs without Jupyter", file=sys.stderr)
+            print(
+                f"dapo report: could not execute the notebooks ({type(e).__name__}: {e}); "
+                "`--engine python` writes the same outputs without Jupyter",
+                file=sys.stderr,
+            )
             return 1
     index = write_index(out, args.experiment)
     print(f"dapo report: wrote {index} ({len(exp.runs)} runs, k = {exp.k})")

@@ -26,10 +26,10 @@ class RunCost:
     run: str
     tokens: float | None
     seconds: float | None
-    seconds_source: str          # "metric" | "mlflow times" | ""
-    devices: float               # GPUs (or CPUs when unit == "CPU")
-    unit: str                    # "GPU" | "CPU"
-    devices_assumed: bool        # no parameter, tag or param said how many CPUs
+    seconds_source: str  # "metric" | "mlflow times" | ""
+    devices: float  # GPUs (or CPUs when unit == "CPU")
+    unit: str  # "GPU" | "CPU"
+    devices_assumed: bool  # no parameter, tag or param said how many CPUs
 
     @property
     def device_hours(self) -> float | None:
@@ -59,8 +59,9 @@ def _mean(xs: list[float | None]) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
-def compute_table(exp: Experiment, t1: Table1, gpus_per_run: float | None = None,
-                  cpus_per_run: float | None = None) -> Table:
+def compute_table(
+    exp: Experiment, t1: Table1, gpus_per_run: float | None = None, cpus_per_run: float | None = None
+) -> Table:
     """The compute table (display + CSV form), rows in Table 1 order; missing metrics are named."""
     missing: list[str] = []
     notes: list[str] = []
@@ -71,8 +72,10 @@ def compute_table(exp: Experiment, t1: Table1, gpus_per_run: float | None = None
         costs = [run_cost(r, gpus_per_run, cpus_per_run) for r in exp.runs_of(row)]
         for c in costs:
             if c.tokens is None:
-                missing.append(f"run {c.run}: metrics {M.DS_TOKENS_GENERATED_TOTAL} and {M.DS_TOKENS_GENERATED} "
-                               "missing (tokens generated unknown)")
+                missing.append(
+                    f"run {c.run}: metrics {M.DS_TOKENS_GENERATED_TOTAL} and {M.DS_TOKENS_GENERATED} "
+                    "missing (tokens generated unknown)"
+                )
             if c.seconds_source == "mlflow times":
                 notes.append(f"run {c.run}: no {M.TIME_TOTAL} metric; wall-clock from MLflow start/end times")
             elif c.seconds is None:
@@ -81,13 +84,22 @@ def compute_table(exp: Experiment, t1: Table1, gpus_per_run: float | None = None
             assumed.append(row)
         per_row.append((row, costs))
     if assumed:
-        notes.append(f"no GPU or CPU count for rows {', '.join(assumed)}: their CPU-hours assume 1 CPU per run "
-                     "(pass --gpus-per-run or --cpus-per-run)")
+        notes.append(
+            f"no GPU or CPU count for rows {', '.join(assumed)}: their CPU-hours assume 1 CPU per run "
+            "(pass --gpus-per-run or --cpus-per-run)"
+        )
     units = {c.unit for _, cs in per_row for c in cs} or {"GPU"}
     hours_name = f"{'/'.join(sorted(units, reverse=True))}-hours"
     k = exp.k
-    columns = ["Row", "Seeds", "Tokens generated (incl. dropped)", "Wall-clock (h)", "Resources per run",
-               hours_name, f"avg@{k} per {hours_name[:-1]}"]
+    columns = [
+        "Row",
+        "Seeds",
+        "Tokens generated (incl. dropped)",
+        "Wall-clock (h)",
+        "Resources per run",
+        hours_name,
+        f"avg@{k} per {hours_name[:-1]}",
+    ]
     cells, raw = [], []
     for row, costs in per_row:
         label = M.PAPER_TABLE1.get(row, (row, None))[0]
@@ -97,13 +109,42 @@ def compute_table(exp: Experiment, t1: Table1, gpus_per_run: float | None = None
         res = sorted({f"{c.devices:g} {c.unit}" for c in costs})
         a = acc.get(row)
         per = a / dev_hours if a is not None and dev_hours else None
-        cells.append([label, str(len(costs)), "—" if tokens is None else f"{tokens:,.0f}", fmt(hours, 3),
-                      ", ".join(res) or "—", fmt(dev_hours, 3), fmt(per, 2)])
-        raw.append([row, label, len(costs), tokens, None if hours is None else hours * 3600, ", ".join(res),
-                    dev_hours, a, per])
-    csv_cols = ["row", "label", "n_seeds", "tokens_generated", "wall_clock_s", "resources_per_run",
-                "device_hours", f"avg_at_{k}", "avg_per_device_hour"]
-    notes.insert(0, "Means over seeds. Tokens count every generated response, including groups dropped by "
-                    "dynamic sampling. Device-hours = devices per run x wall-clock.")
-    return Table(title="Compute per ablation row", columns=columns, cells=cells, csv_columns=csv_cols,
-                 csv_rows=raw, notes=notes, missing=missing)
+        cells.append(
+            [
+                label,
+                str(len(costs)),
+                "—" if tokens is None else f"{tokens:,.0f}",
+                fmt(hours, 3),
+                ", ".join(res) or "—",
+                fmt(dev_hours, 3),
+                fmt(per, 2),
+            ]
+        )
+        raw.append(
+            [row, label, len(costs), tokens, None if hours is None else hours * 3600, ", ".join(res), dev_hours, a, per]
+        )
+    csv_cols = [
+        "row",
+        "label",
+        "n_seeds",
+        "tokens_generated",
+        "wall_clock_s",
+        "resources_per_run",
+        "device_hours",
+        f"avg_at_{k}",
+        "avg_per_device_hour",
+    ]
+    notes.insert(
+        0,
+        "Means over seeds. Tokens count every generated response, including groups dropped by "
+        "dynamic sampling. Device-hours = devices per run x wall-clock.",
+    )
+    return Table(
+        title="Compute per ablation row",
+        columns=columns,
+        cells=cells,
+        csv_columns=csv_cols,
+        csv_rows=raw,
+        notes=notes,
+        missing=missing,
+    )

@@ -24,16 +24,16 @@ R00, R01, R02, R03, R04, R05 = ROWS
 
 @dataclass(frozen=True)
 class Panel:
-    metrics: tuple[Callable[[int], str], ...]      # k -> metric name (eval names depend on k)
+    metrics: tuple[Callable[[int], str], ...]  # k -> metric name (eval names depend on k)
     ylabel: Callable[[int], str]
-    hline: float | None = None                      # a reference level, e.g. 0.2 in Fig 3a
+    hline: float | None = None  # a reference level, e.g. 0.2 in Fig 3a
 
 
 @dataclass(frozen=True)
 class FigureSpec:
-    name: str                                       # file stem
+    name: str  # file stem
     title: Callable[[int], str]
-    rows: tuple[str, ...] | None                    # None: every row present
+    rows: tuple[str, ...] | None  # None: every row present
     panels: tuple[Panel, ...]
 
 
@@ -46,21 +46,48 @@ ENT = Panel((_const(M.ENTROPY),), _const("entropy of generated tokens (nats)"))
 LEN = Panel((_const(M.RESP_LEN_MEAN),), _const("mean response length (tokens)"))
 
 FIGURES: tuple[FigureSpec, ...] = (
-    FigureSpec("fig1_full_recipe", lambda k: f"Fig 1: eval avg@{k} and pass@{k} over training, full DAPO recipe "
-               f"(row {R05})", (R05,), (Panel((M.eval_avg, M.eval_pass), lambda k: "accuracy (%)"),)),
-    FigureSpec("fig2_clip_higher", lambda k: f"Fig 2: eval avg@{k} and entropy without / with clip-higher "
-               f"(rows {R01} vs {R02})", (R01, R02), (AVG, ENT)),
-    FigureSpec("fig3a_clipped_prob", lambda k: "Fig 3a: mean old-policy probability of tokens clipped at the "
-               "upper bound", None, (Panel((_const(M.CLIP_HIGH_PROB),), _const("mean pi_old of upper-clipped "
-                                                                               "tokens"), hline=0.2),)),
-    FigureSpec("fig3b_all_correct", lambda k: "Fig 3b: fraction of prompts whose group is all correct", None,
-               (Panel((_const(M.ALL_CORRECT_FRAC),), _const("all-correct group fraction")),)),
-    FigureSpec("fig4_token_level_loss", lambda k: f"Fig 4: entropy and mean response length without / with "
-               f"token-level loss (rows {R03} vs {R04})", (R03, R04), (ENT, LEN)),
-    FigureSpec("fig5_overlong_filtering", lambda k: f"Fig 5: eval avg@{k} and entropy without / with overlong "
-               f"filtering (rows {R00} vs {R01})", (R00, R01), (AVG, ENT)),
-    FigureSpec("fig6_dynamic_sampling", lambda k: f"Fig 6: eval avg@{k} over training without / with dynamic "
-               f"sampling (rows {R04} vs {R05})", (R04, R05), (AVG,)),
+    FigureSpec(
+        "fig1_full_recipe",
+        lambda k: f"Fig 1: eval avg@{k} and pass@{k} over training, full DAPO recipe (row {R05})",
+        (R05,),
+        (Panel((M.eval_avg, M.eval_pass), lambda k: "accuracy (%)"),),
+    ),
+    FigureSpec(
+        "fig2_clip_higher",
+        lambda k: f"Fig 2: eval avg@{k} and entropy without / with clip-higher (rows {R01} vs {R02})",
+        (R01, R02),
+        (AVG, ENT),
+    ),
+    FigureSpec(
+        "fig3a_clipped_prob",
+        lambda k: "Fig 3a: mean old-policy probability of tokens clipped at the upper bound",
+        None,
+        (Panel((_const(M.CLIP_HIGH_PROB),), _const("mean pi_old of upper-clipped tokens"), hline=0.2),),
+    ),
+    FigureSpec(
+        "fig3b_all_correct",
+        lambda k: "Fig 3b: fraction of prompts whose group is all correct",
+        None,
+        (Panel((_const(M.ALL_CORRECT_FRAC),), _const("all-correct group fraction")),),
+    ),
+    FigureSpec(
+        "fig4_token_level_loss",
+        lambda k: f"Fig 4: entropy and mean response length without / with token-level loss (rows {R03} vs {R04})",
+        (R03, R04),
+        (ENT, LEN),
+    ),
+    FigureSpec(
+        "fig5_overlong_filtering",
+        lambda k: f"Fig 5: eval avg@{k} and entropy without / with overlong filtering (rows {R00} vs {R01})",
+        (R00, R01),
+        (AVG, ENT),
+    ),
+    FigureSpec(
+        "fig6_dynamic_sampling",
+        lambda k: f"Fig 6: eval avg@{k} over training without / with dynamic sampling (rows {R04} vs {R05})",
+        (R04, R05),
+        (AVG,),
+    ),
     FigureSpec("response_length", lambda k: "Mean response length over training, every row", None, (LEN,)),
 )
 
@@ -73,8 +100,7 @@ class FigureResult:
     missing: list[str] = field(default_factory=list)
 
 
-def seed_band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                                     np.ndarray]:
+def seed_band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Mean and s.d. over seeds at each x. curves: [(x [S_i], y [S_i])] -> (x [U], mean [U], sd [U], n [U]).
 
     U is the union of the seeds' x values; at each x only the seeds that logged it count (a seed that stopped
@@ -103,8 +129,13 @@ def row_color(row: str) -> str:
     return matplotlib.colors.to_hex(cmap(idx % 10))
 
 
-def draw_figure(exp: Experiment, spec: FigureSpec, out_dir: str | Path, x_axis: XAxis = "updates",
-                formats: tuple[str, ...] = ("png", "pdf")) -> FigureResult:
+def draw_figure(
+    exp: Experiment,
+    spec: FigureSpec,
+    out_dir: str | Path,
+    x_axis: XAxis = "updates",
+    formats: tuple[str, ...] = ("png", "pdf"),
+) -> FigureResult:
     """Draw one figure; returns its paths and the names of what it could not draw."""
     import matplotlib
 
@@ -178,8 +209,9 @@ def draw_figure(exp: Experiment, spec: FigureSpec, out_dir: str | Path, x_axis: 
     return FigureResult(spec.name, title, paths, missing)
 
 
-def make_figures(exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates",
-                 specs: tuple[FigureSpec, ...] = FIGURES) -> list[FigureResult]:
+def make_figures(
+    exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates", specs: tuple[FigureSpec, ...] = FIGURES
+) -> list[FigureResult]:
     """Every figure of SPEC section 6 (and response length per row) into out_dir, PNG and PDF."""
     if x_axis not in ("updates", "rollout"):
         raise ValueError(f"x_axis must be 'updates' or 'rollout', got {x_axis!r}")

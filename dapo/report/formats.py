@@ -14,10 +14,10 @@ from pathlib import Path
 @dataclass
 class Table:
     title: str
-    columns: list[str]                    # display headers (Markdown / LaTeX)
-    cells: list[list[str]]                # display text, one list per row
-    csv_columns: list[str]                # machine-readable headers
-    csv_rows: list[list[object]]          # raw values (None -> empty)
+    columns: list[str]  # display headers (Markdown / LaTeX)
+    cells: list[list[str]]  # display text, one list per row
+    csv_columns: list[str]  # machine-readable headers
+    csv_rows: list[list[object]]  # raw values (None -> empty)
     notes: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
 
@@ -31,8 +31,7 @@ def fmt(x: float | None, digits: int = 1, signed: bool = False) -> str:
 
 def to_markdown(t: Table, heading_level: int = 2) -> str:
     h = "#" * heading_level
-    lines = [f"{h} {t.title}", "", "| " + " | ".join(t.columns) + " |",
-             "|" + "|".join("---" for _ in t.columns) + "|"]
+    lines = [f"{h} {t.title}", "", "| " + " | ".join(t.columns) + " |", "|" + "|".join("---" for _ in t.columns) + "|"]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in t.cells]
     if t.notes:
         lines += [""] + [f"- {n}" for n in t.notes]
@@ -50,8 +49,20 @@ def to_csv(t: Table) -> str:
     return buf.getvalue()
 
 
-_TEX_ESCAPE = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-               "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "—": "--", "Δ": r"$\Delta$"}
+_TEX_ESCAPE = {
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "—": "--",
+    "Δ": r"$\Delta$",
+}
 
 
 def tex_escape(s: str) -> str:
@@ -64,9 +75,15 @@ def tex_escape(s: str) -> str:
 def to_latex(t: Table) -> str:
     """A booktabs tabular inside a table environment (needs \\usepackage{booktabs})."""
     spec = "l" + "r" * (len(t.columns) - 1)
-    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{tex_escape(t.title)}}}",
-             rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
-             " & ".join(tex_escape(c) for c in t.columns) + r" \\", r"\midrule"]
+    lines = [
+        r"\begin{table}[t]",
+        r"\centering",
+        rf"\caption{{{tex_escape(t.title)}}}",
+        rf"\begin{{tabular}}{{{spec}}}",
+        r"\toprule",
+        " & ".join(tex_escape(c) for c in t.columns) + r" \\",
+        r"\midrule",
+    ]
     lines += [" & ".join(tex_escape(c) for c in row) + r" \\" for row in t.cells]
     lines += [r"\bottomrule", r"\end{tabular}"]
     if t.missing:

@@ -38,7 +38,7 @@ class Series:
     values: np.ndarray
 
     def __post_init__(self) -> None:
-        order = np.argsort(np.asarray(self.steps), kind="stable")   # "last" means the latest step
+        order = np.argsort(np.asarray(self.steps), kind="stable")  # "last" means the latest step
         self.steps = np.asarray(self.steps, dtype=int)[order]
         self.values = np.asarray(self.values, dtype=float)[order]
 
@@ -57,7 +57,7 @@ class RunData:
     row: str
     seed: int | None
     preset: str | None
-    status: str                      # dapo.status tag, else MLflow's own status (lower case)
+    status: str  # dapo.status tag, else MLflow's own status (lower case)
     params: dict[str, str]
     tags: dict[str, str]
     start_ms: int | None
@@ -119,7 +119,7 @@ class Experiment:
     name: str
     experiment_id: str
     tracking_uri: str
-    k: int                              # samples per problem of the eval (avg@k); the preset's eval.n
+    k: int  # samples per problem of the eval (avg@k); the preset's eval.n
     runs: list[RunData]
     warnings: list[str] = field(default_factory=list)
 
@@ -143,9 +143,23 @@ def resolve_tracking_uri(uri: str | None) -> str:
 def report_metrics(k: int) -> list[str]:
     """Every metric the report reads, for eval size k."""
     ev = [M.eval_avg(k), M.eval_pass(k), M.eval_maj(k)]
-    return ev + [M.ci_low(n) for n in ev] + [M.ci_high(n) for n in ev] + [
-        M.ENTROPY, M.RESP_LEN_MEAN, M.CLIP_HIGH_PROB, M.ALL_CORRECT_FRAC, M.ACC_MEAN, M.GRAD_UPDATES,
-        M.ROLLOUT_STEP, M.DS_TOKENS_GENERATED, M.DS_TOKENS_GENERATED_TOTAL, M.TIME_TOTAL]
+    return (
+        ev
+        + [M.ci_low(n) for n in ev]
+        + [M.ci_high(n) for n in ev]
+        + [
+            M.ENTROPY,
+            M.RESP_LEN_MEAN,
+            M.CLIP_HIGH_PROB,
+            M.ALL_CORRECT_FRAC,
+            M.ACC_MEAN,
+            M.GRAD_UPDATES,
+            M.ROLLOUT_STEP,
+            M.DS_TOKENS_GENERATED,
+            M.DS_TOKENS_GENERATED_TOTAL,
+            M.TIME_TOTAL,
+        ]
+    )
 
 
 _AVG_RE = re.compile("^" + re.escape(M.eval_avg(0)).replace("0", r"(\d+)") + "$")
@@ -176,8 +190,9 @@ def load_experiment(experiment: str, tracking_uri: str | None = None, k: int | N
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         known = sorted(e.name for e in client.search_experiments())
-        raise ExperimentNotFound(f"experiment {experiment!r} not found at {uri}; known experiments: "
-                                 f"{', '.join(known) or '(none)'}")
+        raise ExperimentNotFound(
+            f"experiment {experiment!r} not found at {uri}; known experiments: {', '.join(known) or '(none)'}"
+        )
     warnings: list[str] = []
     raw = []
     page_token = None
@@ -196,8 +211,7 @@ def load_experiment(experiment: str, tracking_uri: str | None = None, k: int | N
     if k is None:
         k = infer_k(tagged, warnings)
     if k is None:
-        warnings.append(f"no run has an eval.n param or an {M.eval_avg(0).replace('0', 'k')} metric; "
-                        "assuming k = 32")
+        warnings.append(f"no run has an eval.n param or an {M.eval_avg(0).replace('0', 'k')} metric; assuming k = 32")
         k = 32
 
     chosen: dict[tuple[str, str], object] = {}
@@ -206,12 +220,16 @@ def load_experiment(experiment: str, tracking_uri: str | None = None, k: int | N
         prev = chosen.get(key)
         if prev is None or _preference(r) > _preference(prev):
             if prev is not None:
-                warnings.append(f"two runs for row {key[0]} seed {key[1]}: using {r.info.run_name} "
-                                f"({r.info.run_id[:8]}), not {prev.info.run_name} ({prev.info.run_id[:8]})")
+                warnings.append(
+                    f"two runs for row {key[0]} seed {key[1]}: using {r.info.run_name} "
+                    f"({r.info.run_id[:8]}), not {prev.info.run_name} ({prev.info.run_id[:8]})"
+                )
             chosen[key] = r
         else:
-            warnings.append(f"two runs for row {key[0]} seed {key[1]}: using {prev.info.run_name} "
-                            f"({prev.info.run_id[:8]}), not {r.info.run_name} ({r.info.run_id[:8]})")
+            warnings.append(
+                f"two runs for row {key[0]} seed {key[1]}: using {prev.info.run_name} "
+                f"({prev.info.run_id[:8]}), not {r.info.run_name} ({r.info.run_id[:8]})"
+            )
 
     wanted = report_metrics(k)
     runs = []
@@ -219,23 +237,33 @@ def load_experiment(experiment: str, tracking_uri: str | None = None, k: int | N
         tags, params = dict(r.data.tags), dict(r.data.params)
         seed_txt = tags.get(M.TAG_SEED, params.get("trainer.seed"))
         status = tags.get(M.TAG_STATUS, (r.info.status or "").lower())
-        rd = RunData(run_id=r.info.run_id, name=r.info.run_name or "", row=tags[M.TAG_ROW],
-                     seed=int(seed_txt) if seed_txt not in (None, "") and str(seed_txt).lstrip("-").isdigit()
-                     else None, preset=tags.get(M.TAG_PRESET), status=status, params=params, tags=tags,
-                     start_ms=r.info.start_time, end_ms=r.info.end_time)
+        rd = RunData(
+            run_id=r.info.run_id,
+            name=r.info.run_name or "",
+            row=tags[M.TAG_ROW],
+            seed=int(seed_txt) if seed_txt not in (None, "") and str(seed_txt).lstrip("-").isdigit() else None,
+            preset=tags.get(M.TAG_PRESET),
+            status=status,
+            params=params,
+            tags=tags,
+            start_ms=r.info.start_time,
+            end_ms=r.info.end_time,
+        )
         for name in wanted:
             if name in r.data.metrics:
                 hist = client.get_metric_history(r.info.run_id, name)
                 rd.history[name] = _series(hist)
         if rd.seed is not None and rd.name != f"{rd.row}-s{rd.seed}":
-            warnings.append(f"run {rd.name or rd.run_id} is not named {rd.row}-s{rd.seed}: the MLflow UI lines "
-                            "runs up by name")
+            warnings.append(
+                f"run {rd.name or rd.run_id} is not named {rd.row}-s{rd.seed}: the MLflow UI lines runs up by name"
+            )
         if status.lower() != "finished":
             warnings.append(f"run {rd.label} has status {status!r}: its last logged eval is used")
         runs.append(rd)
     runs.sort(key=lambda r: (r.row, r.seed is None, r.seed or 0))
-    return Experiment(name=experiment, experiment_id=exp.experiment_id, tracking_uri=uri, k=int(k),
-                      runs=runs, warnings=warnings)
+    return Experiment(
+        name=experiment, experiment_id=exp.experiment_id, tracking_uri=uri, k=int(k), runs=runs, warnings=warnings
+    )
 
 
 def _preference(r) -> tuple:

@@ -31,10 +31,17 @@ def temp_kernelspec(name: str = KERNEL_NAME, python: str = sys.executable) -> It
     with tempfile.TemporaryDirectory(prefix="dapo-kernels-") as tmp:
         kdir = Path(tmp) / "kernels" / name
         kdir.mkdir(parents=True)
-        spec = {"argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                "display_name": f"Python ({name})", "language": "python",
-                "env": {"MPLBACKEND": "Agg", "PYTHONPATH": os.pathsep.join(
-                    [str(ANALYSIS_DIR.parent)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}}
+        spec = {
+            "argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": f"Python ({name})",
+            "language": "python",
+            "env": {
+                "MPLBACKEND": "Agg",
+                "PYTHONPATH": os.pathsep.join(
+                    [str(ANALYSIS_DIR.parent)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+                ),
+            },
+        }
         (kdir / "kernel.json").write_text(json.dumps(spec))
         old = os.environ.get("JUPYTER_PATH")
         os.environ["JUPYTER_PATH"] = os.pathsep.join([tmp] + ([old] if old else []))
@@ -47,8 +54,13 @@ def temp_kernelspec(name: str = KERNEL_NAME, python: str = sys.executable) -> It
                 os.environ["JUPYTER_PATH"] = old
 
 
-def execute_notebook(script: str | Path, output: str | Path, parameters: dict[str, Any],
-                     cwd: str | Path | None = None, timeout_s: int = 900) -> Path:
+def execute_notebook(
+    script: str | Path,
+    output: str | Path,
+    parameters: dict[str, Any],
+    cwd: str | Path | None = None,
+    timeout_s: int = 900,
+) -> Path:
     """Run a jupytext script as a notebook with papermill, injecting `parameters`; save it to `output`.
 
     Raises NotebookFailed (naming the saved, partly executed notebook) when a cell fails.
@@ -63,19 +75,28 @@ def execute_notebook(script: str | Path, output: str | Path, parameters: dict[st
         src = Path(tmp) / f"{script.stem}.ipynb"
         jupytext.write(nb, src)
         try:
-            pm.execute_notebook(str(src), str(output), parameters=parameters, kernel_name=kernel,
-                                cwd=str(cwd) if cwd else None, progress_bar=False, log_output=False,
-                                execution_timeout=timeout_s)
+            pm.execute_notebook(
+                str(src),
+                str(output),
+                parameters=parameters,
+                kernel_name=kernel,
+                cwd=str(cwd) if cwd else None,
+                progress_bar=False,
+                log_output=False,
+                execution_timeout=timeout_s,
+            )
         except pm.PapermillExecutionError as e:
-            raise NotebookFailed(f"notebook {script.name} failed in cell {e.exec_count}: {e.ename}: {e.evalue} "
-                                 f"(executed copy: {output})") from e
+            raise NotebookFailed(
+                f"notebook {script.name} failed in cell {e.exec_count}: {e.ename}: {e.evalue} (executed copy: {output})"
+            ) from e
     return output
 
 
-def run_notebooks(parameters: dict[str, Any], out_dir: str | Path,
-                  names: tuple[str, ...] = NOTEBOOKS) -> list[Path]:
+def run_notebooks(parameters: dict[str, Any], out_dir: str | Path, names: tuple[str, ...] = NOTEBOOKS) -> list[Path]:
     """Execute analysis/<name>.py for each name into <out_dir>/notebooks/<name>.ipynb; returns their paths."""
     out = Path(out_dir).resolve()
     params = dict(parameters, out_dir=str(out))
-    return [execute_notebook(ANALYSIS_DIR / f"{n}.py", out / "notebooks" / f"{n}.ipynb", params, cwd=Path.cwd())
-            for n in names]
+    return [
+        execute_notebook(ANALYSIS_DIR / f"{n}.py", out / "notebooks" / f"{n}.ipynb", params, cwd=Path.cwd())
+        for n in names
+    ]

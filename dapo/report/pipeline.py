@@ -27,8 +27,13 @@ def warn(lines: list[str]) -> None:
         print(f"warning: {line}", file=sys.stderr)
 
 
-def write_tables(exp: Experiment, out_dir: str | Path, gpus_per_run: float | None = None,
-                 cpus_per_run: float | None = None, confidence: float = 0.95) -> list[str]:
+def write_tables(
+    exp: Experiment,
+    out_dir: str | Path,
+    gpus_per_run: float | None = None,
+    cpus_per_run: float | None = None,
+    confidence: float = 0.95,
+) -> list[str]:
     """Table 1 and the compute table (md, csv, tex) plus warnings.json; returns every missing item's name."""
     out = Path(out_dir)
     t1 = build_table1(exp, confidence)
@@ -45,8 +50,9 @@ def write_figures(exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates
     """Every figure (PNG and PDF) into out_dir/figures, and out_dir/figures.json as their manifest."""
     out = Path(out_dir)
     results = make_figures(exp, out / "figures", x_axis)
-    manifest = [{"name": r.name, "title": r.title, "files": [p.name for p in r.paths], "missing": r.missing}
-                for r in results]
+    manifest = [
+        {"name": r.name, "title": r.title, "files": [p.name for p in r.paths], "missing": r.missing} for r in results
+    ]
     (out / "figures.json").write_text(json.dumps({"x_axis": x_axis, "figures": manifest}, indent=1))
     warn([f"{r.name}: missing {m}" for r in results for m in r.missing])
     return results
@@ -89,12 +95,16 @@ def write_index(out_dir: str | Path, experiment: str = "") -> Path:
     return index
 
 
-def build_report(experiment: str, tracking_uri: str | None = None, out_dir: str | Path = "results/report",
-                 x_axis: XAxis = "updates", gpus_per_run: float | None = None,
-                 cpus_per_run: float | None = None) -> Path:
+def build_report(
+    experiment: str,
+    tracking_uri: str | None = None,
+    out_dir: str | Path = "results/report",
+    x_axis: XAxis = "updates",
+    gpus_per_run: float | None = None,
+    cpus_per_run: float | None = None,
+) -> Path:
     """The plain-Python path: read the experiment once, write every table and figure and report.md."""
     exp = load_experiment(experiment, tracking_uri)
     write_tables(exp, out_dir, gpus_per_run, cpus_per_run)
     write_figures(exp, out_dir, x_axis)
     return write_index(out_dir, experiment)
-

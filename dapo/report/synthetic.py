@@ -16,29 +16,34 @@ import numpy as np
 from dapo import metric_names as M
 
 # Our made-up final avg@k per row and seed (percent); the paper's numbers minus a little, spread by seed.
-DEFAULT_FINAL = {row: [paper - 8 + 1.5 * s for s in (0, 1)]
-                 for row, (_, paper) in M.PAPER_TABLE1.items()}
+DEFAULT_FINAL = {row: [paper - 8 + 1.5 * s for s in (0, 1)] for row, (_, paper) in M.PAPER_TABLE1.items()}
 
 
-def curves(row_index: int, final_avg: float, seed: int, steps: np.ndarray, k: int,
-           updates_per_step: int) -> dict[str, np.ndarray]:
+def curves(
+    row_index: int, final_avg: float, seed: int, steps: np.ndarray, k: int, updates_per_step: int
+) -> dict[str, np.ndarray]:
     """Made-up per-step curves [S] for one run: accuracy rises to `final_avg`, entropy collapses without
     clip-higher (rows 0-1) and holds with it, responses lengthen, all-correct groups grow."""
     frac = steps / max(int(steps[-1]), 1)
     rng = np.random.default_rng(1000 * row_index + seed)
     avg = 10.0 + (final_avg - 10.0) * frac
-    entropy = (0.9 * np.exp(-3 * frac) + 0.05 if row_index < 2
-               else 0.9 - (0.35 - 0.06 * (row_index - 2)) * frac + 0.02 * seed)
+    entropy = (
+        0.9 * np.exp(-3 * frac) + 0.05 if row_index < 2 else 0.9 - (0.35 - 0.06 * (row_index - 2)) * frac + 0.02 * seed
+    )
     tokens = 4000.0 + 100 * steps * (3.0 if row_index == 5 else 1.0)
     out = {
-        M.eval_avg(k): avg, M.eval_pass(k): np.minimum(100.0, avg + 30), M.eval_maj(k): avg + 5,
+        M.eval_avg(k): avg,
+        M.eval_pass(k): np.minimum(100.0, avg + 30),
+        M.eval_maj(k): avg + 5,
         M.ENTROPY: entropy,
         M.RESP_LEN_MEAN: 200 + 300 * frac * (1 + 0.2 * row_index) + rng.normal(0, 5, steps.size),
         M.CLIP_HIGH_PROB: 0.12 + 0.04 * frac + 0.005 * row_index,
         M.ALL_CORRECT_FRAC: 0.05 + (0.25 + 0.04 * row_index) * frac,
-        M.ACC_MEAN: avg / 100, M.GRAD_UPDATES: steps * float(updates_per_step), M.ROLLOUT_STEP: steps.astype(float),
+        M.ACC_MEAN: avg / 100,
+        M.GRAD_UPDATES: steps * float(updates_per_step),
+        M.ROLLOUT_STEP: steps.astype(float),
         M.DS_TOKENS_GENERATED: tokens,
-        M.DS_TOKENS_GENERATED_TOTAL: np.cumsum(np.where(steps >= 1, tokens, 0.0)),   # training steps are 1..
+        M.DS_TOKENS_GENERATED_TOTAL: np.cumsum(np.where(steps >= 1, tokens, 0.0)),  # training steps are 1..
         M.TIME_TOTAL: 60.0 * (steps + 1) * (1.5 if row_index == 5 else 1.0),
     }
     for name in (M.eval_avg(k), M.eval_pass(k), M.eval_maj(k)):
@@ -47,11 +52,19 @@ def curves(row_index: int, final_avg: float, seed: int, steps: np.ndarray, k: in
     return out
 
 
-def build_synthetic_experiment(tracking_uri: str, experiment: str,
-                               final_avg: dict[str, list[float]] | None = None, *, k: int = 32,
-                               total_steps: int = 20, eval_every: int = 5,
-                               drop_metrics: dict[str, list[str]] | None = None, preset: str = "synthetic",
-                               train_batch_size: int = 512, mini_batch_size: int = 32) -> str:
+def build_synthetic_experiment(
+    tracking_uri: str,
+    experiment: str,
+    final_avg: dict[str, list[float]] | None = None,
+    *,
+    k: int = 32,
+    total_steps: int = 20,
+    eval_every: int = 5,
+    drop_metrics: dict[str, list[str]] | None = None,
+    preset: str = "synthetic",
+    train_batch_size: int = 512,
+    mini_batch_size: int = 32,
+) -> str:
     """Create `experiment` with one finished run per (row, seed) of `final_avg` (row -> per-seed final avg@k).
 
     Run names `<row>-s<seed>`, tags TAG_ROW/TAG_SEED/TAG_PRESET/TAG_STATUS, flat params like the trainer's.
@@ -77,9 +90,15 @@ def build_synthetic_experiment(tracking_uri: str, experiment: str,
         for seed, final in enumerate(finals):
             tags = {M.TAG_ROW: row, M.TAG_SEED: str(seed), M.TAG_PRESET: preset, M.TAG_STATUS: "finished"}
             run = client.create_run(exp_id, run_name=f"{row}-s{seed}", tags=tags, start_time=now)
-            params = {"eval.n": k, "trainer.seed": seed, "trainer.train_batch_size": train_batch_size,
-                      "trainer.mini_batch_size": mini_batch_size, "trainer.epochs": 1, "tracking.row": row,
-                      "trainer.total_steps": total_steps}
+            params = {
+                "eval.n": k,
+                "trainer.seed": seed,
+                "trainer.train_batch_size": train_batch_size,
+                "trainer.mini_batch_size": mini_batch_size,
+                "trainer.epochs": 1,
+                "tracking.row": row,
+                "trainer.total_steps": total_steps,
+            }
             metrics = []
             eval_names = {M.eval_avg(k), M.eval_pass(k), M.eval_maj(k)}
             eval_names |= {f(n) for n in list(eval_names) for f in (M.ci_low, M.ci_high)}
@@ -89,10 +108,13 @@ def build_synthetic_experiment(tracking_uri: str, experiment: str,
                 for s, v in zip(steps, values, strict=True):
                     if (name in eval_names and s in eval_steps) or (name not in eval_names and s >= 1):
                         metrics.append(Metric(name, float(v), now + int(s), int(s)))
-            for i in range(0, len(metrics), 900):   # MLflow caps a batch at 1000 metrics
-                client.log_batch(run.info.run_id, metrics=metrics[i:i + 900],
-                                 params=[Param(a, str(b)) for a, b in params.items()] if i == 0 else [],
-                                 tags=[RunTag("mlflow.source.name", "dapo.report.synthetic")] if i == 0 else [])
+            for i in range(0, len(metrics), 900):  # MLflow caps a batch at 1000 metrics
+                client.log_batch(
+                    run.info.run_id,
+                    metrics=metrics[i : i + 900],
+                    params=[Param(a, str(b)) for a, b in params.items()] if i == 0 else [],
+                    tags=[RunTag("mlflow.source.name", "dapo.report.synthetic")] if i == 0 else [],
+                )
             client.set_terminated(run.info.run_id, "FINISHED", end_time=now + 3_600_000)
     return exp_id
 

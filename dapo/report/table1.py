@@ -44,13 +44,13 @@ class Table1Row:
     paper: float | None
     evals: list[FinalEval] = field(default_factory=list)
     mean: float | None = None
-    std: float | None = None          # sample s.d. over seeds (ddof 1); None for one seed
+    std: float | None = None  # sample s.d. over seeds (ddof 1); None for one seed
     ci_low: float | None = None
     ci_high: float | None = None
     ci_method: str = ""
     pass_mean: float | None = None
     maj_mean: float | None = None
-    delta: float | None = None        # our mean minus the row above's
+    delta: float | None = None  # our mean minus the row above's
     paper_delta: float | None = None
 
 
@@ -85,8 +85,16 @@ def final_eval(run: RunData, k: int) -> tuple[FinalEval | None, list[str]]:
         if got[name] is None:
             missing.append(f"run {run.label}: metric {name} missing")
     lo, hi = at_step(M.ci_low(avg_name)), at_step(M.ci_high(avg_name))
-    return FinalEval(run=run.label, seed=run.seed, step=step, avg=value, pass_k=got[M.eval_pass(k)],
-                     maj=got[M.eval_maj(k)], ci_low=lo, ci_high=hi), missing
+    return FinalEval(
+        run=run.label,
+        seed=run.seed,
+        step=step,
+        avg=value,
+        pass_k=got[M.eval_pass(k)],
+        maj=got[M.eval_maj(k)],
+        ci_low=lo,
+        ci_high=hi,
+    ), missing
 
 
 def t_interval(values: list[float], confidence: float) -> tuple[float, float, float, float]:
@@ -144,8 +152,18 @@ def build_table1(exp: Experiment, confidence: float = 0.95) -> Table1:
 def table1_table(t: Table1) -> Table:
     """Display form of Table 1 (Markdown / CSV / LaTeX via dapo.report.formats)."""
     k, c = t.k, round(100 * t.confidence)
-    columns = ["Row", f"avg@{k} (mean ± s.d.)", f"{c}% CI", "Δ row above", "Paper avg@32", "Paper Δ",
-               f"pass@{k}", f"maj@{k}", "Seeds", "CI method"]
+    columns = [
+        "Row",
+        f"avg@{k} (mean ± s.d.)",
+        f"{c}% CI",
+        "Δ row above",
+        "Paper avg@32",
+        "Paper Δ",
+        f"pass@{k}",
+        f"maj@{k}",
+        "Seeds",
+        "CI method",
+    ]
     cells, raw = [], []
     for r in t.rows:
         if r.mean is None:
@@ -156,17 +174,72 @@ def table1_table(t: Table1) -> Table:
             avg_txt = f"{fmt(r.mean)} ± {fmt(r.std)}"
         ci_txt = f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]" if r.ci_low is not None else "—"
         seeds = [e.seed for e in r.evals]
-        cells.append([r.label, avg_txt, ci_txt, fmt(r.delta, signed=True), fmt(r.paper, 0),
-                      fmt(r.paper_delta, 0, signed=True), fmt(r.pass_mean), fmt(r.maj_mean),
-                      str(len(seeds)), r.ci_method or "—"])
-        raw.append([r.row, r.label, k, len(seeds), " ".join(str(s) for s in seeds), r.mean, r.std, r.ci_low,
-                    r.ci_high, r.ci_method, r.delta, r.paper, r.paper_delta, r.pass_mean, r.maj_mean,
-                    " ".join(str(e.avg) for e in r.evals), " ".join(str(e.step) for e in r.evals)])
-    csv_cols = ["row", "label", "k", "n_seeds", "seeds", "avg_mean", "avg_std", "ci_low", "ci_high", "ci_method",
-                "delta", "paper_avg", "paper_delta", "pass_mean", "maj_mean", "avg_per_seed", "final_step"]
-    notes = [f"Experiment {t.experiment!r}; each run's last eval; values in percent. Paper: one seed, AIME 2024 "
-             f"avg@32; reference {PAPER_REFERENCE[0]} {PAPER_REFERENCE[1]}.",
-             f"CI: t-interval over seeds when there are several; else the run's own bootstrap over problems "
-             f"({c}%). Δ: change in our mean from the row above."]
-    return Table(title=f"Table 1: eval avg@{k} per cumulative ablation row (ours vs paper)", columns=columns,
-                 cells=cells, csv_columns=csv_cols, csv_rows=raw, notes=notes, missing=list(t.missing))
+        cells.append(
+            [
+                r.label,
+                avg_txt,
+                ci_txt,
+                fmt(r.delta, signed=True),
+                fmt(r.paper, 0),
+                fmt(r.paper_delta, 0, signed=True),
+                fmt(r.pass_mean),
+                fmt(r.maj_mean),
+                str(len(seeds)),
+                r.ci_method or "—",
+            ]
+        )
+        raw.append(
+            [
+                r.row,
+                r.label,
+                k,
+                len(seeds),
+                " ".join(str(s) for s in seeds),
+                r.mean,
+                r.std,
+                r.ci_low,
+                r.ci_high,
+                r.ci_method,
+                r.delta,
+                r.paper,
+                r.paper_delta,
+                r.pass_mean,
+                r.maj_mean,
+                " ".join(str(e.avg) for e in r.evals),
+                " ".join(str(e.step) for e in r.evals),
+            ]
+        )
+    csv_cols = [
+        "row",
+        "label",
+        "k",
+        "n_seeds",
+        "seeds",
+        "avg_mean",
+        "avg_std",
+        "ci_low",
+        "ci_high",
+        "ci_method",
+        "delta",
+        "paper_avg",
+        "paper_delta",
+        "pass_mean",
+        "maj_mean",
+        "avg_per_seed",
+        "final_step",
+    ]
+    notes = [
+        f"Experiment {t.experiment!r}; each run's last eval; values in percent. Paper: one seed, AIME 2024 "
+        f"avg@32; reference {PAPER_REFERENCE[0]} {PAPER_REFERENCE[1]}.",
+        f"CI: t-interval over seeds when there are several; else the run's own bootstrap over problems "
+        f"({c}%). Δ: change in our mean from the row above.",
+    ]
+    return Table(
+        title=f"Table 1: eval avg@{k} per cumulative ablation row (ours vs paper)",
+        columns=columns,
+        cells=cells,
+        csv_columns=csv_cols,
+        csv_rows=raw,
+        notes=notes,
+        missing=list(t.missing),
+    )

@@ -16,30 +16,74 @@ from __future__ import annotations
 
 import re
 
-WINDOW_CHARS = 300      # the released rule: "the longest answer in MATH-500 has 159 characters"
+WINDOW_CHARS = 300  # the released rule: "the longest answer in MATH-500 has 159 characters"
 
 _ANSWER_RE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
 # (before, after) replacements, applied in this order (the order matters: "an " before " ").
 _SUBSTITUTIONS = (
-    ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
-    (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"),
+    ("an ", ""),
+    ("a ", ""),
+    (".$", "$"),
+    ("\\$", ""),
+    ("\\ ", ""),
+    (" ", ""),
+    ("mbox", "text"),
+    (",\\text{and}", ","),
+    ("\\text{and}", ","),
+    ("\\text{m}", "\\text{}"),
 )
 # Unit words and LaTeX spacing removed outright, as in the released rule.
 _REMOVED = (
-    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
-    "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals",
-    "edges", "students", "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}",
-    "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;",
-    ",\\!", "{,}", '"', "\\dots",
+    "square",
+    "ways",
+    "integers",
+    "dollars",
+    "mph",
+    "inches",
+    "hours",
+    "km",
+    "units",
+    "\\ldots",
+    "sue",
+    "points",
+    "feet",
+    "minutes",
+    "digits",
+    "cents",
+    "degrees",
+    "cm",
+    "gm",
+    "pounds",
+    "meters",
+    "meals",
+    "edges",
+    "students",
+    "childrentickets",
+    "multiples",
+    "\\text{s}",
+    "\\text{.}",
+    "\\text{\ns}",
+    "\\text{}^2",
+    "\\text{}^3",
+    "\\text{\n}",
+    "\\text{}",
+    "\\mathrm{th}",
+    "^\\circ",
+    "^{\\circ}",
+    "\\;",
+    ",\\!",
+    "{,}",
+    '"',
+    "\\dots",
 )
 _UNWRAP = (
-    (re.compile(r"(.*?)(\$)(.*?)(\$)(.*)"), "$\\3$"),        # keep only the first $...$ span
+    (re.compile(r"(.*?)(\$)(.*?)(\$)(.*)"), "$\\3$"),  # keep only the first $...$ span
     (re.compile(r"(\\text\{)(.*?)(\})"), "\\2"),
     (re.compile(r"(\\textbf\{)(.*?)(\})"), "\\2"),
     (re.compile(r"(\\overline\{)(.*?)(\})"), "\\2"),
     (re.compile(r"(\\boxed\{)(.*)(\})"), "\\2"),
-    (re.compile(r"(frac)([^{])(.)"), "frac{\\2}{\\3}"),       # \fracab -> \frac{a}{b}
-    (re.compile(r"(sqrt)([^{])"), "sqrt{\\2}"),               # \sqrta -> \sqrt{a}
+    (re.compile(r"(frac)([^{])(.)"), "frac{\\2}{\\3}"),  # \fracab -> \frac{a}{b}
+    (re.compile(r"(sqrt)([^{])"), "sqrt{\\2}"),  # \sqrta -> \sqrt{a}
 )
 _ZERO_FRACTION = re.compile(r"(-?\d+)\.0+")
 
@@ -57,7 +101,7 @@ def normalize_final_answer(answer: str) -> str:
     if answer.replace(",", "").isdigit():
         answer = answer.replace(",", "")
     answer = answer.strip()
-    zero = _ZERO_FRACTION.fullmatch(answer)     # the one addition to the released rule: 204.0 -> 204
+    zero = _ZERO_FRACTION.fullmatch(answer)  # the one addition to the released rule: 204.0 -> 204
     return zero.group(1) if zero else answer
 
 
@@ -76,5 +120,5 @@ def dapo_rule_correct(response: str, answer: str) -> tuple[bool, str | None]:
             return False, None
         pred = normalize_final_answer(extracted)
         return bool(pred) and pred == normalize_final_answer(str(answer)[-WINDOW_CHARS:]), pred or None
-    except Exception:       # defensive: the operations above are plain str/re and should never raise
+    except Exception:  # defensive: the operations above are plain str/re and should never raise
         return False, None

@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 import unicodedata
 
-MAX_ANSWER_CHARS = 300        # the longest MATH-500 answer has 159 characters; DAPO's rule reads 300
-_LINE_SCAN = 4 * MAX_ANSWER_CHARS   # raw characters read after `Answer:` (zero-width marks may pad it)
-_BOXED_SCAN = 2000            # characters scanned for the brace that closes a \boxed{
-_BOXED_TRIES = 8              # unbalanced \boxed{ occurrences tried, from the last, before giving up
+MAX_ANSWER_CHARS = 300  # the longest MATH-500 answer has 159 characters; DAPO's rule reads 300
+_LINE_SCAN = 4 * MAX_ANSWER_CHARS  # raw characters read after `Answer:` (zero-width marks may pad it)
+_BOXED_SCAN = 2000  # characters scanned for the brace that closes a \boxed{
+_BOXED_TRIES = 8  # unbalanced \boxed{ occurrences tried, from the last, before giving up
 
 # `answer:` anywhere (also `**Answer:**`, `Final Answer:`, a full-width colon), then any whitespace, newlines
 # included, as in the released rule's `Answer\s*:\s*([^\n]+)`. The possessive `*+` matters: with
@@ -25,8 +25,8 @@ _BOXED_RE_NAMES = ("\\boxed", "\\fbox")
 # Categories dropped from an extracted answer: controls (NUL...), format (zero-width, RTL/LTR marks, BOM),
 # surrogates, private use, unassigned. Newline and tab are whitespace and are collapsed instead.
 _DROP_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
-_FULLWIDTH = {c: c - 0xFEE0 for c in range(0xFF01, 0xFF5F)}   # full-width ASCII forms -> ASCII
-_FULLWIDTH.update({0x2212: ord("-"), 0x3000: ord(" ")})         # unicode minus, ideographic space
+_FULLWIDTH = {c: c - 0xFEE0 for c in range(0xFF01, 0xFF5F)}  # full-width ASCII forms -> ASCII
+_FULLWIDTH.update({0x2212: ord("-"), 0x3000: ord(" ")})  # unicode minus, ideographic space
 
 
 def sanitize(text: str) -> str:
@@ -48,7 +48,7 @@ def _matching_brace(text: str, open_idx: int, limit: int) -> int | None:
     i = open_idx
     while i < end:
         ch = text[i]
-        if ch == "\\":          # an escaped brace (\{ \}) does not count
+        if ch == "\\":  # an escaped brace (\{ \}) does not count
             i += 2
             continue
         if ch == "{":
@@ -77,7 +77,7 @@ def last_boxed(text: str) -> str | None:
             close = _matching_brace(text, j, _BOXED_SCAN)
             if close is not None:
                 return text[j + 1 : close]
-        elif j < len(text) and text[j] == " ":          # `\boxed 5`: the next whitespace-delimited token
+        elif j < len(text) and text[j] == " ":  # `\boxed 5`: the next whitespace-delimited token
             token = text[j : j + MAX_ANSWER_CHARS].split(maxsplit=1)
             if token:
                 return token[0].split("$")[0]
@@ -88,15 +88,14 @@ def last_boxed(text: str) -> str | None:
 def _strip_wrappers(ans: str) -> str:
     """Remove markup around a whole answer: `**x**`, `$x$`, `\\(x\\)`, `\\[x\\]`, `\\boxed{x}`, a final
     period."""
-    for _ in range(4):          # wrappers nest a few deep at most ("$\\boxed{204}$."); bounded either way
+    for _ in range(4):  # wrappers nest a few deep at most ("$\\boxed{204}$."); bounded either way
         before = ans
         ans = ans.strip().strip("*").strip()
         if ans.endswith(".") and not ans.endswith("..."):
             ans = ans[:-1].rstrip()
         for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
             inner = ans[len(left) : -len(right)]
-            if len(ans) >= len(left) + len(right) and ans.startswith(left) and ans.endswith(right) \
-                    and "$" not in inner:
+            if len(ans) >= len(left) + len(right) and ans.startswith(left) and ans.endswith(right) and "$" not in inner:
                 ans = inner.strip()
                 break
         for name in _BOXED_RE_NAMES:

@@ -23,7 +23,7 @@ from functools import lru_cache
 from types import FrameType
 from typing import Any
 
-_REPEAT_S = 0.1     # the alarm fires again at this interval, in case a library swallowed the first exception
+_REPEAT_S = 0.1  # the alarm fires again at this interval, in case a library swallowed the first exception
 
 
 class CheckTimeout(BaseException):
@@ -63,7 +63,7 @@ class Deadline:
         if not self.active:
             return False
         try:
-            self.armed = False      # from here on a firing is a no-op
+            self.armed = False  # from here on a firing is a no-op
         finally:
             # Reached even if the alarm fired just before the line above; the next firing is >= 0.1 s away.
             self.armed = False
@@ -117,7 +117,7 @@ def fast_equivalent(extracted: str, gold: str) -> bool | None:
         return True
     if _PLAIN_NUMBER.fullmatch(a) and _PLAIN_NUMBER.fullmatch(b):
         x, y = Decimal(a), Decimal(b)
-        if x == y:                          # exact at any length (comparison does not round)
+        if x == y:  # exact at any length (comparison does not round)
             return True
         # two different integers (206.0 is one). `x % 1` would raise DivisionImpossible past the context's 28
         # digits (a 31-digit answer from a tiny policy crashed a training run); to_integral_value is exact.
@@ -145,8 +145,15 @@ def verify_equivalent(extracted: str, gold: str) -> bool:
 
 
 _WARM_UP = (
-    ("204.0", "204"), ("\\frac{1}{2}", "0.5"), ("x = 2", "2"), ("\\boxed{3}", "3"), ("1, 2", "\\{1,2\\}"),
-    ("(1,2]", "(1,2]"), ("2\\sqrt{3}", "\\sqrt{12}"), ("50\\%", "0.5"), ("\\text{B}", "B"),
+    ("204.0", "204"),
+    ("\\frac{1}{2}", "0.5"),
+    ("x = 2", "2"),
+    ("\\boxed{3}", "3"),
+    ("1, 2", "\\{1,2\\}"),
+    ("(1,2]", "(1,2]"),
+    ("2\\sqrt{3}", "\\sqrt{12}"),
+    ("50\\%", "0.5"),
+    ("\\text{B}", "B"),
     ("x^2+1", "1+x^2"),
 )
 _warm = False
@@ -182,7 +189,7 @@ def check(task: tuple[str, str, float]) -> tuple[str, bool]:
             return "ok", verify_equivalent(extracted, gold)
     except CheckTimeout:
         return "timeout", False
-    except Exception:       # e.g. RecursionError on deep LaTeX, MemoryError: the answer is not verified
+    except Exception:  # e.g. RecursionError on deep LaTeX, MemoryError: the answer is not verified
         return "error", False
 
 

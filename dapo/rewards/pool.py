@@ -26,15 +26,20 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-STARTUP_LIMIT_S = 180.0     # generous: the first start imports sympy + math-verify on a loaded 2-core machine
+STARTUP_LIMIT_S = 180.0  # generous: the first start imports sympy + math-verify on a loaded 2-core machine
 MAX_CHUNK = 32
 
 
-def _worker_main(conn: Connection, fn: Callable[[Any], Any], warmup: Any, mem_limit: int | None,
-                 retire_if: Callable[[Any], bool] | None) -> None:
+def _worker_main(
+    conn: Connection,
+    fn: Callable[[Any], Any],
+    warmup: Any,
+    mem_limit: int | None,
+    retire_if: Callable[[Any], bool] | None,
+) -> None:
     """Worker loop: receive a list of items, send ("ok", fn(item)) or ("error", None) per item, in order;
     after a result for which `retire_if` is true, send ("retire", None) and exit (the parent replaces it)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     if mem_limit:
         import resource
 
@@ -55,7 +60,7 @@ def _worker_main(conn: Connection, fn: Callable[[Any], Any], warmup: Any, mem_li
         for item in batch:
             try:
                 out = ("ok", fn(item))
-            except BaseException:       # fn should not raise; if it does, that item alone is lost
+            except BaseException:  # fn should not raise; if it does, that item alone is lost
                 out = ("error", None)
             conn.send(out)
             if retire_if is not None and out[0] == "ok" and retire_if(out[1]):
@@ -69,7 +74,7 @@ class _Worker:
     conn: Connection
     born: float
     ready: bool = False
-    job: list[int] = field(default_factory=list)   # indices of the chunk in flight; job[0] is running now
+    job: list[int] = field(default_factory=list)  # indices of the chunk in flight; job[0] is running now
     item_start: float = 0.0
 
 
@@ -83,20 +88,27 @@ class BoundedPool:
     raised). Thread-safe (one map at a time); survives a fork of the parent by starting fresh workers.
     """
 
-    def __init__(self, fn: Callable[[Any], Any], workers: int, *, warmup: Any = None,
-                 preload: Sequence[str] = (), mem_limit_bytes: int | None = None,
-                 retire_if: Callable[[Any], bool] | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        workers: int,
+        *,
+        warmup: Any = None,
+        preload: Sequence[str] = (),
+        mem_limit_bytes: int | None = None,
+        retire_if: Callable[[Any], bool] | None = None,
+    ) -> None:
         self.fn, self.n_workers, self.warmup = fn, max(1, int(workers)), warmup
         self.mem_limit = mem_limit_bytes
         self.retire_if = retire_if
         methods = mp.get_all_start_methods()
         self._ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
         if preload and self._ctx.get_start_method() == "forkserver":
-            self._ctx.set_forkserver_preload(list(preload))   # ignored if the forkserver already runs
+            self._ctx.set_forkserver_preload(list(preload))  # ignored if the forkserver already runs
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._workers: list[_Worker] = []
-        self.restarts = 0       # workers killed or lost so far (a health signal for the caller)
+        self.restarts = 0  # workers killed or lost so far (a health signal for the caller)
 
     # --------------------------------------------------------------------------------------- workers
     def _spawn(self) -> _Worker:
@@ -104,7 +116,7 @@ class BoundedPool:
         args = (child_conn, self.fn, self.warmup, self.mem_limit, self.retire_if)
         proc = self._ctx.Process(target=_worker_main, args=args, daemon=True, name="dapo-reward-worker")
         proc.start()
-        child_conn.close()      # so that the parent sees EOF when the worker dies
+        child_conn.close()  # so that the parent sees EOF when the worker dies
         return _Worker(proc=proc, conn=parent_conn, born=time.monotonic())
 
     def _kill(self, w: _Worker) -> None:
@@ -121,10 +133,10 @@ class BoundedPool:
         self.restarts += 1
 
     def _ensure_workers(self) -> None:
-        if os.getpid() != self._pid:        # forked: the workers belong to the parent process
+        if os.getpid() != self._pid:  # forked: the workers belong to the parent process
             self._workers, self._pid = [], os.getpid()
         for w in list(self._workers):
-            if w.job or not w.proc.is_alive():          # dead, or left mid-chunk by an interrupted map
+            if w.job or not w.proc.is_alive():  # dead, or left mid-chunk by an interrupted map
                 self._kill(w)
                 self._workers.remove(w)
         while len(self._workers) < self.n_workers:
@@ -156,12 +168,12 @@ class BoundedPool:
             self._replace(w)
 
         while queue or any(w.job for w in self._workers):
-            for w in self._workers:                       # hand chunks to idle, ready workers
+            for w in self._workers:  # hand chunks to idle, ready workers
                 if w.ready and not w.job and queue:
                     w.job = queue.popleft()
                     try:
                         w.conn.send([items[i] for i in w.job])
-                    except (OSError, ValueError):         # the worker died while idle
+                    except (OSError, ValueError):  # the worker died while idle
                         queue.appendleft(w.job)
                         w.job = []
                         self._replace(w)
@@ -179,7 +191,7 @@ class BoundedPool:
                         status, value = conn.recv()
                         if status == "ready":
                             w.ready = True
-                        elif status == "retire":          # done with its last item; the rest goes back
+                        elif status == "retire":  # done with its last item; the rest goes back
                             if w.job:
                                 queue.appendleft(w.job)
                             w.job = []
@@ -189,11 +201,13 @@ class BoundedPool:
                             finish_current(w, status, value)
                         if not w.job:
                             break
-                except (EOFError, OSError):               # the worker died: on its current item, if any
+                except (EOFError, OSError):  # the worker died: on its current item, if any
                     if not w.ready:
                         self._kill(w)
-                        raise RuntimeError("a reward worker died while starting (a script that scores "
-                                           "responses needs an `if __name__ == '__main__':` guard)") from None
+                        raise RuntimeError(
+                            "a reward worker died while starting (a script that scores "
+                            "responses needs an `if __name__ == '__main__':` guard)"
+                        ) from None
                     if w.job:
                         lose_worker(w, "crash")
                     else:

@@ -38,8 +38,8 @@ from dapo.rewards.pool import BoundedPool
 log = logging.getLogger(__name__)
 
 VERIFIERS = ("math_verify", "dapo_rule")
-INLINE_MAX = 64             # below this many distinct checks, the pool's IPC costs more than it saves
-HARD_GRACE_S = 1.0          # the parent kills a worker this long after the worker's own deadline
+INLINE_MAX = 64  # below this many distinct checks, the pool's IPC costs more than it saves
+HARD_GRACE_S = 1.0  # the parent kills a worker this long after the worker's own deadline
 MAX_WORKERS = 16
 WORKER_MEM_BYTES = 3 << 30  # address-space cap per worker: a LaTeX bomb gets a MemoryError, not the machine
 
@@ -76,9 +76,14 @@ def get_pool(workers: int) -> BoundedPool:
         if workers not in _pools:
             # A worker retires after a timed-out check (the interrupted computation may have left sympy's
             # caches half-updated); replacements fork from a warm forkserver in milliseconds.
-            _pools[workers] = BoundedPool(check, workers, warmup=("2", "\\frac{4}{2}", 60.0),
-                                          preload=("dapo.rewards._preload",), retire_if=interrupted,
-                                          mem_limit_bytes=WORKER_MEM_BYTES)
+            _pools[workers] = BoundedPool(
+                check,
+                workers,
+                warmup=("2", "\\frac{4}{2}", 60.0),
+                preload=("dapo.rewards._preload",),
+                retire_if=interrupted,
+                mem_limit_bytes=WORKER_MEM_BYTES,
+            )
         return _pools[workers]
 
 
@@ -108,8 +113,13 @@ def score_math_verify(response: str, answer: str, timeout_s: float = 5.0) -> Sco
     return score_responses([response], [answer], "math_verify", timeout_s)[0]
 
 
-def score_responses(responses: list[str], answers: list[str], verifier: str = "math_verify",
-                    timeout_s: float = 5.0, workers: int | None = None) -> list[Score]:
+def score_responses(
+    responses: list[str],
+    answers: list[str],
+    verifier: str = "math_verify",
+    timeout_s: float = 5.0,
+    workers: int | None = None,
+) -> list[Score]:
     """Score `responses[i]` against `answers[i]`: +1 if the final answer is equivalent, else -1.
 
     Args:
@@ -157,12 +167,16 @@ def score_responses(responses: list[str], answers: list[str], verifier: str = "m
         results = [check(tasks[k]) for k in hard]
     else:
         pool = get_pool(workers or default_workers())
-        results = [value if status == "ok" else (status, False)
-                   for status, value in pool.map([tasks[k] for k in hard], float(timeout_s) + HARD_GRACE_S)]
+        results = [
+            value if status == "ok" else (status, False)
+            for status, value in pool.map([tasks[k] for k in hard], float(timeout_s) + HARD_GRACE_S)
+        ]
     for k, result in zip(hard, results, strict=True):
         outcomes[k] = result
     timeouts = sum(status != "ok" for status, _ in outcomes)
     if timeouts:
         log.warning("%d of %d answer checks timed out or failed (scored -1)", timeouts, len(outcomes))
-    return [_score(False, None) if t is None else _score(outcomes[t][1], ext)
-            for t, ext in zip(task_of, extracted, strict=True)]
+    return [
+        _score(False, None) if t is None else _score(outcomes[t][1], ext)
+        for t, ext in zip(task_of, extracted, strict=True)
+    ]

@@ -97,10 +97,16 @@ def make_engine(
     if kind == "vllm":
         from dapo.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
-                          tensor_parallel_size=tensor_parallel_size,
-                          gpu_memory_utilization=gpu_memory_utilization, cpu_kv_cache_gib=cpu_kv_cache_gib,
-                          enable_sleep_mode=enable_sleep_mode)
+        return VLLMEngine(
+            model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            cpu_kv_cache_gib=cpu_kv_cache_gib,
+            enable_sleep_mode=enable_sleep_mode,
+        )
     if kind == "hf":
         from dapo.rollout.hf_engine import HFEngine
 
@@ -109,7 +115,7 @@ def make_engine(
 
 
 def resolve_dtype(dtype: str) -> str:
-    """"auto" -> bfloat16 on GPUs, float32 on CPUs (bf16 sampling on a CPU drifts from an fp32 learner)."""
+    """ "auto" -> bfloat16 on GPUs, float32 on CPUs (bf16 sampling on a CPU drifts from an fp32 learner)."""
     if dtype != "auto":
         return dtype
     import torch

@@ -4,9 +4,9 @@
 Simplifications: no paged KV cache or continuous batching (prompts are generated in fixed chunks, left-padded);
 `sleep`/`wake_up` move the model off and back onto the GPU. `generate` keeps each step's processed scores
 ([sequences, V] per step) to read the sampled tokens' log-probs, so chunks shrink to fit `score_budget_bytes`:
-fine for small vocabularies (the tiny world); use vLLM for real models. The log-prob of each sampled token is taken under
-the *sampling* distribution (after temperature and top-p), which vLLM's raw log-probs are not; the learner
-recomputes old log-probs itself, so neither enters the loss.
+fine for small vocabularies (the tiny world); use vLLM for real models.
+The log-prob of each sampled token is taken under the *sampling* distribution (after temperature and top-p),
+which vLLM's raw log-probs are not; the learner recomputes old log-probs itself, so neither enters the loss.
 """
 
 from __future__ import annotations
@@ -34,8 +34,16 @@ class HFEngine(RolloutEngine):
         score_budget_bytes: memory for the per-step scores kept during one chunk (at least one prompt's n).
     """
 
-    def __init__(self, model_path: str, *, dtype: str = "auto", max_model_len: int, seed: int = 0,
-                 max_batch_sequences: int = 512, score_budget_bytes: int = 2 << 30) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "auto",
+        max_model_len: int,
+        seed: int = 0,
+        max_batch_sequences: int = 512,
+        score_budget_bytes: int = 2 << 30,
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -63,18 +71,20 @@ class HFEngine(RolloutEngine):
         self.model.generation_config = GenerationConfig(eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0) -> list[list[Sample]]:
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0
+    ) -> list[list[Sample]]:
         # sequences per chunk: at most max_batch_sequences, and the kept scores within the byte budget
         seqs = min(self.max_batch_sequences, self.score_budget_bytes // (4 * self.model.config.vocab_size * max_tokens))
         per_chunk = max(1, seqs // n)
         out: list[list[Sample]] = []
         for i in range(0, len(prompt_ids), per_chunk):
-            out.extend(self._generate_chunk(prompt_ids[i:i + per_chunk], n, max_tokens, temperature, top_p))
+            out.extend(self._generate_chunk(prompt_ids[i : i + per_chunk], n, max_tokens, temperature, top_p))
         return out
 
-    def _generate_chunk(self, prompts: list[list[int]], n: int, max_tokens: int, temperature: float,
-                        top_p: float) -> list[list[Sample]]:
+    def _generate_chunk(
+        self, prompts: list[list[int]], n: int, max_tokens: int, temperature: float, top_p: float
+    ) -> list[list[Sample]]:
         from transformers import GenerationConfig
 
         longest = max(len(p) for p in prompts)
@@ -84,19 +94,36 @@ class HFEngine(RolloutEngine):
         ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for r, p in enumerate(prompts):  # left padding: every row's last prompt token sits at the same column
-            ids[r, longest - len(p):] = torch.tensor(p)
-            mask[r, longest - len(p):] = 1
+            ids[r, longest - len(p) :] = torch.tensor(p)
+            mask[r, longest - len(p) :] = 1
         cfg = GenerationConfig(
-            do_sample=True, temperature=temperature, top_p=top_p, top_k=0,  # top_k=0: no default top-50 cut
-            max_new_tokens=cap, num_return_sequences=n, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
-            output_scores=True, return_dict_in_generate=True,
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,  # top_k=0: no default top-50 cut
+            max_new_tokens=cap,
+            num_return_sequences=n,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            output_scores=True,
+            return_dict_in_generate=True,
         )
-        res = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                  generation_config=cfg)
-        gen = res.sequences[:, longest:].cpu()                                    # [P*n, T]
+        res = self.model.generate(
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=cfg
+        )
+        gen = res.sequences[:, longest:].cpu()  # [P*n, T]
         # scores are the processed logits (after temperature / top-p) that the tokens were sampled from
-        logp = torch.stack([torch.log_softmax(s.float(), dim=-1).gather(1, gen[:, t:t + 1].to(s.device)).squeeze(1)
-                            for t, s in enumerate(res.scores)], dim=1).cpu() if res.scores else gen.float()
+        logp = (
+            torch.stack(
+                [
+                    torch.log_softmax(s.float(), dim=-1).gather(1, gen[:, t : t + 1].to(s.device)).squeeze(1)
+                    for t, s in enumerate(res.scores)
+                ],
+                dim=1,
+            ).cpu()
+            if res.scores
+            else gen.float()
+        )
         is_eos = torch.isin(gen, torch.tensor(self.eos_ids))
         groups: list[list[Sample]] = []
         for r, p in enumerate(prompts):
@@ -106,11 +133,15 @@ class HFEngine(RolloutEngine):
                 hits = is_eos[row].nonzero()
                 end = int(hits[0]) + 1 if len(hits) else gen.shape[1]
                 resp = gen[row, :end].tolist()
-                group.append(Sample(
-                    prompt_ids=list(p), response_ids=resp, logprobs=logp[row, :end].tolist(),
-                    finish_reason="stop" if len(hits) else "length",
-                    text=self.tokenizer.decode(resp, skip_special_tokens=True),
-                ))
+                group.append(
+                    Sample(
+                        prompt_ids=list(p),
+                        response_ids=resp,
+                        logprobs=logp[row, :end].tolist(),
+                        finish_reason="stop" if len(hits) else "length",
+                        text=self.tokenizer.decode(resp, skip_special_tokens=True),
+                    )
+                )
             groups.append(group)
         return groups
 
@@ -134,8 +165,8 @@ class HFEngine(RolloutEngine):
         out = []
         for p, r in zip(prompt_ids, response_ids, strict=True):
             seq = torch.tensor([p + r], device=self.device)
-            logits = self.model(input_ids=seq).logits[0, len(p) - 1:-1].float()   # [len(r), V]
-            lp = torch.log_softmax(logits, -1).gather(1, seq[0, len(p):, None]).squeeze(1)
+            logits = self.model(input_ids=seq).logits[0, len(p) - 1 : -1].float()  # [len(r), V]
+            lp = torch.log_softmax(logits, -1).gather(1, seq[0, len(p) :, None]).squeeze(1)
             out.append(lp.cpu().tolist())
         return out
 

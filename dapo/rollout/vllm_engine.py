@@ -57,9 +57,18 @@ def _repack_lm_head(worker: Any) -> bool:
 class VLLMEngine(RolloutEngine):
     """`vllm.LLM` behind the `RolloutEngine` interface. Arguments as in `dapo.rollout.make_engine`."""
 
-    def __init__(self, model_path: str, *, dtype: str = "auto", max_model_len: int, seed: int = 0,
-                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.6, cpu_kv_cache_gib: int = 1,
-                 enable_sleep_mode: bool = True) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "auto",
+        max_model_len: int,
+        seed: int = 0,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.6,
+        cpu_kv_cache_gib: int = 1,
+        enable_sleep_mode: bool = True,
+    ) -> None:
         on_gpu = torch.cuda.is_available()
         self.in_process = tensor_parallel_size == 1
         if self.in_process:
@@ -72,7 +81,9 @@ class VLLMEngine(RolloutEngine):
         self.sleep_enabled = on_gpu and enable_sleep_mode
         self._asleep = False
         kwargs: dict[str, Any] = dict(
-            model=model_path, dtype=resolve_dtype(dtype), max_model_len=max_model_len,
+            model=model_path,
+            dtype=resolve_dtype(dtype),
+            max_model_len=max_model_len,
             seed=seed,  # one engine-wide seed: per-request seeds crash the CPU sampler (FINDINGS)
             tensor_parallel_size=tensor_parallel_size,
         )
@@ -84,8 +95,9 @@ class VLLMEngine(RolloutEngine):
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = max_model_len
 
-    def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0) -> list[list[Sample]]:
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0
+    ) -> list[list[Sample]]:
         from vllm import SamplingParams
 
         # logprobs=0: only the sampled token's log-prob (no top-k alternatives)
@@ -97,9 +109,15 @@ class VLLMEngine(RolloutEngine):
             for c in sorted(out.outputs, key=lambda c: c.index):
                 ids = list(c.token_ids)
                 lps = [d[t].logprob for t, d in zip(ids, c.logprobs, strict=True)] if c.logprobs else None
-                group.append(Sample(prompt_ids=list(p), response_ids=ids, logprobs=lps,
-                                    finish_reason="length" if c.finish_reason == "length" else "stop",
-                                    text=c.text))
+                group.append(
+                    Sample(
+                        prompt_ids=list(p),
+                        response_ids=ids,
+                        logprobs=lps,
+                        finish_reason="length" if c.finish_reason == "length" else "stop",
+                        text=c.text,
+                    )
+                )
             groups.append(group)
         return groups
 
@@ -108,8 +126,9 @@ class VLLMEngine(RolloutEngine):
 
         # prompt_logprobs=0 gives log p(token_t | tokens_<t) for every prompt position at temperature 1
         sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-        outs = self.llm.generate([{"prompt_token_ids": p + r} for p, r in zip(prompt_ids, response_ids,
-                                                                               strict=True)], sp, use_tqdm=False)
+        outs = self.llm.generate(
+            [{"prompt_token_ids": p + r} for p, r in zip(prompt_ids, response_ids, strict=True)], sp, use_tqdm=False
+        )
         res = []
         for p, r, out in zip(prompt_ids, response_ids, outs, strict=True):
             seq = p + r

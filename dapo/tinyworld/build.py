@@ -74,8 +74,13 @@ def read_manifest(root: str | Path) -> dict[str, Any] | None:
 def is_built(root: str | Path, tiny: TinyWorldConfig) -> bool:
     m = read_manifest(root)
     p = tiny_paths(root)
-    return (m is not None and m.get("hash") == world_hash(tiny) and (p.model / "config.json").is_file()
-            and p.train.is_file() and p.eval.is_file())
+    return (
+        m is not None
+        and m.get("hash") == world_hash(tiny)
+        and (p.model / "config.json").is_file()
+        and p.train.is_file()
+        and p.eval.is_file()
+    )
 
 
 @contextlib.contextmanager
@@ -89,8 +94,14 @@ def _lock(root: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def ensure_tiny_world(cfg: RunConfig, *, out: str | Path | None = None, force: bool = False,
-                      progress: Progress | None = None, threads: int = 1) -> Path:
+def ensure_tiny_world(
+    cfg: RunConfig,
+    *,
+    out: str | Path | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
+    threads: int = 1,
+) -> Path:
     """The tiny world directory for `cfg` (default `cfg.tiny.dir`), built first when missing or stale.
 
     The model is at `<dir>/model`, the data at `<dir>/train.jsonl` and `<dir>/eval.jsonl` (see `tiny_paths`).
@@ -106,16 +117,26 @@ def ensure_tiny_world(cfg: RunConfig, *, out: str | Path | None = None, force: b
         if not force and is_built(root, cfg.tiny):  # another process built it while we waited
             return root
         if root.exists() and any(root.iterdir()) and read_manifest(root) is None:
-            raise FileExistsError(f"{root}: exists and is not a tiny world (no manifest.json); refusing to "
-                                  "overwrite it. Point tiny.dir (or --out) at a new or tiny-world directory.")
+            raise FileExistsError(
+                f"{root}: exists and is not a tiny world (no manifest.json); refusing to "
+                "overwrite it. Point tiny.dir (or --out) at a new or tiny-world directory."
+            )
         tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             build_tiny_world(
-                cfg.tiny, tmp, eval_n=cfg.eval.n, eval_temperature=cfg.eval.temperature,
-                eval_top_p=cfg.eval.top_p, max_new_tokens=cfg.resolved_eval_max_tokens(),
-                group_n=cfg.rollout.n, group_temperature=cfg.rollout.temperature, group_top_p=cfg.rollout.top_p,
-                max_prompt_length=cfg.data.max_prompt_length, progress=progress, threads=threads,
+                cfg.tiny,
+                tmp,
+                eval_n=cfg.eval.n,
+                eval_temperature=cfg.eval.temperature,
+                eval_top_p=cfg.eval.top_p,
+                max_new_tokens=cfg.resolved_eval_max_tokens(),
+                group_n=cfg.rollout.n,
+                group_temperature=cfg.rollout.temperature,
+                group_top_p=cfg.rollout.top_p,
+                max_prompt_length=cfg.data.max_prompt_length,
+                progress=progress,
+                threads=threads,
             )
             if root.exists():
                 old = root.parent / f".{root.name}.old-{os.getpid()}"
@@ -163,17 +184,39 @@ def build_tiny_world(
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _build(tiny, Path(out_dir), eval_n=eval_n, eval_temperature=eval_temperature, eval_top_p=eval_top_p,
-                      max_new_tokens=max_new_tokens, group_n=group_n, group_temperature=group_temperature,
-                      group_top_p=group_top_p, max_prompt_length=max_prompt_length, progress=progress,
-                      threads=threads)
+        return _build(
+            tiny,
+            Path(out_dir),
+            eval_n=eval_n,
+            eval_temperature=eval_temperature,
+            eval_top_p=eval_top_p,
+            max_new_tokens=max_new_tokens,
+            group_n=group_n,
+            group_temperature=group_temperature,
+            group_top_p=group_top_p,
+            max_prompt_length=max_prompt_length,
+            progress=progress,
+            threads=threads,
+        )
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _build(tiny: TinyWorldConfig, out_dir: Path, *, eval_n: int, eval_temperature: float, eval_top_p: float,
-           max_new_tokens: int, group_n: int, group_temperature: float, group_top_p: float,
-           max_prompt_length: int, progress: Progress | None, threads: int) -> dict[str, Any]:
+def _build(
+    tiny: TinyWorldConfig,
+    out_dir: Path,
+    *,
+    eval_n: int,
+    eval_temperature: float,
+    eval_top_p: float,
+    max_new_tokens: int,
+    group_n: int,
+    group_temperature: float,
+    group_top_p: float,
+    max_prompt_length: int,
+    progress: Progress | None,
+    threads: int,
+) -> dict[str, Any]:
     import torch
 
     from dapo.data.prompts import apply_dapo_template, build_prompt
@@ -196,8 +239,13 @@ def _build(tiny: TinyWorldConfig, out_dir: Path, *, eval_n: int, eval_temperatur
     for t in splits.sft:
         u, corrupt = rng.random(), rng.random() < tiny.sft_corruption
         guess, verbose = u < tiny.sft_guess, tiny.sft_guess <= u < tiny.sft_guess + tiny.sft_verbose
-        solutions.append("\n".join(solution_lines(t, verbose=verbose, corrupt=corrupt, guess=guess,
-                                                  connectives=tiny.sft_connectives, rng=rng)[0]))
+        solutions.append(
+            "\n".join(
+                solution_lines(
+                    t, verbose=verbose, corrupt=corrupt, guess=guess, connectives=tiny.sft_connectives, rng=rng
+                )[0]
+            )
+        )
     _write_jsonl(out.train, splits.train, "tiny-train")
     _write_jsonl(out.eval, splits.eval, "tiny-eval")
     report("tasks", 1, 1)
@@ -217,20 +265,37 @@ def _build(tiny: TinyWorldConfig, out_dir: Path, *, eval_n: int, eval_temperatur
     eval_prompts = prompt_ids(splits.eval)
     longest = max(len(p) for p in eval_prompts + prompt_ids(splits.train))
     if longest > max_prompt_length:
-        raise ValueError(f"tiny world prompts reach {longest} tokens > data.max_prompt_length "
-                         f"({max_prompt_length}); raise data.max_prompt_length or lower tiny.difficulty")
+        raise ValueError(
+            f"tiny world prompts reach {longest} tokens > data.max_prompt_length "
+            f"({max_prompt_length}); raise data.max_prompt_length or lower tiny.difficulty"
+        )
 
     # 3. supervised phase
     eos = tokenizer.eos_token_id
     responses = tokenizer(solutions, add_special_tokens=False)["input_ids"]
     examples = [SFTExample(p, list(r) + [eos]) for p, r in zip(prompt_ids(splits.sft), responses, strict=True)]
-    model = make_model(len(tokenizer), hidden_size=tiny.hidden_size, num_layers=tiny.num_layers,
-                       num_heads=tiny.num_heads, tie_embeddings=tiny.tie_embeddings, eos_token_id=eos,
-                       pad_token_id=tokenizer.pad_token_id, max_positions=MAX_POSITIONS, seed=tiny.seed)
+    model = make_model(
+        len(tokenizer),
+        hidden_size=tiny.hidden_size,
+        num_layers=tiny.num_layers,
+        num_heads=tiny.num_heads,
+        tie_embeddings=tiny.tie_embeddings,
+        eos_token_id=eos,
+        pad_token_id=tokenizer.pad_token_id,
+        max_positions=MAX_POSITIONS,
+        seed=tiny.seed,
+    )
     report("sft", 0, tiny.sft_steps)
-    sft = train_sft(model, examples, steps=tiny.sft_steps, batch_size=SFT_BATCH, lr=SFT_LR,
-                    pad_id=tokenizer.pad_token_id, seed=tiny.seed,
-                    on_step=lambda step, loss: report("sft", step, tiny.sft_steps))
+    sft = train_sft(
+        model,
+        examples,
+        steps=tiny.sft_steps,
+        batch_size=SFT_BATCH,
+        lr=SFT_LR,
+        pad_id=tokenizer.pad_token_id,
+        seed=tiny.seed,
+        on_step=lambda step, loss: report("sft", step, tiny.sft_steps),
+    )
 
     # 4. save (model + tokenizer + generation config) so AutoModel / AutoTokenizer / vLLM load it offline
     model.generation_config.eos_token_id = eos
@@ -241,32 +306,67 @@ def _build(tiny: TinyWorldConfig, out_dir: Path, *, eval_n: int, eval_temperatur
 
     # 5. measure where RL starts: eval avg@k at the eval settings; group fractions at the rollout settings
     report("measure", 0, 2)
-    ev = measure(model, tokenizer, eval_prompts, [str(t.answer) for t in splits.eval], n=eval_n,
-                 max_new_tokens=max_new_tokens, temperature=eval_temperature, top_p=eval_top_p, seed=tiny.seed)
+    ev = measure(
+        model,
+        tokenizer,
+        eval_prompts,
+        [str(t.answer) for t in splits.eval],
+        n=eval_n,
+        max_new_tokens=max_new_tokens,
+        temperature=eval_temperature,
+        top_p=eval_top_p,
+        seed=tiny.seed,
+    )
     report("measure", 1, 2)
     group_tasks = splits.train[:GROUP_PROMPTS]
-    gr = measure(model, tokenizer, prompt_ids(group_tasks), [str(t.answer) for t in group_tasks],
-                 n=group_n, max_new_tokens=max_new_tokens, temperature=group_temperature, top_p=group_top_p,
-                 seed=tiny.seed + 1)
+    gr = measure(
+        model,
+        tokenizer,
+        prompt_ids(group_tasks),
+        [str(t.answer) for t in group_tasks],
+        n=group_n,
+        max_new_tokens=max_new_tokens,
+        temperature=group_temperature,
+        top_p=group_top_p,
+        seed=tiny.seed + 1,
+    )
     report("measure", 2, 2)
 
     manifest = {
-        "hash": world_hash(tiny), "build_version": BUILD_VERSION, "seed": tiny.seed,
+        "hash": world_hash(tiny),
+        "build_version": BUILD_VERSION,
+        "seed": tiny.seed,
         "tiny": tiny.model_dump(mode="json"),
         "recipe": {"sft_batch": SFT_BATCH, "sft_lr": SFT_LR, "n_sft_examples": n_sft},
-        "created_unix": time.time(), "build_seconds": round(time.perf_counter() - t0, 1),
-        "build_cpu_seconds": round(time.process_time() - c0, 1), "threads": threads,
-        "param_count": param_count(model), "vocab_size": len(tokenizer), "max_prompt_tokens": longest,
-        "n_train": len(splits.train), "n_eval": len(splits.eval),
+        "created_unix": time.time(),
+        "build_seconds": round(time.perf_counter() - t0, 1),
+        "build_cpu_seconds": round(time.process_time() - c0, 1),
+        "threads": threads,
+        "param_count": param_count(model),
+        "vocab_size": len(tokenizer),
+        "max_prompt_tokens": longest,
+        "n_train": len(splits.train),
+        "n_eval": len(splits.eval),
         "sft": {k: round(v, 4) for k, v in sft.items()},
-        "eval": {"n": eval_n, "temperature": eval_temperature, "top_p": eval_top_p,
-                 "max_new_tokens": max_new_tokens, f"avg@{eval_n}": round(ev["avg"], 2),
-                 f"pass@{eval_n}": round(ev["pass"], 2), "truncated_fraction": round(ev["truncated_fraction"], 4)},
-        "train_groups": {"prompts": len(group_tasks), "n": group_n, "temperature": group_temperature,
-                         "top_p": group_top_p, f"avg@{group_n}": round(gr["avg"], 2),
-                         "all_correct_fraction": round(gr["all_correct_fraction"], 4),
-                         "all_wrong_fraction": round(gr["all_wrong_fraction"], 4),
-                         "truncated_fraction": round(gr["truncated_fraction"], 4)},
+        "eval": {
+            "n": eval_n,
+            "temperature": eval_temperature,
+            "top_p": eval_top_p,
+            "max_new_tokens": max_new_tokens,
+            f"avg@{eval_n}": round(ev["avg"], 2),
+            f"pass@{eval_n}": round(ev["pass"], 2),
+            "truncated_fraction": round(ev["truncated_fraction"], 4),
+        },
+        "train_groups": {
+            "prompts": len(group_tasks),
+            "n": group_n,
+            "temperature": group_temperature,
+            "top_p": group_top_p,
+            f"avg@{group_n}": round(gr["avg"], 2),
+            "all_correct_fraction": round(gr["all_correct_fraction"], 4),
+            "all_wrong_fraction": round(gr["all_wrong_fraction"], 4),
+            "truncated_fraction": round(gr["truncated_fraction"], 4),
+        },
     }
     out.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

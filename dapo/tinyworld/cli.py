@@ -21,8 +21,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     p.add_argument("--out", help="Build here instead of tiny.dir.")
     p.add_argument("--force", action="store_true", help="Rebuild even if a matching build exists.")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1: reproducible, and fastest on a shared machine).")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: reproducible, and fastest on a shared machine).",
+    )
 
 
 class _PlainProgress:
@@ -54,8 +58,13 @@ def run(args: argparse.Namespace) -> int:
     if sys.stderr.isatty():
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TimeElapsedColumn(), transient=False) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            transient=False,
+        ) as bar:
             tasks: dict[str, int] = {}
 
             def progress(phase: str, done: int, total: int) -> None:
@@ -69,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     m = read_manifest(path) or {}
     ev = m.get("eval", {})
     summary = {k: m.get(k) for k in ("build_seconds", "param_count", "vocab_size", "max_prompt_tokens")}
-    print(f"tiny world built: {tiny_paths(path).model}\n{json.dumps(summary)}\neval {json.dumps(ev)}\n"
-          f"train groups {json.dumps(m.get('train_groups', {}))}")
+    print(
+        f"tiny world built: {tiny_paths(path).model}\n{json.dumps(summary)}\neval {json.dumps(ev)}\n"
+        f"train groups {json.dumps(m.get('train_groups', {}))}"
+    )
     return 0

@@ -41,23 +41,31 @@ def sample(
     torch.manual_seed(seed)
     model.eval()
     for start in range(0, len(flat), batch_size):
-        chunk = flat[start:start + batch_size]
+        chunk = flat[start : start + batch_size]
         T = max(len(p) for p in chunk)
         ids = torch.full((len(chunk), T), pad, dtype=torch.long)
         mask = torch.zeros((len(chunk), T), dtype=torch.long)
         for i, p in enumerate(chunk):
-            ids[i, T - len(p):] = torch.tensor(p)
-            mask[i, T - len(p):] = 1
+            ids[i, T - len(p) :] = torch.tensor(p)
+            mask[i, T - len(p) :] = 1
         with torch.no_grad():
-            gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
-                                 top_p=top_p, top_k=0, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                                 pad_token_id=pad)
+            gen = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=0,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
         for row in gen[:, T:].tolist():
             truncated = eos not in row
             if not truncated:
-                row = row[:row.index(eos)]
+                row = row[: row.index(eos)]
             out.append((tokenizer.decode(row, skip_special_tokens=True), truncated))
-    return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+    return [out[i * n : (i + 1) * n] for i in range(len(prompts))]
 
 
 def measure(
@@ -73,8 +81,9 @@ def measure(
     seed: int,
 ) -> dict[str, float]:
     """avg@n and pass@n in percent, truncation fraction, all-correct / all-wrong group fractions."""
-    samples = sample(model, tokenizer, prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
-                     top_p=top_p, seed=seed)
+    samples = sample(
+        model, tokenizer, prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+    )
     correct = [[is_correct(text, a) for text, _ in group] for group, a in zip(samples, answers, strict=True)]
     total = len(prompts) * n
     return {

@@ -25,20 +25,41 @@ if TYPE_CHECKING:
 SUPPORTED_HEAD_SIZES = (32, 64)
 
 
-def make_model(vocab_size: int, *, hidden_size: int, num_layers: int, num_heads: int, tie_embeddings: bool,
-               eos_token_id: int, pad_token_id: int, max_positions: int, seed: int) -> PreTrainedModel:
+def make_model(
+    vocab_size: int,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    tie_embeddings: bool,
+    eos_token_id: int,
+    pad_token_id: int,
+    max_positions: int,
+    seed: int,
+) -> PreTrainedModel:
     """A randomly initialised Qwen2ForCausalLM (float32)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if hidden_size % num_heads or hidden_size // num_heads not in SUPPORTED_HEAD_SIZES:
-        raise ValueError(f"tiny.hidden_size / tiny.num_heads = {hidden_size}/{num_heads} must be a head size in "
-                         f"{SUPPORTED_HEAD_SIZES} (vLLM-CPU rejects others, e.g. 16); e.g. hidden 128, 2 or 4 heads")
+        raise ValueError(
+            f"tiny.hidden_size / tiny.num_heads = {hidden_size}/{num_heads} must be a head size in "
+            f"{SUPPORTED_HEAD_SIZES} (vLLM-CPU rejects others, e.g. 16); e.g. hidden 128, 2 or 4 heads"
+        )
     config = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=4 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
-        max_position_embeddings=max_positions, tie_word_embeddings=tie_embeddings, rope_theta=10000.0,
-        bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=pad_token_id, use_sliding_window=False,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=tie_embeddings,
+        rope_theta=10000.0,
+        bos_token_id=None,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        use_sliding_window=False,
         dtype="float32",
     )
     torch.manual_seed(seed)
@@ -77,9 +98,9 @@ def _batch(examples: Sequence[SFTExample], pad_id: int) -> tuple[list[int], torc
     mask[:, :P] = 1
     labels = torch.full((len(examples), T), -100, dtype=torch.long)
     for i, (e, r) in enumerate(zip(examples, rests, strict=True)):
-        ids[i, :len(r)] = torch.tensor(r)
-        mask[i, P:P + len(r)] = 1
-        labels[i, len(e.prompt_ids) - P:len(r)] = torch.tensor(e.response_ids)
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, P : P + len(r)] = 1
+        labels[i, len(e.prompt_ids) - P : len(r)] = torch.tensor(e.response_ids)
     return examples[0].prompt_ids[:P], ids, mask, labels
 
 
@@ -100,8 +121,9 @@ def response_loss(model: PreTrainedModel, examples: Sequence[SFTExample], pad_id
             layer.keys = layer.keys.expand(len(examples), -1, -1, -1)
             layer.values = layer.values.expand(len(examples), -1, -1, -1)
     logits = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=cache is not None).logits
-    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                             labels[:, 1:].reshape(-1), ignore_index=-100)
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
@@ -142,7 +164,7 @@ def train_sft(
         if pos + batch_size > len(order):
             rng.shuffle(order)
             pos = 0
-        batch = [examples[i] for i in order[pos:pos + batch_size]]
+        batch = [examples[i] for i in order[pos : pos + batch_size]]
         pos += batch_size
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup)
@@ -157,8 +179,11 @@ def train_sft(
         if on_step is not None:
             on_step(step + 1, value)
     model.eval()
-    return {"sft_loss_first": first, "sft_loss_last": sum(recent) / max(1, len(recent)),
-            "sft_seconds": time.perf_counter() - t0}
+    return {
+        "sft_loss_first": first,
+        "sft_loss_last": sum(recent) / max(1, len(recent)),
+        "sft_seconds": time.perf_counter() - t0,
+    }
 
 
 def param_count(model: PreTrainedModel) -> int:

@@ -23,10 +23,38 @@ import random
 import re
 from dataclasses import dataclass
 
-NAMES = [("Mia", "She"), ("Tom", "He"), ("Ava", "She"), ("Leo", "He"), ("Zoe", "She"), ("Max", "He"),
-         ("Amy", "She"), ("Sam", "He"), ("Eva", "She"), ("Ben", "He"), ("Ivy", "She"), ("Dan", "He")]
-OBJECTS = ["apples", "pens", "coins", "books", "cards", "shells", "stamps", "marbles", "cookies", "beads",
-           "toys", "rocks", "eggs", "cups", "keys", "balls"]
+NAMES = [
+    ("Mia", "She"),
+    ("Tom", "He"),
+    ("Ava", "She"),
+    ("Leo", "He"),
+    ("Zoe", "She"),
+    ("Max", "He"),
+    ("Amy", "She"),
+    ("Sam", "He"),
+    ("Eva", "She"),
+    ("Ben", "He"),
+    ("Ivy", "She"),
+    ("Dan", "He"),
+]
+OBJECTS = [
+    "apples",
+    "pens",
+    "coins",
+    "books",
+    "cards",
+    "shells",
+    "stamps",
+    "marbles",
+    "cookies",
+    "beads",
+    "toys",
+    "rocks",
+    "eggs",
+    "cups",
+    "keys",
+    "balls",
+]
 
 # op -> (symbol, phrasings). `{k}` is the operand; multiplications and the halving carry their operand in the verb.
 _ADD = ("+", ["buys {k} more", "finds {k} more", "gets {k} more"])
@@ -120,8 +148,9 @@ def make_task(rng: random.Random, n_ops: int) -> Task:
     return Task(name, pronoun, obj, start, tuple(steps), text, cur)
 
 
-def solution_lines(task: Task, *, verbose: bool, corrupt: bool, rng: random.Random,
-                   guess: bool = False, connectives: float = 0.0) -> tuple[list[str], int]:
+def solution_lines(
+    task: Task, *, verbose: bool, corrupt: bool, rng: random.Random, guess: bool = False, connectives: float = 0.0
+) -> tuple[list[str], int]:
     """Worked solution lines ending in `Answer: N`, and N (the true answer unless `corrupt`).
 
     A corrupted solution gets one error at a random step: a wrong result (off by 1-3) or a miscopied operand;
@@ -162,11 +191,19 @@ def solution_lines(task: Task, *, verbose: bool, corrupt: bool, rng: random.Rand
     return lines, cur
 
 
-def solution_text(task: Task, *, verbose: bool = False, corrupt: bool = False, guess: bool = False,
-                  connectives: float = 0.0, rng: random.Random | None = None) -> str:
+def solution_text(
+    task: Task,
+    *,
+    verbose: bool = False,
+    corrupt: bool = False,
+    guess: bool = False,
+    connectives: float = 0.0,
+    rng: random.Random | None = None,
+) -> str:
     """The response text (no EOS): lines joined by newlines."""
-    lines, _ = solution_lines(task, verbose=verbose, corrupt=corrupt, guess=guess, connectives=connectives,
-                              rng=rng or random.Random(0))
+    lines, _ = solution_lines(
+        task, verbose=verbose, corrupt=corrupt, guess=guess, connectives=connectives, rng=rng or random.Random(0)
+    )
     return "\n".join(lines)
 
 

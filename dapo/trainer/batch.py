@@ -32,21 +32,27 @@ class ResponseBatch:
 
     prompt_ids: list[list[int]]
     response_ids: list[list[int]]
-    group_ids: Tensor          # [N] long, index of the prompt (group) each response belongs to
-    advantages: Tensor         # [N] float32
-    truncated: Tensor          # [N] bool, finish reason "length"
-    response_mask: Tensor      # [N, T] float32, 1 on response tokens
-    loss_mask: Tensor          # [N, T] float32, response_mask with filtered rows zeroed
-    old_logprobs: Tensor | None = None   # [N, T] from the learner, before any update of the step
-    entropy: Tensor | None = None        # [N, T] of the old policy on the sampled tokens
+    group_ids: Tensor  # [N] long, index of the prompt (group) each response belongs to
+    advantages: Tensor  # [N] float32
+    truncated: Tensor  # [N] bool, finish reason "length"
+    response_mask: Tensor  # [N, T] float32, 1 on response tokens
+    loss_mask: Tensor  # [N, T] float32, response_mask with filtered rows zeroed
+    old_logprobs: Tensor | None = None  # [N, T] from the learner, before any update of the step
+    entropy: Tensor | None = None  # [N, T] of the old policy on the sampled tokens
 
     def __len__(self) -> int:
         return len(self.response_ids)
 
     def to_policy_batch(self) -> PolicyBatch:
         """The learner's view (`dapo.learner.PolicyBatch`): ids, advantages, loss mask, groups, old log-probs."""
-        return PolicyBatch(prompt_ids=self.prompt_ids, response_ids=self.response_ids, advantages=self.advantages,
-                           loss_mask=self.loss_mask, group_ids=self.group_ids, old_logp=self.old_logprobs)
+        return PolicyBatch(
+            prompt_ids=self.prompt_ids,
+            response_ids=self.response_ids,
+            advantages=self.advantages,
+            loss_mask=self.loss_mask,
+            group_ids=self.group_ids,
+            old_logp=self.old_logprobs,
+        )
 
     def rows(self, idx: Sequence[int]) -> ResponseBatch:
         """A sub-batch of the given response rows (padding width kept)."""
@@ -73,18 +79,24 @@ def build_batch(groups: Sequence[Group], *, norm_adv_by_std: bool, overlong_filt
     """
     if not groups:
         raise ValueError("no groups to train on")
-    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)          # [B, G]
-    adv = group_advantages(rewards, norm_by_std=norm_adv_by_std).reshape(-1)          # [B*G]
+    rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float32)  # [B, G]
+    adv = group_advantages(rewards, norm_by_std=norm_adv_by_std).reshape(-1)  # [B*G]
     samples = [s for g in groups for s in g.samples]
     lengths = torch.tensor([len(s.response_ids) for s in samples])
     width = max(int(lengths.max()), 1)
-    response_mask = (torch.arange(width)[None, :] < lengths[:, None]).to(torch.float32)   # [N, T]
+    response_mask = (torch.arange(width)[None, :] < lengths[:, None]).to(torch.float32)  # [N, T]
     truncated = torch.tensor([s.finish_reason == "length" for s in samples], dtype=torch.bool)
     loss_mask = overlong_loss_mask(response_mask, truncated) if overlong_filter else response_mask.clone()
     group_ids = torch.arange(len(groups)).repeat_interleave(torch.tensor([len(g.samples) for g in groups]))
-    return ResponseBatch(prompt_ids=[list(g.prompt_ids) for g in groups for _ in g.samples],
-                         response_ids=[list(s.response_ids) for s in samples], group_ids=group_ids,
-                         advantages=adv, truncated=truncated, response_mask=response_mask, loss_mask=loss_mask)
+    return ResponseBatch(
+        prompt_ids=[list(g.prompt_ids) for g in groups for _ in g.samples],
+        response_ids=[list(s.response_ids) for s in samples],
+        group_ids=group_ids,
+        advantages=adv,
+        truncated=truncated,
+        response_mask=response_mask,
+        loss_mask=loss_mask,
+    )
 
 
 def minibatch_plan(num_groups: int, mini_batch_size: int, epochs: int, seed: int, step: int) -> list[list[int]]:
@@ -97,7 +109,7 @@ def minibatch_plan(num_groups: int, mini_batch_size: int, epochs: int, seed: int
     plan = []
     for epoch in range(epochs):
         perm = np.random.default_rng([seed, step, epoch]).permutation(num_groups)
-        plan += [perm[i:i + mini_batch_size].tolist() for i in range(0, num_groups, mini_batch_size)]
+        plan += [perm[i : i + mini_batch_size].tolist() for i in range(0, num_groups, mini_batch_size)]
     return plan
 
 

@@ -80,8 +80,11 @@ def _fsync_dir(path: Path) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
-                             "torch": torch.get_rng_state()}
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -124,7 +127,7 @@ def save_checkpoint(
     tmp = final = None
     if dist.is_main():
         root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".tmp-*"):   # a previous save that crashed half-way
+        for stale in root.glob(".tmp-*"):  # a previous save that crashed half-way
             shutil.rmtree(stale, ignore_errors=True)
         name = f"step_{step:06d}"
         suffix = 0
@@ -146,13 +149,13 @@ def save_checkpoint(
         os.rename(tmp, final)
         _fsync_dir(root)
         prune(run_dir, keep)
-    dist.barrier()   # no rank goes on (or reads the checkpoint list) before the folder is published
+    dist.barrier()  # no rank goes on (or reads the checkpoint list) before the folder is published
     return final
 
 
 def prune(run_dir: Path, keep: int) -> None:
     """Delete all but the newest `keep` complete checkpoints (never the newest)."""
-    for old in list_checkpoints(run_dir)[:-max(keep, 1)]:
+    for old in list_checkpoints(run_dir)[: -max(keep, 1)]:
         # Rename first so that a crash mid-delete leaves no folder that looks complete but is not.
         doomed = old.with_name(f".tmp-deleting-{old.name}")
         os.rename(old, doomed)

@@ -15,10 +15,17 @@ from dapo.config_cli import add_config_arguments
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
-    p.add_argument("--run-dir", help="Run directory (checkpoints, final model, DONE.json); default trainer.output_dir. "
-                   "An existing run directory with checkpoints is resumed.")
-    p.add_argument("--progress", choices=["auto", "bar", "log"], default="auto",
-                   help="A rich progress bar (`bar`), one log line per step (`log`), or bar only on a terminal.")
+    p.add_argument(
+        "--run-dir",
+        help="Run directory (checkpoints, final model, DONE.json); default trainer.output_dir. "
+        "An existing run directory with checkpoints is resumed.",
+    )
+    p.add_argument(
+        "--progress",
+        choices=["auto", "bar", "log"],
+        default="auto",
+        help="A rich progress bar (`bar`), one log line per step (`log`), or bar only on a terminal.",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

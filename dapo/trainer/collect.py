@@ -23,7 +23,7 @@ from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats, keep_gro
 from dapo.algos.overlong import soft_overlong_penalty
 from dapo.types import Problem, Sample
 
-ScoreFn = Callable[[list[str], list[str]], list[Any]]   # (responses, answers) -> [Score(score, correct, ...)]
+ScoreFn = Callable[[list[str], list[str]], list[Any]]  # (responses, answers) -> [Score(score, correct, ...)]
 
 
 @dataclass
@@ -33,9 +33,9 @@ class Group:
     problem: Problem
     prompt_ids: list[int]
     samples: list[Sample]
-    scores: list[float]        # +1 / -1 correctness score
+    scores: list[float]  # +1 / -1 correctness score
     correct: list[bool]
-    penalties: list[float]     # R_length * factor (all 0 when the soft punishment is off)
+    penalties: list[float]  # R_length * factor (all 0 when the soft punishment is off)
 
     @property
     def rewards(self) -> list[float]:
@@ -71,9 +71,9 @@ class Collected:
 
     groups: list[Group]
     stats: RefillStats
-    all_correct: list[list[bool]]              # correctness of every generated group, before filtering
-    all_rewards: list[list[float]]             # shaped rewards of every generated group
-    timings: dict[str, float] = field(default_factory=dict)   # "generate", "score": summed over batches
+    all_correct: list[list[bool]]  # correctness of every generated group, before filtering
+    all_rewards: list[list[float]]  # shaped rewards of every generated group
+    timings: dict[str, float] = field(default_factory=dict)  # "generate", "score": summed over batches
 
 
 class StopDuringRefill(Exception):  # noqa: N818 (a control-flow signal, not an error)
@@ -94,8 +94,9 @@ def make_groups(
 ) -> list[Group]:
     """Generate `s.n` responses per prompt, score them and add the overlong penalty. Adds to `timings`."""
     t0 = time.perf_counter()
-    outs = engine.generate([list(p) for p in prompts], n=s.n, max_tokens=s.max_tokens,
-                           temperature=s.temperature, top_p=s.top_p)
+    outs = engine.generate(
+        [list(p) for p in prompts], n=s.n, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p
+    )
     t1 = time.perf_counter()
     texts = [smp.text for group in outs for smp in group]
     answers = [pb.answer for pb, group in zip(problems, outs, strict=True) for _ in group]
@@ -106,17 +107,25 @@ def make_groups(
 
     lengths = torch.tensor([len(smp.response_ids) for group in outs for smp in group])
     if s.overlong_penalty:
-        pens = soft_overlong_penalty(lengths, s.max_tokens, s.overlong_buffer_len, s.overlong_penalty_factor,
-                                     dtype=torch.float64).tolist()
+        pens = soft_overlong_penalty(
+            lengths, s.max_tokens, s.overlong_buffer_len, s.overlong_penalty_factor, dtype=torch.float64
+        ).tolist()
     else:
         pens = [0.0] * len(lengths)
     groups, k = [], 0
     for pb, prompt, samples in zip(problems, prompts, outs, strict=True):
         g = len(samples)
-        sc = scores[k:k + g]
-        groups.append(Group(problem=pb, prompt_ids=list(prompt), samples=list(samples),
-                            scores=[float(x.score) for x in sc], correct=[bool(x.correct) for x in sc],
-                            penalties=[float(p) for p in pens[k:k + g]]))
+        sc = scores[k : k + g]
+        groups.append(
+            Group(
+                problem=pb,
+                prompt_ids=list(prompt),
+                samples=list(samples),
+                scores=[float(x.score) for x in sc],
+                correct=[bool(x.correct) for x in sc],
+                penalties=[float(p) for p in pens[k : k + g]],
+            )
+        )
         k += g
     return groups
 
@@ -147,8 +156,13 @@ def collect(
         timings: dict[str, float] = {}
         problems, prompts = next_batch(s.train_batch_size)
         groups = make_groups(engine, problems, prompts, s, score_fn, timings)
-        stats = RefillStats(gen_batches=1, groups_generated=len(groups), groups_kept=len(groups),
-                            tokens_generated=sum(g.num_tokens for g in groups), full=True)
+        stats = RefillStats(
+            gen_batches=1,
+            groups_generated=len(groups),
+            groups_kept=len(groups),
+            tokens_generated=sum(g.num_tokens for g in groups),
+            full=True,
+        )
         return Collected(groups, stats, [g.correct for g in groups], [g.rewards for g in groups], timings)
 
     if resume is not None:
@@ -160,13 +174,14 @@ def collect(
     gen_size = s.gen_batch_size or s.train_batch_size
     while not acc.done:
         if acc.stats.gen_batches > 0 and should_stop():
-            raise StopDuringRefill({"acc": acc, "all_correct": all_correct, "all_rewards": all_rewards,
-                                    "timings": timings})
+            raise StopDuringRefill(
+                {"acc": acc, "all_correct": all_correct, "all_rewards": all_rewards, "timings": timings}
+            )
         problems, prompts = next_batch(gen_size)
         groups = make_groups(engine, problems, prompts, s, score_fn, timings)
         all_correct += [g.correct for g in groups]
         all_rewards += [g.rewards for g in groups]
         keep = keep_groups(torch.tensor([g.correct for g in groups], dtype=torch.bool))
-        acc.add(groups, keep, sum(g.num_tokens for g in groups))   # may raise RefillCapReached
+        acc.add(groups, keep, sum(g.num_tokens for g in groups))  # may raise RefillCapReached
     kept, stats = acc.result()
     return Collected(kept, stats, all_correct, all_rewards, timings)

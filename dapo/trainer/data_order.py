@@ -35,7 +35,7 @@ class PromptOrder:
                 self.position = 0
                 self._perm = self._permutation(self.epoch)
             m = min(k - len(out), self.n - self.position)
-            out.extend(int(i) for i in self._perm[self.position:self.position + m])
+            out.extend(int(i) for i in self._perm[self.position : self.position + m])
             self.position += m
         return out
 
@@ -49,8 +49,10 @@ class PromptOrder:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state["n"] != self.n or state["seed"] != self.seed:
-            raise ValueError(f"checkpoint's data order is for n={state['n']} prompts with seed {state['seed']}, "
-                             f"this run has n={self.n} with seed {self.seed}: resume with the same config")
+            raise ValueError(
+                f"checkpoint's data order is for n={state['n']} prompts with seed {state['seed']}, "
+                f"this run has n={self.n} with seed {self.seed}: resume with the same config"
+            )
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self._perm = self._permutation(self.epoch)

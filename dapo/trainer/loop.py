@@ -57,8 +57,16 @@ POISON_ENV = "DAPO_TEST_POISON_STEP"
 # Test hook: raise SIGTERM at the end of this rollout step (as SLURM would), to test the stop path.
 SIGTERM_ENV = "DAPO_TEST_SIGTERM_STEP"
 # Keys the learner's update() reports, averaged over the step's updates.
-UPDATE_KEYS = (M.POLICY_LOSS, M.CLIPFRAC_LOW, M.CLIPFRAC_HIGH, M.CLIP_HIGH_PROB, M.DUAL_CLIPFRAC, M.APPROX_KL,
-               M.KL_REF, M.GRAD_NORM)
+UPDATE_KEYS = (
+    M.POLICY_LOSS,
+    M.CLIPFRAC_LOW,
+    M.CLIPFRAC_HIGH,
+    M.CLIP_HIGH_PROB,
+    M.DUAL_CLIPFRAC,
+    M.APPROX_KL,
+    M.KL_REF,
+    M.GRAD_NORM,
+)
 
 
 class NonFiniteError(RuntimeError):
@@ -69,13 +77,13 @@ class NonFiniteError(RuntimeError):
 class Components:
     """Everything the loop talks to (built by `setup.build_components`, or fakes in tests)."""
 
-    engine: Any                                  # dapo.rollout.RolloutEngine
-    learner: Any                                 # dapo.learner.Learner
-    problems: list[Problem]                      # training prompts (raw) ...
-    prompts: list[list[int]]                     # ... and their token ids (template applied)
+    engine: Any  # dapo.rollout.RolloutEngine
+    learner: Any  # dapo.learner.Learner
+    problems: list[Problem]  # training prompts (raw) ...
+    prompts: list[list[int]]  # ... and their token ids (template applied)
     score_fn: ScoreFn
-    make_tracker: Callable[[str | None], Any]    # run id (None: new run) -> dapo.tracking.Tracker
-    evaluate: Callable[[Any], dict[str, float]] | None = None   # engine -> eval metrics (metric_names keys)
+    make_tracker: Callable[[str | None], Any]  # run id (None: new run) -> dapo.tracking.Tracker
+    evaluate: Callable[[Any], dict[str, float]] | None = None  # engine -> eval metrics (metric_names keys)
 
 
 def seed_step(seed: int, step: int) -> None:
@@ -95,18 +103,26 @@ class Trainer:
         self.progress_rich = progress
         t, a, r = cfg.trainer, cfg.algorithm, cfg.rollout
         self.settings = RolloutSettings(
-            n=r.n, max_tokens=r.max_response_length, temperature=r.temperature, top_p=r.top_p,
-            overlong_penalty=a.overlong_penalty, overlong_buffer_len=a.overlong_buffer_len,
-            overlong_penalty_factor=a.overlong_penalty_factor, dynamic_sampling=a.dynamic_sampling,
-            train_batch_size=t.train_batch_size, gen_batch_size=a.gen_batch_size,
-            max_num_gen_batches=a.max_num_gen_batches, at_refill_cap=a.at_refill_cap)
+            n=r.n,
+            max_tokens=r.max_response_length,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            overlong_penalty=a.overlong_penalty,
+            overlong_buffer_len=a.overlong_buffer_len,
+            overlong_penalty_factor=a.overlong_penalty_factor,
+            dynamic_sampling=a.dynamic_sampling,
+            train_batch_size=t.train_batch_size,
+            gen_batch_size=a.gen_batch_size,
+            max_num_gen_batches=a.max_num_gen_batches,
+            at_refill_cap=a.at_refill_cap,
+        )
         self.order = PromptOrder(len(components.problems), t.seed)
         self.step = 0
         self.grad_updates = 0
         self.nonfinite_total = 0
         self.nonfinite_streak = 0
         self.tokens_total = 0
-        self.elapsed_before = 0.0       # wall time of earlier attempts (resume)
+        self.elapsed_before = 0.0  # wall time of earlier attempts (resume)
         self.run_id: str | None = None
         self.refill_resume: dict[str, Any] | None = None
         self.tracker: Any = None
@@ -116,17 +132,31 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------------- state
     def state(self) -> dict[str, Any]:
-        return {"step": self.step, "grad_updates": self.grad_updates, "nonfinite_total": self.nonfinite_total,
-                "nonfinite_streak": self.nonfinite_streak, "tokens_total": self.tokens_total,
-                "elapsed": self.elapsed(), "data_order": self.order.state_dict(), "mlflow_run_id": self.run_id,
-                "config_hash": self.cfg.config_hash()}
+        return {
+            "step": self.step,
+            "grad_updates": self.grad_updates,
+            "nonfinite_total": self.nonfinite_total,
+            "nonfinite_streak": self.nonfinite_streak,
+            "tokens_total": self.tokens_total,
+            "elapsed": self.elapsed(),
+            "data_order": self.order.state_dict(),
+            "mlflow_run_id": self.run_id,
+            "config_hash": self.cfg.config_hash(),
+        }
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.monotonic() - self._t0
 
     def save(self, *, refill: Any = None, rng: dict[str, Any] | None = None, state: dict | None = None) -> Path:
-        path = ck.save_checkpoint(self.run_dir, self.step, state or self.state(), self.c.learner.save_checkpoint,
-                                  refill=refill, keep=self.cfg.trainer.keep_checkpoints, rng=rng)
+        path = ck.save_checkpoint(
+            self.run_dir,
+            self.step,
+            state or self.state(),
+            self.c.learner.save_checkpoint,
+            refill=refill,
+            keep=self.cfg.trainer.keep_checkpoints,
+            rng=rng,
+        )
         if dist.is_main():
             log.info("checkpoint %s", path)
         return path
@@ -138,8 +168,12 @@ class Trainer:
             return False
         state, rng, refill = ck.load_checkpoint_state(path)
         if state.get("config_hash") != self.cfg.config_hash():
-            log.warning("resuming %s with a different config (hash %s, checkpoint %s)", path,
-                        self.cfg.config_hash(), state.get("config_hash"))
+            log.warning(
+                "resuming %s with a different config (hash %s, checkpoint %s)",
+                path,
+                self.cfg.config_hash(),
+                state.get("config_hash"),
+            )
         self.c.learner.load_checkpoint(path / ck.LEARNER_DIR)
         self.step, self.grad_updates = state["step"], state["grad_updates"]
         self.nonfinite_total, self.nonfinite_streak = state["nonfinite_total"], state["nonfinite_streak"]
@@ -166,8 +200,9 @@ class Trainer:
             self.run_id = self.tracker.run_id
             self.tracker.log_params(cfg.flat())
         self.tracker.set_tags({**run_tags(cfg), M.TAG_STATUS: "running"})
-        progress: Any = (Progress(cfg.trainer.total_steps, self.step, rich=self.progress_rich) if dist.is_main()
-                         else dist.Null())
+        progress: Any = (
+            Progress(cfg.trainer.total_steps, self.step, rich=self.progress_rich) if dist.is_main() else dist.Null()
+        )
         try:
             with StopFlag() as stop:
                 if not resumed and cfg.eval.every > 0:
@@ -217,7 +252,8 @@ class Trainer:
                 f"{self.nonfinite_streak} non-finite updates in a row (trainer.max_consecutive_nonfinite="
                 f"{cfg.trainer.max_consecutive_nonfinite}) at rollout step {self.step}: the loss or gradients are "
                 f"NaN/inf. Last good checkpoint: {last or 'none'}. Lower trainer.lr, check the data, or resume "
-                f"from that checkpoint.")
+                f"from that checkpoint."
+            )
         if cfg.eval.every and self.step % cfg.eval.every == 0:
             self._evaluate(progress)
         if self._sigterm_at and self.step == self._sigterm_at:
@@ -241,12 +277,13 @@ class Trainer:
             seed_step(cfg.trainer.seed, next_step)
         col = self._collect(stop)
         self.refill_resume = None
-        self.c.engine.sleep()    # colocated GPUs: free the engine's memory for the learner (no-op on CPU)
+        self.c.engine.sleep()  # colocated GPUs: free the engine's memory for the learner (no-op on CPU)
         batch, stats = None, []
         t0 = t1 = time.perf_counter()
         if col.groups:
-            batch = build_batch(col.groups, norm_adv_by_std=cfg.algorithm.norm_adv_by_std,
-                                overlong_filter=cfg.algorithm.overlong_filter)
+            batch = build_batch(
+                col.groups, norm_adv_by_std=cfg.algorithm.norm_adv_by_std, overlong_filter=cfg.algorithm.overlong_filter
+            )
             if self._poison and next_step >= self._poison:
                 batch.advantages = torch.full_like(batch.advantages, float("nan"))
             t0 = time.perf_counter()
@@ -255,8 +292,11 @@ class Trainer:
             stats = self._updates(batch, len(col.groups), next_step)
         else:
             # dynamic sampling stopped at its cap (at_refill_cap=partial) without one informative group
-            log.warning("rollout step %d: no informative group within %d generation batches; no update",
-                        next_step, col.stats.gen_batches)
+            log.warning(
+                "rollout step %d: no informative group within %d generation batches; no update",
+                next_step,
+                col.stats.gen_batches,
+            )
         lr = learner.lr
         learner.lr_step()
         t3 = time.perf_counter()
@@ -269,16 +309,25 @@ class Trainer:
         self.tokens_total += col.stats.tokens_generated
         m = rollout_metrics(col, batch, norm_adv_by_std=cfg.algorithm.norm_adv_by_std)
         m.update(mean_update_stats([s for s in stats if not s.get(UPDATE_SKIPPED)], UPDATE_KEYS))
-        m.update(mean_update_stats(stats, [UPDATE_SKIPPED]))     # the fraction of this step's updates skipped
+        m.update(mean_update_stats(stats, [UPDATE_SKIPPED]))  # the fraction of this step's updates skipped
         gen_t = col.timings.get("generate", 0.0)
-        m.update({
-            M.ROLLOUT_STEP: self.step, M.GRAD_UPDATES: self.grad_updates, M.LR: lr,
-            M.NONFINITE_SKIPPED: self.nonfinite_total, M.DS_TOKENS_GENERATED_TOTAL: self.tokens_total,
-            M.TIME_GENERATE: gen_t, M.TIME_SCORE: col.timings.get("score", 0.0), M.TIME_OLD_LOGPROB: t1 - t0,
-            M.TIME_UPDATE: t3 - t1, M.TIME_SYNC: t4 - t3, M.TIME_STEP: time.perf_counter() - t_step,
-            M.TIME_TOTAL: self.elapsed(),
-            M.TOKENS_PER_SEC: col.stats.tokens_generated / gen_t if gen_t > 0 else float("nan"),
-        })
+        m.update(
+            {
+                M.ROLLOUT_STEP: self.step,
+                M.GRAD_UPDATES: self.grad_updates,
+                M.LR: lr,
+                M.NONFINITE_SKIPPED: self.nonfinite_total,
+                M.DS_TOKENS_GENERATED_TOTAL: self.tokens_total,
+                M.TIME_GENERATE: gen_t,
+                M.TIME_SCORE: col.timings.get("score", 0.0),
+                M.TIME_OLD_LOGPROB: t1 - t0,
+                M.TIME_UPDATE: t3 - t1,
+                M.TIME_SYNC: t4 - t3,
+                M.TIME_STEP: time.perf_counter() - t_step,
+                M.TIME_TOTAL: self.elapsed(),
+                M.TOKENS_PER_SEC: col.stats.tokens_generated / gen_t if gen_t > 0 else float("nan"),
+            }
+        )
         return m
 
     def _updates(self, batch: ResponseBatch, num_groups: int, step: int) -> list[dict[str, float]]:
@@ -296,8 +345,11 @@ class Trainer:
             if out.get(UPDATE_SKIPPED):
                 self.nonfinite_total += 1
                 self.nonfinite_streak += 1
-                log.warning("non-finite loss or gradient at rollout step %d: update skipped (%d in a row)",
-                            step, self.nonfinite_streak)
+                log.warning(
+                    "non-finite loss or gradient at rollout step %d: update skipped (%d in a row)",
+                    step,
+                    self.nonfinite_streak,
+                )
                 if self.nonfinite_streak >= t.max_consecutive_nonfinite:
                     break
             else:
@@ -310,14 +362,23 @@ class Trainer:
         out: tuple[str, Any] | None = None
         if dist.is_main():
             try:
-                out = ("ok", collect(self.c.engine, self._next_batch, self.settings, self.c.score_fn,
-                                     should_stop=lambda: stop.requested, resume=self.refill_resume))
+                out = (
+                    "ok",
+                    collect(
+                        self.c.engine,
+                        self._next_batch,
+                        self.settings,
+                        self.c.score_fn,
+                        should_stop=lambda: stop.requested,
+                        resume=self.refill_resume,
+                    ),
+                )
             except StopDuringRefill as e:
                 out = ("stop", e.state)
             except RefillCapReached as e:
                 out = ("cap", (str(e), e.stats, e.kept))
             except Exception as e:
-                dist.broadcast(("error", f"{type(e).__name__}: {e}"))   # do not leave the other ranks waiting
+                dist.broadcast(("error", f"{type(e).__name__}: {e}"))  # do not leave the other ranks waiting
                 raise
         kind, value = dist.broadcast(out)
         if kind == "stop":
@@ -336,7 +397,7 @@ class Trainer:
             return self.c.learner.compute_logprobs(pb)
         mine = pb.shard(dist.rank(), world)
         held = set(mine.group_ids.tolist())
-        rows = [i for i, g in enumerate(pb.group_ids.tolist()) if g in held]   # shard keeps this order
+        rows = [i for i, g in enumerate(pb.group_ids.tolist()) if g in held]  # shard keeps this order
         lp, ent = self.c.learner.compute_logprobs(mine)
         logp, entropy = torch.zeros_like(batch.loss_mask), torch.zeros_like(batch.loss_mask)
         for r, part_lp, part_ent in dist.all_gather((rows, lp, ent)):
@@ -349,7 +410,7 @@ class Trainer:
         return [self.c.problems[i] for i in idx], [self.c.prompts[i] for i in idx]
 
     def _evaluate(self, progress: Progress) -> None:
-        if self.c.evaluate is None or not dist.is_main():   # only rank 0 has an engine
+        if self.c.evaluate is None or not dist.is_main():  # only rank 0 has an engine
             return
         t0 = time.perf_counter()
         # eval sampling must not move the training RNG streams (resume reproducibility)
@@ -363,8 +424,10 @@ class Trainer:
         progress.note(f"eval at step {self.step}: " + "  ".join(f"{k} {v:.3f}" for k, v in shown.items()))
 
     def _preempted(self, progress: Progress) -> int:
-        progress.note(f"stopped by signal at rollout step {self.step}; checkpoint written, exit "
-                      f"{RESUME_EXIT_CODE} (run the same command to resume)")
+        progress.note(
+            f"stopped by signal at rollout step {self.step}; checkpoint written, exit "
+            f"{RESUME_EXIT_CODE} (run the same command to resume)"
+        )
         self.tracker.set_tags({M.TAG_STATUS: "preempted"})
         self.tracker.flush()
         return RESUME_EXIT_CODE
@@ -377,9 +440,15 @@ class Trainer:
             self.save()
         if not dist.is_main():
             return 0
-        summary = {"run_id": self.run_id, "step": self.step, "grad_updates": self.grad_updates,
-                   "nonfinite_skipped": self.nonfinite_total, "elapsed_s": self.elapsed(), "final_model": str(final),
-                   "eval": getattr(self, "last_eval", {})}
+        summary = {
+            "run_id": self.run_id,
+            "step": self.step,
+            "grad_updates": self.grad_updates,
+            "nonfinite_skipped": self.nonfinite_total,
+            "elapsed_s": self.elapsed(),
+            "final_model": str(final),
+            "eval": getattr(self, "last_eval", {}),
+        }
         _atomic_write(self.run_dir / "metrics.json", json.dumps(summary, indent=1, sort_keys=True))
         _atomic_write(self.run_dir / "DONE.json", json.dumps(summary, indent=1, sort_keys=True))
         self.tracker.log_artifact(self.run_dir / "metrics.json")
@@ -399,4 +468,3 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
-

@@ -77,8 +77,13 @@ def _entries() -> list[tuple[str, str, str, str]]:
     for node in tree.body:
         for ln in sorted(h for h in headers if h < node.lineno):
             section = headers.pop(ln)
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
             const = node.targets[0].id
             if not const.isupper() or not any(c in node.value.value for c in "/."):
                 continue
@@ -103,9 +108,9 @@ def render() -> str:
 
 | metric | helper | meaning |
 |---|---|---|
-| `{M.eval_avg(1).replace('1', ks)}` | `eval_avg(k)` | mean accuracy over all problems x n samples (the paper's avg@32) |
-| `{M.eval_pass(1).replace('1', ks)}` | `eval_pass(k)` | unbiased pass@k, 1 - C(n-c, k)/C(n, k), for each k in `eval.pass_k` |
-| `{M.eval_maj(1).replace('1', ks)}` | `eval_maj(k)` | majority-vote accuracy over the n samples |
+| `{M.eval_avg(1).replace("1", ks)}` | `eval_avg(k)` | mean accuracy over all problems x n samples (the paper's avg@32) |
+| `{M.eval_pass(1).replace("1", ks)}` | `eval_pass(k)` | unbiased pass@k, 1 - C(n-c, k)/C(n, k), for each k in `eval.pass_k` |
+| `{M.eval_maj(1).replace("1", ks)}` | `eval_maj(k)` | majority-vote accuracy over the n samples |
 | `<metric>_ci_low`, `<metric>_ci_high` | `ci_low`, `ci_high` | bootstrap confidence interval (`eval.confidence`) |
 | `{M.TIME_EVAL}` | `TIME_EVAL` | seconds the evaluation took |
 """)

@@ -11,8 +11,14 @@ from dapo import metric_names as M
 log = logging.getLogger("dapo.train")
 
 # (metric, short label, format) shown for each step
-_FIELDS = [(M.REWARD_MEAN, "reward", "{:+.3f}"), (M.ACC_MEAN, "acc", "{:.3f}"), (M.ENTROPY, "entropy", "{:.3f}"),
-           (M.RESP_LEN_MEAN, "len", "{:.1f}"), (M.TOKENS_PER_SEC, "tok/s", "{:.0f}"), (M.TIME_STEP, "s/step", "{:.2f}")]
+_FIELDS = [
+    (M.REWARD_MEAN, "reward", "{:+.3f}"),
+    (M.ACC_MEAN, "acc", "{:.3f}"),
+    (M.ENTROPY, "entropy", "{:.3f}"),
+    (M.RESP_LEN_MEAN, "len", "{:.1f}"),
+    (M.TOKENS_PER_SEC, "tok/s", "{:.0f}"),
+    (M.TIME_STEP, "s/step", "{:.2f}"),
+]
 
 
 def summary(metrics: dict[str, float]) -> str:
@@ -34,8 +40,14 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
 
-            self._bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                                     TimeRemainingColumn(), TextColumn("{task.fields[info]}"), transient=False)
+            self._bar = RichProgress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+                transient=False,
+            )
             self._bar.start()
             self._task = self._bar.add_task("train", total=total, completed=start, info="")
 

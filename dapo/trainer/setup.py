@@ -21,10 +21,15 @@ log = logging.getLogger("dapo.train")
 def git_commit() -> str:
     """The repository's commit (with `-dirty` when the tree has changes), or "unknown" outside a checkout."""
     try:
-        sha = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        sha = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -38,9 +43,15 @@ def run_tags(cfg: RunConfig) -> dict[str, str]:
 
     # one GPU per rank when there are GPUs, else the CPU threads (of each rank)
     gpus = dist.world_size() if torch.cuda.is_available() else 0
-    return {M.TAG_ROW: cfg.tracking.row, M.TAG_SEED: str(cfg.trainer.seed), M.TAG_PRESET: cfg.tracking.preset,
-            M.TAG_GIT: git_commit(), M.TAG_CONFIG_HASH: cfg.config_hash(), M.TAG_GPUS: str(gpus),
-            M.TAG_CPUS: str(torch.get_num_threads())}
+    return {
+        M.TAG_ROW: cfg.tracking.row,
+        M.TAG_SEED: str(cfg.trainer.seed),
+        M.TAG_PRESET: cfg.tracking.preset,
+        M.TAG_GIT: git_commit(),
+        M.TAG_CONFIG_HASH: cfg.config_hash(),
+        M.TAG_GPUS: str(gpus),
+        M.TAG_CPUS: str(torch.get_num_threads()),
+    }
 
 
 def model_path(cfg: RunConfig) -> str:
@@ -107,28 +118,53 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
     path = model_path(cfg)
     tok = AutoTokenizer.from_pretrained(path)
     d, r, a, t = cfg.data, cfg.rollout, cfg.algorithm, cfg.trainer
-    problems, prompts, dropped = tokenize_problems(load_problems(cfg, "train"), tok,
-                                                   use_chat_template=d.use_chat_template,
-                                                   max_prompt_length=d.max_prompt_length)
+    problems, prompts, dropped = tokenize_problems(
+        load_problems(cfg, "train"), tok, use_chat_template=d.use_chat_template, max_prompt_length=d.max_prompt_length
+    )
     if dropped:
-        log.warning("dropped %d training prompts longer than data.max_prompt_length=%d", dropped,
-                    d.max_prompt_length)
+        log.warning("dropped %d training prompts longer than data.max_prompt_length=%d", dropped, d.max_prompt_length)
     if not problems:
         raise ValueError(f"no training prompts left from data.train={d.train!r}")
-    learner = Learner(path, loss=LossSpec(eps_low=a.eps_low, eps_high=a.eps_high, dual_clip_c=a.dual_clip_c,
-                                          kl_coef=a.kl_coef, loss_agg=a.loss_agg,
-                                          seq_token_sum_constant=a.seq_token_sum_constant or r.max_response_length,
-                                          temperature=r.temperature),
-                      lr=t.lr, warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, betas=tuple(t.betas),
-                      grad_clip=t.grad_clip, zero_stage=t.zero_stage, dtype=cfg.model.dtype,
-                      micro_batch_tokens=t.micro_batch_tokens, logprob_chunk_size=t.logprob_chunk_size,
-                      gradient_checkpointing=cfg.model.gradient_checkpointing, pack_prompts=t.pack_prompts)
+    learner = Learner(
+        path,
+        loss=LossSpec(
+            eps_low=a.eps_low,
+            eps_high=a.eps_high,
+            dual_clip_c=a.dual_clip_c,
+            kl_coef=a.kl_coef,
+            loss_agg=a.loss_agg,
+            seq_token_sum_constant=a.seq_token_sum_constant or r.max_response_length,
+            temperature=r.temperature,
+        ),
+        lr=t.lr,
+        warmup_steps=t.warmup_steps,
+        weight_decay=t.weight_decay,
+        betas=tuple(t.betas),
+        grad_clip=t.grad_clip,
+        zero_stage=t.zero_stage,
+        dtype=cfg.model.dtype,
+        micro_batch_tokens=t.micro_batch_tokens,
+        logprob_chunk_size=t.logprob_chunk_size,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        pack_prompts=t.pack_prompts,
+    )
     max_len = d.max_prompt_length + max(r.max_response_length, cfg.resolved_eval_max_tokens())
     # only rank 0 generates (loop.py broadcasts its rollouts): the other ranks start no vLLM
-    engine = NullEngine() if not main else make_engine(
-        r.engine, path, dtype=cfg.model.dtype, max_model_len=max_len, seed=t.seed,
-        tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
-        cpu_kv_cache_gib=r.cpu_kv_cache_gib, enable_sleep_mode=r.enable_sleep_mode)
+    engine = (
+        NullEngine()
+        if not main
+        else make_engine(
+            r.engine,
+            path,
+            dtype=cfg.model.dtype,
+            max_model_len=max_len,
+            seed=t.seed,
+            tensor_parallel_size=r.tensor_parallel_size,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            cpu_kv_cache_gib=r.cpu_kv_cache_gib,
+            enable_sleep_mode=r.enable_sleep_mode,
+        )
+    )
 
     def score_fn(texts: list[str], answers: list[str]) -> list[Any]:
         return score_responses(texts, answers, verifier=a.verifier)
@@ -136,12 +172,23 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
     def make_tracker(run_id: str | None) -> Any:
         if not main:
             return Null()
-        return Tracker(cfg.tracking.uri, cfg.tracking.experiment, cfg.run_name(), run_id=run_id,
-                       spool_dir=Path(run_dir) / "mlflow_spool")
+        return Tracker(
+            cfg.tracking.uri,
+            cfg.tracking.experiment,
+            cfg.run_name(),
+            run_id=run_id,
+            spool_dir=Path(run_dir) / "mlflow_spool",
+        )
 
-    return Components(engine=engine, learner=learner, problems=problems, prompts=prompts, score_fn=score_fn,
-                      make_tracker=make_tracker,
-                      evaluate=make_evaluate(cfg, tok) if main else None)
+    return Components(
+        engine=engine,
+        learner=learner,
+        problems=problems,
+        prompts=prompts,
+        score_fn=score_fn,
+        make_tracker=make_tracker,
+        evaluate=make_evaluate(cfg, tok) if main else None,
+    )
 
 
 def make_evaluate(cfg: RunConfig, tokenizer: Any) -> Callable[[Any], dict[str, float]] | None:
@@ -154,13 +201,27 @@ def make_evaluate(cfg: RunConfig, tokenizer: Any) -> Callable[[Any], dict[str, f
     from dapo.data.prompts import tokenize_problems
 
     e = cfg.eval
-    problems, prompts, _ = tokenize_problems(load_problems(cfg, "eval"), tokenizer,
-                                             use_chat_template=cfg.data.use_chat_template,
-                                             max_prompt_length=cfg.data.max_prompt_length)
+    problems, prompts, _ = tokenize_problems(
+        load_problems(cfg, "eval"),
+        tokenizer,
+        use_chat_template=cfg.data.use_chat_template,
+        max_prompt_length=cfg.data.max_prompt_length,
+    )
 
     def run_eval(engine: Any) -> dict[str, float]:
-        return evaluate(engine, problems, prompts, n=e.n, max_tokens=cfg.resolved_eval_max_tokens(),
-                        temperature=e.temperature, top_p=e.top_p, pass_k=e.pass_k, bootstrap=e.bootstrap,
-                        confidence=e.confidence, verifier=cfg.algorithm.verifier, seed=cfg.trainer.seed)
+        return evaluate(
+            engine,
+            problems,
+            prompts,
+            n=e.n,
+            max_tokens=cfg.resolved_eval_max_tokens(),
+            temperature=e.temperature,
+            top_p=e.top_p,
+            pass_k=e.pass_k,
+            bootstrap=e.bootstrap,
+            confidence=e.confidence,
+            verifier=cfg.algorithm.verifier,
+            seed=cfg.trainer.seed,
+        )
 
     return run_eval

@@ -38,8 +38,10 @@ class StopFlag:
         first = self.signum is None
         self.request(signum)
         if first:
-            log.warning("received %s: stopping at the next safe point, checkpointing, then exiting for resume",
-                        signal.Signals(signum).name)
+            log.warning(
+                "received %s: stopping at the next safe point, checkpointing, then exiting for resume",
+                signal.Signals(signum).name,
+            )
 
     def __enter__(self) -> StopFlag:
         for s in self.signals:
