@@ -394,8 +394,11 @@ def decode_floor_s(s: ModelShape, dtype_b: int, tp: int, max_tokens: int, hbm_tb
     return max_tokens * s.params * dtype_b / tp / (hbm_tb_s * 1e12)
 
 
-def generation_s(tokens: float, gpus: int, tokens_per_s_per_gpu: float, floor_s: float) -> float:
-    return max(tokens / (gpus * tokens_per_s_per_gpu), floor_s)
+def eval_seconds(c: CostInputs, gpus: int) -> tuple[float, float]:
+    """One evaluation on `gpus` GPUs, and its floor (the longest response): (seconds, floor seconds)."""
+    tokens = c.eval_problems * c.eval_n * c.eval_mean_response_tokens
+    floor = decode_floor_s(c.shape, c.dtype_bytes, c.tensor_parallel, c.eval_max_tokens, c.gpu_hbm_tb_s)
+    return max(tokens / (gpus * c.gen_tokens_per_s_per_gpu), floor), floor
 
 
 def row_cost(c: CostInputs) -> RowCost:
@@ -422,9 +425,7 @@ def row_cost(c: CostInputs) -> RowCost:
     step = gen + train + c.step_overhead_s
 
     evals = evals_per_run(c.total_steps, c.eval_every)
-    eval_tokens = c.eval_problems * c.eval_n * c.eval_mean_response_tokens
-    eval_floor = decode_floor_s(s, c.dtype_bytes, c.tensor_parallel, c.eval_max_tokens, c.gpu_hbm_tb_s)
-    one_eval = generation_s(eval_tokens, w, c.gen_tokens_per_s_per_gpu, eval_floor)
+    one_eval, eval_floor = eval_seconds(c, w)
     hours = (c.total_steps * step + evals * one_eval) / 3600
     return RowCost(
         k, prompts, gen_tokens, train_tokens, gen, floor, train, step, evals, one_eval, eval_floor, hours, hours * w
@@ -479,7 +480,7 @@ def render_costs(
         if jobs is None or jobs > allowed:
             warnings.append(
                 f"row {row} needs about {rc.hours:.0f} h of training ({jobs or 'no number of'} "
-                f"jobs of {limit_h:g} h less {restart_h:g} h start-up and one {rc.step_s / 3600:.2f} h step each), "
+                f"jobs of {limit_h:g} h less {restart_h:.2f} h start-up and one {rc.step_s / 3600:.2f} h step each), "
                 f"more than the time limit x (1 + {resubmits_key}) = {limit_h:g} h x {allowed} allows: raise "
                 f"resources.train.runtime_min or {resubmits_key}, or lower trainer.total_steps"
             )

@@ -237,12 +237,10 @@ def _gpu_plan(p):
     )
     lines += ["  cost per row (estimates; the arithmetic and the sources of the defaults: docs/cost.md):", text]
     c0 = next(iter(rows.values()))
-    eval_tokens = c0.eval_problems * c0.eval_n * c0.eval_mean_response_tokens
-    floor = P.decode_floor_s(shape, b, r.tensor_parallel_size, c0.eval_max_tokens, gpu.hbm_tb_s)
-    eval_s = P.generation_s(eval_tokens, ev.world_size, c0.gen_tokens_per_s_per_gpu, floor)
+    eval_s, _ = P.eval_seconds(c0, ev.world_size)
     lines.append(
-        f"    eval job per run: {P.fmt_tokens(eval_tokens)} tokens on {ev.world_size} GPUs, about {eval_s / 60:.0f} min "
-        f"of generation ({eval_s / 3600 * ev.world_size * len(rows) * len(SEEDS):,.0f} GPU-hours in all)"
+        f"    eval job per run: {ev.world_size} GPUs, about {eval_s / 60:.0f} min of generation "
+        f"({eval_s / 3600 * ev.world_size * len(rows) * len(SEEDS):,.0f} GPU-hours in all)"
     )
     if (tr.gpu_model or "").lower() not in ("h100", "h800"):
         warnings.append(
@@ -271,7 +269,9 @@ def print_plan():
     ]
     refusals, warnings = [], []
     if tr.gpus_per_node:
-        lines.append(f"  at most {gpu_h:,.0f} GPU-hours in all (SLURM time limits x GPUs, train jobs x (1 + {RESUBMITS_KEY}))")
+        lines.append(
+            f"  at most {gpu_h:,.0f} GPU-hours in all (SLURM time limits x GPUs, train jobs x (1 + {RESUBMITS_KEY}))"
+        )
         more, refusals, warnings = _gpu_plan(config["plan"])
         lines += more
     else:
