@@ -93,10 +93,8 @@ HF_KEYS = {
 def shape_from_hf_config(cfg: Mapping[str, Any]) -> ModelShape:
     """A `ModelShape` from a Hugging Face config.json (dict). Missing optional keys take the Qwen2/Llama
     defaults: KV heads = heads, untied head, a q/k/v bias for qwen2 only."""
-    missing = [
-        k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size") if k not in cfg
-    ]
-    missing += [] if "vocab_size" in cfg else ["vocab_size"]
+    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+    missing = [k for k in required if k not in cfg]
     if missing:
         raise PlanError(f"config.json lacks {', '.join(missing)}")
     return ModelShape(
@@ -183,7 +181,9 @@ def dtype_bytes(dtype: str) -> int:
     return 4 if dtype == "float32" else 2
 
 
-def vllm_batching_defaults(gpu_memory_gib: float) -> tuple[int, int]:
+def vllm_batching_defaults(gpu_name: str | None, gpu_memory_gib: float) -> tuple[int, int]:
     """vLLM's default (max_num_batched_tokens, max_num_seqs) for its `LLM` class: 16384 and 1024 on GPUs of
-    70 GiB and more (vllm/engine/arg_utils.py), 8192 and 256 below. The engine does not set them."""
-    return (16384, 1024) if gpu_memory_gib >= 70 else (8192, 256)
+    70 GiB and more other than A100s, 8192 and 256 otherwise (vllm/engine/arg_utils.py). The engine does not
+    set them."""
+    big = gpu_memory_gib >= 70 and "a100" not in (gpu_name or "").lower()
+    return (16384, 1024) if big else (8192, 256)

@@ -194,7 +194,7 @@ def _gpu_plan(p):
     b = dtype_bytes(BASE.model.dtype)
     max_len = BASE.data.max_prompt_length + max(r.max_response_length, BASE.resolved_eval_max_tokens())
     level = getattr(r, "sleep_level", None)
-    batched, seqs = vllm_batching_defaults(gpu.memory_gib)
+    batched, seqs = vllm_batching_defaults(tr.gpu_model, gpu.memory_gib)
     mem = P.MemoryInputs(
         shape=shape, dtype_bytes=b, world_size=tr.world_size, tensor_parallel=r.tensor_parallel_size,
         zero_stage=t.zero_stage, gpu_memory_gib=gpu.memory_gib, gpu_memory_utilization=r.gpu_memory_utilization,
