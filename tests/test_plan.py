@@ -105,6 +105,14 @@ def test_without_sleep_the_engine_stays_in_the_training_phase():
     assert lines(b.training)["vLLM (awake)"] == GIB // 2
 
 
+def test_sleep_level_one_keeps_the_weights_in_host_memory():
+    assert memory_budget(toy_memory()).notes == ()
+    (note,) = memory_budget(toy_memory(sleep_level=1)).notes
+    assert "host memory" in note
+    # the GPU budget is the same at both levels: each frees the weights and the KV cache
+    assert memory_budget(toy_memory(sleep_level=1)).training_gib == memory_budget(toy_memory()).training_gib
+
+
 def test_zero_stages_shard_what_they_say():
     def states(stage: int) -> int:
         return lines(memory_budget(toy_memory(zero_stage=stage)).training)["learner states"]
