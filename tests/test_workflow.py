@@ -108,6 +108,7 @@ def test_tiny_plan_is_six_rows_by_seeds(tmp_path):
     stats = _job_stats(r.stdout)
     assert stats["train"] == 12 and stats["evaluate"] == 12 and stats["report"] == 1
     assert stats["tiny_world"] == 1 and stats["prepare_data"] == 1
+    assert "CPU only (no GPU budget)" in r.stderr and "per-GPU memory" not in r.stderr
     # the longest jobs (dynamic sampling) are scheduled first, so two cores stay busy to the end
     trains = [b for b in r.stdout.split("\nrule ") if b.startswith("train:")]
     first = {b.split("row=")[1].split(",")[0] for b in trains if "priority: 1" in b}
@@ -135,6 +136,26 @@ def test_paper_plan_dry_run_with_the_slurm_profile(tmp_path):
     assert stats["train"] == 6 and stats["base_model"] == 1
     # the train jobs ask SLURM for 16 nodes, 128 GPUs and one srun task per GPU
     assert "nodes=16" in out and "gpu=128" in out and "gpu_model=h100" in out and "tasks=128" in out
+    # the per-GPU memory budget with its arithmetic, and the cost of every row (dapo.plan; tests/test_plan.py)
+    assert "per-GPU memory" in out and "KV cache" in out and "activations" in out and ": fits" in out
+    assert "cost per row" in out and all(f"    {row}" in out for row in PAPER_TABLE1)
+
+
+def test_paper_plan_that_does_not_fit_the_gpu_is_refused(tmp_path):
+    """On a 40 GiB GPU (--config plan=...) the 32B preset does not fit: refused with the keys to change."""
+    r = snakemake(
+        "-n",
+        "--profile",
+        "slurm",
+        "all_ablations",
+        "--config",
+        "preset=qwen2.5-32b",
+        f"results={tmp_path}",
+        "plan={gpu_memory_gib: 40}",
+    )
+    assert r.returncode != 0
+    assert "DOES NOT FIT" in r.stderr and "trainer.micro_batch_tokens" in r.stderr
+    assert "rollout.gpu_memory_utilization" in r.stderr and "Job stats" not in r.stdout
 
 
 def _job_stats(stdout: str) -> dict[str, int]:

@@ -9,12 +9,23 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from dapo.config import ABLATIONS_DIR, ConfigError, load_config
+from dapo.config import ABLATIONS_DIR, ConfigError, load_config, resolve_preset
 from dapo.metric_names import PAPER_TABLE1
 
 RESUME_EXIT_CODE = 75  # dapo train's "resume me" code (SLURM time limit, preemption): see README
 
 
+
+def _typed(value):
+    """--config 'plan={train_mfu: 0.3}' arrives as text (Snakemake reads nested values with YAML's BaseLoader)."""
+    import yaml
+
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    return yaml.safe_load(value) if isinstance(value, str) else value
+
+
+config["plan"] = _typed(config.get("plan") or {})
 validate(config, schema="../schemas/config.schema.yaml")
 
 # Rules call the `dapo` CLI: make the environment Snakemake runs in (the project's venv) the one they find,
@@ -142,11 +153,111 @@ def launcher(kind):
     )
 
 
+RESUBMITS_KEY = "max_resubmits"  # configs/workflow.yaml: resubmissions of a job cut off by SLURM (exit 75)
+
+
+def _cpu_plan_lines():
+    """The tiny (CPU) preset: what a step samples; no GPU budget, nothing to refuse."""
+    r, a, t = BASE.rollout, BASE.algorithm, BASE.trainer
+    ds = [row for (row, _), c in RUN_CFGS.items() if c.algorithm.dynamic_sampling]
+    line = (
+        f"  CPU only (no GPU budget): per rollout step {t.train_batch_size} prompts x {r.n} responses of up to "
+        f"{r.max_response_length} tokens, {t.total_steps} steps, eval every {BASE.eval.every}"
+    )
+    if ds:
+        line += (
+            f"; dynamic sampling ({', '.join(sorted(set(ds)))}) draws up to {a.max_num_gen_batches} batches of "
+            f"{a.gen_batch_size or t.train_batch_size} prompts"
+        )
+    return [line]
+
+
+def _gpu_plan(p):
+    """Per-GPU memory budget and cost per row (dapo.plan) for a GPU preset: (text lines, refusals, warnings)."""
+    from dapo import plan as P
+    from dapo.shapes import GPUS, dtype_bytes, gpu_spec, resolve_shape, vllm_batching_defaults
+
+    tr, ev, r, t = BASE.resources.train, BASE.resources.eval, BASE.rollout, BASE.trainer
+    gpu = gpu_spec(
+        tr.gpu_model,
+        {"memory_gib": p["gpu_memory_gib"], "bf16_tflops": p["gpu_bf16_tflops"], "hbm_tb_s": p["gpu_hbm_tb_s"]},
+    )
+    local = tuple(d for d in (Path(BASE.model.path), base_model_path()) if d.is_dir())
+    shape, source = resolve_shape(BASE.model.path, local, p.get("model"))
+    if gpu is None or shape is None:
+        why = [] if gpu else [
+            f"GPU {tr.gpu_model!r} unknown (known: {', '.join(GPUS)}): set plan.gpu_memory_gib, "
+            "plan.gpu_bf16_tflops and plan.gpu_hbm_tb_s in configs/workflow.yaml"
+        ]
+        why += [] if shape else [f"{source}: set plan.model (config.json names: hidden_size, ...)"]
+        return [f"  no GPU budget or cost: {w}" for w in why], [], []
+    b = dtype_bytes(BASE.model.dtype)
+    max_len = BASE.data.max_prompt_length + max(r.max_response_length, BASE.resolved_eval_max_tokens())
+    level = getattr(r, "sleep_level", None)
+    batched, seqs = vllm_batching_defaults(tr.gpu_model, gpu.memory_gib)
+    mem = P.MemoryInputs(
+        shape=shape, dtype_bytes=b, world_size=tr.world_size, tensor_parallel=r.tensor_parallel_size,
+        zero_stage=t.zero_stage, gpu_memory_gib=gpu.memory_gib, gpu_memory_utilization=r.gpu_memory_utilization,
+        max_model_len=max_len, mean_seq_tokens=p["mean_prompt_tokens"] + p["mean_response_tokens"],
+        micro_batch_tokens=t.micro_batch_tokens, logprob_chunk_tokens=t.logprob_chunk_size,
+        gradient_checkpointing=BASE.model.gradient_checkpointing, sleep_mode=r.enable_sleep_mode,
+        sleep_level=level or 2, allowance_gib=p["allowance_gib"], vllm_batched_tokens=batched, vllm_max_seqs=seqs,
+    )
+    budget = P.memory_budget(mem)
+    lines = [
+        f"  per-GPU memory, colocated ({BASE.model.path}: {shape.params / 1e9:.2f}B parameters from {source}, "
+        f"{b} B each; {tr.gpu_model} {gpu.memory_gib:g} GiB; {tr.world_size} GPUs, TP {r.tensor_parallel_size} "
+        f"-> {tr.world_size // r.tensor_parallel_size} vLLM replicas; ZeRO-{t.zero_stage}"
+        + ("" if level else "; vLLM sleep level 2 assumed: the rollout config names none")
+        + "):",
+        P.render_memory(budget),
+    ]
+    refusals = P.plan_problems(budget)
+
+    def cost_inputs(cfg):
+        a = cfg.algorithm
+        return P.CostInputs(
+            shape=shape, dtype_bytes=b, world_size=tr.world_size, tensor_parallel=r.tensor_parallel_size,
+            gpu_bf16_tflops=gpu.bf16_tflops, gpu_hbm_tb_s=gpu.hbm_tb_s, prompts_per_step=cfg.trainer.train_batch_size,
+            n=cfg.rollout.n, mean_prompt_tokens=p["mean_prompt_tokens"], mean_response_tokens=p["mean_response_tokens"],
+            max_response_tokens=cfg.rollout.max_response_length, dynamic_sampling=a.dynamic_sampling,
+            gen_batch_prompts=a.gen_batch_size or cfg.trainer.train_batch_size, max_gen_batches=a.max_num_gen_batches,
+            informative_fraction=p["informative_fraction"], pack_prompts=cfg.trainer.pack_prompts,
+            gradient_checkpointing=cfg.model.gradient_checkpointing, reference_forward=a.kl_coef > 0,
+            total_steps=cfg.trainer.total_steps, eval_every=cfg.eval.every, eval_problems=p["eval_problems"],
+            eval_n=cfg.eval.n, eval_mean_response_tokens=p["mean_response_tokens"],
+            eval_max_tokens=cfg.resolved_eval_max_tokens(), gen_tokens_per_s_per_gpu=p["gen_tokens_per_s_per_gpu"],
+            train_mfu=p["train_mfu"], step_overhead_s=p["step_overhead_s"],
+        )
+
+    rows = {row: cost_inputs(RUN_CFGS[(row, SEEDS[0])]) for row in ROWS}
+    text, warnings = P.render_costs(
+        rows, seeds=len(SEEDS), limit_h=tr.runtime_min / 60, max_resubmits=int(config.get(RESUBMITS_KEY, 5)),
+        restart_h=p["restart_min"] / 60, resubmits_key=RESUBMITS_KEY,
+    )
+    lines += ["  cost per row (estimates; the arithmetic and the sources of the defaults: docs/cost.md):", text]
+    c0 = next(iter(rows.values()))
+    eval_s, _ = P.eval_seconds(c0, ev.world_size)
+    lines.append(
+        f"    eval job per run: {ev.world_size} GPUs, about {eval_s / 60:.0f} min of generation "
+        f"({eval_s / 3600 * ev.world_size * len(rows) * len(SEEDS):,.0f} GPU-hours in all)"
+    )
+    if (tr.gpu_model or "").lower() not in ("h100", "h800"):
+        warnings.append(
+            f"plan.gen_tokens_per_s_per_gpu ({p['gen_tokens_per_s_per_gpu']:g}) defaults to an H100 figure: "
+            f"check it for {tr.gpu_model} (docs/cost.md)"
+        )
+    return lines, refusals, warnings
+
+
 def print_plan():
-    """The plan in words: jobs, nodes, GPUs, hours (printed once, by the main process)."""
+    """The plan in words: jobs, nodes, GPUs, hours; for a GPU preset the per-GPU memory budget (refused when it
+    does not fit) and the expected cost per row (printed once, by the main process)."""
     tr, ev = BASE.resources.train, BASE.resources.eval
     n = len(ROWS) * len(SEEDS)
-    gpu_h = n * (tr.nodes * tr.gpus_per_node * tr.runtime_min + ev.nodes * ev.gpus_per_node * ev.runtime_min) / 60
+    jobs = 1 + int(config.get(RESUBMITS_KEY, 5))  # a train job may run that often; evaluation once
+    gpu_h = n * (jobs * tr.nodes * tr.gpus_per_node * tr.runtime_min + ev.nodes * ev.gpus_per_node * ev.runtime_min)
+    gpu_h /= 60
     lines = [
         f"dapo ablation: preset {PRESET_NAME}, {len(ROWS)} rows x {len(SEEDS)} seeds = {n} runs "
         f"-> results in {RESULTS}, MLflow {TRACKING_URI} (experiment {EXPERIMENT})",
@@ -155,12 +266,27 @@ def print_plan():
         f"{BASE.trainer.updates_per_step} updates/step",
         f"  eval job:  {ev.nodes} node(s) x {ev.gpus_per_node} GPU(s), {ev.runtime_min / 60:.1f} h limit, "
         f"avg@{BASE.eval.n}",
-        f"  at most {gpu_h:,.0f} GPU-hours in all (time limits x GPUs)" if gpu_h else "  CPU only",
     ]
+    refusals, warnings = [], []
+    if tr.gpus_per_node:
+        lines.append(
+            f"  at most {gpu_h:,.0f} GPU-hours in all (SLURM time limits x GPUs, train jobs x (1 + {RESUBMITS_KEY}))"
+        )
+        more, refusals, warnings = _gpu_plan(config["plan"])
+        lines += more
+    else:
+        lines += _cpu_plan_lines()
     for row in ROWS:
         label = PAPER_TABLE1.get(row, (row, None))
         lines.append(f"  {row:<28} {label[0]:<28} paper AIME avg@32: {label[1]}")
+    lines += [f"WARNING: {w}" for w in warnings]
     print("\n".join(lines), file=sys.stderr)
+    if refusals:
+        preset_file = resolve_preset(PRESET)
+        raise WorkflowError(
+            f"{preset_file} (or --config overrides): the plan does not fit the GPU (per-GPU budget above); change "
+            "the keys named:\n" + "\n".join(f"  - {x}" for x in refusals)
+        )
 
 
 if workflow.is_main_process:
