@@ -335,6 +335,7 @@ class Learner:
                 with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
                     t = p.detach().clone()
                 yield name, t
+                del t  # one gathered copy alive at a time: not this one while the next is gathered
             else:
                 yield name, p.detach()
 

@@ -19,11 +19,11 @@ weight into a kernel layout after loading (`dispatch_cpu_unquantized_gemm`); a *
 embedding's weight but has no checkpoint entry of its own, so the layerwise reload never re-processes it and the
 engine would keep sampling from the old head (a mean |dlogp| of 0.08 in fp32 was measured before this fix).
 
-Sleep mode (GPUs, `enable_sleep_mode`), level 2: the weights and the KV cache are discarded, not copied to host
-memory (level 1). New weights are synced after every rollout step, so the old ones are never needed again: level 2
-saves the host memory (a full copy of the model per GPU) and the copy back. `sync_weights` wakes the weight
-buffers first and fills them; `wake_up` then brings the KV cache back, after the learner has offloaded its states.
-On CPUs nothing sleeps.
+Sleep mode (GPUs, `enable_sleep_mode`), level 2 (`dapo.rollout.colocation`): the weights and the KV cache are
+discarded, not copied to host memory (level 1). New weights are synced after every rollout step, so the old ones
+are never needed again: level 2 saves the host memory (a full copy of the model per GPU) and the copy back.
+`sync_weights` wakes the weight buffers first and fills them; `wake_up` then brings the KV cache back, after the
+learner has offloaded its states. On CPUs nothing sleeps.
 
 Shutting a vLLM engine down destroys the job's default process group (vLLM's cleanup calls
 `destroy_process_group`): `close()` only after the last collective of the run.
@@ -44,10 +44,8 @@ from torch import Tensor
 
 from dapo import distributed as dist
 from dapo.rollout.base import RolloutEngine, dtype_name, strip_prefix
+from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL
 from dapo.types import Sample
-
-# Level 2: weights and KV cache discarded during updates; the weights come back through `sync_weights`.
-SLEEP_LEVEL = 2
 
 
 def _repack_lm_head(worker: Any) -> bool:
@@ -184,7 +182,7 @@ class VLLMEngine(RolloutEngine):
 
     def sleep(self) -> None:
         if self.sleep_enabled and not self._asleep:
-            self.llm.sleep(level=SLEEP_LEVEL)
+            self.llm.sleep(level=ENGINE_SLEEP_LEVEL)
             self._asleep, self._weights_valid = True, False
 
     def wake_up(self) -> None:
@@ -213,3 +211,4 @@ def _stream(named_tensors: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, 
     """HF names without DeepSpeed's prefix; lazily, so a ZeRO-3 learner gathers one tensor per item."""
     for name, t in named_tensors:
         yield strip_prefix(name), t.detach()
+        del t  # not kept alive while the next one is gathered
