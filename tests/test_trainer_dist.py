@@ -157,7 +157,7 @@ def train_args(world: Path, tmp: Path) -> list[str]:
         "rollout.max_response_length=24",
         "algorithm.overlong_buffer_len=8",
         "algorithm.gen_batch_size=4",
-        "algorithm.max_num_gen_batches=3",
+        "algorithm.max_num_gen_batches=0",  # refill until 4 groups are kept: 2 updates a step
         "eval.n=2",
         "eval.every=0",
         "eval.pass_k=[1,2]",
@@ -194,7 +194,8 @@ def test_dapo_train_runs_two_vllm_replicas_under_torchrun(tiny_world_dir, tmp_pa
 def test_dapo_train_under_torchrun_fails_with_code_1_when_a_rank_raises(tiny_world_dir, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    p, _ = dapo_train(tmp_path / "fail", tiny_world_dir, "rollout.engine=hf", DAPO_TEST_FAIL_AT="1:2")
+    extra = ("rollout.engine=hf", "trainer.collective_timeout_s=900")  # a hang would outlast the 600 s limit
+    p, _ = dapo_train(tmp_path / "fail", tiny_world_dir, *extra, DAPO_TEST_FAIL_AT="1:2")
     out = p.stdout + p.stderr
     assert p.returncode == 1, out[-6000:]
     assert "rank 1 fails in rollout step 2" in out
