@@ -1,5 +1,5 @@
 """The rollout half of a trainer step with a scripted fake engine: scoring, the soft overlong penalty, and the
-dynamic-sampling refill accounting (the paper's sections 3-4), in one process (one replica). Several replicas:
+dynamic-sampling refill accounting (the paper's sections 3.2 and 3.4), in one process (one replica). Several replicas:
 tests/test_trainer_dist.py."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Evaluate a policy: sample n responses per problem, score them, and summarise as avg@n, pass@k and maj@n with
-bootstrap confidence intervals (the paper's section 5: AIME 2024, n = 32, temperature 1.0, top_p 0.7).
+bootstrap confidence intervals (the paper's section 4.1: AIME 2024, n = 32, temperature 1.0, top_p 0.7).
 
 Each problem is sampled n times by the engine (never repeated n times in the eval file, which would make the
 samples of a "problem" come from several problems' worth of prompts), scored by `dapo.rewards.score_responses`

@@ -1,8 +1,8 @@
 """The one interface every rollout engine implements, and `make_engine`, the one way to build one.
 
-An engine turns token ids into sampled responses (`dapo.types.Sample`: response token ids, the log-prob of each
-sampled token, finish reason "stop" or "length") and takes new weights from the learner without restarting.
-The learner recomputes old-policy log-probs itself (the paper's section 2), so the engine's log-probs are for
+An engine turns token ids into sampled responses (`dapo.types.Sample`: response token ids, the log-prob of each sampled
+token, finish reason "stop" or "length") and takes new weights from the learner without restarting. The learner
+recomputes old-policy log-probs itself (as in PPO and GRPO, the paper's section 2), so the engine's log-probs are for
 monitoring and for checking weight sync, not for the loss.
 
 Colocation (engine and learner on the same GPUs): between rollouts the trainer calls `sleep()` (the engine frees

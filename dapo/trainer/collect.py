@@ -1,10 +1,10 @@
 """The rollout half of a step: generate G responses per prompt on every replica, score, shape, and (row 5) refill.
 
-The paper's sections 3-4. Each prompt's G responses form a `Group`. Its rewards are the +1/-1 correctness score
-plus, when soft overlong punishment is on, R_length (Eq. 13). Dynamic sampling keeps a group iff its
-*correctness* varies (not the shaped reward) and generates further batches of `gen_batch_size` prompts until
-`train_batch_size` groups are kept or the cap is reached (`RefillAccumulator`). Without dynamic sampling one
-batch of `train_batch_size` prompts is generated and every group trains.
+The paper's sections 3.2 (dynamic sampling) and 3.4 (overlong reward shaping). Each prompt's G responses form a `Group`.
+Its rewards are the +1/-1 correctness score plus, when soft overlong punishment is on, R_length (Eq. 13). Dynamic
+sampling keeps a group iff its *correctness* varies (not the shaped reward) and generates further batches of
+`gen_batch_size` prompts until `train_batch_size` groups are kept or the cap is reached (`RefillAccumulator`). Without
+dynamic sampling one batch of `train_batch_size` prompts is generated and every group trains.
 
 Replicas (`dapo.rollout.replicas`): each generation batch is cut into one share per replica; each replica
 generates and scores its share (scoring where the samples are spreads the verifier's CPU work over the job instead

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -91,10 +92,11 @@ class TestHooks:
 
 
 class _HookedLearner:
-    """The learner with the test hooks' faults injected into `update`; everything else passes through."""
+    """The learner with the test hooks' faults injected into `update` (a `PolicyLearner`; the rest delegates)."""
 
     def __init__(self, inner: PolicyLearner, hooks: TestHooks) -> None:
-        self._inner, self._hooks, self.step = inner, hooks, 0
+        self._inner, self._hooks = inner, hooks
+        self.step = 0  # the rollout step in progress (set by the trainer)
 
     def update(self, batch: PolicyBatch) -> dict[str, float]:
         h = self._hooks
@@ -104,8 +106,33 @@ class _HookedLearner:
             batch = replace(batch, advantages=torch.full_like(batch.advantages, float("nan")))
         return self._inner.update(batch)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    @property
+    def lr(self) -> float:
+        return self._inner.lr
+
+    def compute_logprobs(self, batch: PolicyBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._inner.compute_logprobs(batch)
+
+    def lr_step(self) -> float:
+        return self._inner.lr_step()
+
+    def named_parameters_for_sync(self) -> Iterable[tuple[str, torch.Tensor]]:
+        return self._inner.named_parameters_for_sync()
+
+    def offload_states(self) -> None:
+        self._inner.offload_states()
+
+    def reload_states(self) -> None:
+        self._inner.reload_states()
+
+    def save_checkpoint(self, directory: Path) -> None:
+        self._inner.save_checkpoint(directory)
+
+    def load_checkpoint(self, directory: Path) -> None:
+        self._inner.load_checkpoint(directory)
+
+    def save_hf(self, directory: Path) -> None:
+        self._inner.save_hf(directory)
 
 
 class Trainer:

@@ -1,4 +1,4 @@
-"""Per-step training metrics (SPEC section 7), named only through `dapo.metric_names`.
+"""Per-step training metrics (what the paper's Figs 2-7 plot, and more), named only through `dapo.metric_names`.
 
 Which population each metric describes:
 - reward, accuracy, advantages, response lengths, entropy: the groups that trained this step;

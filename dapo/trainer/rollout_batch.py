@@ -1,7 +1,8 @@
 """The rollout step's batch (`RolloutBatch`): advantages, the overlong-filter loss mask, and the shuffled
 mini-batches, built from the kept groups. What the learner receives is its view of it, `dapo.learner.PolicyBatch`.
 
-The paper's sections 2-3. From the kept groups of a rollout step:
+The paper's sections 2.2 (GRPO's group-normalised advantage) and 3.4 (overlong filtering). From the kept groups of a
+rollout step:
 
 - advantages A_i = (r_i - mean(r_group)) / (std(r_group) + 1e-6) on the *shaped* rewards, every response of the
   group included (overlong filtering leaves truncated responses' rewards in their group's mean and std);

@@ -1,4 +1,4 @@
-"""One rollout step of DAPO (the paper's sections 2-4), as one function that reads top to bottom.
+"""One rollout step of DAPO (the paper's sections 2-3, Algorithm 1), as one function that reads top to bottom.
 
     generate -> score -> shape -> refill -> advantages -> overlong mask -> old log-probs -> updates -> metrics
       -> lr step -> weight sync
