@@ -1,5 +1,6 @@
 """Data-parallel rollouts: sampled tokens per second of 2 ranks x 1 thread (two vLLM replicas under torchrun, each
-generating half of the batch, gathered) versus 1 rank x 2 threads (one engine, the whole batch), on the same cores.
+generating half of the batch, gathered) versus 1 rank x 2 threads (one engine, the whole batch), on the same cores;
+and the CPU time each side spends per token (all its processes), which a busy machine distorts less than wall time.
 
     .venv/bin/python benchmarks/bench_replicas.py [--quick] [--rounds 3] [--reps 3] [--model tiny|world]
 
@@ -48,9 +49,9 @@ def worker(model: str, reps: int, out: str) -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 300) for _ in range(PROMPT_LEN)] for _ in range(PROMPTS)]
 
-    def call(k: int) -> tuple[float, int]:
+    def call(k: int) -> tuple[float, int, float]:
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         seed = sampling_seed(0, k, layout.replica)
         parts = map_on_replicas(
             layout,
@@ -59,7 +60,8 @@ def worker(model: str, reps: int, out: str) -> None:
                 len(s.response_ids) for g in engine.generate(share, N, MAX_TOKENS, seed=seed) for s in g
             ),
         )
-        return time.perf_counter() - t0, sum(parts)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return wall, sum(parts), sum(dist.all_gather(cpu))  # CPU seconds of every rank
 
     call(0)  # warm-up
     timed = [call(k + 1) for k in range(reps)]
@@ -118,12 +120,17 @@ def main() -> None:
     model = model_path(args.model)
     sides = ["2 ranks x 1 thread", "1 rank x 2 threads"]
     tps: dict[str, list[float]] = {s: [] for s in sides}
+    cpu_per_k: dict[str, list[float]] = {s: [] for s in sides}  # CPU seconds per 1,000 tokens, all processes
     for r in range(rounds):
         for side in sides[r % 2 :] + sides[: r % 2]:
             rec = launch(side, model, reps)
-            tps[side].append(median([tok / sec for sec, tok in rec["calls"]]))
-    header = ["side", "launches", "median tokens/s", "min-max tokens/s"]
-    rows = [[s, len(v), f"{median(v):,.0f}", f"{min(v):,.0f}-{max(v):,.0f}"] for s, v in tps.items()]
+            tps[side].append(median([tok / sec for sec, tok, _ in rec["calls"]]))
+            cpu_per_k[side].append(median([1000 * cpu / tok for _, tok, cpu in rec["calls"]]))
+    header = ["side", "launches", "median tokens/s", "min-max tokens/s", "CPU s / 1K tokens"]
+    rows = [
+        [s, len(v), f"{median(v):,.0f}", f"{min(v):,.0f}-{max(v):,.0f}", f"{median(cpu_per_k[s]):.3f}"]
+        for s, v in tps.items()
+    ]
     ratio = median(tps[sides[0]]) / median(tps[sides[1]])
     print_table(f"Rollouts: {PROMPTS} prompts x {N} x up to {MAX_TOKENS} tokens (vLLM, float32, CPU)", header, rows)
     print(f"2 replicas / 1 engine: {ratio:.2f}x")
