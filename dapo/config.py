@@ -193,6 +193,14 @@ class TrainerConfig(_Section):
     checkpoint_every: int = Field(10, ge=0, description="Rollout steps between checkpoints (0: only at the end).")
     keep_checkpoints: int = Field(2, gt=0)
     max_consecutive_nonfinite: int = Field(3, gt=0, description="Skipped non-finite steps in a row before failing.")
+    collective_timeout_s: int = Field(
+        3600,
+        gt=0,
+        description="Several ranks: how long a collective may wait before the job fails. Size it to the "
+        "longest a rank can work alone: a generation batch or eval shard on the slowest replica (the whole "
+        "generation at 20K-token responses), or rank 0 building the tiny world. A rank that raises ends the "
+        "others at once, whatever this is (docs/distributed.md).",
+    )
     logprob_chunk_size: int = Field(
         256,
         gt=0,
@@ -286,6 +294,13 @@ class RunConfig(_Section):
             raise ValueError(
                 f"tiny.sft_guess ({self.tiny.sft_guess}) + tiny.sft_verbose ({self.tiny.sft_verbose}) "
                 "> 1; they are fractions of one supervised corpus (the rest is concise)"
+            )
+        ranks = self.resources.train.world_size
+        if ranks % r.tensor_parallel_size:
+            raise ValueError(
+                f"rollout.tensor_parallel_size ({r.tensor_parallel_size}) does not divide the training job's "
+                f"{ranks} ranks (resources.train: nodes x gpus_per_node); each rollout replica takes "
+                "tensor_parallel_size consecutive ranks: pick a divisor"
             )
         if a.dual_clip_c is not None and a.dual_clip_c <= 1:
             raise ValueError(f"algorithm.dual_clip_c ({a.dual_clip_c}) must be > 1 (released recipe: 10), or null")

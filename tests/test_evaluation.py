@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from dapo import metric_names as M
-from dapo.evaluation import EvalResult, evaluate, write_samples
+from dapo.evaluation import EvalResult, EvalSettings, evaluate, evaluate_on_replicas, write_samples
+from dapo.rollout.replicas import ReplicaLayout
 from dapo.types import Problem, Sample
 
 PROBLEMS = [
@@ -27,7 +28,7 @@ class OracleEngine:
         self.answer_for = answer_for
         self.calls: list[tuple] = []
 
-    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0):  # noqa: ANN001, ANN201
+    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):  # noqa: ANN001, ANN201
         self.calls.append((prompt_ids, n, max_tokens, temperature, top_p))
         out = []
         for p in prompt_ids:
@@ -39,23 +40,22 @@ class OracleEngine:
         return out
 
 
-def run(engine, n: int = 4, **kw) -> EvalResult:  # noqa: ANN001
-    prompts = [[i] for i in range(len(PROBLEMS))]
-    return evaluate(
-        engine,
-        PROBLEMS,
-        prompts,
+def settings(n: int = 4) -> EvalSettings:
+    return EvalSettings(
         n=n,
         max_tokens=32,
         temperature=1.0,
         top_p=0.7,
-        pass_k=[1, 2, 4],
+        pass_k=(1, 2, 4),
         verifier="math_verify",
         bootstrap=200,
         confidence=0.9,
         seed=0,
-        **kw,
     )
+
+
+def run(engine, n: int = 4) -> EvalResult:  # noqa: ANN001
+    return evaluate(engine, PROBLEMS, [[i] for i in range(len(PROBLEMS))], settings(n))
 
 
 def test_right_oracle_scores_100_and_wrong_oracle_0() -> None:
@@ -103,24 +103,38 @@ def test_pass_k_above_n_is_skipped_and_samples_jsonl(tmp_path: Path) -> None:
     assert set(rows[0]) >= {"problem_id", "sample_index", "text", "extracted", "score", "truncated"}
 
 
-def test_tokenizer_form_builds_dapo_prompts(tmp_path: Path) -> None:
-    """evaluate(engine, tokenizer, problems): prompts are the DAPO template (dapo.data), tokenised once each."""
-    from test_rollout import build_tiny_qwen2
-    from transformers import AutoTokenizer
+def test_sharded_evaluation_gives_the_one_call_result_and_stops_between_shards() -> None:
+    """In shards (one replica here): the same records and metrics as one call; a stop request ends it before
+    the next shard and returns None."""
 
-    from dapo.data.prompts import build_prompt, encode_prompt
+    def answer(i: int, j: int) -> str:
+        return {0: "42", 1: ["1/2", "1/2", "3", "4"][j], 2: "5" if j < 3 else "6"}[i]
 
-    tok = AutoTokenizer.from_pretrained(build_tiny_qwen2(tmp_path / "m", tie=True))
-    seen: dict[tuple, str] = {}
-    for p in PROBLEMS:
-        seen[tuple(encode_prompt(build_prompt(p.problem, tok, False), tok))] = p.answer
+    whole = run(OracleEngine(answer))
+    eng = OracleEngine(answer)
+    one = ReplicaLayout(1, 1, 0)
+    prompts = [[i] for i in range(len(PROBLEMS))]
+    sharded = evaluate_on_replicas(eng, one, PROBLEMS, prompts, settings(), seed_for=lambda k: k, shard_sequences=4)
+    assert [c[0] for c in eng.calls] == [[[0]], [[1]], [[2]]]  # 4 sequences a shard: one problem of n=4
+    assert sharded is not None and sharded.metrics == whole.metrics and sharded.samples == whole.samples
 
-    class ByPrompt(OracleEngine):
-        def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0):  # noqa: ANN001, ANN201
-            return [[Sample(list(p), [1], None, "stop", f"Answer: {seen[tuple(p)]}")] * n for p in prompt_ids]
+    polls = []
+    stopped = evaluate_on_replicas(
+        OracleEngine(answer),
+        one,
+        PROBLEMS,
+        prompts,
+        settings(),
+        seed_for=lambda k: k,
+        shard_sequences=8,
+        should_stop=lambda: polls.append(1) or True,
+    )
+    assert stopped is None and polls == [1]  # polled before the second shard, never before the first
 
-    res = evaluate(ByPrompt(None), tok, PROBLEMS, n=2, max_tokens=8, pass_k=[1], bootstrap=0, use_chat_template=False)
-    assert res.metrics[M.eval_avg(2)] == pytest.approx(100.0)
+
+def test_evaluate_rejects_an_empty_eval_set() -> None:
+    with pytest.raises(ValueError, match="no problems"):
+        evaluate(OracleEngine(lambda i, j: "1"), [], [], settings())
 
 
 @pytest.mark.slow
@@ -188,16 +202,35 @@ def test_dapo_eval_cli_tiny_model_through_vllm(tmp_path: Path) -> None:
 
     # into an existing training run: metrics at its last rollout step, its status untouched
     from dapo.config import load_config
-    from dapo.evaluation.cli import log_to_mlflow
+    from dapo.evaluation.cli import log_to_mlflow, mlflow_step
 
     train = Tracker(uri, "eval-test", "row0-s0", spool_dir=tmp_path / "spool")
     train.log_metrics({M.ROLLOUT_STEP: 30}, step=30)
     train.finish("FINISHED")
     cfg = load_config(None, preset="tiny", overrides=[f"tracking.uri={uri}", "tracking.experiment=eval-test"])
+    step = mlflow_step(cfg, model, train.run_id, None)  # no DONE.json beside the model: the run's last step
+    assert step == 30
     rid = log_to_mlflow(
-        cfg, {M.eval_avg(4): 12.5}, [out / "metrics.json"], run_id=train.run_id, step=None, spool_dir=tmp_path / "spool"
+        cfg, {M.eval_avg(4): 12.5}, [out / "metrics.json"], run_id=train.run_id, step=step, spool_dir=tmp_path / "spool"
     )
     assert rid == train.run_id
     hist = train.client.get_metric_history(rid, M.eval_avg(4))
     assert [(h.step, h.value) for h in hist] == [(30, 12.5)]
     assert train.client.get_run(rid).info.status == "FINISHED"
+
+
+def test_eval_cli_step_comes_from_done_json_or_the_run_never_silently_0(tmp_path: Path) -> None:
+    """`dapo eval --run-id`: the model's training step from DONE.json beside it; an explicit --step wins; a new
+    run is step 0; when neither DONE.json nor the tracking server can say, the command refuses, asking for --step."""
+    from dapo.config import load_config
+    from dapo.evaluation.cli import mlflow_step
+
+    run_dir = tmp_path / "run"
+    (run_dir / "final").mkdir(parents=True)
+    (run_dir / "DONE.json").write_text(json.dumps({"run_id": "abc", "step": 17}))
+    away = load_config(None, preset="tiny", overrides=["tracking.uri=http://127.0.0.1:9"])  # nothing listens
+    assert mlflow_step(away, run_dir / "final", "abc", None) == 17
+    assert mlflow_step(away, run_dir / "final", "abc", 5) == 5
+    assert mlflow_step(away, run_dir / "final", None, None) == 0
+    with pytest.raises(SystemExit, match="pass --step"):
+        mlflow_step(away, run_dir / "final", "another-run", None)  # DONE.json names another run

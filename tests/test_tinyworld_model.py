@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dapo.tinyworld.model import SFTExample, lr_at, make_model, param_count, response_loss
+from dapo.tinyworld.model import SFTExample, make_model, param_count, response_loss, sft_lr_at
 
 
 def _model(**kw):
@@ -62,8 +62,8 @@ def test_shared_prefix_loss_equals_a_plain_forward_pass():
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_a_tenth():
-    assert lr_at(0, 100, 1.0, 10) == pytest.approx(0.1)
-    assert lr_at(9, 100, 1.0, 10) == pytest.approx(1.0)
-    assert lr_at(10, 100, 1.0, 10) == pytest.approx(1.0)
-    assert lr_at(55, 100, 1.0, 10) == pytest.approx(0.55)  # halfway through the decay: (1 + 0.1) / 2
-    assert lr_at(100, 100, 1.0, 10) == pytest.approx(0.1)
+    assert sft_lr_at(0, 100, 1.0, 10) == pytest.approx(0.1)
+    assert sft_lr_at(9, 100, 1.0, 10) == pytest.approx(1.0)
+    assert sft_lr_at(10, 100, 1.0, 10) == pytest.approx(1.0)
+    assert sft_lr_at(55, 100, 1.0, 10) == pytest.approx(0.55)  # halfway through the decay: (1 + 0.1) / 2
+    assert sft_lr_at(100, 100, 1.0, 10) == pytest.approx(0.1)

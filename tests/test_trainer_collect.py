@@ -1,5 +1,6 @@
 """The rollout half of a trainer step with a scripted fake engine: scoring, the soft overlong penalty, and the
-dynamic-sampling refill accounting (SPEC sections 3-4, pitfalls of section 8)."""
+dynamic-sampling refill accounting (the paper's sections 3.2 and 3.4), in one process (one replica). Several replicas:
+tests/test_trainer_dist.py."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from dataclasses import dataclass
 import pytest
 
 from dapo.algos.dynamic_sampling import RefillCapReached
+from dapo.rollout.replicas import ReplicaLayout
 from dapo.trainer import collect as C
-from dapo.trainer.collect import RolloutSettings, StopDuringRefill, collect
+from dapo.trainer.collect import ReplicaSampler, RolloutSettings, StopDuringRefill, collect
 from dapo.types import Problem, Sample
 
 
@@ -41,7 +43,7 @@ class ScriptedEngine:
         self.clock = clock
         self.calls: list[list[int]] = []
 
-    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0):
+    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
         self.calls.append([p[0] for p in prompt_ids])
         self.clock.t += len(prompt_ids)
         out = []
@@ -76,6 +78,10 @@ MIXED = [("A", 5, "stop"), ("B", 5, "stop"), ("A", 5, "stop"), ("B", 5, "stop")]
 WRONG_VARIED_LEN = [("B", 2, "stop"), ("B", 12, "stop"), ("B", 14, "stop"), ("B", 16, "length")]
 
 
+def sampler(engine, s: RolloutSettings, step: int = 1):
+    return ReplicaSampler(engine, score_fn, ReplicaLayout(1, 1, 0), s, seed=0).for_step(step)
+
+
 @pytest.fixture
 def clock(monkeypatch):
     c = FakeClock()
@@ -87,7 +93,7 @@ def test_without_dynamic_sampling_every_group_trains(clock):
     engine = ScriptedEngine({0: ALL_RIGHT, 1: MIXED, 2: ALL_WRONG}, clock)
     next_batch, _ = make_source(3)
     s = RolloutSettings(n=4, max_tokens=16, train_batch_size=3)
-    out = collect(engine, next_batch, s, score_fn)
+    out = collect(sampler(engine, s), next_batch, s)
     assert [g.problem.id for g in out.groups] == ["0", "1", "2"]
     assert out.groups[1].scores == [1.0, -1.0, 1.0, -1.0]
     assert out.groups[1].rewards == out.groups[1].scores  # no penalty when off
@@ -107,7 +113,7 @@ def test_soft_overlong_penalty_shapes_rewards_eq13(clock):
         overlong_buffer_len=8,
         overlong_penalty_factor=1.0,
     )
-    g = collect(engine, next_batch, s, score_fn).groups[0]
+    g = collect(sampler(engine, s), next_batch, s).groups[0]
     assert g.penalties == [0.0, -0.5, -0.75, -1.0]
     assert g.rewards == [-1.0, -1.5, -1.75, -2.0]
 
@@ -129,7 +135,7 @@ def test_refill_accounting_counts_every_batch(clock):
         overlong_penalty=True,
         overlong_buffer_len=8,
     )
-    out = collect(engine, next_batch, s, score_fn)
+    out = collect(sampler(engine, s), next_batch, s)
     assert [g.problem.id for g in out.groups] == ["1", "3"]
     st = out.stats
     assert (st.gen_batches, st.groups_generated, st.groups_kept, st.groups_filtered, st.groups_surplus) == (
@@ -162,7 +168,7 @@ def test_refill_cap_partial_trains_on_what_was_kept(clock):
         max_num_gen_batches=2,
         at_refill_cap="partial",
     )
-    out = collect(engine, next_batch, s, score_fn)
+    out = collect(sampler(engine, s), next_batch, s)
     assert [g.problem.id for g in out.groups] == ["1", "1"]
     assert out.stats.hit_cap and not out.stats.full and out.stats.gen_batches == 2
 
@@ -180,7 +186,7 @@ def test_refill_cap_fail_raises_with_counts(clock):
         at_refill_cap="fail",
     )
     with pytest.raises(RefillCapReached, match="max_num_gen_batches=3") as e:
-        collect(engine, next_batch, s, score_fn)
+        collect(sampler(engine, s), next_batch, s)
     assert e.value.stats.gen_batches == 3 and e.value.stats.groups_kept == 0
 
 
@@ -189,7 +195,7 @@ def test_stop_mid_refill_then_resume_gives_the_uninterrupted_result(clock):
     s = RolloutSettings(
         n=4, max_tokens=16, dynamic_sampling=True, train_batch_size=3, gen_batch_size=2, max_num_gen_batches=0
     )
-    ref = collect(ScriptedEngine(script, clock), make_source(6)[0], s, score_fn)
+    ref = collect(sampler(ScriptedEngine(script, clock), s), make_source(6)[0], s)
 
     import pickle
 
@@ -197,10 +203,10 @@ def test_stop_mid_refill_then_resume_gives_the_uninterrupted_result(clock):
     engine = ScriptedEngine(script, clock)
     stops = iter([True])
     with pytest.raises(StopDuringRefill) as e:
-        collect(engine, next_batch, s, score_fn, should_stop=lambda: next(stops, False))
+        collect(sampler(engine, s), next_batch, s, should_stop=lambda: next(stops, False))
     assert engine.calls == [[0, 1]] and pos["i"] == 2  # stopped after the first batch, before the next
     state = pickle.loads(pickle.dumps(e.value.state))  # it goes through a checkpoint file
-    out = collect(engine, next_batch, s, score_fn, resume=state)
+    out = collect(sampler(engine, s), next_batch, s, resume=state)
     assert [g.problem.id for g in out.groups] == [g.problem.id for g in ref.groups] == ["1", "3", "4"]
     assert out.stats == ref.stats
     assert out.all_correct == ref.all_correct

@@ -1,35 +1,149 @@
-"""`dapo train` as two torchrun processes matches the one-process run: rank 0 generates and broadcasts the step,
-each rank updates on its shard with the all-reduced normaliser, so the trained weights agree (same seed, same
-rollouts); and only rank 0 talks to MLflow and writes DONE.json.
+"""A training job of two ranks: two rollout replicas that each generate their half of every generation batch
+(dynamic sampling's refill included) and of the evaluation, and train to the weights of a one-rank run on the
+same collected batch; a failure on one rank ends both, naming it, with the failure code.
 
-Real engine (HF), real DeepSpeed (ZeRO 2 on gloo), real MLflow, on the cached tiny world; 2 rollout steps of 4
-prompts x 4 responses, mini-batches of 2 prompts, so every update puts one whole group on each rank.
+The loop and the learner are real (DeepSpeed ZeRO 2 on gloo) in `_trainer_worker.py`, with an engine that answers
+from the prompt alone, so both world sizes collect the same batch. `dapo train` itself runs under torchrun with
+real vLLM replicas on the cached tiny world.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from dapo import metric_names as M
-from dapo.trainer import checkpoint as ck
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "_trainer_worker.py"
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS")
 
 
-def args(world: Path, tmp: Path) -> list[str]:
+def env(**extra: str) -> dict[str, str]:
+    e = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONHASHSEED="0",
+        PYTHONPATH=str(REPO),
+    )
+    for key in LAUNCH_ENV:
+        e.pop(key, None)
+    e.update(extra)
+    return e
+
+
+def torchrun(nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    from test_rollout import build_tiny_qwen2
+
+    return build_tiny_qwen2(tmp_path_factory.mktemp("model"), tie=False)
+
+
+def run_worker(
+    model_dir: Path, out: Path, nproc: int, *overrides: str, **env_extra: str
+) -> subprocess.CompletedProcess:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [*(torchrun(nproc) if nproc > 1 else [sys.executable]), str(WORKER), str(model_dir), str(out), *overrides]
+    return subprocess.run(cmd, env=env(**env_extra), capture_output=True, text=True, timeout=600)
+
+
+def calls(out: Path, rank: int) -> list[dict]:
+    return json.loads((out / f"calls.rank{rank}.json").read_text())
+
+
+def test_two_replicas_split_every_batch_and_train_the_one_rank_weights(model_dir, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out, nproc in ((one, 1), (two, 2)):
+        p = run_worker(model_dir, out, nproc)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    a, b = torch.load(one / "result.pt"), torch.load(two / "result.pt")
+
+    # the same collected steps: the same refill, rewards and token counts over all replicas
+    for key in (M.DS_GEN_BATCHES, M.DS_GROUPS_KEPT, M.DS_TOKENS_GENERATED, M.REWARD_MEAN, M.GRAD_UPDATES):
+        assert b["metrics"][key] == a["metrics"][key], key
+    assert max(a["metrics"][M.DS_GEN_BATCHES].values()) >= 2  # dynamic sampling refilled
+    # ... and the same training: weights moved, identically at world size 1 and 2
+    moved = max((a["params"][k] - b0).abs().max().item() for k, b0 in initial(model_dir).items())
+    assert moved > 1e-4
+    for k, v in a["params"].items():
+        torch.testing.assert_close(b["params"][k], v, atol=1e-5, rtol=0)
+    for key in (M.POLICY_LOSS, M.ENTROPY):  # over all ranks, not rank 0's part
+        for step, v in a["metrics"][key].items():
+            assert b["metrics"][key][step] == pytest.approx(v, abs=1e-5), (key, step)
+    # the final evaluation, sharded over the replicas and summarised once, gives the one-rank numbers
+    assert b["metrics"][M.eval_avg(2)] == a["metrics"][M.eval_avg(2)] and 2 in a["metrics"][M.eval_avg(2)]
+
+    # what each replica generated: a different half of every generation batch, the evaluation included
+    solo, r0, r1 = calls(one, 0), calls(two, 0), calls(two, 1)
+    assert len(r0) == len(r1) == len(solo)
+    for whole, h0, h1 in zip(solo, r0, r1, strict=True):
+        assert h0["n"] == h1["n"] == whole["n"]
+        assert h0["problems"] + h1["problems"] == whole["problems"]
+        assert len(h0["problems"]) == len(h1["problems"]) == len(whole["problems"]) // 2 > 0
+    assert {c["n"] for c in solo} == {4, 2}  # rollouts (n=4) and evaluation (n=2)
+
+
+def initial(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def test_a_failure_on_one_rank_ends_every_rank_with_the_failure_code(model_dir, tmp_path):
+    """Two plain processes (as `srun` starts them, no launcher that kills the others): rank 1 raises in step 2;
+    rank 0 is told through the job's store and exits 1 too, naming rank 1 and its error, long before the
+    collective timeout (10 minutes here)."""
+    port = free_port()
+    procs, logs = [], []
+    for rank in (0, 1):
+        log = open(tmp_path / f"rank{rank}.log", "w")
+        logs.append(tmp_path / f"rank{rank}.log")
+        cmd = [sys.executable, str(WORKER), str(model_dir), str(tmp_path / "out"), "trainer.collective_timeout_s=600"]
+        launch = dict(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1")
+        e = env(**launch, MASTER_PORT=str(port), DAPO_TEST_FAIL_AT="1:2")
+        procs.append(subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        codes = [p.wait(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    text = [p.read_text(errors="replace") for p in logs]
+    assert codes == [1, 1], text[0][-3000:] + text[1][-3000:]
+    assert "test hook DAPO_TEST_FAIL_AT: rank 1 fails in rollout step 2" in text[1]
+    assert "rank 1: RuntimeError: test hook DAPO_TEST_FAIL_AT: rank 1 fails in rollout step 2" in text[0]
+    assert not (tmp_path / "out" / "result.pt").exists()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------------ dapo train
+def train_args(world: Path, tmp: Path) -> list[str]:
     eval_file = tmp / "eval4.jsonl"  # 4 eval problems: the run's end-of-training eval stays short
     eval_file.write_text("".join((world / "eval.jsonl").read_text().splitlines(keepends=True)[:4]))
     return [
         "--config",
-        str(REPO / "configs" / "ablations" / "04_token_level_loss.yaml"),
+        str(REPO / "configs" / "ablations" / "05_dynamic_sampling.yaml"),
         "--preset",
         "tiny",
         f"tiny.dir={world}",
@@ -37,13 +151,13 @@ def args(world: Path, tmp: Path) -> list[str]:
         "trainer.total_steps=2",
         "trainer.train_batch_size=4",
         "trainer.mini_batch_size=2",
-        "trainer.zero_stage=2",
         "trainer.checkpoint_every=1",
         "trainer.keep_checkpoints=1",
-        "rollout.engine=hf",
         "rollout.n=4",
         "rollout.max_response_length=24",
         "algorithm.overlong_buffer_len=8",
+        "algorithm.gen_batch_size=4",
+        "algorithm.max_num_gen_batches=0",  # refill until 4 groups are kept: 2 updates a step
         "eval.n=2",
         "eval.every=0",
         "eval.pass_k=[1,2]",
@@ -53,87 +167,39 @@ def args(world: Path, tmp: Path) -> list[str]:
     ]
 
 
-def train(tmp: Path, world: Path, nproc: int) -> Path:
+def dapo_train(tmp: Path, world: Path, *extra: str, **env_extra: str) -> tuple[subprocess.CompletedProcess, float]:
     tmp.mkdir()
-    run_dir = tmp / "run"
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    cmd = [
-        *(launcher if nproc > 1 else [sys.executable]),
-        "-m",
-        "dapo.cli",
-        "train",
-        *args(world, tmp),
-        "--run-dir",
-        str(run_dir),
-        "--progress",
-        "log",
-    ]
-    env = dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        DS_ACCELERATOR="cpu",
-        OMP_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONHASHSEED="0",
-    )
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS"):
-        env.pop(key, None)
-    p = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-8000:]
-    return run_dir
+    cmd = [*torchrun(2), "-m", "dapo.cli", "train", *train_args(world, tmp), *extra]
+    cmd += ["--run-dir", str(tmp / "run"), "--progress", "log"]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, cwd=tmp, env=env(**env_extra), capture_output=True, text=True, timeout=600)
+    return p, time.monotonic() - t0
 
 
-def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(str(run_dir / "final" / "model.safetensors"))
-
-
-def test_two_ranks_train_the_same_model_as_one(tiny_world_dir, tmp_path):
+def test_dapo_train_runs_two_vllm_replicas_under_torchrun(tiny_world_dir, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    one = train(tmp_path / "one", tiny_world_dir, 1)
-    two = train(tmp_path / "two", tiny_world_dir, 2)
-
-    for run_dir in (one, two):
-        done = json.loads((run_dir / "DONE.json").read_text())
-        assert done["step"] == 2 and done["grad_updates"] == 4  # 4 prompts / 2 per mini-batch, 2 steps
-        assert [p.name for p in ck.list_checkpoints(run_dir)] == ["step_000002"]
-    # two ranks really trained: ZeRO 2 saved one optimizer partition per rank into the same checkpoint
-
-    def parts(d):
-        return sorted(p.name for p in ck.latest_checkpoint(d).rglob("zero_pp_rank_*_optim_states.pt"))
-
-    assert parts(one) == ["zero_pp_rank_0_mp_rank_00_optim_states.pt"]
-    assert parts(two) == ["zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
-    a, b = final_params(one), final_params(two)
-    assert a.keys() == b.keys()
-    base = final_params_base(tiny_world_dir)
-    moved = max((a[k].float() - base[k].float()).abs().max().item() for k in a if k in base)
-    assert moved > 1e-4  # the updates did change the weights ...
-    for k in a:  # ... identically in both world sizes
-        torch.testing.assert_close(b[k], a[k], atol=1e-5, rtol=0)
-
-    hist = {}
-    for run_dir in (one, two):
-        c = MlflowClient(f"sqlite:///{run_dir.parent}/mlflow.db")
-        runs = c.search_runs([c.get_experiment_by_name("dist").experiment_id])
-        assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # rank 1 opened no run of its own
-        rid = runs[0].info.run_id
-        hist[run_dir] = {
-            k: {m.step: m.value for m in c.get_metric_history(rid, k)}
-            for k in (M.GRAD_UPDATES, M.REWARD_MEAN, M.POLICY_LOSS, M.ENTROPY)
-        }
-    assert hist[two][M.GRAD_UPDATES] == {1: 2.0, 2: 4.0}
-    assert hist[two][M.REWARD_MEAN] == hist[one][M.REWARD_MEAN]  # the same rollouts
-    for key in (M.POLICY_LOSS, M.ENTROPY):  # over all ranks, not rank 0's half
-        assert hist[two][key].keys() == {1, 2}
-        for step, v in hist[one][key].items():
-            assert hist[two][key][step] == pytest.approx(v, abs=1e-5), (key, step)
+    p, _ = dapo_train(tmp_path / "ok", tiny_world_dir)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-8000:]
+    done = json.loads((tmp_path / "ok" / "run" / "DONE.json").read_text())
+    assert done["step"] == 2 and done["grad_updates"] == 4 and M.eval_avg(2) in done["eval"]
+    c = MlflowClient(f"sqlite:///{tmp_path}/ok/mlflow.db")
+    runs = c.search_runs([c.get_experiment_by_name("dist").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # rank 1 opened no run of its own
+    assert runs[0].data.tags[M.TAG_REPLICAS] == "2"
+    tokens = {m.step: m.value for m in c.get_metric_history(runs[0].info.run_id, M.DS_TOKENS_GENERATED)}
+    assert sorted(tokens) == [1, 2] and all(v > 0 for v in tokens.values())
 
 
-def final_params_base(world: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def test_dapo_train_under_torchrun_fails_with_code_1_when_a_rank_raises(tiny_world_dir, tmp_path):
+    from mlflow.tracking import MlflowClient
 
-    return load_file(str(next((world / "model").glob("*.safetensors"))))
+    extra = ("rollout.engine=hf", "trainer.collective_timeout_s=900")  # a hang would outlast the 600 s limit
+    p, _ = dapo_train(tmp_path / "fail", tiny_world_dir, *extra, DAPO_TEST_FAIL_AT="1:2")
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out[-6000:]
+    assert "rank 1 fails in rollout step 2" in out
+    assert not (tmp_path / "fail" / "run" / "DONE.json").exists()
+    c = MlflowClient(f"sqlite:///{tmp_path}/fail/mlflow.db")
+    (run,) = c.search_runs([c.get_experiment_by_name("dist").experiment_id])
+    assert run.info.status == "FAILED" and run.data.tags[M.TAG_STATUS] == "failed"

@@ -1,10 +1,13 @@
 """The trainer loop with fakes (engine, learner, tracker): counters, mini-batch plan, overlong filtering reaching
-the learner, the stop signal, resume after a crash, the non-finite guard. Real pieces: tests/test_trainer_e2e.py."""
+the learner, colocation order, stop signals between phases (generation batches, updates, evaluation shards, the
+final save), resume after a crash, the non-finite guard. Real pieces: tests/test_trainer_e2e.py."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 from dataclasses import dataclass
 
 import pytest
@@ -12,10 +15,13 @@ import torch
 
 from dapo import metric_names as M
 from dapo.config import load_config
+from dapo.evaluation.evaluate import EvalSettings
 from dapo.learner import UPDATE_SKIPPED
 from dapo.trainer import FAILURE_EXIT_CODE, RESUME_EXIT_CODE
 from dapo.trainer import checkpoint as ck
-from dapo.trainer.loop import POISON_ENV, SIGTERM_ENV, Components, Trainer
+from dapo.trainer.components import Components, EvalSet
+from dapo.trainer.loop import FAIL_ENV, POISON_ENV, SIGTERM_ENV, TestHooks, Trainer
+from dapo.trainer.step import PartialStep
 from dapo.types import Problem, Sample
 
 
@@ -23,28 +29,42 @@ from dapo.types import Problem, Sample
 class Score:
     score: float
     correct: bool
+    extracted: str | None = None
 
 
 def score_fn(texts, answers):
     return [Score(1.0 if t == a else -1.0, t == a) for t, a in zip(texts, answers, strict=True)]
 
 
+def sigterm() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)  # what SLURM sends; the trainer's handler only sets its stop flag
+
+
 class FakeEngine:
-    """Answers "1" or "0" at random (torch's global RNG, like the HF engine); every third response is long
-    and truncated. `crash_at` raises on that generate call (a simulated kill)."""
+    """Answers "1" or "0" at random (seeded by each call's seed); every third response is long and truncated.
+    `crash_at` raises on that generate call (a simulated kill), `sigterm_at` signals during it. Checks that it
+    never samples asleep or with weights not synced since it slept (colocation order)."""
 
-    def __init__(self, crash_at: int | None = None) -> None:
+    def __init__(self, crash_at: int | None = None, sigterm_at: int | None = None) -> None:
         self.calls = 0
-        self.crash_at = crash_at
+        self.crash_at, self.sigterm_at = crash_at, sigterm_at
         self.synced: list[float] = []
+        self.events: list[str] = []
+        self.asleep = False
+        self.weights_valid = True
 
-    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0):
+    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
         self.calls += 1
+        self.events.append("generate")
+        assert not self.asleep and self.weights_valid, "generate on a sleeping engine"
         if self.crash_at is not None and self.calls == self.crash_at:
             raise KeyboardInterrupt("simulated kill")
+        if self.sigterm_at is not None and self.calls == self.sigterm_at:
+            sigterm()
+        g = torch.Generator().manual_seed(seed)
         out = []
         for p in prompt_ids:
-            bits = torch.randint(0, 2, (n,)).tolist()
+            bits = torch.randint(0, 2, (n,), generator=g).tolist()
             out.append(
                 [
                     Sample(
@@ -60,28 +80,51 @@ class FakeEngine:
         return out
 
     def sleep(self):
-        pass
+        self.events.append("sleep")
+        self.asleep, self.weights_valid = True, False
 
     def wake_up(self):
-        pass
+        self.events.append("wake_up")
+        assert self.weights_valid, "wake_up before the weights were synced"
+        self.asleep = False
 
     def sync_weights(self, named):
+        self.events.append("sync")
         self.synced.append(float(dict(named)["w"].sum()))
+        self.weights_valid = True
+
+    def close(self):
+        pass
 
 
 class FakeLearner:
-    """w moves by lr * sum(advantage * loss-mask tokens) per update; non-finite advantages skip the update."""
+    """w moves by lr * sum(advantage * loss-mask tokens) per update; non-finite advantages skip the update. Its
+    states must be on the accelerator (not offloaded) for every call but the weight stream."""
 
-    def __init__(self) -> None:
+    def __init__(self, sigterm_at_update: int | None = None, sigterm_in_save_hf: bool = False) -> None:
         self.w = torch.zeros(2, dtype=torch.float64)
         self.lr = 0.0
         self.lr_steps = 0
         self.minibatches = []
+        self.offloaded = False
+        self.updates = 0
+        self.sigterm_at_update, self.sigterm_in_save_hf = sigterm_at_update, sigterm_in_save_hf
+
+    def offload_states(self):
+        self.offloaded = True
+
+    def reload_states(self):
+        self.offloaded = False
 
     def compute_logprobs(self, batch):
+        assert not self.offloaded
         return torch.zeros_like(batch.loss_mask), torch.full_like(batch.loss_mask, 0.5)
 
     def update(self, mb):
+        assert not self.offloaded
+        self.updates += 1
+        if self.updates == self.sigterm_at_update:
+            sigterm()
         self.minibatches.append(mb)
         g = (mb.advantages.double()[:, None] * mb.loss_mask.double()).sum()
         if not torch.isfinite(g):
@@ -97,6 +140,7 @@ class FakeLearner:
         return [("w", self.w.clone())]
 
     def save_checkpoint(self, path):
+        assert not self.offloaded
         path.mkdir(parents=True)
         torch.save({"w": self.w, "lr_steps": self.lr_steps, "lr": self.lr}, path / "s.pt")
 
@@ -105,6 +149,9 @@ class FakeLearner:
         self.w, self.lr_steps, self.lr = d["w"], d["lr_steps"], d["lr"]
 
     def save_hf(self, path):
+        if self.sigterm_in_save_hf:
+            self.sigterm_in_save_hf = False
+            sigterm()
         path.mkdir(parents=True, exist_ok=True)
         torch.save(self.w, path / "w.pt")
 
@@ -125,6 +172,7 @@ class FakeTracker:
     def log_metrics(self, m, step):
         for k, v in m.items():
             self.rec["metrics"].setdefault(k, {})[step] = v
+        self.rec.setdefault("log", []).append((step, sorted(m)))
 
     def log_artifact(self, path):
         pass
@@ -137,11 +185,16 @@ class FakeTracker:
 
 
 PROBLEMS = [Problem(id=str(i), problem=f"p{i}", answer="1") for i in range(20)]
+# 20 eval problems x n=2: shards of (train batch 4 x rollout.n 3) // 2 = 6 problems, so 4 shards
+EVAL = EvalSet(PROBLEMS, [[i] for i in range(20)], EvalSettings(n=2, max_tokens=8, pass_k=(1, 2), bootstrap=10))
 
 
-def make(tmp_path, *overrides, engine=None, learner=None, evaluate=None):
+NO_HOOKS = TestHooks()
+
+
+def make(tmp_path, *overrides, engine=None, learner=None, eval_set=None, hooks=NO_HOOKS, row="00_naive_grpo"):
     cfg = load_config(
-        "configs/ablations/00_naive_grpo.yaml",
+        f"configs/ablations/{row}.yaml",
         preset="tiny",
         overrides=[
             "trainer.total_steps=6",
@@ -160,11 +213,27 @@ def make(tmp_path, *overrides, engine=None, learner=None, evaluate=None):
         learner=learner or FakeLearner(),
         problems=PROBLEMS,
         prompts=[[i] for i in range(20)],
-        score_fn=score_fn,
+        scorer=score_fn,
         make_tracker=FakeTracker,
-        evaluate=evaluate,
+        eval_set=eval_set,
     )
-    return Trainer(cfg, tmp_path / "run", comps, progress=False)
+    return Trainer(cfg, tmp_path / "run", comps, progress=False, hooks=hooks)
+
+
+def metrics_of(tr: Trainer) -> dict:
+    return FakeTracker.store[tr.run_id]["metrics"]
+
+
+def same_run(a: Trainer, b: Trainer) -> None:
+    """The same final weights and the same logged values (timings aside) at every step."""
+    assert torch.equal(a.c.learner.w, b.c.learner.w)
+    ma, mb = metrics_of(a), metrics_of(b)
+    assert {k for k in ma if not k.startswith(("time/", "perf/"))} == {
+        k for k in mb if not k.startswith(("time/", "perf/"))
+    }
+    for key in ma:
+        if not key.startswith(("time/", "perf/")):
+            assert ma[key] == mb[key], key
 
 
 @pytest.fixture(autouse=True)
@@ -178,7 +247,7 @@ def test_counters_minibatches_and_metrics(tmp_path):
     assert tr.run() == 0
     lrn = tr.c.learner
     # 4 prompts / 2 per mini-batch x 2 epochs = 4 updates per rollout step, never counting generation batches
-    assert tr.step == 6 and tr.grad_updates == 24 and lrn.lr_steps == 6
+    assert tr.counters.step == 6 and tr.counters.grad_updates == 24 and lrn.lr_steps == 6
     assert len(lrn.minibatches) == 24 and all(len(mb) == 2 * 3 for mb in lrn.minibatches)
     # each epoch covers every group once: the two mini-batches of an epoch hold distinct prompts
     a, b = lrn.minibatches[0].prompt_ids, lrn.minibatches[1].prompt_ids
@@ -193,27 +262,27 @@ def test_counters_minibatches_and_metrics(tmp_path):
     assert M.CLIP_HIGH_PROB not in m  # NaN (nothing clipped) is left out, not logged as 0
     assert m[M.DS_GEN_BATCHES][1] == 1 and m[M.DS_TOKENS_GENERATED][1] == 4 * (3 + 3 + 8)
     assert rec["params"]["algorithm.eps_high"] == 0.2 and rec["tags"][M.TAG_ROW] == "00_naive_grpo"
+    assert rec["tags"][M.TAG_REPLICAS] == "1"
     assert rec["tags"][M.TAG_STATUS] == "finished" and rec["status"] == "FINISHED"
     done = json.loads((tmp_path / "run" / "DONE.json").read_text())
     assert done["step"] == 6 and done["grad_updates"] == 24 and (tmp_path / "run" / "final" / "w.pt").is_file()
     assert tr.c.engine.synced[-1] == pytest.approx(float(lrn.w.sum()))  # the engine holds the final weights
 
 
+def test_engine_and_learner_take_turns_on_the_accelerator(tmp_path):
+    """Colocation: each step the engine samples awake with current weights, sleeps through the updates (the
+    fakes assert the learner's states are back for every learner call), and is synced before it wakes."""
+    tr = make(tmp_path, "trainer.total_steps=3", eval_set=EVAL, hooks=TestHooks())
+    assert tr.run() == 0
+    ev = tr.c.engine.events
+    step = ["wake_up", "generate", "sleep", "sync"]
+    # the final evaluation (eval.every=0): 4 shards after the last step's sync
+    assert ev == step * 3 + ["wake_up"] + ["generate"] * 4
+
+
 def test_overlong_filter_zeroes_truncated_rows_in_what_the_learner_sees(tmp_path):
     for row, expect_zero in (("00_naive_grpo", False), ("01_overlong_filtering", True)):
-        tr = make(tmp_path / row, "trainer.total_steps=1")
-        tr.cfg = load_config(
-            f"configs/ablations/{row}.yaml",
-            preset="tiny",
-            overrides=[
-                "trainer.total_steps=1",
-                "trainer.train_batch_size=4",
-                "trainer.mini_batch_size=2",
-                "rollout.n=3",
-                "rollout.max_response_length=8",
-                "eval.every=0",
-            ],
-        )
+        tr = make(tmp_path / row, "trainer.total_steps=1", "trainer.epochs=1", row=row)
         assert tr.run() == 0
         for mb in tr.c.learner.minibatches:
             truncated = torch.tensor([len(r) == 8 for r in mb.response_ids])  # the fake's cap-length responses
@@ -223,17 +292,80 @@ def test_overlong_filter_zeroes_truncated_rows_in_what_the_learner_sees(tmp_path
             assert bool((mb.loss_mask[~truncated].sum(1) == 3).all())  # the others keep their 3 tokens
 
 
-def test_sigterm_checkpoints_and_exits_for_resume(tmp_path, monkeypatch):
-    monkeypatch.setenv(SIGTERM_ENV, "3")
-    tr = make(tmp_path)
+def test_sigterm_checkpoints_and_exits_for_resume(tmp_path):
+    tr = make(tmp_path, hooks=TestHooks(sigterm_after_step=3))
     assert tr.run() == RESUME_EXIT_CODE
     latest = ck.latest_checkpoint(tmp_path / "run")
     state, _, _ = ck.load_checkpoint_state(latest)
     assert state["step"] == 3 and state["mlflow_run_id"] == tr.run_id
     assert FakeTracker.store[tr.run_id]["tags"][M.TAG_STATUS] == "preempted"
-    monkeypatch.delenv(SIGTERM_ENV)
     tr2 = make(tmp_path)
-    assert tr2.run() == 0 and tr2.run_id == tr.run_id and tr2.step == 6
+    assert tr2.run() == 0 and tr2.run_id == tr.run_id and tr2.counters.step == 6
+
+
+def test_sigterm_between_updates_resumes_to_the_uninterrupted_run(tmp_path):
+    """A stop before an update saves the step's batch and the updates done; the restart finishes the step with
+    the remaining updates: same weights and metrics as a run never stopped."""
+    ref = make(tmp_path / "ref")
+    assert ref.run() == 0
+    cut = make(tmp_path / "cut", learner=FakeLearner(sigterm_at_update=11))  # step 3, its third update
+    assert cut.run() == RESUME_EXIT_CODE
+    latest = ck.latest_checkpoint(tmp_path / "cut" / "run")
+    state, _, partial = ck.load_checkpoint_state(latest)
+    assert isinstance(partial, PartialStep) and partial.updates_done == 3 and state["step"] == 2
+    assert state["grad_updates"] == 2 * 4 + 3
+    generated = cut.c.engine.calls
+    resumed = make(tmp_path / "cut")
+    assert resumed.run() == 0
+    assert resumed.c.engine.calls == 3  # steps 4-6: step 3's generation was not redone
+    assert generated == 3
+    same_run(ref, resumed)
+
+
+def test_sigterm_between_generation_batches_resumes_to_the_uninterrupted_run(tmp_path):
+    ds = ("algorithm.dynamic_sampling=true", "algorithm.gen_batch_size=2", "algorithm.max_num_gen_batches=0")
+    ref = make(tmp_path / "ref", *ds)
+    assert ref.run() == 0
+    calls = ref.c.engine.calls
+    # 2 prompts a batch, 4 groups to keep: every step needs 2 batches or more; stop in step 2's first one
+    first_of_step2 = int(metrics_of(ref)[M.DS_GEN_BATCHES][1]) + 1
+    cut = make(tmp_path / "cut", *ds, engine=FakeEngine(sigterm_at=first_of_step2))
+    assert cut.run() == RESUME_EXIT_CODE
+    _, _, partial = ck.load_checkpoint_state(ck.latest_checkpoint(tmp_path / "cut" / "run"))
+    assert isinstance(partial, PartialStep) and partial.refill is not None
+    resumed = make(tmp_path / "cut", *ds)
+    assert resumed.run() == 0
+    assert cut.c.engine.calls + resumed.c.engine.calls == calls  # no generation batch done twice
+    same_run(ref, resumed)
+
+
+def test_sigterm_during_evaluation_redoes_that_evaluation_after_resume(tmp_path):
+    ref = make(tmp_path / "ref", "eval.every=2", eval_set=EVAL)
+    assert ref.run() == 0
+    # every step makes one generate call (no dynamic sampling), every eval 4 (shards): step 2's eval is calls
+    # 1 (step 0's eval: 4 calls) + 2 steps -> calls 7-10; a signal in call 8 stops it after its second shard
+    cut = make(tmp_path / "cut", "eval.every=2", eval_set=EVAL, engine=FakeEngine(sigterm_at=8))
+    assert cut.run() == RESUME_EXIT_CODE
+    state, _, _ = ck.load_checkpoint_state(ck.latest_checkpoint(tmp_path / "cut" / "run"))
+    assert state["step"] == 2 and state["eval_due"] is True
+    assert cut.c.engine.calls == 8  # the shards after the signal were not sampled
+    assert M.eval_avg(2) not in metrics_of(cut) or 2 not in metrics_of(cut)[M.eval_avg(2)]
+    resumed = make(tmp_path / "cut", "eval.every=2", eval_set=EVAL)
+    assert resumed.run() == 0
+    assert resumed.c.engine.events[:2] == ["sync", "wake_up"]  # restore syncs, then the owed eval runs first
+    assert sorted(metrics_of(resumed)[M.eval_avg(2)]) == [0, 2, 4, 6]
+    same_run(ref, resumed)
+    done = json.loads((tmp_path / "cut" / "run" / "DONE.json").read_text())
+    assert done["eval"][M.eval_avg(2)] == metrics_of(ref)[M.eval_avg(2)][6]  # DONE.json carries the final eval
+
+
+def test_sigterm_during_the_final_save_exits_for_resume_then_finishes(tmp_path):
+    tr = make(tmp_path, learner=FakeLearner(sigterm_in_save_hf=True))
+    assert tr.run() == RESUME_EXIT_CODE
+    assert not (tmp_path / "run" / "DONE.json").exists()
+    again = make(tmp_path)
+    assert again.run() == 0 and again.c.engine.calls == 0  # nothing trained twice
+    assert json.loads((tmp_path / "run" / "DONE.json").read_text())["step"] == 6
 
 
 def test_resume_after_a_crash_matches_the_uninterrupted_run(tmp_path):
@@ -242,21 +374,17 @@ def test_resume_after_a_crash_matches_the_uninterrupted_run(tmp_path):
     crashed = make(tmp_path / "cut", engine=FakeEngine(crash_at=5))  # dies in step 5 (checkpoint at 4)
     with pytest.raises(KeyboardInterrupt):
         crashed.run()
+    assert FakeTracker.store[crashed.run_id]["status"] == "FAILED"
     resumed = make(tmp_path / "cut")
     assert resumed.run() == 0
-    assert torch.equal(resumed.c.learner.w, ref.c.learner.w)
-    a = FakeTracker.store[ref.run_id]["metrics"]
-    b = FakeTracker.store[resumed.run_id]["metrics"]
-    for key in a:
-        if not key.startswith(("time/", "perf/")):
-            assert a[key] == b[key], key
+    same_run(ref, resumed)
 
 
-def test_nonfinite_updates_are_counted_then_fail_keeping_the_good_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setenv(POISON_ENV, "3")  # every update from step 3 on is NaN
-    tr = make(tmp_path, "trainer.max_consecutive_nonfinite=6", "trainer.checkpoint_every=1")
+def test_nonfinite_updates_are_counted_then_fail_keeping_the_good_checkpoint(tmp_path):
+    # every update from step 3 on is NaN
+    tr = make(tmp_path, "trainer.max_consecutive_nonfinite=6", "trainer.checkpoint_every=1", hooks=TestHooks(3))
     assert tr.run() == FAILURE_EXIT_CODE
-    m = FakeTracker.store[tr.run_id]["metrics"]
+    m = metrics_of(tr)
     assert m[M.NONFINITE_SKIPPED] == {1: 0, 2: 0, 3: 4, 4: 6}  # 4 updates a step; stops and fails at 6
     assert ck.latest_checkpoint(tmp_path / "run").name == "step_000002"
     assert FakeTracker.store[tr.run_id]["status"] == "FAILED"
@@ -275,11 +403,19 @@ def test_dynamic_sampling_refill_cap_fail_leaves_a_checkpoint(tmp_path):
     assert state["step"] == 0 and state["data_order"]["position"] == 0  # the state before the failed step
 
 
+def test_test_hooks_come_from_the_environment(monkeypatch):
+    assert TestHooks.from_env() == TestHooks()
+    monkeypatch.setenv(POISON_ENV, "3")
+    monkeypatch.setenv(SIGTERM_ENV, "2")
+    monkeypatch.setenv(FAIL_ENV, "1:4")
+    assert TestHooks.from_env() == TestHooks(poison_from_step=3, sigterm_after_step=2, fail_at=(1, 4))
+
+
 def test_every_logged_name_comes_from_metric_names_and_the_docs_are_current(tmp_path):
     from dapo.trainer.metrics_doc import main as metrics_doc
 
     tr = make(tmp_path, "trainer.total_steps=1")
     assert tr.run() == 0
-    logged = set(FakeTracker.store[tr.run_id]["metrics"])
+    logged = set(metrics_of(tr))
     assert logged <= set(M.all_training_metrics())
     assert metrics_doc(["--check"]) == 0, "docs/metrics.md is stale: python -m dapo.trainer.metrics_doc"

@@ -6,6 +6,11 @@ Samples n responses per problem (eval.n, eval.temperature, eval.top_p, eval.max_
 engine (rollout.engine), prints avg@n / pass@k / maj@n with confidence intervals, writes `samples.jsonl` (P x n
 rows) and `metrics.json` to --out, and logs both to MLflow: into an existing run with --run-id (e.g. the
 training run the model came from), else into a new run in tracking.experiment.
+
+A training run evaluates its final model itself (DONE.json holds the result); this command is for any model.
+The MLflow step of the point: --step; with --run-id and no --step, the training step of the model (DONE.json
+beside the model's folder, else the run's last logged rollout step); a new run: step 0. When the step cannot be
+found the command stops and asks for --step rather than log the point where it does not belong.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--step",
         type=int,
         default=None,
-        help="MLflow step of the eval metrics (default: the run's last logged rollout step with --run-id, else 0).",
+        help="MLflow step of the eval metrics (default with --run-id: the model's training step, from DONE.json "
+        "beside the model or the run's last rollout step; without --run-id: 0).",
     )
     p.add_argument("--no-tracking", action="store_true", help="Write files only; log nothing to MLflow.")
 
@@ -44,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     from dapo.config import load_config
     from dapo.data.prompts import tokenize_problems
-    from dapo.evaluation.evaluate import evaluate, write_samples
+    from dapo.evaluation.evaluate import EvalSettings, evaluate, write_samples
     from dapo.rollout import make_engine
     from dapo.tinyworld import resolve_model_path
 
@@ -53,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     path = args.model if args.model and args.model != "tiny" else resolve_model_path(cfg)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    step = 0 if args.no_tracking else mlflow_step(cfg, Path(path), args.run_id, args.step)  # before any load
 
     tok = AutoTokenizer.from_pretrained(path)
     problems, prompts, dropped = tokenize_problems(
@@ -63,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     )
     if dropped:
         logging.warning("dropped %d eval prompts longer than data.max_prompt_length", dropped)
+    if not problems:
+        raise SystemExit(
+            f"dapo eval: no eval problems left from data.eval={cfg.data.eval!r} (empty, or every prompt is longer "
+            f"than data.max_prompt_length={cfg.data.max_prompt_length})"
+        )
     e, max_tokens = cfg.eval, cfg.resolved_eval_max_tokens()
     engine = make_engine(
         cfg.rollout.engine,
@@ -76,20 +88,18 @@ def run(args: argparse.Namespace) -> int:
         enable_sleep_mode=False,
     )
     try:
-        result = evaluate(
-            engine,
-            problems,
-            prompts,
+        settings = EvalSettings(
             n=e.n,
             max_tokens=max_tokens,
             temperature=e.temperature,
             top_p=e.top_p,
-            pass_k=e.pass_k,
+            pass_k=tuple(e.pass_k),
             verifier=cfg.algorithm.verifier,
             bootstrap=e.bootstrap,
             confidence=e.confidence,
             seed=cfg.trainer.seed,
         )
+        result = evaluate(engine, problems, prompts, settings, sample_seed=cfg.trainer.seed)
     finally:
         engine.close()
     samples_path = write_samples(result.samples, out / "samples.jsonl")
@@ -106,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             result.metrics,
             [samples_path, metrics_path],
             run_id=args.run_id,
-            step=args.step,
+            step=step,
             spool_dir=out / "mlflow_spool",
         )
         print(f"logged to MLflow run {run_id}")
@@ -126,16 +136,51 @@ def eval_problems(cfg: RunConfig) -> list:
     return load_problems(source, split="train")
 
 
+def mlflow_step(cfg: RunConfig, model: Path, run_id: str | None, step: int | None) -> int:
+    """Where the eval point goes: `step` when given; into a new run, 0; into an existing run, the training step
+    of the model (DONE.json beside its folder, written by `dapo train` with that run id), else the run's last
+    logged rollout step. Raises SystemExit when none of these can be found."""
+    if step is not None:
+        return step
+    if run_id is None:
+        return 0
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from dapo import metric_names as M
+    from dapo.tracking import resolve_uri
+
+    done = model.parent / "DONE.json"
+    if done.is_file():
+        summary = json.loads(done.read_text())
+        if summary.get("run_id") == run_id:
+            return int(summary["step"])
+    try:
+        hist = MlflowClient(tracking_uri=resolve_uri(cfg.tracking.uri)).get_metric_history(run_id, M.ROLLOUT_STEP)
+    except Exception as e:  # noqa: BLE001 (any failure to read it leaves the step unknown)
+        raise SystemExit(
+            f"dapo eval: cannot read the last rollout step of MLflow run {run_id} ({type(e).__name__}: {e}); "
+            "pass --step N (the training step of --model) to log the point"
+        ) from e
+    if not hist:
+        raise SystemExit(
+            f"dapo eval: MLflow run {run_id} has no {M.ROLLOUT_STEP} points and {done} does not name it; "
+            "pass --step N (the training step of --model)"
+        )
+    return int(max(m.step for m in hist))
+
+
 def log_to_mlflow(
     cfg: RunConfig,
     metrics: dict[str, float],
     files: list[Path],
     *,
     run_id: str | None,
-    step: int | None,
+    step: int,
     spool_dir: Path,
 ) -> str:
-    """Metrics at `step` and the files as artifacts under `eval/`; returns the run id."""
+    """Metrics at `step` (see `mlflow_step`) and the files as artifacts under `eval/`; returns the run id."""
     import math
 
     from dapo import metric_names as M
@@ -152,14 +197,6 @@ def log_to_mlflow(
         if run_id
         else {M.TAG_ROW: cfg.tracking.row, M.TAG_PRESET: cfg.tracking.preset, M.TAG_SEED: str(cfg.trainer.seed)},
     )
-    if step is None:
-        step = 0
-        if run_id:  # after training: put the point at the run's last rollout step
-            try:
-                hist = tr.client.get_metric_history(run_id, M.ROLLOUT_STEP)
-                step = int(max((m.step for m in hist), default=0))
-            except Exception:  # the server is away: the point is spooled at step 0 rather than lost
-                pass
     tr.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, step=step)
     for f in files:
         tr.log_artifact(f, artifact_path="eval")

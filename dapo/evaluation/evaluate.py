@@ -1,22 +1,54 @@
 """Evaluate a policy: sample n responses per problem, score them, and summarise as avg@n, pass@k and maj@n with
-bootstrap confidence intervals (SPEC section 5: AIME 2024, n = 32, temperature 1.0, top_p 0.7).
+bootstrap confidence intervals (the paper's section 4.1: AIME 2024, n = 32, temperature 1.0, top_p 0.7).
 
-Each problem is sampled n times by the engine (never repeated n times in the eval file, a pitfall of SPEC
-section 8), scored by `dapo.rewards.score_responses` (the training reward's verifier) and summarised by
-`dapo.algos.evalstats.eval_summary`. The same function runs in-process inside training (every `eval.every`
-steps, on the training engine with its current weights) and from `dapo eval`.
+Each problem is sampled n times by the engine (never repeated n times in the eval file, which would make the
+samples of a "problem" come from several problems' worth of prompts), scored by `dapo.rewards.score_responses`
+(the training reward's verifier) and summarised once by `dapo.algos.evalstats.eval_summary`.
+
+Two entry points, one path: `evaluate` in one process (`dapo eval`), and `evaluate_on_replicas` inside a training
+job, where the problems are cut into shards, each shard is split across the rollout replicas
+(`dapo.rollout.replicas`), each replica samples and scores its part, and the parts are gathered and summarised
+once. A stop request is honoured between shards (`None` is returned; the trainer checkpoints and redoes the whole
+evaluation after the restart).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dapo.metric_names import EVAL_LEN_MEAN, EVAL_TRUNC_FRAC
+from dapo.rollout.base import RolloutEngine
+from dapo.rollout.replicas import ReplicaLayout, map_on_replicas
 from dapo.types import Problem
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How to sample and summarise (plain values; `eval.*` of the run config).
+
+    Attributes:
+        n: samples per problem (avg@n, maj@n).
+        max_tokens: generation cap; responses that hit it count as truncated (and are scored as they are).
+        temperature, top_p: sampling (the paper: 1.0 and 0.7).
+        pass_k: the k of pass@k; each must be <= n (larger k are skipped).
+        verifier: "math_verify" or "dapo_rule" (`dapo.rewards`).
+        bootstrap, confidence: bootstrap confidence intervals over problems.
+        seed: the bootstrap's seed, and the base of the sampling seeds.
+    """
+
+    n: int
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    pass_k: tuple[int, ...] = (1,)
+    verifier: str = "math_verify"
+    bootstrap: int = 1000
+    confidence: float = 0.95
+    seed: int = 0
 
 
 @dataclass
@@ -38,92 +70,140 @@ class EvalResult(Mapping[str, float]):
 
 
 def evaluate(
-    engine: Any,
-    problems_or_tokenizer: Any,
-    prompts_or_problems: Sequence[Any],
+    engine: RolloutEngine,
+    problems: Sequence[Problem],
+    prompt_ids: Sequence[list[int]],
+    settings: EvalSettings,
     *,
-    n: int,
-    max_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    pass_k: Sequence[int] = (1,),
-    verifier: str = "math_verify",
-    bootstrap: int = 1000,
-    confidence: float = 0.95,
-    seed: int = 0,
-    use_chat_template: bool = True,
+    sample_seed: int | None = None,
 ) -> EvalResult:
-    """Sample, score and summarise.
+    """Sample, score and summarise, in this process.
 
-    Two call forms:
-        evaluate(engine, problems, prompt_ids, ...)        prompts already built and tokenised (the trainer)
-        evaluate(engine, tokenizer, problems, ...)         prompts built here with `dapo.data` (DAPO template,
-                                                           chat template when `use_chat_template`)
     Args:
         engine: a `dapo.rollout.RolloutEngine` (anything with its `generate`).
-        n: samples per problem (avg@n, maj@n); each k in `pass_k` must be <= n (larger k are skipped).
-        max_tokens: generation cap; responses that hit it count as truncated (and are scored as they are).
-        verifier: "math_verify" or "dapo_rule" (`dapo.rewards`).
-        bootstrap, confidence, seed: bootstrap CIs over problems (`eval_summary`).
+        problems: P problems (their answers are what the responses are checked against).
+        prompt_ids: their P prompts, built and tokenised (`dapo.data.prompts.tokenize_problems`).
+        settings: how to sample and summarise.
+        sample_seed: the sampling seed (None: the engine's own stream).
     Returns:
         EvalResult: metrics in percent; samples [P * n] dicts with problem_id, sample_index, text, extracted,
-        score, correct, truncated, num_tokens.
+        answer, score, correct, truncated, num_tokens.
     """
-    from dapo.algos.evalstats import eval_summary
+    _check(problems, prompt_ids)
+    records = sample_and_score(engine, list(problems), [list(p) for p in prompt_ids], settings, sample_seed)
+    return summarise(records, settings)
+
+
+def evaluate_on_replicas(
+    engine: RolloutEngine,
+    layout: ReplicaLayout,
+    problems: Sequence[Problem],
+    prompt_ids: Sequence[list[int]],
+    settings: EvalSettings,
+    *,
+    seed_for: Callable[[int], int],
+    shard_sequences: int,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> EvalResult | None:
+    """`evaluate` on every replica of a job; every rank returns the same result, or None when stopped.
+
+    Args:
+        layout: the job's replicas (one process: a single replica, and this is `evaluate` in shards).
+        seed_for: shard index -> this replica's sampling seed for it (`sampling_seed(..., shard, replica)`).
+        shard_sequences: responses per shard over all replicas (at least one problem's n): the longest stretch
+            between two stop checks is one shard's generation.
+        should_stop: polled before each shard but the first (collective, on every rank).
+    """
+    _check(problems, prompt_ids)
+    items = list(zip(problems, [list(p) for p in prompt_ids], strict=True))
+    per_shard = max(1, shard_sequences // settings.n)
+    records: list[dict[str, Any]] = []
+    for k, start in enumerate(range(0, len(items), per_shard)):
+        if k > 0 and should_stop():
+            return None
+        seed = seed_for(k)
+
+        def run(share: list[tuple[Problem, list[int]]], leader: bool, seed: int = seed) -> list[dict[str, Any]]:
+            return sample_and_score(engine, [p for p, _ in share], [q for _, q in share], settings, seed, score=leader)
+
+        for part in map_on_replicas(layout, items[start : start + per_shard], run):
+            records += part
+    return summarise(records, settings)
+
+
+def _check(problems: Sequence[Problem], prompt_ids: Sequence[list[int]]) -> None:
+    if not problems:
+        raise ValueError("evaluate: no problems (the eval set is empty, or every prompt was too long)")
+    if len(problems) != len(prompt_ids):
+        raise ValueError(f"evaluate: {len(problems)} problems but {len(prompt_ids)} prompts")
+
+
+def sample_and_score(
+    engine: RolloutEngine,
+    problems: list[Problem],
+    prompt_ids: list[list[int]],
+    settings: EvalSettings,
+    sample_seed: int | None,
+    *,
+    score: bool = True,
+) -> list[dict[str, Any]]:
+    """n samples per problem, scored: one record per sample (see `evaluate`), problem by problem. `score=False`
+    samples only and returns [] (a tensor-parallel member whose leader keeps the result)."""
     from dapo.rewards import score_responses
 
-    problems, prompt_ids = _problems_and_prompts(problems_or_tokenizer, prompts_or_problems, use_chat_template)
-    if not problems:
-        raise ValueError("evaluate: no problems")
-    groups = engine.generate(prompt_ids, n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p)
-    texts = [s.text for g in groups for s in g]
+    s = settings
+    groups = (
+        engine.generate(
+            prompt_ids, n=s.n, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=sample_seed
+        )
+        if problems
+        else []
+    )
+    if not score or not problems:
+        return []
+    texts = [smp.text for g in groups for smp in g]
     answers = [p.answer for p, g in zip(problems, groups, strict=True) for _ in g]
-    scores = score_responses(texts, answers, verifier=verifier)
-    correct: list[list[bool]] = []
-    extracted: list[list[str | None]] = []
-    samples: list[dict[str, Any]] = []
-    it = iter(scores)
+    scores = iter(score_responses(texts, answers, verifier=s.verifier))
+    records: list[dict[str, Any]] = []
     for p, g in zip(problems, groups, strict=True):
-        if len(g) != n:
-            raise RuntimeError(f"engine returned {len(g)} samples for problem {p.id}, expected {n}")
-        row_c, row_a = [], []
-        for j, s in enumerate(g):
-            sc = next(it)
-            row_c.append(bool(sc.correct))
-            row_a.append(sc.extracted)
-            samples.append(
+        if len(g) != s.n:
+            raise RuntimeError(f"engine returned {len(g)} samples for problem {p.id}, expected {s.n}")
+        for j, smp in enumerate(g):
+            sc = next(scores)
+            records.append(
                 {
                     "problem_id": p.id,
                     "sample_index": j,
-                    "text": s.text,
+                    "text": smp.text,
                     "extracted": sc.extracted,
                     "answer": p.answer,
                     "score": float(sc.score),
                     "correct": bool(sc.correct),
-                    "truncated": s.finish_reason == "length",
-                    "num_tokens": len(s.response_ids),
+                    "truncated": smp.finish_reason == "length",
+                    "num_tokens": len(smp.response_ids),
                 }
             )
-        correct.append(row_c)
-        extracted.append(row_a)
-    ks = [k for k in pass_k if k <= n]
-    metrics = eval_summary(correct, extracted, pass_k=ks, bootstrap=bootstrap, confidence=confidence, seed=seed)
-    if samples:  # how often eval responses hit the cap, and how long they are (the overlong toggles act on these)
-        metrics[EVAL_TRUNC_FRAC] = sum(s["truncated"] for s in samples) / len(samples)
-        metrics[EVAL_LEN_MEAN] = sum(s["num_tokens"] for s in samples) / len(samples)
-    return EvalResult({k: float(v) for k, v in metrics.items()}, samples)
+    return records
 
 
-def _problems_and_prompts(a: Any, b: Sequence[Any], use_chat_template: bool) -> tuple[list[Problem], list[list[int]]]:
-    if isinstance(a, Sequence) and all(isinstance(p, Problem) for p in a):
-        problems, prompts = list(a), [list(x) for x in b]
-        if len(problems) != len(prompts):
-            raise ValueError(f"{len(problems)} problems but {len(prompts)} prompts")
-        return problems, prompts
-    from dapo.data.prompts import build_prompt, encode_prompt
+def summarise(records: Sequence[dict[str, Any]], settings: EvalSettings) -> EvalResult:
+    """avg@n / pass@k / maj@n with intervals (and the truncated fraction, mean length) from the sample records
+    of every problem, n consecutive records per problem."""
+    from dapo.algos.evalstats import eval_summary
 
-    tokenizer, problems = a, list(b)
-    return problems, [encode_prompt(build_prompt(p.problem, tokenizer, use_chat_template), tokenizer) for p in problems]
+    n = settings.n
+    if not records or len(records) % n:
+        raise ValueError(f"summarise: {len(records)} sample records is not a whole number of problems x n={n}")
+    correct = [[bool(r["correct"]) for r in records[i : i + n]] for i in range(0, len(records), n)]
+    extracted = [[r["extracted"] for r in records[i : i + n]] for i in range(0, len(records), n)]
+    ks = [k for k in settings.pass_k if k <= n]
+    metrics = eval_summary(
+        correct, extracted, pass_k=ks, bootstrap=settings.bootstrap, confidence=settings.confidence, seed=settings.seed
+    )
+    # how often eval responses hit the cap, and how long they are (the overlong toggles act on these)
+    metrics[EVAL_TRUNC_FRAC] = sum(r["truncated"] for r in records) / len(records)
+    metrics[EVAL_LEN_MEAN] = sum(r["num_tokens"] for r in records) / len(records)
+    return EvalResult({k: float(v) for k, v in metrics.items()}, list(records))
 
 
 def write_samples(samples: Sequence[Mapping[str, Any]], path: str | Path) -> Path:

@@ -17,7 +17,7 @@
 Contracts:
 
 - Process group: `Learner` joins torchrun / SLURM ranks from the environment, or runs as one process
-  (`dapo.learner.distributed`). Every method is collective: every rank calls it, with its own part of the batch.
+  (`dapo.distributed`). Every method is collective: every rank calls it, with its own part of the batch.
   A trainer that holds the whole batch on every rank takes its part with `batch.shard(rank, world_size)`
   (whole groups per rank, as `group-token-mean` needs). Passing the whole batch on every rank is also exact
   (counts and losses both grow W-fold), only the compute is repeated.
@@ -36,8 +36,8 @@ Contracts:
 - dtype "auto": bfloat16 on GPUs that have it, float32 otherwise. ZeRO stages 0-3.
 """
 
+from dapo.distributed import DistInfo, init_distributed, shutdown
 from dapo.learner.batch import LossSpec, PolicyBatch, pad_rows, plan_micro_batches, response_mask
-from dapo.learner.distributed import DistInfo, init_distributed, shutdown
 from dapo.learner.learner import UPDATE_SKIPPED, Learner
 from dapo.learner.optim import lr_at
 

@@ -27,6 +27,7 @@ from torch import Tensor
 from dapo import metric_names as M
 from dapo.algos.aggregation import local_counts, token_weights, weighted_sum
 from dapo.algos.surrogate import clipped_surrogate
+from dapo.distributed import all_reduce, init_distributed
 from dapo.learner.batch import (
     LossSpec,
     MicroBatch,
@@ -37,7 +38,6 @@ from dapo.learner.batch import (
     plan_micro_batches,
     plan_packed_micro_batches,
 )
-from dapo.learner.distributed import all_reduce, init_distributed
 from dapo.learner.model import check_packable, copy_tokenizer_files, load_policy, prepare_deepspeed
 from dapo.learner.optim import deepspeed_config, lr_at, make_optimizer, resolve_dtype
 
@@ -92,6 +92,7 @@ class Learner:
         self.rollout_steps = 0  # lr_step() calls so far: the warm-up counter
         self.updates = 0  # optimizer steps applied
         self.skipped_updates = 0  # optimizer steps skipped (non-finite)
+        self._offloaded = False
         self._set_lr(self.lr)
 
     # ------------------------------------------------------------------------------------------ lr schedule
@@ -305,6 +306,20 @@ class Learner:
             out[M.KL_REF] = frac(s[7], num_tokens)
         return out
 
+    # ------------------------------------------------------------------------------------------ colocation
+    def offload_states(self) -> None:
+        """Move this rank's ZeRO states (parameter shards, gradients, optimizer state) to host memory while the
+        colocated rollout engine generates (DeepSpeed's `offload_states`). A no-op without a GPU and at ZeRO 0."""
+        if self.dist.device.type == "cuda" and self.zero_stage > 0 and not self._offloaded:
+            self.engine.offload_states()
+            self._offloaded = True
+
+    def reload_states(self) -> None:
+        """Undo `offload_states`; every other method needs the states back on the GPU."""
+        if self._offloaded:
+            self.engine.reload_states()
+            self._offloaded = False
+
     # ------------------------------------------------------------------------------------------ weights out
     def named_parameters_for_sync(self) -> Iterator[tuple[str, Tensor]]:
         """(Hugging Face name, full tensor) for every parameter, for the rollout engine's weight sync.
@@ -320,6 +335,7 @@ class Learner:
                 with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
                     t = p.detach().clone()
                 yield name, t
+                del t  # one gathered copy alive at a time: not this one while the next is gathered
             else:
                 yield name, p.detach()
 

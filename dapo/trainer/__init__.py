@@ -1,4 +1,4 @@
-"""The trainer: one ablation row's loop (SPEC sections 2-5), checkpoints, resume and signals.
+"""The trainer: one ablation row's loop (DAPO, arXiv:2503.14476, sections 2-4), checkpoints, resume, signals.
 
 Importing this package is light (no torch, DeepSpeed or vLLM) so the CLI and the workflow can read the exit
 codes below without paying for the heavy imports.
@@ -6,8 +6,8 @@ codes below without paying for the heavy imports.
 Exit codes of `dapo train` (the Snakemake workflow and SLURM wrappers key on them):
 
 - 0: finished; `<run-dir>/DONE.json` holds the final metrics.
-- 1: failed (e.g. too many non-finite steps in a row, or the dynamic-sampling refill cap with
-  `at_refill_cap: fail`); the last good checkpoint is kept.
+- 1: failed (e.g. too many non-finite steps in a row, the dynamic-sampling refill cap with
+  `at_refill_cap: fail`, or an error on any rank of the job); the last good checkpoint is kept.
 - 75 (`RESUME_EXIT_CODE`, EX_TEMPFAIL from sysexits.h): stopped on SIGTERM/SIGUSR1 (SLURM time limit or
   preemption) after writing a checkpoint. Run the same command again to resume into the same MLflow run.
 """

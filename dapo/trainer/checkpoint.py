@@ -121,7 +121,7 @@ def save_checkpoint(
     """
     # Several ranks (torchrun/srun): every rank writes its learner part (DeepSpeed, collective) into the folder
     # rank 0 picked; rank 0 alone writes the trainer's files and publishes the folder with the rename.
-    from dapo.trainer import dist
+    from dapo import distributed as dist
 
     root = checkpoints_dir(run_dir)
     tmp = final = None

@@ -1,13 +1,20 @@
-"""The rollout half of a step: generate G responses per prompt, score, shape, and (row 5) refill.
+"""The rollout half of a step: generate G responses per prompt on every replica, score, shape, and (row 5) refill.
 
-SPEC sections 3-4. Each prompt's G responses form a `Group`. Its rewards are the +1/-1 correctness score plus,
-when soft overlong punishment is on, R_length (Eq. 13). Dynamic sampling keeps a group iff its *correctness*
-varies (not the shaped reward) and generates further batches of `gen_batch_size` prompts until
-`train_batch_size` groups are kept or the cap is reached (`RefillAccumulator`). Without dynamic sampling one
-batch of `train_batch_size` prompts is generated and every group trains.
+The paper's sections 3.2 (dynamic sampling) and 3.4 (overlong reward shaping). Each prompt's G responses form a `Group`.
+Its rewards are the +1/-1 correctness score plus, when soft overlong punishment is on, R_length (Eq. 13). Dynamic
+sampling keeps a group iff its *correctness* varies (not the shaped reward) and generates further batches of
+`gen_batch_size` prompts until `train_batch_size` groups are kept or the cap is reached (`RefillAccumulator`). Without
+dynamic sampling one batch of `train_batch_size` prompts is generated and every group trains.
 
-Timers accumulate over every generation batch of the step (SPEC pitfall: a timer reset per refill undercounts
-dynamic sampling), and the Fig 3b fractions are taken over every generated group, before any filter.
+Replicas (`dapo.rollout.replicas`): each generation batch is cut into one share per replica; each replica
+generates and scores its share (scoring where the samples are spreads the verifier's CPU work over the job instead
+of piling it on one rank), and an all-gather gives every rank all the groups in the batch's order. Every rank then
+runs the same refill decision on the same groups, so the kept count is over all replicas, every replica stops at
+the same generation batch, and the token count includes what every replica generated, dropped groups included.
+
+Timers accumulate over every generation batch of the step (a timer reset per refill undercounts dynamic
+sampling) and take the slowest replica's time per batch (what the step waited for); the Fig 3b fractions are
+taken over every generated group, before any filter.
 """
 
 from __future__ import annotations
@@ -21,9 +28,13 @@ import torch
 
 from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats, keep_groups
 from dapo.algos.overlong import soft_overlong_penalty
+from dapo.rollout.base import RolloutEngine
+from dapo.rollout.replicas import ReplicaLayout, map_on_replicas, sampling_seed
+from dapo.trainer.components import Scorer
 from dapo.types import Problem, Sample
 
-ScoreFn = Callable[[list[str], list[str]], list[Any]]  # (responses, answers) -> [Score(score, correct, ...)]
+# Seed streams (first key after the run's seed): training rollouts and evaluation never share a seed.
+TRAIN_STREAM, EVAL_STREAM = 0, 1
 
 
 @dataclass
@@ -66,6 +77,19 @@ class RolloutSettings:
 
 
 @dataclass
+class Sampled:
+    """One generation batch, scored: its groups in prompt order (every replica's), and the slowest replica's
+    "generate" and "score" seconds."""
+
+    groups: list[Group]
+    timings: dict[str, float]
+
+
+# (problems, prompt ids, index of the generation batch within the step) -> the scored groups of every replica
+SampleFn = Callable[[list[Problem], list[list[int]], int], Sampled]
+
+
+@dataclass
 class Collected:
     """What a rollout step collected. `groups` train; the rest is for metrics."""
 
@@ -85,26 +109,14 @@ class StopDuringRefill(Exception):  # noqa: N818 (a control-flow signal, not an 
 
 
 def make_groups(
-    engine: Any,
     problems: Sequence[Problem],
     prompts: Sequence[list[int]],
+    outs: Sequence[list[Sample]],
+    scores: Sequence[Any],
     s: RolloutSettings,
-    score_fn: ScoreFn,
-    timings: dict[str, float],
 ) -> list[Group]:
-    """Generate `s.n` responses per prompt, score them and add the overlong penalty. Adds to `timings`."""
-    t0 = time.perf_counter()
-    outs = engine.generate(
-        [list(p) for p in prompts], n=s.n, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p
-    )
-    t1 = time.perf_counter()
-    texts = [smp.text for group in outs for smp in group]
-    answers = [pb.answer for pb, group in zip(problems, outs, strict=True) for _ in group]
-    scores = score_fn(texts, answers)
-    t2 = time.perf_counter()
-    timings["generate"] = timings.get("generate", 0.0) + (t1 - t0)
-    timings["score"] = timings.get("score", 0.0) + (t2 - t1)
-
+    """Groups from generated samples and their scores (`dapo.rewards.Score`, flat, prompt by prompt), with the
+    soft overlong penalty added when it is on."""
     lengths = torch.tensor([len(smp.response_ids) for group in outs for smp in group])
     if s.overlong_penalty:
         pens = soft_overlong_penalty(
@@ -130,11 +142,60 @@ def make_groups(
     return groups
 
 
+class ReplicaSampler:
+    """Generation batches on every rollout replica of the job (one replica, and no collective, in one process).
+
+    Args:
+        engine: this rank's engine (its replica's, with tensor parallel > 1).
+        scorer: (responses, answers) -> scores; run by each replica's leader on its own share.
+        layout: the job's replicas.
+        s: rollout settings.
+        seed: the run's seed; replica k samples batch b of step t with `sampling_seed(seed, TRAIN_STREAM, t, b, k)`.
+    """
+
+    def __init__(
+        self, engine: RolloutEngine, scorer: Scorer, layout: ReplicaLayout, s: RolloutSettings, seed: int
+    ) -> None:
+        self.engine, self.scorer, self.layout, self.s, self.seed = engine, scorer, layout, s, seed
+
+    def for_step(self, step: int) -> SampleFn:
+        """The sampling function of rollout step `step` (1-based), for `collect`."""
+
+        def sample(problems: list[Problem], prompts: list[list[int]], gen_batch: int) -> Sampled:
+            seed = sampling_seed(self.seed, TRAIN_STREAM, step, gen_batch, self.layout.replica)
+            parts = map_on_replicas(
+                self.layout,
+                list(zip(problems, prompts, strict=True)),
+                lambda share, lead: self._share(share, lead, seed),
+            )
+            return Sampled(
+                [g for p in parts for g in p.groups],
+                {k: max(p.timings.get(k, 0.0) for p in parts) for k in ("generate", "score")},
+            )
+
+        return sample
+
+    def _share(self, share: list[tuple[Problem, list[int]]], leader: bool, seed: int) -> Sampled:
+        s = self.s
+        problems, prompts = [p for p, _ in share], [list(q) for _, q in share]
+        t0 = time.perf_counter()
+        outs = self.engine.generate(
+            prompts, n=s.n, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=seed
+        )
+        t1 = time.perf_counter()
+        if not leader:  # a tensor-parallel member: the same samples as its leader, whose result is kept
+            return Sampled([], {"generate": t1 - t0})
+        texts = [smp.text for group in outs for smp in group]
+        answers = [pb.answer for pb, group in zip(problems, outs, strict=True) for _ in group]
+        scores = self.scorer(texts, answers)
+        t2 = time.perf_counter()
+        return Sampled(make_groups(problems, prompts, outs, scores, s), {"generate": t1 - t0, "score": t2 - t1})
+
+
 def collect(
-    engine: Any,
+    sample: SampleFn,
     next_batch: Callable[[int], tuple[list[Problem], list[list[int]]]],
     s: RolloutSettings,
-    score_fn: ScoreFn,
     *,
     should_stop: Callable[[], bool] = lambda: False,
     resume: dict[str, Any] | None = None,
@@ -142,20 +203,21 @@ def collect(
     """One rollout step's groups, refilling when dynamic sampling is on.
 
     Args:
-        engine: a `RolloutEngine`.
-        next_batch: k -> the next k problems and their prompt token ids (the seeded data order).
+        sample: generates and scores one generation batch on every replica (`ReplicaSampler.for_step`).
+        next_batch: k -> the next k problems and their prompt token ids (the seeded data order; every rank draws
+            the same ones).
         s: rollout settings.
-        score_fn: (responses, answers) -> scores, e.g. `dapo.rewards.score_responses` with the verifier bound.
-        should_stop: polled before each refill batch; when True, raises `StopDuringRefill` with the state.
+        should_stop: polled before each refill batch (on every rank: make it collective); when True, raises
+            `StopDuringRefill` with the state.
         resume: a `StopDuringRefill.state` to continue from (after a restart).
 
     Raises:
         RefillCapReached: at the cap with at_refill_cap="fail" (its `.stats` has the counts).
     """
     if not s.dynamic_sampling:
-        timings: dict[str, float] = {}
         problems, prompts = next_batch(s.train_batch_size)
-        groups = make_groups(engine, problems, prompts, s, score_fn, timings)
+        batch = sample(problems, prompts, 0)
+        groups = batch.groups
         stats = RefillStats(
             gen_batches=1,
             groups_generated=len(groups),
@@ -163,7 +225,7 @@ def collect(
             tokens_generated=sum(g.num_tokens for g in groups),
             full=True,
         )
-        return Collected(groups, stats, [g.correct for g in groups], [g.rewards for g in groups], timings)
+        return Collected(groups, stats, [g.correct for g in groups], [g.rewards for g in groups], dict(batch.timings))
 
     if resume is not None:
         acc, all_correct, all_rewards = resume["acc"], resume["all_correct"], resume["all_rewards"]
@@ -178,7 +240,10 @@ def collect(
                 {"acc": acc, "all_correct": all_correct, "all_rewards": all_rewards, "timings": timings}
             )
         problems, prompts = next_batch(gen_size)
-        groups = make_groups(engine, problems, prompts, s, score_fn, timings)
+        batch = sample(problems, prompts, acc.stats.gen_batches)
+        for k, v in batch.timings.items():
+            timings[k] = timings.get(k, 0.0) + v
+        groups = batch.groups
         all_correct += [g.correct for g in groups]
         all_rewards += [g.rewards for g in groups]
         keep = keep_groups(torch.tensor([g.correct for g in groups], dtype=torch.bool))

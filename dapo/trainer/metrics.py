@@ -1,4 +1,4 @@
-"""Per-step training metrics (SPEC section 7), named only through `dapo.metric_names`.
+"""Per-step training metrics (what the paper's Figs 2-7 plot, and more), named only through `dapo.metric_names`.
 
 Which population each metric describes:
 - reward, accuracy, advantages, response lengths, entropy: the groups that trained this step;
@@ -17,11 +17,11 @@ import torch
 from dapo import metric_names as M
 from dapo.algos.advantages import group_advantages
 from dapo.algos.metrics import group_outcome_fractions
-from dapo.trainer.batch import ResponseBatch
 from dapo.trainer.collect import Collected
+from dapo.trainer.rollout_batch import RolloutBatch
 
 
-def rollout_metrics(col: Collected, batch: ResponseBatch | None, *, norm_adv_by_std: bool) -> dict[str, float]:
+def rollout_metrics(col: Collected, batch: RolloutBatch | None, *, norm_adv_by_std: bool) -> dict[str, float]:
     """Reward, accuracy, advantage, response and dynamic-sampling metrics of one rollout step (`batch` None:
     no group trained, only the generation-side metrics)."""
     out = _generated_metrics(col, norm_adv_by_std)
@@ -30,7 +30,7 @@ def rollout_metrics(col: Collected, batch: ResponseBatch | None, *, norm_adv_by_
     return out
 
 
-def _trained_metrics(col: Collected, batch: ResponseBatch) -> dict[str, float]:
+def _trained_metrics(col: Collected, batch: RolloutBatch) -> dict[str, float]:
     groups = col.groups
     scores = torch.tensor([x for g in groups for x in g.scores], dtype=torch.float64)
     pens = torch.tensor([x for g in groups for x in g.penalties], dtype=torch.float64)

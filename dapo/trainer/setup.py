@@ -6,13 +6,17 @@ import functools
 import logging
 import os
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dapo import metric_names as M
 from dapo.config import REPO_ROOT, RunConfig
+from dapo.trainer.components import Components, EvalSet, MetricsTracker
 from dapo.types import Problem
+
+if TYPE_CHECKING:
+    from dapo.learner import Learner
+    from dapo.rewards.score import Score
 
 log = logging.getLogger("dapo.train")
 
@@ -39,7 +43,7 @@ def run_tags(cfg: RunConfig) -> dict[str, str]:
     """MLflow tags that line runs up in the UI's compare view."""
     import torch
 
-    from dapo.trainer import dist
+    from dapo import distributed as dist
 
     # one GPU per rank when there are GPUs, else the CPU threads (of each rank)
     gpus = dist.world_size() if torch.cuda.is_available() else 0
@@ -77,47 +81,32 @@ def load_problems(cfg: RunConfig, split: str) -> list[Problem]:
     return load(spec)
 
 
-class Components:
-    """The real components of a run (see `loop.Components` for the fields the loop uses)."""
-
-    def __init__(self, **kw: Any) -> None:
-        self.__dict__.update(kw)
-
-    def close(self) -> None:
-        try:
-            self.engine.close()
-        finally:
-            from dapo.rewards import shutdown_pools
-
-            shutdown_pools()
-
-
 def build_components(cfg: RunConfig, run_dir: Path) -> Components:
-    """Tiny world (when asked for), data, tokenizer, rollout engine, learner, reward, eval and tracker."""
+    """Tiny world (when asked for), data, tokenizer, this rank's rollout engine, learner, reward, eval set and
+    tracker. Every rank of a job calls it at the same time (engines build their groups collectively)."""
     import torch
     from transformers import AutoTokenizer
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from dapo import distributed as dist
     from dapo.data.prompts import tokenize_problems
-    from dapo.learner import Learner, LossSpec
-    from dapo.learner.distributed import init_distributed
-    from dapo.rewards import score_responses
+    from dapo.rewards import score_responses, shutdown_pools
     from dapo.rollout import make_engine
+    from dapo.rollout.replicas import ReplicaLayout
     from dapo.tracking import Tracker
-    from dapo.trainer import dist
-    from dapo.trainer.dist import Null, NullEngine
 
-    # torchrun / srun ranks (or one process): join the group now (the learner adopts it), so that rank 0 alone
-    # builds the tiny world when it is missing while the others wait for it.
-    main = init_distributed().is_main
+    d, r, a, t = cfg.data, cfg.rollout, cfg.algorithm, cfg.trainer
+    # torchrun / srun ranks (or one process): join the group now (the learner and the engines adopt it), so that
+    # rank 0 alone builds the tiny world when it is missing while the others wait for it.
+    main = dist.init_distributed(timeout_s=t.collective_timeout_s).is_main
+    ReplicaLayout.of_this_process(r.tensor_parallel_size)  # a layout that cannot be built fails before any load
     if main:
         model_path(cfg)
         load_problems(cfg, "train")
     dist.barrier()
     path = model_path(cfg)
     tok = AutoTokenizer.from_pretrained(path)
-    d, r, a, t = cfg.data, cfg.rollout, cfg.algorithm, cfg.trainer
     problems, prompts, dropped = tokenize_problems(
         load_problems(cfg, "train"), tok, use_chat_template=d.use_chat_template, max_prompt_length=d.max_prompt_length
     )
@@ -125,7 +114,56 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
         log.warning("dropped %d training prompts longer than data.max_prompt_length=%d", dropped, d.max_prompt_length)
     if not problems:
         raise ValueError(f"no training prompts left from data.train={d.train!r}")
-    learner = Learner(
+    learner = make_learner(cfg, path)
+    # TODO(kl): with algorithm.kl_coef > 0, build the frozen reference policy here and pass it as `reference`.
+    eval_set = make_eval_set(cfg, tok)
+    max_len = d.max_prompt_length + max(r.max_response_length, cfg.resolved_eval_max_tokens())
+    # every rank samples: one engine per rollout replica (tensor_parallel_size ranks share one); on GPUs the
+    # engine sizes its KV cache from the memory it finds free, so the learner's states make room first
+    learner.offload_states()
+    engine = make_engine(
+        r.engine,
+        path,
+        dtype=cfg.model.dtype,
+        max_model_len=max_len,
+        seed=t.seed,
+        tensor_parallel_size=r.tensor_parallel_size,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        cpu_kv_cache_gib=r.cpu_kv_cache_gib,
+        enable_sleep_mode=r.enable_sleep_mode,
+    )
+
+    def scorer(texts: list[str], answers: list[str]) -> list[Score]:
+        return score_responses(texts, answers, verifier=a.verifier)
+
+    def make_tracker(run_id: str | None) -> MetricsTracker:
+        return Tracker(
+            cfg.tracking.uri,
+            cfg.tracking.experiment,
+            cfg.run_name(),
+            run_id=run_id,
+            spool_dir=Path(run_dir) / "mlflow_spool",
+        )
+
+    return Components(
+        engine=engine,
+        learner=learner,
+        problems=problems,
+        prompts=prompts,
+        scorer=scorer,
+        make_tracker=make_tracker,
+        eval_set=eval_set,
+        tensor_parallel_size=r.tensor_parallel_size,
+        cleanup=shutdown_pools,
+    )
+
+
+def make_learner(cfg: RunConfig, path: str) -> Learner:
+    """The learner of a run: the model at `path` under DeepSpeed, with the run's loss and optimizer settings."""
+    from dapo.learner import Learner, LossSpec
+
+    r, a, t = cfg.rollout, cfg.algorithm, cfg.trainer
+    return Learner(
         path,
         loss=LossSpec(
             eps_low=a.eps_low,
@@ -148,80 +186,31 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         pack_prompts=t.pack_prompts,
     )
-    max_len = d.max_prompt_length + max(r.max_response_length, cfg.resolved_eval_max_tokens())
-    # only rank 0 generates (loop.py broadcasts its rollouts): the other ranks start no vLLM
-    engine = (
-        NullEngine()
-        if not main
-        else make_engine(
-            r.engine,
-            path,
-            dtype=cfg.model.dtype,
-            max_model_len=max_len,
-            seed=t.seed,
-            tensor_parallel_size=r.tensor_parallel_size,
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            cpu_kv_cache_gib=r.cpu_kv_cache_gib,
-            enable_sleep_mode=r.enable_sleep_mode,
-        )
-    )
-
-    def score_fn(texts: list[str], answers: list[str]) -> list[Any]:
-        return score_responses(texts, answers, verifier=a.verifier)
-
-    def make_tracker(run_id: str | None) -> Any:
-        if not main:
-            return Null()
-        return Tracker(
-            cfg.tracking.uri,
-            cfg.tracking.experiment,
-            cfg.run_name(),
-            run_id=run_id,
-            spool_dir=Path(run_dir) / "mlflow_spool",
-        )
-
-    return Components(
-        engine=engine,
-        learner=learner,
-        problems=problems,
-        prompts=prompts,
-        score_fn=score_fn,
-        make_tracker=make_tracker,
-        evaluate=make_evaluate(cfg, tok) if main else None,
-    )
 
 
-def make_evaluate(cfg: RunConfig, tokenizer: Any) -> Callable[[Any], dict[str, float]] | None:
-    """engine -> eval metrics (avg@k, pass@k, maj@k with intervals), through `dapo.evaluation.evaluate`."""
-    try:
-        from dapo.evaluation import evaluate
-    except ImportError:
-        log.warning("dapo.evaluation is not available: training without evaluation")
-        return None
+def make_eval_set(cfg: RunConfig, tokenizer: Any) -> EvalSet:
+    """The eval problems (data.eval), their prompts, and eval.* as `EvalSettings`."""
     from dapo.data.prompts import tokenize_problems
+    from dapo.evaluation.evaluate import EvalSettings
 
     e = cfg.eval
-    problems, prompts, _ = tokenize_problems(
+    problems, prompts, dropped = tokenize_problems(
         load_problems(cfg, "eval"),
         tokenizer,
         use_chat_template=cfg.data.use_chat_template,
         max_prompt_length=cfg.data.max_prompt_length,
     )
-
-    def run_eval(engine: Any) -> dict[str, float]:
-        return evaluate(
-            engine,
-            problems,
-            prompts,
-            n=e.n,
-            max_tokens=cfg.resolved_eval_max_tokens(),
-            temperature=e.temperature,
-            top_p=e.top_p,
-            pass_k=e.pass_k,
-            bootstrap=e.bootstrap,
-            confidence=e.confidence,
-            verifier=cfg.algorithm.verifier,
-            seed=cfg.trainer.seed,
-        )
-
-    return run_eval
+    if dropped:
+        log.warning("dropped %d eval prompts longer than data.max_prompt_length", dropped)
+    settings = EvalSettings(
+        n=e.n,
+        max_tokens=cfg.resolved_eval_max_tokens(),
+        temperature=e.temperature,
+        top_p=e.top_p,
+        pass_k=tuple(e.pass_k),
+        verifier=cfg.algorithm.verifier,
+        bootstrap=e.bootstrap,
+        confidence=e.confidence,
+        seed=cfg.trainer.seed,
+    )
+    return EvalSet(problems, prompts, settings)

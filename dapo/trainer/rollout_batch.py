@@ -1,6 +1,8 @@
-"""The training half's data: advantages, the overlong-filter loss mask, and the shuffled mini-batches.
+"""The rollout step's batch (`RolloutBatch`): advantages, the overlong-filter loss mask, and the shuffled
+mini-batches, built from the kept groups. What the learner receives is its view of it, `dapo.learner.PolicyBatch`.
 
-SPEC sections 2-3. From the kept groups of a rollout step:
+The paper's sections 2.2 (GRPO's group-normalised advantage) and 3.4 (overlong filtering). From the kept groups of a
+rollout step:
 
 - advantages A_i = (r_i - mean(r_group)) / (std(r_group) + 1e-6) on the *shaped* rewards, every response of the
   group included (overlong filtering leaves truncated responses' rewards in their group's mean and std);
@@ -26,7 +28,7 @@ from dapo.trainer.collect import Group
 
 
 @dataclass
-class ResponseBatch:
+class RolloutBatch:
     """N responses, flattened group by group (G consecutive rows per prompt). Tensors are right-padded to T, the
     longest response in the batch."""
 
@@ -39,12 +41,14 @@ class ResponseBatch:
     loss_mask: Tensor  # [N, T] float32, response_mask with filtered rows zeroed
     old_logprobs: Tensor | None = None  # [N, T] from the learner, before any update of the step
     entropy: Tensor | None = None  # [N, T] of the old policy on the sampled tokens
+    ref_logprobs: Tensor | None = None  # [N, T] of the frozen reference policy (only with the KL term)
 
     def __len__(self) -> int:
         return len(self.response_ids)
 
     def to_policy_batch(self) -> PolicyBatch:
-        """The learner's view (`dapo.learner.PolicyBatch`): ids, advantages, loss mask, groups, old log-probs."""
+        """The learner's view (`dapo.learner.PolicyBatch`): ids, advantages, loss mask, groups, old (and
+        reference) log-probs."""
         return PolicyBatch(
             prompt_ids=self.prompt_ids,
             response_ids=self.response_ids,
@@ -52,9 +56,10 @@ class ResponseBatch:
             loss_mask=self.loss_mask,
             group_ids=self.group_ids,
             old_logp=self.old_logprobs,
+            ref_logp=self.ref_logprobs,
         )
 
-    def rows(self, idx: Sequence[int]) -> ResponseBatch:
+    def rows(self, idx: Sequence[int]) -> RolloutBatch:
         """A sub-batch of the given response rows (padding width kept)."""
         ix = torch.as_tensor(list(idx), dtype=torch.long)
         out = {}
@@ -69,7 +74,7 @@ class ResponseBatch:
         return replace(self, **out)
 
 
-def build_batch(groups: Sequence[Group], *, norm_adv_by_std: bool, overlong_filter: bool) -> ResponseBatch:
+def build_batch(groups: Sequence[Group], *, norm_adv_by_std: bool, overlong_filter: bool) -> RolloutBatch:
     """Advantages and loss masks for the groups that train.
 
     Args:
@@ -88,7 +93,7 @@ def build_batch(groups: Sequence[Group], *, norm_adv_by_std: bool, overlong_filt
     truncated = torch.tensor([s.finish_reason == "length" for s in samples], dtype=torch.bool)
     loss_mask = overlong_loss_mask(response_mask, truncated) if overlong_filter else response_mask.clone()
     group_ids = torch.arange(len(groups)).repeat_interleave(torch.tensor([len(g.samples) for g in groups]))
-    return ResponseBatch(
+    return RolloutBatch(
         prompt_ids=[list(g.prompt_ids) for g in groups for _ in g.samples],
         response_ids=[list(s.response_ids) for s in samples],
         group_ids=group_ids,
@@ -113,7 +118,7 @@ def minibatch_plan(num_groups: int, mini_batch_size: int, epochs: int, seed: int
     return plan
 
 
-def group_rows(batch: ResponseBatch, group_idx: Sequence[int]) -> list[int]:
+def group_rows(batch: RolloutBatch, group_idx: Sequence[int]) -> list[int]:
     """Response rows of the given groups, group by group."""
     gid = batch.group_ids
     return [int(r) for g in group_idx for r in (gid == g).nonzero().flatten()]

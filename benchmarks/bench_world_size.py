@@ -1,0 +1,109 @@
+"""One tiny-preset rollout step at world size 2 (two ranks x 1 thread: two vLLM replicas, two learner shards)
+versus world size 1 (one rank x 2 threads), on the same 2 cores, through `dapo train` itself.
+
+    .venv/bin/python benchmarks/bench_world_size.py [--quick] [--rounds 3] [--steps 6] [--row 00_naive_grpo]
+
+Each launch trains `--steps` rollout steps of the tiny preset (the default tiny world, built if missing) from the
+base model, with no checkpoint but the last and no evaluation but the final one; the step time is MLflow's
+`time/step` of every step after the first (which carries the warm-up), median over the launch. Launches alternate
+world 2, world 1, ... for `--rounds` rounds. The target (issue 12): world 2 at least 1.3x faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+warnings.filterwarnings("ignore")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def launch(world: int, row: str, steps: int, tiny_dir: Path) -> list[float]:
+    """Seconds per rollout step (steps 2..) of one `dapo train` launch."""
+    from mlflow.tracking import MlflowClient
+
+    from dapo import metric_names as M
+
+    with tempfile.TemporaryDirectory() as d:
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+        env.update(OMP_NUM_THREADS=str(2 // world), OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+        launcher = (
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+            if world == 2
+            else [sys.executable]
+        )
+        cmd = [
+            *launcher,
+            "-m",
+            "dapo.cli",
+            "train",
+            "--config",
+            str(ROOT / "configs" / "ablations" / f"{row}.yaml"),
+            "--preset",
+            "tiny",
+            f"tiny.dir={tiny_dir}",
+            f"trainer.total_steps={steps}",
+            "trainer.checkpoint_every=0",
+            "eval.every=0",
+            f"tracking.uri=sqlite:///{d}/mlflow.db",
+            "tracking.experiment=bench",
+            "--run-dir",
+            f"{d}/run",
+            "--progress",
+            "log",
+        ]
+        p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+        if p.returncode != 0:
+            raise RuntimeError(f"world {world} failed:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+        c = MlflowClient(f"sqlite:///{d}/mlflow.db")
+        (run,) = c.search_runs([c.get_experiment_by_name("bench").experiment_id])
+        hist = {m.step: m.value for m in c.get_metric_history(run.info.run_id, M.TIME_STEP)}
+        return [hist[s] for s in sorted(hist) if s > 1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--row", default="00_naive_grpo")
+    ap.add_argument("--quick", action="store_true", help="1 round of 3 steps, nothing recorded")
+    args = ap.parse_args()
+    from _common import machine, md_table, median, print_table, record
+
+    from dapo.config import load_config
+    from dapo.tinyworld import ensure_tiny_world
+
+    info = machine()
+    tiny_dir = Path(ensure_tiny_world(load_config(preset="tiny")))
+    rounds, steps = (1, 3) if args.quick else (args.rounds, args.steps)
+    per_launch: dict[int, list[float]] = {2: [], 1: []}
+    for r in range(rounds):
+        for world in (2, 1) if r % 2 == 0 else (1, 2):
+            per_launch[world].append(median(launch(world, args.row, steps, tiny_dir)))
+    header = ["world size", "ranks x threads", "launches", "median s / step", "min-max s / step"]
+    rows = [
+        [w, f"{w} x {2 // w}", len(v), f"{median(v):.2f}", f"{min(v):.2f}-{max(v):.2f}"] for w, v in per_launch.items()
+    ]
+    speedup = median(per_launch[1]) / median(per_launch[2])
+    print_table(f"Tiny preset, row {args.row}: one rollout step", header, rows)
+    print(f"world 2 vs world 1: {speedup:.2f}x faster (target 1.3x)")
+    if not args.quick:
+        body = (
+            f"`dapo train` row {args.row}, tiny preset, {steps} steps per launch (step 1 left out), {rounds} "
+            f"launches per world size, alternating.\n\n{md_table(header, rows)}\n\nworld 2 vs world 1: "
+            f"**{speedup:.2f}x** (target 1.3x)"
+        )
+        record("world-size", "benchmarks/bench_world_size.py " + " ".join(sys.argv[1:]), info, body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""The job's process group: joining it, the few collectives the trainer uses, and failing fast together.
+
+One module for every process-group concern (the learner, the rollout replicas, the trainer and checkpoints all
+use it). Everything is a no-op, or the identity, in one process.
+
+Where rank and world size come from, first match wins:
+
+- torchrun (or any launcher that sets them): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+- SLURM `srun`: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; MASTER_ADDR from the environment, else the first host
+  of SLURM_JOB_NODELIST / SLURM_NODELIST; MASTER_PORT from the environment, else one derived from SLURM_JOB_ID
+  (so jobs sharing a node do not fight over one port).
+- nothing set: one process (world size 1) over an in-memory store: no port, no MPI discovery.
+
+The backend is NCCL when CUDA is available, else gloo. The resolved values are written back to RANK, WORLD_SIZE,
+LOCAL_RANK (and MASTER_*), because DeepSpeed and vLLM read them from the environment too. Not
+`deepspeed.init_distributed`: on a CPU machine it first builds a shared-memory all-reduce op (about half a minute
+on each new machine), and without launcher variables it goes looking for MPI; once a torch process group exists,
+DeepSpeed and vLLM both adopt it as it is.
+
+Failing together (`FailureWatch`): every collective waits at most `timeout` (the config key
+`trainer.collective_timeout_s`), but a rank that raises should not leave the others waiting that long. A rank that
+fails writes "rank R: <error>" into the job's key-value store (the one torchrun's agent or rank 0 hosts for the
+rendezvous); every rank polls the store from a daemon thread and, on seeing a report from another rank, logs it and
+exits with the failure code at once, whatever collective it is stuck in (NCCL would otherwise wait for the
+timeout). A process that dies without reporting (SIGKILL, the OOM killer) cannot be seen this way: then the
+launcher must end the others (torchrun does; `srun` with `--kill-on-bad-exit=1`), or they end at the timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("dapo.distributed")
+
+FAILURE_KEY = "dapo/first_failure"
+_FAILURE_COUNT_KEY = "dapo/failures"
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: global rank, world size, rank on its node, and its torch device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+# ---------------------------------------------------------------------------------------------- joining
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: `gpu-[03-05,9],cpu1` -> `gpu-03` (zero padding kept)."""
+    first = re.match(r"[^,\[]*(\[[^\]]*\])?", nodelist.strip())
+    item = first.group(0) if first else nodelist
+    if "[" not in item:
+        return item
+    prefix, ranges = item.split("[", 1)
+    start = ranges.rstrip("]").split(",")[0].split("-")[0]
+    return prefix + start
+
+
+def launcher_env(env: dict[str, str] | os._Environ | None = None) -> dict[str, str] | None:
+    """RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT from torchrun or SLURM variables, or None when
+    neither launcher set them (a single process)."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return {
+            "RANK": env["RANK"],
+            "WORLD_SIZE": env["WORLD_SIZE"],
+            "LOCAL_RANK": env.get("LOCAL_RANK", "0"),
+            "MASTER_ADDR": env.get("MASTER_ADDR", "127.0.0.1"),
+            "MASTER_PORT": env.get("MASTER_PORT", "29500"),
+        }
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
+        return {
+            "RANK": env["SLURM_PROCID"],
+            "WORLD_SIZE": env["SLURM_NTASKS"],
+            "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+            "MASTER_ADDR": env.get("MASTER_ADDR") or first_slurm_host(nodelist),
+            "MASTER_PORT": env.get("MASTER_PORT") or str(20000 + int(env.get("SLURM_JOB_ID", "9500")) % 20000),
+        }
+    return None
+
+
+def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
+    """Join (or create) the default process group; idempotent (a second call keeps the first group and its
+    timeout). Returns this process's `DistInfo`.
+
+    Args:
+        backend: "nccl" or "gloo"; default NCCL with CUDA, else gloo.
+        timeout_s: how long any collective may wait before it fails (torch's default when None: 10 minutes
+            for NCCL, 30 for gloo). Size it to the longest time one rank can spend alone: a generation batch
+            or an evaluation shard on the slowest replica, or rank 0 building the tiny world.
+    """
+    use_cuda = torch.cuda.is_available()
+    backend = backend or ("nccl" if use_cuda else "gloo")
+    found = launcher_env()
+    if found is None:
+        found = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    for key, value in found.items():
+        os.environ.setdefault(key, value)
+    rank, world, local = int(found["RANK"]), int(found["WORLD_SIZE"]), int(found["LOCAL_RANK"])
+    device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+        if world == 1:
+            # One process (also a one-task SLURM job): an in-memory store needs no free port and cannot collide
+            # with other runs on the node.
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
+    return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local, device=device)
+
+
+def shutdown() -> None:
+    """End a run cleanly: a barrier then `destroy_process_group` (without them, ranks can abort at exit)."""
+    if dist.is_initialized():
+        if dist.get_world_size() > 1:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------- collectives
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def _device() -> torch.device | None:
+    """Where object collectives stage their bytes: NCCL moves only CUDA tensors."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+
+
+def broadcast(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank (pickled; CPU tensors inside are fine). One process: `obj` itself."""
+    if world_size() == 1:
+        return obj
+    box = [obj if is_main() else None]
+    dist.broadcast_object_list(box, src=0, device=_device())
+    return box[0]
+
+
+def all_gather(obj: Any) -> list[Any]:
+    """Every rank's `obj` (pickled), in rank order."""
+    if world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce(values: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """All-reduce a small tensor across ranks (a copy at world size 1); returns the result.
+
+    `op` is "sum" or "max". The tensor travels on the backend's device (NCCL needs CUDA tensors).
+    """
+    out = values.detach().clone()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dev = _device() or out.device
+        buf = out.to(dev)
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        out = buf.to(values.device)
+    return out
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is True on any rank (a stop signal seen by one rank stops all)."""
+    if world_size() == 1:
+        return flag
+    return bool(all_reduce(torch.tensor([float(flag)]), op="max").item() > 0)
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        dist.barrier()
+
+
+# ---------------------------------------------------------------------------------------------- failing together
+class FailureWatch:
+    """Ends every rank soon after any rank fails (see the module docstring). A context manager; a no-op in one
+    process.
+
+        with FailureWatch(on_peer_failure=mark_run_failed) as watch:
+            try:
+                train()
+            except BaseException as e:
+                watch.report(e)      # the others see "rank R: <error>" within `poll_s` and exit
+                raise
+
+    Args:
+        poll_s: seconds between two looks at the store.
+        on_peer_failure: called with the report (in the watch thread) before this rank exits, e.g. to mark the
+            MLflow run failed; its own errors are logged and ignored.
+        exit_code: the exit status of a rank ended by another's failure.
+        linger_s: how long `report` waits before returning, so the others can read the report even when this
+            rank hosts the store (an `srun` job's rank 0) and ends right after.
+    """
+
+    def __init__(
+        self,
+        *,
+        poll_s: float = 1.0,
+        on_peer_failure: Callable[[str], None] | None = None,
+        exit_code: int = 1,
+        linger_s: float = 3.0,
+    ) -> None:
+        self.poll_s, self.on_peer_failure, self.exit_code, self.linger_s = poll_s, on_peer_failure, exit_code, linger_s
+        self._store: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reported = False
+
+    def __enter__(self) -> FailureWatch:
+        if world_size() > 1:
+            self._store = _job_store()
+            if self._store is not None:
+                self._thread = threading.Thread(target=self._watch, name="dapo-failure-watch", daemon=True)
+                self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+
+    def report(self, error: BaseException) -> str | None:
+        """Tell every rank that this one failed. Returns the first failure's report when another rank failed
+        first (its error is usually the cause of this one), else None."""
+        if self._store is None:
+            return None
+        self._reported = True
+        text = f"rank {rank()}: {type(error).__name__}: {error}"
+        try:
+            if int(self._store.add(_FAILURE_COUNT_KEY, 1)) == 1:
+                self._store.set(FAILURE_KEY, text)
+                time.sleep(self.linger_s)
+                return None
+            return self._read()
+        except Exception as e:  # the store is gone (its host ended): nothing more to tell anyone
+            log.warning("could not report this rank's failure to the job's store: %s", e)
+            return None
+
+    def _read(self) -> str | None:
+        if not self._store.check([FAILURE_KEY]):
+            return None
+        return self._store.get(FAILURE_KEY).decode(errors="replace")
+
+    def _watch(self) -> None:
+        me = f"rank {rank()}:"
+        while not self._stop.wait(self.poll_s):
+            try:
+                report = self._read()
+            except Exception as e:  # noqa: BLE001 (any store error means its host, a rank, is gone)
+                if self._stop.is_set() or self._reported:
+                    return
+                report = f"the job's store stopped answering ({type(e).__name__}: {e}): the rank hosting it ended"
+            if report is None or report.startswith(me) or self._reported:
+                continue
+            log.error("another rank failed (%s); ending rank %d with exit code %d", report, rank(), self.exit_code)
+            if self.on_peer_failure is not None:
+                try:
+                    self.on_peer_failure(report)
+                except Exception:  # noqa: BLE001 (the exit below matters more than a failed note)
+                    log.exception("while recording the failure of another rank")
+            for h in logging.getLogger().handlers:
+                h.flush()
+            sys.stderr.flush()
+            os._exit(self.exit_code)
+
+
+def _job_store() -> Any:
+    """A client of its own to the store the job rendezvoused on (torchrun's agent, or rank 0 under env://), so the
+    watch thread never shares a connection with the main thread's collectives."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        return None
+    try:
+        return dist.TCPStore(
+            addr, int(port), is_master=False, timeout=datetime.timedelta(seconds=30), wait_for_workers=False
+        )
+    except Exception as e:  # noqa: BLE001 (without it ranks still fail, only more slowly)
+        log.warning("no failure watch (cannot reach the job's store at %s:%s: %s)", addr, port, e)
+        return None

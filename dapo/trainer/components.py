@@ -1,0 +1,146 @@
+"""What the training loop talks to, as typed interfaces, and the one `Components` record that holds them.
+
+The interfaces list only what the loop calls, so the tests' fakes satisfy them without subclassing anything:
+
+- `RolloutEngine` (`dapo.rollout`): generate, sync_weights, sleep / wake_up. Every rank has one.
+- `PolicyLearner`: `dapo.learner.Learner` as the loop uses it.
+- `ReferencePolicy`: the frozen policy of the KL term (`algorithm.kl_coef > 0`); None in every DAPO row.
+- `Scorer`: (responses, answers) -> `dapo.rewards.Score` per response.
+- `MetricsTracker`: `dapo.tracking.Tracker`; ranks other than 0 get a `NullTracker`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from dapo.types import Problem
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from dapo.evaluation.evaluate import EvalSettings
+    from dapo.learner.batch import PolicyBatch
+    from dapo.rewards.score import Score
+    from dapo.rollout.base import RolloutEngine
+
+
+class Scorer(Protocol):
+    def __call__(self, responses: list[str], answers: list[str]) -> Sequence[Score]: ...
+
+
+class PolicyLearner(Protocol):
+    """The policy being trained. Every method is collective (every rank calls it, with its own shard)."""
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the current rollout step."""
+        ...
+
+    def compute_logprobs(self, batch: PolicyBatch) -> tuple[Tensor, Tensor]:
+        """(log-probs [N, R], entropies [N, R]) of the batch's responses under the current weights, no grad."""
+        ...
+
+    def update(self, batch: PolicyBatch) -> dict[str, float]:
+        """One optimizer step on this rank's shard of a mini-batch; metrics keyed by `dapo.metric_names`."""
+        ...
+
+    def lr_step(self) -> float: ...
+
+    def named_parameters_for_sync(self) -> Iterable[tuple[str, Tensor]]:
+        """(Hugging Face name, full tensor), one at a time (gathered on demand from a sharded learner)."""
+        ...
+
+    def offload_states(self) -> None:
+        """Free the accelerator for the colocated engine's generation (no-op on CPUs)."""
+        ...
+
+    def reload_states(self) -> None: ...
+
+    def save_checkpoint(self, directory: Path) -> None: ...
+
+    def load_checkpoint(self, directory: Path) -> None: ...
+
+    def save_hf(self, directory: Path) -> None: ...
+
+
+class ReferencePolicy(Protocol):
+    """A frozen policy for the KL penalty: `compute_logprobs(batch)` -> reference log-probs [N, R] of this rank's
+    rows (collective, like the learner's)."""
+
+    def compute_logprobs(self, batch: PolicyBatch) -> Tensor: ...
+
+
+class MetricsTracker(Protocol):
+    run_id: str | None
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+
+    def set_tags(self, tags: dict[str, Any]) -> None: ...
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def log_artifact(self, path: Path) -> None: ...
+
+    def flush(self) -> bool: ...
+
+    def finish(self, status: str | None = "FINISHED") -> None: ...
+
+
+class NullTracker:
+    """The tracker of ranks other than 0: rank 0 alone talks to MLflow."""
+
+    run_id: str | None = None
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        pass
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def log_artifact(self, path: Path) -> None:
+        pass
+
+    def flush(self) -> bool:
+        return True
+
+    def finish(self, status: str | None = "FINISHED") -> None:
+        pass
+
+
+@dataclass
+class EvalSet:
+    """The eval problems, their prompt token ids, and how to sample and summarise them."""
+
+    problems: list[Problem]
+    prompts: list[list[int]]
+    settings: EvalSettings
+
+
+@dataclass
+class Components:
+    """Everything a run talks to (`setup.build_components` builds the real ones; tests pass fakes)."""
+
+    engine: RolloutEngine
+    learner: PolicyLearner
+    problems: list[Problem]  # training prompts (raw) ...
+    prompts: list[list[int]]  # ... and their token ids (template applied)
+    scorer: Scorer
+    make_tracker: Callable[[str | None], MetricsTracker]  # run id (None: a new run) -> tracker
+    eval_set: EvalSet | None = None  # None: no evaluation
+    reference: ReferencePolicy | None = None  # the KL term's frozen policy (algorithm.kl_coef > 0)
+    tensor_parallel_size: int = 1  # ranks per rollout replica
+    cleanup: Callable[[], None] | None = None  # after the engine is closed (e.g. the reward pool)
+
+    def close(self) -> None:
+        """Close the engine (after the run's last collective: vLLM's shutdown ends the process group)."""
+        try:
+            self.engine.close()
+        finally:
+            if self.cleanup is not None:
+                self.cleanup()

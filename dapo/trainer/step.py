@@ -1,0 +1,290 @@
+"""One rollout step of DAPO (the paper's sections 2-3, Algorithm 1), as one function that reads top to bottom.
+
+    generate -> score -> shape -> refill -> advantages -> overlong mask -> old log-probs -> updates -> metrics
+      -> lr step -> weight sync
+
+Rows 0-5 of Table 1 differ only in the settings passed in: overlong filtering (the loss mask), clip-higher (the
+learner's clip range), soft overlong punishment (reward shaping in `collect`), token-level loss (the learner's
+aggregation), dynamic sampling (the refill in `collect`).
+
+Every rank runs this function. Each rollout replica generates and scores its share of every generation batch and
+every rank then holds the whole step (`collect`); each rank computes old log-probs and updates on its shard, and
+the learner sums the loss normaliser over ranks, so the update is the one-process update. Engine and learner
+share the accelerator: the learner's states are offloaded while the engine generates, and the engine sleeps while
+the learner trains (no-ops on CPUs).
+
+Counters: `Counters.step` counts rollout steps (the lr schedule's unit), `grad_updates` counts optimizer updates
+(the paper's x-axis); generation batches never advance either.
+
+A stop request is honoured between phases: between generation batches (`StopDuringRefill`) and before each
+update (`StopMidStep`); both carry what a restarted run needs to finish the step exactly as it would have.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from dapo import distributed as dist
+from dapo import metric_names as M
+from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats
+from dapo.learner.batch import PolicyBatch
+from dapo.learner.learner import UPDATE_SKIPPED
+from dapo.rollout.base import RolloutEngine
+from dapo.trainer.collect import Collected, Group, RolloutSettings, SampleFn, collect
+from dapo.trainer.components import PolicyLearner, ReferencePolicy
+from dapo.trainer.metrics import mean_update_stats, rollout_metrics
+from dapo.trainer.rollout_batch import RolloutBatch, build_batch, group_rows, minibatch_plan
+from dapo.types import Problem, Sample
+
+log = logging.getLogger("dapo.train")
+
+# Keys the learner's update() reports, averaged over the step's updates.
+UPDATE_KEYS = (
+    M.POLICY_LOSS,
+    M.CLIPFRAC_LOW,
+    M.CLIPFRAC_HIGH,
+    M.CLIP_HIGH_PROB,
+    M.DUAL_CLIPFRAC,
+    M.APPROX_KL,
+    M.KL_REF,
+    M.GRAD_NORM,
+)
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """Plain values for one rollout step (the run config stops at the trainer boundary)."""
+
+    rollout: RolloutSettings
+    norm_adv_by_std: bool  # GRPO's std division (False: Dr. GRPO)
+    overlong_filter: bool  # row 1: truncated responses get loss weight 0
+    mini_batch_size: int  # prompts per gradient update
+    epochs: int  # passes over the step's groups
+    seed: int
+    max_consecutive_nonfinite: int  # stop updating after this many skipped updates in a row
+
+
+@dataclass
+class Counters:
+    """The run's counters; a checkpoint stores them."""
+
+    step: int = 0  # rollout steps completed
+    grad_updates: int = 0  # optimizer updates attempted (skipped ones included)
+    nonfinite_total: int = 0  # updates skipped as non-finite, ever
+    nonfinite_streak: int = 0  # ... in a row, now
+    tokens_total: int = 0  # tokens generated, dropped groups included
+
+
+@dataclass
+class PartialStep:
+    """A rollout step cut off by a stop request, saved in the checkpoint so that the restarted run finishes it.
+
+    Either between generation batches (`refill`: collect's state) or before an update (`collected`, `batch` with
+    its old log-probs, the updates done and their metrics)."""
+
+    refill: dict[str, Any] | None = None
+    collected: Collected | None = None
+    batch: RolloutBatch | None = None
+    updates_done: int = 0
+    update_stats: list[dict[str, float]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+# Everything a PartialStep holds, for a checkpoint loader that allows only named types.
+PARTIAL_STEP_TYPES = (PartialStep, Collected, Group, RolloutBatch, Problem, Sample, RefillAccumulator, RefillStats)
+
+
+class StopMidStep(Exception):  # noqa: N818 (a control-flow signal, not an error)
+    """A stop was requested during the step; `.partial` finishes it after a restart."""
+
+    def __init__(self, partial: PartialStep):
+        super().__init__("stop requested during the rollout step")
+        self.partial = partial
+
+
+def seed_step(seed: int, step: int) -> None:
+    """Seed python, numpy and torch from (seed, step) at the start of a step, so whatever else draws from them
+    (the tests' fake engines) is a function of the step too; the engines get their own seed per call."""
+    s = int(np.random.default_rng([seed, step]).integers(2**31 - 1))
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
+
+
+def rollout_step(
+    step: int,
+    sample: SampleFn,
+    next_prompts: Callable[[int], tuple[list[Problem], list[list[int]]]],
+    engine: RolloutEngine,
+    learner: PolicyLearner,
+    s: StepSettings,
+    counters: Counters,
+    *,
+    reference: ReferencePolicy | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    resume: PartialStep | None = None,
+) -> dict[str, float]:
+    """Run rollout step `step` (1-based) and return its metrics; advances `counters`.
+
+    Args:
+        sample: generates and scores one generation batch on every replica (`collect.ReplicaSampler.for_step`).
+        next_prompts: k -> the next k problems and prompt ids of the seeded data order.
+        engine: this rank's rollout engine (slept during the updates, synced at the end).
+        learner: the policy.
+        s: the step's settings.
+        counters: updated in place.
+        reference: the frozen policy of the KL term, when `kl_coef > 0`.
+        should_stop: collective poll of the stop flag, between phases.
+        resume: what a stopped run saved mid-step.
+
+    Raises:
+        StopDuringRefill, StopMidStep: a stop was requested; checkpoint their state and exit for resume.
+        RefillCapReached: dynamic sampling hit its cap with `at_refill_cap: fail`.
+    """
+    t_step = time.perf_counter()
+    if resume is None or resume.refill is not None:
+        if resume is None:
+            seed_step(s.seed, step)
+        # 1-4. generate G responses per prompt on every replica, score them, shape the rewards (soft overlong
+        # punishment) and, with dynamic sampling, refill until enough groups have varied correctness
+        learner.offload_states()
+        engine.wake_up()
+        col = collect(
+            sample, next_prompts, s.rollout, should_stop=should_stop, resume=resume.refill if resume else None
+        )
+        engine.sleep()
+        learner.reload_states()
+        batch, t_old = None, 0.0
+        if col.groups:
+            # 5-6. group-normalised advantages and the overlong-filter loss mask
+            batch = build_batch(col.groups, norm_adv_by_std=s.norm_adv_by_std, overlong_filter=s.overlong_filter)
+            # 7. old log-probs (and the reference policy's, for a KL term), each rank on its shard, gathered
+            t0 = time.perf_counter()
+            batch.old_logprobs, batch.entropy = sharded_logprobs(learner.compute_logprobs, batch.to_policy_batch())
+            if reference is not None:
+                batch.ref_logprobs = sharded_logprobs(_with_no_entropy(reference), batch.to_policy_batch())[0]
+            t_old = time.perf_counter() - t0
+        stats: list[dict[str, float]] = []
+        timings = {**col.timings, "old_logprob": t_old}
+    else:
+        col, batch = resume.collected, resume.batch
+        stats, timings = list(resume.update_stats), dict(resume.timings)
+        assert col is not None
+
+    # 8. mini-batch updates: epochs x (groups / mini_batch_size) optimizer steps
+    t_upd = time.perf_counter()
+    if batch is not None:
+        policy_batch = batch.to_policy_batch()
+        plan = minibatch_plan(len(col.groups), s.mini_batch_size, s.epochs, s.seed, step)
+        for k in range(len(stats), len(plan)):
+            if should_stop():
+                timings["update"] = timings.get("update", 0.0) + time.perf_counter() - t_upd
+                raise StopMidStep(PartialStep(None, col, batch, k, stats, timings))
+            rows = policy_batch.select(group_rows(batch, plan[k]))
+            out = learner.update(rows.shard(dist.rank(), dist.world_size()))
+            stats.append(out)
+            counters.grad_updates += 1
+            if out.get(UPDATE_SKIPPED):
+                counters.nonfinite_total += 1
+                counters.nonfinite_streak += 1
+                log.warning(
+                    "non-finite loss or gradient at rollout step %d: update skipped (%d in a row)",
+                    step,
+                    counters.nonfinite_streak,
+                )
+                if counters.nonfinite_streak >= s.max_consecutive_nonfinite:
+                    break  # the trainer fails the run
+            else:
+                counters.nonfinite_streak = 0
+    else:
+        # dynamic sampling stopped at its cap (at_refill_cap=partial) without one informative group
+        log.warning(
+            "rollout step %d: no informative group within %d generation batches; no update",
+            step,
+            col.stats.gen_batches,
+        )
+    timings["update"] = timings.get("update", 0.0) + time.perf_counter() - t_upd
+
+    # 9. metrics (the lr is the one the updates used)
+    counters.step = step
+    counters.tokens_total += col.stats.tokens_generated
+    m = rollout_metrics(col, batch, norm_adv_by_std=s.norm_adv_by_std)
+    m.update(mean_update_stats([x for x in stats if not x.get(UPDATE_SKIPPED)], UPDATE_KEYS))
+    m.update(mean_update_stats(stats, [UPDATE_SKIPPED]))  # the fraction of this step's updates skipped
+    lr = learner.lr
+
+    # 10. lr schedule: one step per rollout step
+    learner.lr_step()
+
+    # 11. weight sync: every replica loads the new weights (a sleeping engine's weights wake first); always, as
+    # a level-2 sleep discarded the old ones
+    t0 = time.perf_counter()
+    engine.sync_weights(learner.named_parameters_for_sync())
+    t_sync = time.perf_counter() - t0
+
+    gen_t = timings.get("generate", 0.0)
+    m.update(
+        {
+            M.ROLLOUT_STEP: counters.step,
+            M.GRAD_UPDATES: counters.grad_updates,
+            M.LR: lr,
+            M.NONFINITE_SKIPPED: counters.nonfinite_total,
+            M.DS_TOKENS_GENERATED_TOTAL: counters.tokens_total,
+            M.TIME_GENERATE: gen_t,
+            M.TIME_SCORE: timings.get("score", 0.0),
+            M.TIME_OLD_LOGPROB: timings.get("old_logprob", 0.0),
+            M.TIME_UPDATE: timings["update"],
+            M.TIME_SYNC: t_sync,
+            M.TIME_STEP: time.perf_counter() - t_step,
+            M.TOKENS_PER_SEC: col.stats.tokens_generated / gen_t if gen_t > 0 else math.nan,
+        }
+    )
+    return m
+
+
+def sharded_logprobs(
+    compute: Callable[[PolicyBatch], tuple[torch.Tensor, torch.Tensor]], pb: PolicyBatch
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`compute` (per-token values [N, T], e.g. log-probs and entropies) over the whole batch: each rank computes
+    a contiguous slice of rows with about 1/world of the tokens, and the ranks gather the slices (the updates
+    re-shard by mini-batch, and the metrics need every row). Rows are independent here (no normaliser), so any
+    split gives the same numbers."""
+    world = dist.world_size()
+    if world == 1:
+        return compute(pb)
+    lengths = [len(p) + len(r) for p, r in zip(pb.prompt_ids, pb.response_ids, strict=True)]
+    rows = list(token_balanced_slices(lengths, world)[dist.rank()])
+    lp, ent = compute(pb.select(rows))
+    a, b = torch.zeros_like(pb.loss_mask), torch.zeros_like(pb.loss_mask)
+    for r, part_a, part_b in dist.all_gather((rows, lp, ent)):
+        if r:
+            a[r], b[r] = part_a, part_b
+    return a, b
+
+
+def token_balanced_slices(lengths: Sequence[int], parts: int) -> list[range]:
+    """`parts` contiguous row ranges, cut where the running token count crosses k/parts of the total."""
+    total, bounds, run = sum(lengths), [0], 0
+    for i, n in enumerate(lengths):
+        run += n
+        while len(bounds) < parts and run * parts >= total * len(bounds):
+            bounds.append(i + 1)
+    bounds += [len(lengths)] * (parts + 1 - len(bounds))
+    return [range(bounds[k], bounds[k + 1]) for k in range(parts)]
+
+
+def _with_no_entropy(reference: ReferencePolicy) -> Callable[[PolicyBatch], tuple[torch.Tensor, torch.Tensor]]:
+    def compute(pb: PolicyBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        lp = reference.compute_logprobs(pb)
+        return lp, torch.zeros_like(lp)
+
+    return compute

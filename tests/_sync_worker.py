@@ -1,0 +1,107 @@
+"""One rank of the weight-sync check (tests/test_rollout.py): a ZeRO-3 learner and a vLLM replica per rank (or one
+replica over both ranks with tensor parallel 2), synced through the path the trainer uses.
+
+    torchrun --nproc-per-node=2 tests/_sync_worker.py MODEL_DIR OUT_DIR TENSOR_PARALLEL_SIZE
+
+1. Each replica samples responses; the learner makes one large SGD update on them (the weights move).
+2. `engine.sleep()`, `engine.sync_weights(learner.named_parameters_for_sync())`, `engine.wake_up()`: the trainer's
+   sequence, streaming one gathered tensor at a time from the ZeRO-3 shards.
+3. Each replica samples again; the learner computes log-probs of those samples. Rank R writes OUT_DIR/rank<R>.pt
+   with both sets of log-probs, the engine's log-probs of the step-1 responses before and after the sync, and the
+   learner's of them after the update.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from dapo import distributed as dist  # noqa: E402
+from dapo.learner import Learner, LossSpec, PolicyBatch, response_mask  # noqa: E402
+from dapo.rollout import make_engine  # noqa: E402
+from dapo.rollout.replicas import ReplicaLayout, sampling_seed  # noqa: E402
+
+PROMPTS = [[5, 17, 33, 60], [100, 7], [250, 251, 252, 9, 11, 3]]
+N, MAX_TOKENS = 4, 12
+
+
+def policy_batch(prompts: list[list[int]], responses: list[list[int]]) -> PolicyBatch:
+    n = len(responses)
+    return PolicyBatch(
+        prompt_ids=prompts,
+        response_ids=responses,
+        advantages=torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(n)]),
+        loss_mask=response_mask(responses),
+        group_ids=torch.arange(n) // N,
+    )
+
+
+def flat(groups: list) -> tuple[list[list[int]], list[list[int]], list[list[float]]]:
+    samples = [s for g in groups for s in g]
+    return [s.prompt_ids for s in samples], [s.response_ids for s in samples], [s.logprobs for s in samples]
+
+
+def learner_logprobs(learner: Learner, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+    lp, _ = learner.compute_logprobs(policy_batch(prompts, responses))
+    return [lp[i, : len(r)].tolist() for i, r in enumerate(responses)]
+
+
+def main() -> None:
+    model_dir, out, tp = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    torch.set_num_threads(1)
+    info = dist.init_distributed()
+    layout = ReplicaLayout.of_this_process(tp)
+    learner = Learner(
+        model_dir,
+        loss=LossSpec(loss_agg="token-mean"),  # one update from the sampling weights: ratio 1, nothing clipped
+        lr=2.0,
+        grad_clip=1e6,
+        zero_stage=3,
+        dtype="float32",
+        optimizer="sgd",
+        logprob_chunk_size=16,
+    )
+    learner.offload_states()
+    engine = make_engine("vllm", model_dir, dtype="float32", max_model_len=128, seed=0, tensor_parallel_size=tp)
+
+    prompts, responses, _ = flat(engine.generate(PROMPTS, N, MAX_TOKENS, seed=sampling_seed(0, 1, layout.replica)))
+    before_sync = engine.score(prompts, responses)
+    engine.sleep()
+    learner.reload_states()
+    batch = policy_batch(prompts, responses)
+    batch.old_logp, _ = learner.compute_logprobs(batch)
+    learner.update(batch)
+    after_update = learner_logprobs(learner, prompts, responses)
+
+    engine.sync_weights(learner.named_parameters_for_sync())
+    learner.offload_states()
+    engine.wake_up()
+    synced = engine.score(prompts, responses)
+    new_prompts, new_responses, sampled = flat(
+        engine.generate(PROMPTS, N, MAX_TOKENS, seed=sampling_seed(0, 2, layout.replica))
+    )
+    learner.reload_states()
+    torch.save(
+        {
+            "replica": layout.replica,
+            "responses": new_responses,
+            "sampled": sampled,
+            "learner": learner_logprobs(learner, new_prompts, new_responses),
+            "engine_before_sync": before_sync,
+            "engine_after_sync": synced,
+            "learner_after_update": after_update,
+        },
+        out / f"rank{info.rank}.pt",
+    )
+    dist.barrier()
+    engine.close()  # vLLM's shutdown ends the process group: after the last collective
+
+
+if __name__ == "__main__":
+    main()
