@@ -67,7 +67,7 @@ def read_manifest(root: str | Path) -> dict[str, Any] | None:
     path = tiny_paths(root).manifest
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # missing or unreadable: the world counts as not built, and is built again
         return None
 
 
