@@ -114,8 +114,7 @@ def check_samples(groups: list, n: int, max_tokens: int, eos: int) -> None:
 
 # ---------------------------------------------------------------------------------------------- vLLM
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
-def vllm_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    pytest.importorskip("vllm")
+def vllm_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, vllm):
     d = build_tiny_qwen2(tmp_path_factory.mktemp("tiny"), tie=request.param)
     engine = make_engine("vllm", str(d), dtype="float32", max_model_len=128, seed=0, cpu_kv_cache_gib=1)
     yield d, engine, load_hf(d)
