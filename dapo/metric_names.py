@@ -112,5 +112,5 @@ PAPER_TABLE1 = {
 
 
 def all_training_metrics() -> list[str]:
-    """Every per-step training metric name (for the README table and the tests)."""
+    """Every per-step training metric name (the tests check that the trainer logs nothing else)."""
     return [v for k, v in globals().items() if k.isupper() and isinstance(v, str) and "/" in v]

@@ -1,4 +1,4 @@
-"""Reward extraction and verifiers (SPEC section 4): what a trainer relies on for +1/-1 to be right.
+"""Reward extraction and verifiers (docs/algorithm.md section 4): what a trainer relies on for +1/-1 to be right.
 
 The pool and the time bounds on hostile input are in test_rewards_pool.py.
 """

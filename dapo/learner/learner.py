@@ -1,6 +1,6 @@
 """`Learner`: the policy under DeepSpeed. Old log-probs, one clipped-surrogate update per mini-batch, weights out.
 
-One update (SPEC sections 2, 3 and 8):
+One update (docs/algorithm.md sections 2, 3 and 8):
 
 1. The aggregation's counts (loss tokens, responses, prompts) of the whole mini-batch are summed over the
    data-parallel ranks *before* any backward pass, and the per-token weights are built from them

@@ -1,4 +1,4 @@
-"""The DAPO paper's own answer rule, the `dapo_rule` verifier (SPEC section 4).
+"""The DAPO paper's own answer rule, the `dapo_rule` verifier (docs/algorithm.md section 4).
 
 What the released recipe does (verl `math_dapo.compute_score`, a Minerva-style rule from
 lm-evaluation-harness):

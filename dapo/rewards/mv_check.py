@@ -2,7 +2,7 @@
 
 Runs in the scoring worker processes (and in the caller's main thread for small batches). math-verify's own
 timeouts use `signal.alarm` with whole seconds, one alarm for parsing and another per comparison, and raise
-when called outside the main thread (FINDINGS.md). We switch them off and put one `setitimer` deadline (float
+when called outside the main thread (math-verify 0.9). We switch them off and put one `setitimer` deadline (float
 seconds) around parse + verify instead; a check that runs past it counts as wrong. C code that never returns
 to the interpreter cannot be interrupted by a signal: the pool in `pool.py` kills such a worker from outside.
 

@@ -1,4 +1,4 @@
-"""Score responses against ground-truth answers: +1 if equivalent, else -1 (SPEC section 4).
+"""Score responses against ground-truth answers: +1 if equivalent, else -1 (docs/algorithm.md section 4).
 
 `score_responses` is what the trainer and the evaluator call, with thousands of responses per step:
 
