@@ -134,7 +134,12 @@ class AlgorithmConfig(_Section):
     dual_clip_c: float | None = Field(
         None, description="Dual-clip bound for negative advantages (released recipe: 10). null: off."
     )
-    kl_coef: float = Field(0.0, ge=0, description="GRPO k3 KL coefficient. 0 in every DAPO row.")
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        description="GRPO k3 KL coefficient towards the initial model, 0 in every DAPO row. > 0 loads the "
+        "initial model a second time as a frozen reference (partitioned at ZeRO-3; docs/algorithm.md section 9).",
+    )
     norm_adv_by_std: bool = Field(True, description="Divide advantages by the group std (GRPO). False: Dr. GRPO.")
     loss_agg: LossAgg = Field(
         "seq-mean-token-mean",
