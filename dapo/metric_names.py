@@ -1,5 +1,6 @@
-"""Every metric name the project logs, in one place (SPEC section 7). The README's metric table is made from
-this module; the trainer, eval and analysis import names from here and never spell them out.
+"""Every metric name the project logs, in one place (docs/algorithm.md section 7). docs/metrics.md, the table of
+every metric, is generated from this module (`python -m dapo.trainer.metrics_doc`); the trainer, eval and
+analysis import names from here and never spell them out.
 
 Namespaces follow cleanrl's style: `<group>/<name>`. MLflow step counters: each training metric is logged
 with step = rollout step, and the gradient-update count is logged beside it as `counters/grad_updates`, so
@@ -38,7 +39,7 @@ CLIPFRAC_HIGH = "actor/clipfrac_upper"  # ratio > 1 + eps_high with A > 0 (bound
 CLIP_HIGH_PROB = "actor/clipped_upper_old_prob"  # Fig 3a: mean pi_old of tokens clipped at the upper bound
 DUAL_CLIPFRAC = "actor/dual_clipfrac"
 APPROX_KL = "actor/approx_kl"  # k3 estimate of KL(pi_old || pi_theta)
-KL_REF = "actor/kl_ref"  # when kl_coef > 0
+KL_REF = "actor/kl_ref"  # k3 estimate of KL(pi_theta || pi_ref) per loss token; only when kl_coef > 0
 GRAD_NORM = "actor/grad_norm"
 LR = "actor/lr"
 NONFINITE_SKIPPED = "actor/nonfinite_skipped"  # cumulative skipped updates
@@ -54,7 +55,7 @@ DS_TOKENS_GENERATED_TOTAL = "dynamic_sampling/tokens_generated_total"  # cumulat
 # --- timings (seconds, per rollout step; generation includes every refill batch)
 TIME_GENERATE = "time/generate"
 TIME_SCORE = "time/score"
-TIME_OLD_LOGPROB = "time/old_logprob"
+TIME_OLD_LOGPROB = "time/old_logprob"  # old-policy log-probs and entropy, and the reference's with a KL term
 TIME_UPDATE = "time/update"
 TIME_SYNC = "time/weight_sync"
 TIME_EVAL = "time/eval"
@@ -111,5 +112,5 @@ PAPER_TABLE1 = {
 
 
 def all_training_metrics() -> list[str]:
-    """Every per-step training metric name (for the README table and the tests)."""
+    """Every per-step training metric name (the tests check that the trainer logs nothing else)."""
     return [v for k, v in globals().items() if k.isupper() and isinstance(v, str) and "/" in v]

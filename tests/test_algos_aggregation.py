@@ -84,10 +84,20 @@ def test_errors_name_the_fix():
         aggregate(LOSS, MASK, "sum")
 
 
-def test_per_micro_batch_token_mean_is_not_the_mini_batch_mean():
-    # The pitfall (SPEC section 8): normalising each micro-batch by its own count, then averaging.
-    wrong = (aggregate(LOSS[:1], MASK[:1], "token-mean") + aggregate(LOSS[1:3], MASK[1:3], "token-mean")) / 2
-    assert wrong.item() != pytest.approx(EXPECTED["token-mean"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_ranks_weights_come_from_the_mini_batch_counts_it_is_given(mode):
+    """The pitfall of docs/algorithm.md section 8 (each part normalised by its own count, then averaged): weights
+    built on one rank's part of the mini-batch (whole groups), from the mini-batch's summed counts, are that
+    part's rows of the whole mini-batch's weights, so the parts' weighted sums add up to the mini-batch loss."""
+    glob = local_counts(MASK, GROUPS)
+    whole = token_weights(MASK, mode, GROUPS, **glob, seq_sum_constant=4, dtype=torch.float64)
+    parts = [[0, 1], [2, 3], [4]]  # three ranks, whole groups each (0, 1 and 2)
+    total = 0.0
+    for rows in parts:
+        w = token_weights(MASK[rows], mode, GROUPS[rows], **glob, seq_sum_constant=4, dtype=torch.float64)
+        torch.testing.assert_close(w, whole[rows])
+        total += weighted_sum(LOSS[rows], w).item()
+    assert total == pytest.approx(EXPECTED[mode], rel=1e-12)
 
 
 def _split_loss_and_grad(params, mask, groups, mode, rank_rows, micro_rows):

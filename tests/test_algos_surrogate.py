@@ -77,6 +77,21 @@ def test_k3_kl_term():
     assert out0.loss.item() == 0.0 and out0.kl.item() == pytest.approx(math.log(2) - 0.5)
 
 
+def test_k3_kl_keeps_pulling_where_the_clip_has_stopped_the_policy_gradient():
+    """A token clipped at the upper bound (A > 0, ratio 1.5 > 1.28) has no policy-gradient term left, but the KL
+    term's gradient towards the reference stays: l = -1.28 A + beta * k3, dl/dlogp = beta * (1 - pi_ref/pi)."""
+    beta, adv = 0.3, 2.0
+    logp = torch.tensor([[math.log(0.6)]], dtype=torch.float64, requires_grad=True)  # pi = 0.6
+    old = torch.tensor([[math.log(0.4)]], dtype=torch.float64)  # ratio 1.5
+    ref = torch.tensor([[math.log(0.2)]], dtype=torch.float64)  # pi_ref / pi = 1/3
+    out = clipped_surrogate(logp, old, torch.tensor([adv], dtype=torch.float64), 0.2, 0.28, ref_logp=ref, kl_coef=beta)
+    k3 = 1 / 3 - math.log(1 / 3) - 1
+    assert out.clipped_upper.item() and out.kl.item() == pytest.approx(k3)
+    assert out.loss.item() == pytest.approx(-1.28 * adv + beta * k3)
+    out.loss.sum().backward()
+    assert logp.grad.item() == pytest.approx(beta * (1 - 1 / 3))
+
+
 def test_per_token_advantages_and_errors():
     logp = torch.log(torch.tensor([[1.5, 1.5]]))
     out = clipped_surrogate(logp, torch.zeros_like(logp), torch.tensor([[1.0, -1.0]]), 0.2, 0.28)

@@ -64,11 +64,19 @@ def test_row_values_match_spec_section_3():
 
 
 def test_paper_preset_is_the_papers_run():
+    """docs/algorithm.md section 5, the paper's settings and the released recipe's."""
     c = load_config(ROWS[-1], preset="qwen2.5-32b")
     assert c.rollout.n == 16 and c.rollout.max_response_length == 20480
+    assert (c.rollout.temperature, c.rollout.top_p, c.data.max_prompt_length) == (1.0, 1.0, 2048)
     assert c.trainer.train_batch_size == 512 and c.trainer.updates_per_step == 16
-    assert c.algorithm.overlong_buffer_len == 4096 and c.algorithm.gen_batch_size == 1536
+    t = c.trainer
+    assert (t.lr, t.weight_decay, tuple(t.betas), t.grad_clip, t.warmup_steps) == (1e-6, 0.1, (0.9, 0.999), 1.0, 20)
+    a = c.algorithm
+    assert a.overlong_buffer_len == 4096 and a.overlong_penalty_factor == 1.0
+    assert a.gen_batch_size == 1536 and a.max_num_gen_batches == 10
     assert (c.eval.n, c.eval.top_p, c.eval.every) == (32, 0.7, 5)
+    # the released recipe's dual-clip bound, in every row (a row-independent setting is no confound)
+    assert {load_config(row, preset="qwen2.5-32b").algorithm.dual_clip_c for row in ROWS} == {10.0}
 
 
 def test_overrides_win_and_parse_as_yaml():

@@ -51,10 +51,10 @@ def _write_jsonl(path, rows):
     return path
 
 
-def test_aime2024_jsonl_gives_30_problems_with_their_answers_and_the_dapo_template(shared_data):
-    problems = load_problems(shared_data / "aime2024.jsonl")
+def test_an_aime_style_jsonl_gives_30_problems_with_their_answers_and_the_dapo_template(test_data):
+    problems = load_problems(test_data / "aime2024.jsonl")
     assert len(problems) == 30
-    assert [int(p.answer) for p in problems] == AIME24_ANSWERS  # the README's cross-checked answers, in order
+    assert [int(p.answer) for p in problems] == AIME24_ANSWERS  # the published answers, in contest order
     assert problems[0].id == "2024-I-1" and problems[-1].id == "2024-II-15"
     for p in problems:
         prompt = build_prompt(p.problem, None, use_chat_template=False)
@@ -62,11 +62,12 @@ def test_aime2024_jsonl_gives_30_problems_with_their_answers_and_the_dapo_templa
         assert prompt.count("Solve the following math problem") == 1  # the template is applied once
 
 
-def test_local_dapo17k_copy_uses_prompt_field_and_is_already_unique(shared_data):
-    problems, stats = load_problems_with_stats(shared_data / "dapo_math_17k.jsonl")
-    assert stats.rows == stats.unique == len(problems) == 17_290  # README: deduplicated by exact text
-    assert problems[0].id == "dapo17k-00000" and problems[0].answer == "34"
-    assert not problems[0].problem.startswith("Solve the following")
+def test_a_deduplicated_dapo17k_jsonl_uses_its_prompt_field_and_keeps_every_row(test_data):
+    problems, stats = load_problems_with_stats(test_data / "dapo_math_17k_sample.jsonl")
+    assert stats.rows == stats.unique == len(problems) == 5 and stats.duplicates == 0
+    assert problems[0].id == "dapo17k-00000" and problems[0].answer == "13"
+    assert problems[0].problem.startswith("A rectangle") and problems[3].answer == "-3"
+    assert problems[4].problem == "求 $1+2+\\cdots+20$ 的值。"  # non-ASCII text read as written
 
 
 def test_aime_style_file_with_32_shuffled_copies_collapses_to_unique_problems(tmp_path):

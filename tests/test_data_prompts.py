@@ -1,4 +1,5 @@
-"""Prompt building: the DAPO template verbatim (SPEC section 4), chat wrapping, the max prompt length filter."""
+"""Prompt building: the DAPO template verbatim (docs/algorithm.md section 4), chat wrapping, the max prompt length
+filter."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from dapo.data.prompts import (
 )
 from dapo.types import Problem
 
-# Copied by hand from SPEC.md section 4 (and DAPO's aime-2024.parquet): any drift in the code fails here.
-SPEC_TEMPLATE = (
+# Copied by hand from the paper's template (docs/algorithm.md section 4, and DAPO's aime-2024.parquet): any drift
+# in the code fails here.
+PAPER_TEMPLATE = (
     "Solve the following math problem step by step. The last line of your response should be of the form "
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
     "{problem}\n\n"
@@ -32,8 +34,8 @@ def tokenizer():
 
 
 def test_template_is_the_papers_text_exactly():
-    assert DAPO_TEMPLATE == SPEC_TEMPLATE
-    assert apply_dapo_template("What is 1+1?") == SPEC_TEMPLATE.replace("{problem}", "What is 1+1?")
+    assert DAPO_TEMPLATE == PAPER_TEMPLATE
+    assert apply_dapo_template("What is 1+1?") == PAPER_TEMPLATE.replace("{problem}", "What is 1+1?")
 
 
 def test_braces_in_a_problem_survive_and_strip_inverts_apply():

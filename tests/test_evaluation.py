@@ -138,11 +138,10 @@ def test_evaluate_rejects_an_empty_eval_set() -> None:
 
 
 @pytest.mark.slow
-def test_dapo_eval_cli_tiny_model_through_vllm(tmp_path: Path) -> None:
+def test_dapo_eval_cli_tiny_model_through_vllm(tmp_path: Path, vllm) -> None:
     """`dapo eval` on a random tiny Qwen2 through real vLLM on CPU: metrics in range, P x n sample rows, files
     written, metrics and artifacts in MLflow; then an eval logged into an existing (finished) run keeps its
     status."""
-    pytest.importorskip("vllm")
     from test_rollout import build_tiny_qwen2
 
     from dapo.cli import main

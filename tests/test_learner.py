@@ -1,6 +1,7 @@
 """The learner: micro-batching, schedule, launcher env, and above all that one update's gradient does not depend on
-how the mini-batch is split (1 or 4+ micro-batches, 1 or 2 data-parallel ranks) and equals the SPEC's loss
-computed naively on the whole mini-batch, for every aggregation mode (SPEC section 8 pitfall).
+how the mini-batch is split (1 or 4+ micro-batches, 1 or 2 data-parallel ranks) and equals the loss of
+docs/algorithm.md computed naively on the whole mini-batch, for every aggregation mode (a pitfall of
+docs/algorithm.md section 8).
 
 The DeepSpeed cases run twice through tests/_learner_worker.py: in this process (world size 1) and in one
 2-process gloo launch, each running every case and returning the gathered parameters after one SGD step (lr 1,
@@ -241,7 +242,8 @@ def world(tmp_path_factory):
 
 
 def reference_step(model, batch: PolicyBatch, mode: str, clip: float | None = None):
-    """The SPEC's loss on the whole mini-batch, one SGD step with lr 1 (optionally norm-clipped like DeepSpeed)."""
+    """The loss of docs/algorithm.md on the whole mini-batch, one SGD step with lr 1 (optionally norm-clipped like
+    DeepSpeed)."""
     spec = W.loss_spec(mode)
     model.zero_grad()
     logp = reference_logp(model, batch, spec.temperature)

@@ -1,11 +1,10 @@
-"""Reward extraction and verifiers (SPEC section 4): what a trainer relies on for +1/-1 to be right.
+"""Reward extraction and verifiers (docs/algorithm.md section 4): what a trainer relies on for +1/-1 to be right.
 
 The pool and the time bounds on hostile input are in test_rewards_pool.py.
 """
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -26,11 +25,6 @@ from dapo.rewards.mv_check import check, fast_equivalent, warm_up
 BODY = "Let $s$ be the speed. Then $\\frac{9}{s} + \\frac{t}{60} = 4$, so $s = 2.5$ and $t = 24$.\n"
 
 
-def _aime_answers(shared_data) -> list[str]:
-    with open(shared_data / "aime2024.jsonl") as f:
-        return [json.loads(line)["answer"] for line in f]
-
-
 # ------------------------------------------------------------------------------------------ AIME 2024
 FORMATS_BOTH = ["Answer: {a}", "Answer: ${a}$", "Answer: {a}.0", "Answer: ${a}$ minutes"]
 # The paper's rule scores these -1: no `Answer:` line; markdown bold is left in (`**204`).
@@ -38,8 +32,8 @@ FORMATS_MV_ONLY = ["So the final result is $\\boxed{{{a}}}$.", "**Answer:** {a}"
 
 
 @pytest.mark.parametrize("verifier", ["math_verify", "dapo_rule"])
-def test_every_aime_answer_is_recognised_in_every_format(shared_data, verifier):
-    answers = _aime_answers(shared_data)
+def test_every_aime_answer_is_recognised_in_every_format(aime2024_answers, verifier):
+    answers = aime2024_answers
     assert len(answers) == 30
     formats = FORMATS_BOTH + (FORMATS_MV_ONLY if verifier == "math_verify" else [])
     responses = [BODY + fmt.format(a=a) for a in answers for fmt in formats]
@@ -50,16 +44,16 @@ def test_every_aime_answer_is_recognised_in_every_format(shared_data, verifier):
     assert all(s.correct for s in scores)
 
 
-def test_the_papers_rule_ignores_a_boxed_answer_without_an_answer_line(shared_data):
-    answers = _aime_answers(shared_data)
+def test_the_papers_rule_ignores_a_boxed_answer_without_an_answer_line(aime2024_answers):
+    answers = aime2024_answers
     scores = score_responses([BODY + f"\\boxed{{{a}}}" for a in answers], answers, verifier="dapo_rule")
     assert [s.score for s in scores] == [-1.0] * 30
     assert all(s.extracted is None for s in scores)
 
 
 @pytest.mark.parametrize("verifier", ["math_verify", "dapo_rule"])
-def test_wrong_and_missing_answers_score_minus_one(shared_data, verifier):
-    answers = _aime_answers(shared_data)
+def test_wrong_and_missing_answers_score_minus_one(aime2024_answers, verifier):
+    answers = aime2024_answers
     wrong = [BODY + f"Answer: {int(a) + 1}" for a in answers]
     missing = [BODY, "", "Answer:", "Answer:   \n", "I could not solve it.", "\\boxed{"]
     scores = score_responses(wrong + missing, answers + answers[: len(missing)], verifier=verifier, workers=0)
@@ -136,6 +130,22 @@ def test_a_check_that_would_hang_math_verify_is_cut_off_inline():
     assert elapsed < 0.5 * 6
     # the interrupted check left the process able to verify
     assert check(("\\frac{408}{2}", "204", 5.0)) == ("ok", True)
+
+
+@pytest.mark.parametrize("failure", ["raises", "wrong"])
+def test_a_verifier_that_fails_its_warm_up_stops_scoring_with_the_reason(monkeypatch, failure):
+    """A process whose math-verify cannot decide known cases must not score anything (each score would be -1)."""
+    from dapo.rewards import mv_check
+
+    def broken(extracted: str, gold: str) -> bool:
+        if failure == "raises":
+            raise RecursionError("parser state lost")
+        return False
+
+    monkeypatch.setattr(mv_check, "_warm", False)
+    monkeypatch.setattr(mv_check, "verify_equivalent", broken)
+    with pytest.raises(mv_check.VerifierBroken, match="warm-up check"):
+        score_responses(["Answer: \\frac{1}{2}"], ["0.5"], workers=0)
 
 
 def test_the_deadline_keeps_a_callers_alarm():

@@ -131,7 +131,7 @@ def test_a_hung_worker_is_killed_and_replaced():
         elapsed = time.monotonic() - t0
         assert out[2] == ("timeout", None)
         assert out[6] == ("crash", None)
-        assert out[8] == ("error", None)
+        assert out[8] == ("error", "RuntimeError: boom")  # named, so a caller can report it
         assert [v for k, (s, v) in enumerate(out) if k not in (2, 6, 8)] == [
             x * 2 for k, x in enumerate(items) if k not in (2, 6, 8)
         ]
@@ -140,5 +140,16 @@ def test_a_hung_worker_is_killed_and_replaced():
         # the replacements serve the next map, and a second hang costs one more restart
         assert pool.map([10, "hang", 11], hard_timeout_s=1.0) == [("ok", 20), ("timeout", None), ("ok", 22)]
         assert pool.restarts == 3
+    finally:
+        pool.close()
+
+
+def test_a_worker_whose_warm_up_fails_stops_the_map_with_its_reason():
+    """The scoring workers' warm-up is what makes math-verify correct in them (mv_check.warm_up): a worker whose
+    warm-up raised must not take items and score them."""
+    pool = BoundedPool(stuck_or_double, 1, warmup="raise")
+    try:
+        with pytest.raises(RuntimeError, match="failed its warm-up: RuntimeError: boom"):
+            pool.map([1, 2], hard_timeout_s=5.0)
     finally:
         pool.close()

@@ -114,8 +114,7 @@ def check_samples(groups: list, n: int, max_tokens: int, eos: int) -> None:
 
 # ---------------------------------------------------------------------------------------------- vLLM
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
-def vllm_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    pytest.importorskip("vllm")
+def vllm_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, vllm):
     d = build_tiny_qwen2(tmp_path_factory.mktemp("tiny"), tie=request.param)
     engine = make_engine("vllm", str(d), dtype="float32", max_model_len=128, seed=0, cpu_kv_cache_gib=1)
     yield d, engine, load_hf(d)
@@ -309,14 +308,13 @@ def test_map_on_replicas_in_one_process_is_the_plain_call() -> None:
 @pytest.mark.parametrize(
     ("tie", "tp"), [(True, 1), (False, 1), (True, 2)], ids=["tied-2replicas", "untied-2replicas", "tied-tp2"]
 )
-def test_zero3_learner_streams_its_weights_into_every_replica(tmp_path: Path, tie: bool, tp: int) -> None:
+def test_zero3_learner_streams_its_weights_into_every_replica(tmp_path: Path, tie: bool, tp: int, vllm) -> None:
     """World size 2 under torchrun, ZeRO-3: after an update and a sync through the trainer's path, every
     replica's sampled log-probs equal the learner's log-probs of the same responses (fp32)."""
     import os
     import subprocess
     import sys
 
-    pytest.importorskip("vllm")
     model = build_tiny_qwen2(tmp_path / "model", tie=tie)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", VLLM_LOGGING_LEVEL="WARNING")

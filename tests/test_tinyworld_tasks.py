@@ -10,7 +10,7 @@ from dapo.tinyworld.tasks import (
     CONNECTIVES,
     Step,
     Task,
-    extract_answer,
+    final_integer_answer,
     is_correct,
     make_splits,
     solution_lines,
@@ -139,8 +139,24 @@ def test_corrupted_solutions_keep_the_format_and_are_mostly_wrong():
 
 
 def test_answer_extraction_reads_the_last_answer_line():
-    assert extract_answer("7 + 12 = 19\nAnswer: 19") == "19"
-    assert extract_answer("Answer: 5\nAnswer: 6\n") == "6"
-    assert extract_answer("Answer: 007") == "7"
-    assert extract_answer("Answer: 5 apples") is None and extract_answer("19") is None
+    assert final_integer_answer("7 + 12 = 19\nAnswer: 19") == "19"
+    assert final_integer_answer("Answer: 5\nAnswer: 6\n") == "6"
+    assert final_integer_answer("Answer: 007") == "7"
+    assert final_integer_answer("Answer: 5 apples") is None and final_integer_answer("19") is None
     assert is_correct("x\nAnswer: 28", "28") and not is_correct("Answer: 27", 28)
+
+
+def test_the_worlds_strict_check_agrees_with_the_rewards_on_its_own_format():
+    """`is_correct` (measuring the base model while building) and the trainer's reward see the same answers."""
+    from dapo.rewards import score_responses
+
+    rng = random.Random(3)
+    tasks = make_splits(5, 4, 200, 30, 0).train
+    texts = [
+        solution_text(t, verbose=rng.random() < 0.3, corrupt=rng.random() < 0.3, guess=rng.random() < 0.3, rng=rng)
+        for t in tasks
+    ]
+    answers = [str(t.answer) for t in tasks]
+    scores = score_responses(texts, answers, workers=0)
+    assert [s.correct for s in scores] == [is_correct(x, a) for x, a in zip(texts, answers, strict=True)]
+    assert 0 < sum(s.correct for s in scores) < len(scores)  # both outcomes occur

@@ -1,5 +1,6 @@
 """The tiny tokenizer: digits one per token, lossless round trips, and the same ids through AutoTokenizer
-when the folder's config.json says qwen2 (the catch in FINDINGS.md "Tokenizers": vLLM loads it that way)."""
+when the folder's config.json says qwen2 (then AutoTokenizer, and vLLM, rebuild a Qwen2 tokenizer whose
+pre-tokenizer would change the ids of any other BPE)."""
 
 from __future__ import annotations
 

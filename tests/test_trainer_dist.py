@@ -176,7 +176,7 @@ def dapo_train(tmp: Path, world: Path, *extra: str, **env_extra: str) -> tuple[s
     return p, time.monotonic() - t0
 
 
-def test_dapo_train_runs_two_vllm_replicas_under_torchrun(tiny_world_dir, tmp_path):
+def test_dapo_train_runs_two_vllm_replicas_under_torchrun(tiny_world_dir, tmp_path, vllm):
     from mlflow.tracking import MlflowClient
 
     p, _ = dapo_train(tmp_path / "ok", tiny_world_dir)

@@ -279,8 +279,7 @@ def test_nonfinite_loss_is_skipped_then_fails_with_a_message(world, tmp_path):
     assert run.data.metrics[M.NONFINITE_SKIPPED] == 3.0  # step 2: both updates skipped; step 3: 1 more
 
 
-def test_vllm_engine_trains_two_steps(world, tmp_path):
-    pytest.importorskip("vllm")
+def test_vllm_engine_trains_two_steps(world, tmp_path, vllm):
     run_dir = tmp_path / "run"
     rc = train(
         run_dir,

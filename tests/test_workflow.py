@@ -85,6 +85,15 @@ def test_first_failure_survives_snakemake_truncating_the_log(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ validation
+def test_the_workflow_uses_the_tiny_world_the_tests_cache(tmp_path):
+    """One default location (the config's tiny.dir, results/tiny_world): `make test` then `make ablation` build
+    the default world once, whatever `results` is."""
+    r = snakemake("-n", "all_ablations", "--config", f"results={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    assert str(REPO / "results" / "tiny_world" / "manifest.json") in r.stdout
+    assert "tiny_world/manifest.json" not in r.stdout.replace(str(REPO / "results" / "tiny_world"), "")
+
+
 def test_bad_override_stops_the_workflow_before_any_job(tmp_path):
     r = snakemake("-n", "all_ablations", "--config", f"results={tmp_path}", 'overrides=["algorithm.eps_high=0.1"]')
     assert r.returncode != 0
@@ -103,7 +112,8 @@ def test_unknown_row_and_schema_errors_are_named(tmp_path):
 
 
 def test_tiny_plan_is_six_rows_by_seeds(tmp_path):
-    r = snakemake("-n", "all_ablations", "--config", f"results={tmp_path}", "seeds=[0,1]")
+    world = f"tiny_world={tmp_path / 'world'}"  # a world not built yet, so the plan has its job
+    r = snakemake("-n", "all_ablations", "--config", f"results={tmp_path}", "seeds=[0,1]", world)
     assert r.returncode == 0, r.stderr
     stats = _job_stats(r.stdout)
     assert stats["train"] == 12 and stats["evaluate"] == 12 and stats["report"] == 1

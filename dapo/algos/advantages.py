@@ -1,4 +1,4 @@
-"""Group-relative advantages (GRPO, also used by DAPO): SPEC section 2.
+"""Group-relative advantages (GRPO, also used by DAPO): docs/algorithm.md section 2.
 
     A_i = (r_i - mean(r_1..r_G)) / (std(r_1..r_G) + eps)      std unbiased (torch.std default), eps = 1e-6
 

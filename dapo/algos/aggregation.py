@@ -1,4 +1,4 @@
-"""Loss aggregation with a global normaliser (token-level loss, Table 1 row 4): SPEC section 3.
+"""Loss aggregation with a global normaliser (token-level loss, Table 1 row 4): docs/algorithm.md section 3.
 
 Modes (l = per-token loss, m = loss mask, |o_i| = sum_t m_{i,t}, sums over the whole mini-batch):
 

@@ -30,7 +30,7 @@ def keep_groups(correct: Tensor) -> Tensor:
 
 @dataclass
 class RefillStats:
-    """What one rollout step's refill loop cost (SPEC section 7, dynamic sampling metrics)."""
+    """What one rollout step's refill loop cost (docs/algorithm.md section 7, dynamic sampling metrics)."""
 
     gen_batches: int = 0  # generation batches used, the first one included
     groups_generated: int = 0

@@ -3,14 +3,30 @@
     z = (h @ W^T) / temperature          logp_t = z_t[y_t] - logsumexp(z_t)       H_t = -sum_v p_tv log p_tv
 
 A [T, V] logits tensor for long responses and a 150K vocabulary is many GiB (20480 x 152064 fp32 = 12 GiB), and
-autograd would keep it for backward. `chunked_logprobs_entropy` never holds more than `chunk_size x V` logits:
-forward keeps only the per-token logsumexp and entropy, and backward recomputes each chunk's logits. The
-gradient is the naive one (tests compare both in float64):
+autograd would keep it for backward. `chunked_logprobs_entropy` never holds more than two `chunk_size x V`
+buffers: forward keeps only the per-token logsumexp and entropy, and backward recomputes each chunk's logits and
+turns them into the gradient in place. The gradient is the naive one (tests compare both in float64):
 
     dlogp_t/dz_tv = 1[v = y_t] - p_tv          dH_t/dz_tv = -p_tv (log p_tv + H_t)
 
+Precision. The entropy is computed from logits shifted by their row maximum m (so every shifted logit s is <= 0,
+and 0 at the maximum): with S = 1 + rest, rest = sum of exp(s_v) over every other position,
+
+    H = log1p(rest) - sum_v exp(s_v) s_v / S
+
+is a sum of two non-negative terms, so nothing cancels, and a low-entropy row (a confident policy, where the
+paper's Figs 2 and 4 look) keeps float32's relative accuracy. The textbook form `logsumexp(z) - sum(p z)`
+subtracts two numbers close to the largest logit and loses about that logit's rounding error (~1e-5 at a largest
+logit of ~19 in float32); `log(1 + rest)` would round a small `rest` to float32's 6e-8 steps.
+
+Memory. Forward holds the chunk's logits and their exponentials; backward overwrites the logits with the logit
+gradient in place (`sub_`, `exp`, `add_`/`mul_`/`addcmul_`, `scatter_add_`) and accumulates the head's gradient
+with `addmm_`, so about two [chunk, V] float32 buffers are alive at once (BENCHMARKS.md section 2 measures it).
+
 Logits of half-precision inputs are upcast to float32 before the softmax, as the naive `logits.float()` does.
-The sampling temperature divides the logits, so log-probs match what the rollout engine sampled from.
+The sampling temperature divides the logits, so log-probs match what the rollout engine sampled from. Models
+that change the logits after the head (soft-capping, a logit scale) are refused where the model is loaded
+(`dapo.learner.model.check_plain_logits`).
 """
 
 from __future__ import annotations
@@ -24,6 +40,15 @@ from torch import Tensor
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _chunk_logits(h: Tensor, weight: Tensor, cdt: torch.dtype, temperature: float) -> Tensor:
+    """[c, V] logits / temperature in the compute dtype, as a fresh tensor the caller may overwrite."""
+    z = h @ weight.t()
+    z = z.to(cdt) if z.dtype != cdt else z
+    if temperature != 1.0:
+        z.div_(temperature)
+    return z
 
 
 class _ChunkedLogprobEntropy(torch.autograd.Function):
@@ -40,17 +65,34 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         cdt = _compute_dtype(hidden.dtype)
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=cdt, device=hidden.device)
-        lse = torch.empty(n, dtype=cdt, device=hidden.device)
+        # log p = z - rowmax - log_sumexp, in that order (as log_softmax does): adding the two first would round
+        # the sum to the largest logit's precision.
+        rowmax = torch.empty(n, dtype=cdt, device=hidden.device)
+        log_sumexp = torch.empty(n, dtype=cdt, device=hidden.device)
         entropy = torch.empty(n if with_entropy else 0, dtype=cdt, device=hidden.device)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
-            z = (hidden[s:e] @ weight.t()).to(cdt) / temperature
-            lse[s:e] = torch.logsumexp(z, dim=-1)
-            logp[s:e] = z.gather(-1, targets[s:e].unsqueeze(-1)).squeeze(-1) - lse[s:e]
+            z = _chunk_logits(hidden[s:e], weight, cdt, temperature)
+            m, top = z.max(dim=-1, keepdim=True)
+            z.sub_(m)  # shifted logits s, all <= 0; s = 0 at `top`
+            z_target = z.gather(-1, targets[s:e].unsqueeze(-1)).squeeze(-1)
+            # S = 1 + rest, where rest sums exp(s) over every position but `top`: log S = log1p(rest) keeps the
+            # relative precision of a small `rest` (a confident row), which 1 + rest would round away.
             if with_entropy:
-                p = torch.exp(z - lse[s:e].unsqueeze(-1))
-                entropy[s:e] = lse[s:e] - (p * z).sum(dim=-1)
-        ctx.save_for_backward(hidden, weight, targets, lse, entropy)
+                p = z.exp().scatter_(-1, top, 0.0)  # exp(s) except at `top`: the second [c, V] buffer
+                rest = p.sum(dim=-1)
+                log_sumexp[s:e] = torch.log1p(rest)
+                # sum_v exp(s_v) s_v / S: `top` adds exp(0) * 0 = 0, so leaving it out of p changes nothing. In
+                # place and summed by torch.sum, which accumulates as accurately as the naive head's sum (a bmm
+                # row dot product needs no buffer either but was ~5x less accurate in float32 at V = 5000).
+                entropy[s:e] = log_sumexp[s:e] - p.mul_(z).sum(dim=-1) / (1.0 + rest)
+                del p
+            else:
+                log_sumexp[s:e] = torch.log1p(z.exp_().scatter_(-1, top, 0.0).sum(dim=-1))
+            logp[s:e] = z_target - log_sumexp[s:e]
+            rowmax[s:e] = m.squeeze(-1)
+            del z
+        ctx.save_for_backward(hidden, weight, targets, rowmax, log_sumexp, entropy)
         ctx.chunk_size, ctx.temperature, ctx.with_entropy = chunk_size, temperature, with_entropy
         ctx.set_materialize_grads(False)
         if not with_entropy:
@@ -59,36 +101,46 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_logp: Tensor | None, grad_entropy: Tensor | None) -> tuple:
-        hidden, weight, targets, lse, entropy = ctx.saved_tensors
+        hidden, weight, targets, rowmax, log_sumexp, entropy = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if not ctx.with_entropy:
             grad_entropy = None
         if (grad_logp is None and grad_entropy is None) or not (need_h or need_w):
             return None, None, None, None, None, None
         cdt = _compute_dtype(hidden.dtype)
-        n, c = hidden.shape[0], ctx.chunk_size
+        n, c, temperature = hidden.shape[0], ctx.chunk_size, ctx.temperature
+        g_lp = grad_logp.to(cdt) if grad_logp is not None else None
+        g_h = grad_entropy.to(cdt) if grad_entropy is not None else None
         grad_h = torch.empty_like(hidden) if need_h else None
         # Accumulate the head's gradient at least in float32 across chunks (bf16 sums lose the small terms).
         grad_w = torch.zeros(weight.shape, dtype=cdt, device=weight.device) if need_w else None
         for s in range(0, n, c):
             e = min(s + c, n)
             h = hidden[s:e]
-            z = (h @ weight.t()).to(cdt) / ctx.temperature
-            logp_all = z - lse[s:e].unsqueeze(-1)
-            p = torch.exp(logp_all)
-            gz = torch.zeros_like(z)
-            if grad_logp is not None:
-                g = grad_logp[s:e].to(cdt).unsqueeze(-1)
-                gz -= p * g
-                gz.scatter_add_(-1, targets[s:e].unsqueeze(-1), g)
-            if grad_entropy is not None:
-                g = grad_entropy[s:e].to(cdt).unsqueeze(-1)
-                gz -= g * p * (logp_all + entropy[s:e].unsqueeze(-1))
-            gz = (gz / ctx.temperature).to(hidden.dtype)
+            gz = _chunk_logits(h, weight, cdt, temperature)
+            gz.sub_(rowmax[s:e].unsqueeze(-1)).sub_(log_sumexp[s:e].unsqueeze(-1))  # log p
+            if g_h is not None:
+                p = gz.exp()  # the second [c, V] buffer
+                # dH/dz = -p (log p + H), times the incoming entropy gradient
+                gz.add_(entropy[s:e].unsqueeze(-1)).mul_(p).mul_(-g_h[s:e].unsqueeze(-1))
+                if g_lp is not None:
+                    gz.addcmul_(p, g_lp[s:e].unsqueeze(-1), value=-1.0)  # dlogp/dz = -p (+ one-hot below)
+                del p
+            else:
+                gz.exp_().mul_(-g_lp[s:e].unsqueeze(-1))  # -p * g, in the one buffer
+            if g_lp is not None:
+                gz.scatter_add_(-1, targets[s:e].unsqueeze(-1), g_lp[s:e].unsqueeze(-1))
+            if temperature != 1.0:
+                gz.div_(temperature)
+            gz_in = gz if gz.dtype == hidden.dtype else gz.to(hidden.dtype)
             if need_h:
-                grad_h[s:e] = gz @ weight
+                grad_h[s:e] = gz_in @ weight
             if need_w:
-                grad_w += (gz.t() @ h).to(cdt)
+                if gz_in.dtype == cdt:
+                    grad_w.addmm_(gz_in.t(), h)
+                else:
+                    grad_w.add_(gz_in.t() @ h)
+            del gz, gz_in
         return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
 
 
@@ -106,7 +158,8 @@ def chunked_logprobs_entropy(
         hidden: [..., H] final hidden states (after the last norm), positions that predict `targets`.
         weight: [V, H] output head (lm_head or the tied embedding); no bias.
         targets: [...] int64 token ids in [0, V) (pad positions need a valid id; mask them in the loss).
-        chunk_size: positions per chunk; peak extra memory is about 3 x chunk_size x V floats in backward.
+        chunk_size: positions per chunk; peak extra memory is about 2 x chunk_size x V floats (forward with
+            entropy, and backward).
         temperature: the sampling temperature; logits are divided by it.
         with_entropy: also return the per-position entropy (differentiable; the trainer logs it detached).
 

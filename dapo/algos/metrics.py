@@ -1,4 +1,4 @@
-"""Metric helpers over loss tokens (SPEC section 7; Fig 3a and Fig 3b of the paper).
+"""Metric helpers over loss tokens (docs/algorithm.md section 7; Fig 3a and Fig 3b of the paper).
 
 All take tensors and return python floats. A mean over an empty set is NaN (never a warning or an error): for
 Fig 3a "no token was clipped at the upper bound" is not the same as "their mean probability was 0", so a

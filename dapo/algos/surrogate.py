@@ -1,4 +1,4 @@
-"""The clipped surrogate with decoupled bounds (clip-higher), optional dual-clip and k3 KL: SPEC section 2.
+"""The clipped surrogate with decoupled bounds (clip-higher), optional dual-clip and k3 KL: docs/algorithm.md section 2.
 
     rho_{i,t} = exp(logp - old_logp)
     l_{i,t}   = -min(rho * A_i, clip(rho, 1 - eps_low, 1 + eps_high) * A_i)        (paper Eq. 10)

@@ -13,7 +13,7 @@ Row layouts understood (first match wins):
 
 Upstream files repeat rows (DAPO-Math-17k: every prompt 100 times; DAPO's AIME parquet: every problem 32 times,
 so that eval samples once per row). `dedup_problems` keeps the first row of each distinct problem text; eval
-then samples n responses per unique problem instead (SPEC section 8, last pitfall).
+then samples n responses per unique problem instead (docs/algorithm.md section 8, last pitfall).
 
 A row without an answer or with an unreadable field raises `DataError` naming the file and the 1-based line
 (JSONL) or row (parquet, hub) number.

@@ -1,4 +1,4 @@
-"""Prompt building: the DAPO template (SPEC section 4, verbatim), the model's chat template, tokenisation.
+"""Prompt building: the DAPO template (docs/algorithm.md section 4, verbatim), the model's chat template, tokenisation.
 
 DAPO-Math-17k and the AIME eval set wrap every problem in the same instruction; the reward then reads the last
 `Answer: ...` line. The template is applied here, once, to raw problem text (`Problem.problem`); loaders strip it

@@ -21,8 +21,9 @@ Contracts:
   A trainer that holds the whole batch on every rank takes its part with `batch.shard(rank, world_size)`
   (whole groups per rank, as `group-token-mean` needs). Passing the whole batch on every rank is also exact
   (counts and losses both grow W-fold), only the compute is repeated.
-- KL to a reference policy (`kl_coef > 0`, off in every DAPO row): `batch.ref_logp` from a second, frozen
-  learner's `compute_logprobs`.
+- KL to a reference policy (`kl_coef > 0`, off in every DAPO row): `batch.ref_logp` from
+  `ReferencePolicy(model_path, ...).compute_logprobs(batch)`, the frozen initial model under the same ranks and
+  ZeRO stage (partitioned at ZeRO-3), through the same chunked head (`dapo.learner.reference`).
 - Batch (`PolicyBatch`): per response the prompt and response token ids, the advantage, the loss mask over
   response tokens (all 0 for overlong-filtered responses), the group id, old log-probs (for `update`).
   Per-token tensors are [N, R], right-padded. `LossSpec` holds eps_low / eps_high / dual_clip_c / kl_coef /
@@ -40,6 +41,7 @@ from dapo.distributed import DistInfo, init_distributed, shutdown
 from dapo.learner.batch import LossSpec, PolicyBatch, pad_rows, plan_micro_batches, response_mask
 from dapo.learner.learner import UPDATE_SKIPPED, Learner
 from dapo.learner.optim import lr_at
+from dapo.learner.reference import ReferencePolicy
 
 __all__ = [
     "UPDATE_SKIPPED",
@@ -47,6 +49,7 @@ __all__ = [
     "Learner",
     "LossSpec",
     "PolicyBatch",
+    "ReferencePolicy",
     "init_distributed",
     "lr_at",
     "pad_rows",

@@ -25,7 +25,7 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class LossSpec:
-    """The loss hyper-parameters (SPEC sections 2 and 3); plain values, fixed for a run.
+    """The loss hyper-parameters (docs/algorithm.md sections 2 and 3); plain values, fixed for a run.
 
     Attributes:
         eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high]. Naive GRPO 0.2/0.2; DAPO 0.2/0.28.
@@ -69,7 +69,7 @@ class PolicyBatch:
     Attributes:
         prompt_ids: N prompts as token ids (templates applied; repeated for each response of a group).
         response_ids: N responses as token ids.
-        advantages: [N] float, one advantage per response (group-normalised, SPEC section 2).
+        advantages: [N] float, one advantage per response (group-normalised, docs/algorithm.md section 2).
         loss_mask: [N, R] float, 1 on response tokens that train; 0 on padding and on every token of an
             overlong-filtered response (`dapo.algos.overlong_loss_mask`).
         group_ids: [N] int, the prompt (group) each response belongs to; a group must stay on one rank.

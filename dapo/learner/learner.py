@@ -1,6 +1,6 @@
 """`Learner`: the policy under DeepSpeed. Old log-probs, one clipped-surrogate update per mini-batch, weights out.
 
-One update (SPEC sections 2, 3 and 8):
+One update (docs/algorithm.md sections 2, 3 and 8):
 
 1. The aggregation's counts (loss tokens, responses, prompts) of the whole mini-batch are summed over the
    data-parallel ranks *before* any backward pass, and the per-token weights are built from them
@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,16 +27,8 @@ from dapo import metric_names as M
 from dapo.algos.aggregation import local_counts, token_weights, weighted_sum
 from dapo.algos.surrogate import clipped_surrogate
 from dapo.distributed import all_reduce, init_distributed
-from dapo.learner.batch import (
-    LossSpec,
-    MicroBatch,
-    PolicyBatch,
-    collate,
-    collate_packed,
-    dummy_micro_batch,
-    plan_micro_batches,
-    plan_packed_micro_batches,
-)
+from dapo.learner.batch import LossSpec, MicroBatch, PolicyBatch, dummy_micro_batch
+from dapo.learner.forward import ChunkedForward
 from dapo.learner.model import check_packable, copy_tokenizer_files, load_policy, prepare_deepspeed
 from dapo.learner.optim import deepspeed_config, lr_at, make_optimizer, resolve_dtype
 
@@ -46,7 +37,7 @@ UPDATE_SKIPPED = getattr(M, "UPDATE_SKIPPED", "actor/update_skipped")
 _CKPT_TAG = "learner"
 
 
-class Learner:
+class Learner(ChunkedForward):
     """The policy being trained, under a DeepSpeed engine. See `dapo.learner` for the API and its contracts."""
 
     def __init__(
@@ -115,39 +106,10 @@ class Learner:
                 group["lr"] = value
 
     # ------------------------------------------------------------------------------------------ forward
-    def _plan(self, batch: PolicyBatch) -> list[list[Any]]:
-        """Micro-batches of this rank (sequence indices, or packed rows of them with `pack_prompts`), padded with
-        empty ones ([]: a dummy pass) to the most any rank has."""
-        if self.pack_prompts:
-            plan = plan_packed_micro_batches(batch.prompt_ids, batch.response_ids, self.micro_batch_tokens)
-        else:
-            lengths = [
-                len(p) + len(r) - 1 if r else 0 for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)
-            ]
-            plan = plan_micro_batches(lengths, self.micro_batch_tokens)
-        # At least one pass, so a step always follows a backward (a mini-batch without responses).
-        most = max(1, int(all_reduce(torch.tensor([len(plan)], dtype=torch.float64), "max").item()))
-        return plan + [[] for _ in range(most - len(plan))]
-
-    def _collate(self, batch: PolicyBatch, item: list[Any]) -> MicroBatch:
-        if not item:
-            return dummy_micro_batch()
-        if self.pack_prompts:
-            return collate_packed(batch.prompt_ids, batch.response_ids, item)
-        return collate(batch.prompt_ids, batch.response_ids, item)
-
-    def _forward(self, mb: MicroBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-        dev = self.dist.device
-        return self.engine(
-            input_ids=mb.input_ids.to(dev),
-            attention_mask=mb.attention_mask.to(dev),
-            positions=mb.positions.to(dev),
-            targets=mb.targets.to(dev),
-            temperature=self.loss.temperature,
-            chunk_size=self.chunk_size,
-            with_entropy=with_entropy,
-            position_ids=None if mb.position_ids is None else mb.position_ids.to(dev),
-        )
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature the logits are divided by (from the loss spec)."""
+        return self.loss.temperature
 
     @torch.no_grad()
     def compute_logprobs(self, batch: PolicyBatch) -> tuple[Tensor, Tensor]:
@@ -157,15 +119,8 @@ class Learner:
             (logp [N, R], entropy [N, R]) float32 on the CPU, R = batch.loss_mask.shape[1], zeros after each
             response. Every rank must call it (ZeRO-3 gathers weights collectively).
         """
-        n, width = batch.loss_mask.shape
-        logp = torch.zeros(n, width, dtype=torch.float32)
-        entropy = torch.zeros(n, width, dtype=torch.float32)
-        for rows in self._plan(batch):
-            mb = self._collate(batch, rows)
-            lp, ent = self._forward(mb, with_entropy=True)
-            if rows:
-                logp[mb.token_rows, mb.token_cols] = lp.float().cpu()
-                entropy[mb.token_rows, mb.token_cols] = ent.float().cpu()
+        logp, entropy = self._per_token(batch, with_entropy=True)
+        assert entropy is not None
         return logp, entropy
 
     # ------------------------------------------------------------------------------------------ update
@@ -181,7 +136,7 @@ class Learner:
         if batch.old_logp is None:
             raise ValueError("update needs batch.old_logp (Learner.compute_logprobs before the first update)")
         if self.loss.kl_coef > 0 and batch.ref_logp is None:
-            raise ValueError("kl_coef > 0 needs batch.ref_logp (a reference learner's compute_logprobs)")
+            raise ValueError("kl_coef > 0 needs batch.ref_logp (`dapo.learner.ReferencePolicy.compute_logprobs`)")
         spec, world = self.loss, self.dist.world_size
         counts = local_counts(batch.loss_mask, batch.group_ids)
         total = all_reduce(

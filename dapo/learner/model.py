@@ -72,6 +72,42 @@ class PolicyModule(nn.Module):
         return chunked_logprobs_entropy(hidden, self.head_weight(), targets, chunk_size, temperature, with_entropy)
 
 
+# Config keys with which transformers' causal LMs change the logits after the output head (transformers 5.x:
+# Gemma 2/3 soft-cap with tanh, Cohere multiplies, Granite divides and HyperCLOVA X multiplies by
+# `logits_scaling`, MuseGlimmer multiplies by `output_multiplier`), each with the value that changes nothing.
+LOGIT_TRANSFORM_KEYS: dict[str, float | None] = {
+    "final_logit_softcapping": None,
+    "logit_scale": 1.0,
+    "logits_scaling": 1.0,
+    "output_multiplier": 1.0,
+}
+
+
+def check_plain_logits(config: Any, source: str) -> None:
+    """Raise if the model's config transforms the logits after the output head.
+
+    The chunked head (`dapo.algos.logprobs`) computes logits as hidden @ head^T / temperature; a model that
+    soft-caps or scales them would get log-probs of another distribution than the one the engine samples from,
+    and the ratio to the old policy would be wrong without any error. Nested configs (`text_config`) count too.
+    """
+    configs = [("", config)]
+    for sub in ("text_config", "decoder"):
+        nested = getattr(config, sub, None)
+        if nested is not None and not isinstance(nested, (str, bool, int, float, dict)):
+            configs.append((f"{sub}.", nested))
+    for prefix, cfg in configs:
+        for key, neutral in LOGIT_TRANSFORM_KEYS.items():
+            value = getattr(cfg, key, None)
+            if value is not None and value != neutral:
+                what = "soft-caps the logits with tanh" if "softcap" in key else "scales the logits"
+                raise ValueError(
+                    f"{source}: `{prefix}{key}` = {value!r} {what} after the output head; the learner's chunked "
+                    "log-prob head computes plain logits (hidden @ head / temperature), so its log-probs would not "
+                    "be those the rollout engine samples from. Models that transform their logits are not "
+                    "supported: choose another model.path."
+                )
+
+
 PACKABLE_ATTENTION = ("sdpa", "eager")  # attention implementations that honour a custom 4D mask
 
 
@@ -87,7 +123,7 @@ def check_packable(lm: nn.Module) -> None:
 
 def prepare_deepspeed() -> None:
     """Quiet DeepSpeed's INFO logs, and skip its shared-memory all-reduce op on CPUs: it is JIT-built on first
-    use (~35 s on each new machine, FINDINGS.md) and gloo's all-reduce is enough for a CPU-sized world. GPU
+    use (~35 s on each new machine, DeepSpeed 0.19.8) and gloo's all-reduce is enough for a CPU-sized world. GPU
     accelerators have no such op, so nothing changes there."""
     import deepspeed
 
@@ -102,7 +138,8 @@ def load_policy(
     model_path: str, dtype: torch.dtype, gradient_checkpointing: bool, ds_config: dict[str, Any]
 ) -> tuple[PolicyModule, Any]:
     """The HF model at `model_path` in `dtype`, with every dropout set to 0 (the first update on freshly
-    computed old log-probs must see ratio 1), wrapped for DeepSpeed.
+    computed old log-probs must see ratio 1), wrapped for DeepSpeed. A model whose config transforms the logits
+    after the head is refused before any weight is loaded (`check_plain_logits`).
 
     Returns (module, keep-alive): under ZeRO-3 the second value is transformers' `HfDeepSpeedConfig`, which makes
     `from_pretrained` build the model already partitioned (zero.Init), so no rank ever holds the whole model;
@@ -117,6 +154,7 @@ def load_policy(
 
         keep_alive = HfDeepSpeedConfig(ds_config)
     config = AutoConfig.from_pretrained(model_path)
+    check_plain_logits(config, f"{model_path}/config.json")
     for key, value in config.to_dict().items():
         if "dropout" in key and isinstance(value, float):
             setattr(config, key, 0.0)

@@ -1,7 +1,7 @@
 """The optimizer, the learning-rate schedule and the DeepSpeed config: plain functions of plain values.
 
-Schedule (SPEC section 5: linear warm-up, then constant), counted in rollout steps, not gradient updates, so the
-number of mini-batches per step (or a dynamic-sampling refill) cannot stretch it:
+Schedule (docs/algorithm.md section 5: linear warm-up, then constant), counted in rollout steps, not gradient
+updates, so the number of mini-batches per step (or a dynamic-sampling refill) cannot stretch it:
 
     lr(s) = lr * min(1, (s + 1) / warmup_steps)      s = rollout steps completed (0 during the first step)
 
@@ -32,7 +32,8 @@ def make_optimizer(
 ) -> torch.optim.Optimizer:
     """A torch optimizer for DeepSpeed to wrap.
 
-    `adamw` is torch's AdamW: DeepSpeed's own builds a C++ op first (~75 s, FINDINGS.md). `sgd` (plain,
+    `adamw` is torch's AdamW: DeepSpeed's own builds a C++ op first (~75 s on 2 CPU cores, DeepSpeed
+    0.19.8). `sgd` (plain,
     momentum 0) makes one step equal `lr x gradient`, which is what the learner's exactness tests compare.
     """
     params = list(params)

@@ -1,4 +1,4 @@
-"""The paper's figures (SPEC section 6) from an MLflow experiment, as PNG and PDF.
+"""The paper's figures (docs/algorithm.md section 6) from an MLflow experiment, as PNG and PDF.
 
 Each figure is a declarative `FigureSpec` (which rows, which metric per panel) drawn by one function, so a new
 figure is a new spec, not new plotting code. Seeds are drawn as their mean with a band of ±1 s.d. (where a row
@@ -212,7 +212,7 @@ def draw_figure(
 def make_figures(
     exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates", specs: tuple[FigureSpec, ...] = FIGURES
 ) -> list[FigureResult]:
-    """Every figure of SPEC section 6 (and response length per row) into out_dir, PNG and PDF."""
+    """Every figure of docs/algorithm.md section 6 (and response length per row) into out_dir, PNG and PDF."""
     if x_axis not in ("updates", "rollout"):
         raise ValueError(f"x_axis must be 'updates' or 'rollout', got {x_axis!r}")
     return [draw_figure(exp, spec, out_dir, x_axis) for spec in specs]

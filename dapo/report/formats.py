@@ -1,4 +1,4 @@
-"""One small table type written three ways: Markdown (for the report and the README), CSV (for your own
+"""One small table type written three ways: Markdown (for the report, and to paste into a README), CSV (for your own
 analysis: raw numbers, full precision) and LaTeX (booktabs, for a paper). A table also carries the names of what
 was missing, which the Markdown prints in a "Missing" section rather than hiding."""
 

@@ -4,7 +4,7 @@ Per row, in PAPER_TABLE1 order (then any user rows): avg@k, pass@k and maj@k of 
 logged step), the mean over seeds, their sample s.d., a confidence interval and the change from the row above,
 with the paper's number beside ours. k is the preset's eval.n (32 for the paper, so avg@32).
 
-Confidence interval (SPEC section 4: 30 problems is a small benchmark):
+Confidence interval (docs/algorithm.md section 5: 30 problems is a small benchmark):
 - more than one seed: Student t-interval over seeds, mean ± t_{(1+c)/2, n-1} · s / sqrt(n);
 - one seed: the run's own percentile bootstrap over problems (its ci_low / ci_high metrics).
 """

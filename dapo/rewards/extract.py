@@ -1,4 +1,4 @@
-"""Find the final answer in a model response (SPEC section 4), robustly and in linear time.
+"""Find the final answer in a model response (docs/algorithm.md section 4), robustly and in linear time.
 
 The DAPO template asks for a last line `Answer: <x>`; the last such line with something on it wins. A response
 without one falls back to its last balanced `\\boxed{...}`. Model output is hostile input (100k characters,

@@ -2,7 +2,7 @@
 
 Runs in the scoring worker processes (and in the caller's main thread for small batches). math-verify's own
 timeouts use `signal.alarm` with whole seconds, one alarm for parsing and another per comparison, and raise
-when called outside the main thread (FINDINGS.md). We switch them off and put one `setitimer` deadline (float
+when called outside the main thread (math-verify 0.9). We switch them off and put one `setitimer` deadline (float
 seconds) around parse + verify instead; a check that runs past it counts as wrong. C code that never returns
 to the interpreter cannot be interrupted by a signal: the pool in `pool.py` kills such a worker from outside.
 
@@ -144,43 +144,60 @@ def verify_equivalent(extracted: str, gold: str) -> bool:
     return bool(verify(gold_parsed, target, timeout_seconds=None))  # type: ignore[arg-type]
 
 
+# (extracted, gold, expected): checks that exercise the LaTeX parser and sympy (plain numbers never reach them).
 _WARM_UP = (
-    ("204.0", "204"),
-    ("\\frac{1}{2}", "0.5"),
-    ("x = 2", "2"),
-    ("\\boxed{3}", "3"),
-    ("1, 2", "\\{1,2\\}"),
-    ("(1,2]", "(1,2]"),
-    ("2\\sqrt{3}", "\\sqrt{12}"),
-    ("50\\%", "0.5"),
-    ("\\text{B}", "B"),
-    ("x^2+1", "1+x^2"),
+    ("\\frac{1}{2}", "0.5", True),
+    ("x = 2", "2", True),
+    ("\\boxed{3}", "3", True),
+    ("1, 2", "\\{1,2\\}", True),
+    ("(1,2]", "(1,2]", True),
+    ("2\\sqrt{3}", "\\sqrt{12}", True),
+    ("50\\%", "0.5", True),
+    ("\\text{B}", "B", True),
+    ("x^2+1", "1+x^2", True),
+    ("\\frac{1}{3}", "0.5", False),
 )
 _warm = False
 
 
+class VerifierBroken(RuntimeError):
+    """math-verify failed a check whose answer is known: its results in this process cannot be trusted."""
+
+
 def warm_up() -> None:
-    """Run a few checks with no deadline, once per process.
+    """Run a few checks with known answers and no deadline, once per process; raise `VerifierBroken` if one
+    raises or gives the wrong answer.
 
     Needed for correctness, not just speed: the first checks initialise module-level state in the LaTeX
     parser (ANTLR) and sympy; an alarm that interrupts that initialisation leaves it broken, and every later
     check of the process fails (measured: after a timed-out first check, `204.0` no longer verified as 204).
+    So a warm-up that fails is not skipped: every reward of the process would be wrong.
     """
     global _warm
-    if not _warm:
-        for extracted, gold in _WARM_UP:
-            try:
-                verify_equivalent(extracted, gold)
-            except Exception:
-                pass
-        _warm = True
+    if _warm:
+        return
+    for extracted, gold, expected in _WARM_UP:
+        try:
+            got = verify_equivalent(extracted, gold)
+        except Exception as e:
+            raise VerifierBroken(
+                f"math-verify raised on its warm-up check {extracted!r} vs {gold!r}: {type(e).__name__}: {e} "
+                "(check the installed math-verify[antlr4_13_2] and its antlr4 runtime)"
+            ) from e
+        if got != expected:
+            raise VerifierBroken(
+                f"math-verify says {got} for its warm-up check {extracted!r} vs {gold!r} (expected {expected}): "
+                "check the installed math-verify[antlr4_13_2] version (this project pins 0.9.0)"
+            )
+    _warm = True
 
 
 def check(task: tuple[str, str, float]) -> tuple[str, bool]:
     """Worker entry point: `(extracted, gold, timeout_s) -> (status, correct)`.
 
-    status is "ok", "timeout" (the deadline fired: correct is False) or "error" (math-verify raised).
-    Never raises except CheckTimeout escaping a teardown race, which the pool also maps to a timeout.
+    status is "ok", "timeout" (the deadline fired: correct is False) or "error" (math-verify raised on this
+    answer: it is not verified). Raises `VerifierBroken` when the process's warm-up fails (no answer could be
+    trusted), and CheckTimeout only if it escapes a teardown race, which the pool maps to a timeout.
     """
     extracted, gold, timeout_s = task
     warm_up()

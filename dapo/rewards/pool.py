@@ -37,8 +37,9 @@ def _worker_main(
     mem_limit: int | None,
     retire_if: Callable[[Any], bool] | None,
 ) -> None:
-    """Worker loop: receive a list of items, send ("ok", fn(item)) or ("error", None) per item, in order;
-    after a result for which `retire_if` is true, send ("retire", None) and exit (the parent replaces it)."""
+    """Worker loop: run `fn(warmup)` and send ("ready", None), or ("failed", why) and exit if it raised; then
+    receive a list of items, send ("ok", fn(item)) or ("error", why) per item, in order; after a result for which
+    `retire_if` is true, send ("retire", None) and exit (the parent replaces it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     if mem_limit:
         import resource
@@ -47,8 +48,9 @@ def _worker_main(
     if warmup is not None:
         try:
             fn(warmup)
-        except BaseException:
-            pass
+        except Exception as e:  # the parent raises it: a worker that cannot do its job must not take items
+            conn.send(("failed", f"{type(e).__name__}: {e}"))
+            return
     conn.send(("ready", None))
     while True:
         try:
@@ -60,8 +62,8 @@ def _worker_main(
         for item in batch:
             try:
                 out = ("ok", fn(item))
-            except BaseException:  # fn should not raise; if it does, that item alone is lost
-                out = ("error", None)
+            except BaseException as e:  # fn should not raise; if it does, that item alone is lost (and named)
+                out = ("error", f"{type(e).__name__}: {e}")
             conn.send(out)
             if retire_if is not None and out[0] == "ok" and retire_if(out[1]):
                 conn.send(("retire", None))
@@ -85,7 +87,8 @@ class BoundedPool:
     computation was interrupted by a signal and may have left the process's caches half-updated.
     `map(items, hard_timeout_s)` returns, in order, `(status, value)` per item with status "ok" (value is
     fn's result), "timeout" (killed after `hard_timeout_s`), "crash" (the worker died on it) or "error" (fn
-    raised). Thread-safe (one map at a time); survives a fork of the parent by starting fresh workers.
+    raised; value is the exception's text). A worker whose warm-up raises makes `map` raise RuntimeError.
+    Thread-safe (one map at a time); survives a fork of the parent by starting fresh workers.
     """
 
     def __init__(
@@ -123,7 +126,7 @@ class BoundedPool:
         try:
             w.proc.kill()
             w.proc.join(timeout=5)
-        except Exception:
+        except (OSError, ValueError):  # already reaped or closed: nothing left to stop
             pass
         w.conn.close()
 
@@ -191,6 +194,9 @@ class BoundedPool:
                         status, value = conn.recv()
                         if status == "ready":
                             w.ready = True
+                        elif status == "failed":
+                            self._kill(w)
+                            raise RuntimeError(f"a reward worker failed its warm-up: {value}")
                         elif status == "retire":  # done with its last item; the rest goes back
                             if w.job:
                                 queue.appendleft(w.job)
@@ -230,7 +236,7 @@ class BoundedPool:
             for w in self._workers:
                 try:
                     w.conn.send(None)
-                except Exception:
+                except (OSError, ValueError):  # the worker is gone already: it is killed below anyway
                     pass
             for w in self._workers:
                 w.proc.join(timeout=2)

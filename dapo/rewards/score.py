@@ -1,4 +1,4 @@
-"""Score responses against ground-truth answers: +1 if equivalent, else -1 (SPEC section 4).
+"""Score responses against ground-truth answers: +1 if equivalent, else -1 (docs/algorithm.md section 4).
 
 `score_responses` is what the trainer and the evaluator call, with thousands of responses per step:
 
@@ -167,10 +167,11 @@ def score_responses(
         results = [check(tasks[k]) for k in hard]
     else:
         pool = get_pool(workers or default_workers())
-        results = [
-            value if status == "ok" else (status, False)
-            for status, value in pool.map([tasks[k] for k in hard], float(timeout_s) + HARD_GRACE_S)
-        ]
+        mapped = pool.map([tasks[k] for k in hard], float(timeout_s) + HARD_GRACE_S)
+        raised = [value for status, value in mapped if status == "error" and value]
+        if raised:  # `check` does not raise on an answer: this is a bug, scored -1 and named here
+            log.warning("%d answer checks raised in the scoring worker, e.g. %s", len(raised), raised[0])
+        results = [value if status == "ok" else (status, False) for status, value in mapped]
     for k, result in zip(hard, results, strict=True):
         outcomes[k] = result
     timeouts = sum(status != "ok" for status, _ in outcomes)

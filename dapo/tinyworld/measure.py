@@ -3,7 +3,7 @@
 - eval: avg@k (mean accuracy over all problems x k samples, in percent, as the paper's avg@32), pass@k (any
   correct) and the fraction of samples that hit the generation cap, at the eval sampling settings.
 - train groups: for G samples per train prompt at the rollout settings, the fractions of groups that are
-  all-correct or all-wrong (the groups dynamic sampling would drop; FINDINGS saw 30-60% in a prototype).
+  all-correct or all-wrong (the groups dynamic sampling would drop; 30-60% in a prototype world).
 
 Correctness is the tiny world's own integer check (`tasks.is_correct`: last `Answer: N` line); the project's
 verifiers agree with it on integers.

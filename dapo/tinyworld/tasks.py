@@ -207,8 +207,12 @@ def solution_text(
     return "\n".join(lines)
 
 
-def extract_answer(response: str) -> str | None:
-    """The integer on the last line of the form `Answer: N`, or None (the tiny world's answers are integers)."""
+def final_integer_answer(response: str) -> str | None:
+    """The integer on the last line of the form `Answer: N` (nothing else on the line), or None.
+
+    The tiny world's own strict check, used while building it (`measure.py`: how the base model does). Rewards
+    use `dapo.rewards.extract_answer`, which accepts any answer format a model writes and cleans it for a
+    verifier; on the solutions of the tiny world's format (`Answer: N` lines) the two agree (a test checks it)."""
     for line in reversed(response.strip().splitlines()[-20:]):
         m = _ANSWER_RE.match(line)
         if m:
@@ -217,7 +221,7 @@ def extract_answer(response: str) -> str | None:
 
 
 def is_correct(response: str, answer: str | int) -> bool:
-    got = extract_answer(response)
+    got = final_integer_answer(response)
     return got is not None and got == str(int(answer))
 
 

@@ -1,6 +1,6 @@
 """The tiny world's tokenizer: a byte-level BPE trained offline on the task's own text.
 
-Two choices matter (FINDINGS.md, "Tokenizers" and "A tiny world that learns"):
+Two choices matter, both found the hard way on a prototype:
 
 - Pre-tokenization is Qwen2's split regex followed by `ByteLevel(use_regex=False)`, exactly what transformers'
   `Qwen2Tokenizer` rebuilds when a folder's `config.json` says qwen2. Any other pre-tokenizer is silently swapped

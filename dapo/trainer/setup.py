@@ -15,7 +15,7 @@ from dapo.trainer.components import Components, EvalSet, MetricsTracker
 from dapo.types import Problem
 
 if TYPE_CHECKING:
-    from dapo.learner import Learner
+    from dapo.learner import Learner, ReferencePolicy
     from dapo.rewards.score import Score
 
 log = logging.getLogger("dapo.train")
@@ -115,7 +115,7 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
     if not problems:
         raise ValueError(f"no training prompts left from data.train={d.train!r}")
     learner = make_learner(cfg, path)
-    # TODO(kl): with algorithm.kl_coef > 0, build the frozen reference policy here and pass it as `reference`.
+    reference = make_reference(cfg, path) if cfg.algorithm.kl_coef > 0 else None
     eval_set = make_eval_set(cfg, tok)
     max_len = d.max_prompt_length + max(r.max_response_length, cfg.resolved_eval_max_tokens())
     # every rank samples: one engine per rollout replica (tensor_parallel_size ranks share one); on GPUs the
@@ -155,6 +155,7 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
         eval_set=eval_set,
         tensor_parallel_size=r.tensor_parallel_size,
         cleanup=shutdown_pools,
+        reference=reference,
     )
 
 
@@ -184,6 +185,24 @@ def make_learner(cfg: RunConfig, path: str) -> Learner:
         micro_batch_tokens=t.micro_batch_tokens,
         logprob_chunk_size=t.logprob_chunk_size,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
+        pack_prompts=t.pack_prompts,
+    )
+
+
+def make_reference(cfg: RunConfig, path: str) -> ReferencePolicy:
+    """The KL term's reference policy (algorithm.kl_coef > 0): the initial model at `path`, frozen, on the learner's
+    ranks and ZeRO stage, through the learner's chunked head at the sampling temperature (docs/algorithm.md
+    section 9)."""
+    from dapo.learner import ReferencePolicy
+
+    t = cfg.trainer
+    return ReferencePolicy(
+        path,
+        zero_stage=t.zero_stage,
+        dtype=cfg.model.dtype,
+        micro_batch_tokens=t.micro_batch_tokens,
+        logprob_chunk_size=t.logprob_chunk_size,
+        temperature=cfg.rollout.temperature,
         pack_prompts=t.pack_prompts,
     )
 

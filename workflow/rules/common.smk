@@ -67,7 +67,8 @@ def _resolve(row, seed, extra=()):
 RUN_CFGS = {(row, seed): _resolve(row, seed) for row in ROWS for seed in SEEDS}
 BASE = next(iter(RUN_CFGS.values()))
 IS_TINY = BASE.model.path == "tiny"
-TINY_DIR = Path(config.get("tiny_world") or RESULTS / "tiny_world").resolve()
+# The config's own tiny.dir (default results/tiny_world, where the tests cache it too): built once for both.
+TINY_DIR = Path(config.get("tiny_world") or BASE.tiny.dir).resolve()
 
 
 def q(*parts):

@@ -1,0 +1,88 @@
+"""The per-token forward that the learner and the reference policy share: this rank's responses, in token-budget
+micro-batches, through the model's chunked log-prob head (`PolicyModule.forward`).
+
+Both run under DeepSpeed, so the same rules hold for both: every rank runs the same number of micro-batch passes
+(a rank with fewer runs empty dummy passes), because under ZeRO-3 each forward gathers parameters collectively.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dapo.distributed import DistInfo, all_reduce
+from dapo.learner.batch import (
+    MicroBatch,
+    PolicyBatch,
+    collate,
+    collate_packed,
+    dummy_micro_batch,
+    plan_micro_batches,
+    plan_packed_micro_batches,
+)
+
+
+class ChunkedForward:
+    """Mixin: micro-batch planning and the chunked-head forward of a DeepSpeed-wrapped `PolicyModule`.
+
+    The class using it sets `engine` (the DeepSpeed engine), `dist` (`DistInfo`), `micro_batch_tokens`,
+    `chunk_size`, `pack_prompts`, and provides `temperature` (the sampling temperature the logits are divided by).
+    """
+
+    engine: Any
+    dist: DistInfo
+    micro_batch_tokens: int
+    chunk_size: int
+    pack_prompts: bool
+    temperature: float
+
+    def _plan(self, batch: PolicyBatch) -> list[list[Any]]:
+        """Micro-batches of this rank (sequence indices, or packed rows of them with `pack_prompts`), padded with
+        empty ones ([]: a dummy pass) to the most any rank has."""
+        if self.pack_prompts:
+            plan = plan_packed_micro_batches(batch.prompt_ids, batch.response_ids, self.micro_batch_tokens)
+        else:
+            lengths = [
+                len(p) + len(r) - 1 if r else 0 for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)
+            ]
+            plan = plan_micro_batches(lengths, self.micro_batch_tokens)
+        # At least one pass, so a step always follows a backward (a mini-batch without responses).
+        most = max(1, int(all_reduce(torch.tensor([len(plan)], dtype=torch.float64), "max").item()))
+        return plan + [[] for _ in range(most - len(plan))]
+
+    def _collate(self, batch: PolicyBatch, item: list[Any]) -> MicroBatch:
+        if not item:
+            return dummy_micro_batch()
+        if self.pack_prompts:
+            return collate_packed(batch.prompt_ids, batch.response_ids, item)
+        return collate(batch.prompt_ids, batch.response_ids, item)
+
+    def _forward(self, mb: MicroBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        dev = self.dist.device
+        return self.engine(
+            input_ids=mb.input_ids.to(dev),
+            attention_mask=mb.attention_mask.to(dev),
+            positions=mb.positions.to(dev),
+            targets=mb.targets.to(dev),
+            temperature=self.temperature,
+            chunk_size=self.chunk_size,
+            with_entropy=with_entropy,
+            position_ids=None if mb.position_ids is None else mb.position_ids.to(dev),
+        )
+
+    @torch.no_grad()
+    def _per_token(self, batch: PolicyBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """(logp [N, R], entropy [N, R] or None), float32 on the CPU, zeros after each response."""
+        n, width = batch.loss_mask.shape
+        logp = torch.zeros(n, width, dtype=torch.float32)
+        entropy = torch.zeros(n, width, dtype=torch.float32) if with_entropy else None
+        for rows in self._plan(batch):
+            mb = self._collate(batch, rows)
+            lp, ent = self._forward(mb, with_entropy=with_entropy)
+            if rows:
+                logp[mb.token_rows, mb.token_cols] = lp.float().cpu()
+                if entropy is not None:
+                    entropy[mb.token_rows, mb.token_cols] = ent.float().cpu()
+        return logp, entropy

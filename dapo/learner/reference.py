@@ -1,0 +1,71 @@
+"""`ReferencePolicy`: the frozen policy that the KL term pulls towards (GRPO's reference model; off in DAPO).
+
+    ref = ReferencePolicy(model_path, zero_stage=3, dtype="bfloat16", micro_batch_tokens=45056,
+                          logprob_chunk_size=256, temperature=1.0)      # the initial model, never updated
+    batch.ref_logp = ref.compute_logprobs(batch)                        # [N, R], this rank's part; no grad
+    learner.update(batch)                                               # adds kl_coef * k3 per loss token
+
+The reference is the model the run starts from (`model.path`), loaded a second time without an optimizer, with
+the learner's dtype and ranks. Its log-probs come from the same micro-batching and chunked log-prob head as the
+learner's (`ChunkedForward`), at the same temperature, so with unchanged weights they equal the learner's old
+log-probs exactly. Under ZeRO-3 its parameters are partitioned over the ranks like the learner's (each rank holds
+1/world of them, gathered layer by layer during the forward); under ZeRO 0-2, which partition only optimizer
+state and gradients and a frozen model has neither, every rank holds a whole copy. docs/algorithm.md section 9
+gives its memory at the 32B preset.
+
+Every rank calls `compute_logprobs` (ZeRO-3 gathers collectively), with its own part of the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dapo.distributed import init_distributed
+from dapo.learner.batch import PolicyBatch
+from dapo.learner.forward import ChunkedForward
+from dapo.learner.model import check_packable, load_policy, prepare_deepspeed
+from dapo.learner.optim import deepspeed_config, resolve_dtype
+
+
+class ReferencePolicy(ChunkedForward):
+    """The frozen reference policy pi_ref of the k3 KL term (see the module docstring)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        zero_stage: int,
+        dtype: str = "auto",
+        micro_batch_tokens: int = 32768,
+        logprob_chunk_size: int = 1024,
+        temperature: float = 1.0,
+        pack_prompts: bool = False,
+    ) -> None:
+        import deepspeed
+
+        prepare_deepspeed()
+        self.dist = init_distributed()
+        self.model_path = model_path
+        self.micro_batch_tokens, self.chunk_size = micro_batch_tokens, logprob_chunk_size
+        self.temperature, self.pack_prompts = temperature, pack_prompts
+        self.dtype = resolve_dtype(dtype)
+        # Stages 1 and 2 partition optimizer state and gradients only; without either they would be stage 0.
+        self.zero_stage = 3 if zero_stage == 3 else 0
+        ds_config = deepspeed_config(self.zero_stage, self.dtype == torch.bfloat16, 1.0, self.dist.world_size)
+        policy, self._zero_init = load_policy(model_path, self.dtype, False, ds_config)
+        policy.requires_grad_(False)
+        if pack_prompts:
+            check_packable(policy.lm)
+        self.engine, *_ = deepspeed.initialize(model=policy, config=ds_config)
+        if self.zero_stage == 3:
+            # The head weight is read in PolicyModule.forward, outside the head module's own forward.
+            deepspeed.zero.register_external_parameter(self.engine.module, self.engine.module.head_weight())
+        self.engine.eval()
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: PolicyBatch) -> Tensor:
+        """Per-token log-probs [N, R] (float32, CPU, zeros after each response) of this rank's responses under the
+        reference policy, at the sampling temperature. Every rank must call it."""
+        logp, _ = self._per_token(batch, with_entropy=False)
+        return logp

@@ -1,0 +1,125 @@
+"""The import layering of docs/architecture.md ("Import layering") holds: every import in the package, parsed with
+`ast` (function-level and TYPE_CHECKING ones included), is an edge the table allows; the table has no cycle; and
+every part of the package is in it. The table is read from the doc itself, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "dapo"
+DOC = REPO / "docs" / "architecture.md"
+CLI = "cli"  # the command-line layer: may import anything
+
+
+def allowed_edges() -> dict[str, set[str]]:
+    """part -> the parts it may import, from the doc's table (rows `| `part` | `a`, `b` or nothing | why |`)."""
+    text = DOC.read_text()
+    section = text[text.index("## Import layering") :]
+    table: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and re.fullmatch(r"`\w+`", cells[0]):
+            table[cells[0].strip("`")] = set(re.findall(r"`(\w+)`", cells[1]))
+    assert table, f"{DOC}: no import table under '## Import layering'"
+    return table
+
+
+def part_of(module: str) -> str:
+    """`dapo.learner.batch` -> `learner`; a command-line module -> CLI."""
+    parts = module.split(".")
+    if module in ("dapo.cli", "dapo.config_cli") or (len(parts) == 3 and parts[2] == "cli"):
+        return CLI
+    return parts[1] if len(parts) > 1 else "dapo"
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every `dapo...` module this file imports, relative imports resolved."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "dapo"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "dapo":
+                continue
+            # `from dapo import metric_names` imports the module dapo.metric_names
+            found |= {f"{target}.{a.name}" for a in node.names} if target == "dapo" else {target}
+    return found
+
+
+def edges() -> dict[tuple[str, str], list[str]]:
+    """(importing part, imported part) -> the files with such an import."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        src = part_of(module_name(path))
+        for target in imports(path):
+            dst = part_of(target)
+            if dst not in (src, "dapo"):
+                out.setdefault((src, dst), []).append(str(path.relative_to(REPO)))
+    return out
+
+
+def test_every_import_is_an_edge_the_table_allows():
+    table = allowed_edges()
+    bad = [
+        f"{src} -> {dst} ({', '.join(files)})"
+        for (src, dst), files in sorted(edges().items())
+        if src != CLI and dst not in table.get(src, set())
+    ]
+    assert not bad, "imports the table in docs/architecture.md does not allow:\n" + "\n".join(bad)
+
+
+def test_every_part_of_the_package_is_in_the_table():
+    table = allowed_edges()
+    parts = {part_of(module_name(p)) for p in PACKAGE.rglob("*.py")} - {CLI, "dapo"}
+    missing = sorted(parts - set(table))
+    assert not missing, f"add {missing} to the import table in docs/architecture.md"
+    unknown = sorted({d for deps in table.values() for d in deps} - set(table))
+    assert not unknown, f"the table names parts that do not exist: {unknown}"
+
+
+def test_the_table_has_no_cycle_and_the_cli_sits_on_top():
+    table = allowed_edges()
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        if state.get(node) == 1:
+            raise AssertionError(f"cycle in the import table: {' -> '.join([*path, node])}")
+        if state.get(node) == 2:
+            return
+        state[node] = 1
+        for dep in sorted(table.get(node, ())):
+            visit(dep, [*path, node])
+        state[node] = 2
+
+    for node in table:
+        visit(node, [])
+    assert all(CLI not in deps for deps in table.values())  # nothing below imports a command-line module
+
+
+def test_the_checker_sees_function_level_and_relative_imports(tmp_path, monkeypatch):
+    """The parser itself: an import inside a function and a relative one are both found."""
+    pkg = tmp_path / "dapo" / "data"
+    pkg.mkdir(parents=True)
+    src = pkg / "x.py"
+    src.write_text("from ..types import Problem\n\ndef f():\n    from dapo.tinyworld import build\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert imports(src) == {"dapo.types", "dapo.tinyworld"}
