@@ -8,6 +8,12 @@
 All three are means over problems of a per-problem value, so the confidence interval is a percentile bootstrap
 over problems (resample P problems with replacement, seeded): AIME has only 30 problems, and the problem
 sample, not the n draws per problem, dominates the uncertainty. Every value is in percent.
+
+Across runs (Table 1, the mechanisms, the designs' marginal effects), `contrast_interval` gives the interval of a
+row's mean (or of a difference of rows) over both the problems and the training seeds: per-problem accuracies
+y [S, P] of each seed's final eval, the problem term var over problems of the seed-averaged accuracy / P (paired
+on problems for a difference), the seed term from a two-way ANOVA (`seed_variance`) / S, and a t quantile with
+Satterthwaite's degrees of freedom. `welch_interval` compares one statistic per seed between two rows.
 """
 
 from __future__ import annotations
