@@ -9,10 +9,18 @@ import time
 import pytest
 
 from dapo.cli import main
-from dapo.config import load_config
+from dapo.config import ConfigError, load_config
 from dapo.data.loaders import load_problems
 from dapo.data.prompts import build_prompt, encode_prompt
-from dapo.tinyworld.build import ensure_tiny_world, is_built, read_manifest, tiny_paths, world_hash
+from dapo.tinyworld.build import (
+    ensure_large_eval,
+    ensure_tiny_world,
+    is_built,
+    read_manifest,
+    resolve_source,
+    tiny_paths,
+    world_hash,
+)
 
 SMALL = ["tiny.sft_steps=8", "tiny.n_train=40", "tiny.n_eval=8", "eval.n=2", "rollout.n=2"]
 
@@ -86,6 +94,33 @@ def test_same_config_is_a_cache_hit_and_another_is_not(small, capsys):
     # eval settings are measured, not hashed; tiny.* settings are hashed
     assert is_built(root, load_config(preset="tiny", overrides=SMALL + ["eval.n=4"]).tiny)
     assert not is_built(root, load_config(preset="tiny", overrides=SMALL + ["tiny.seed=1"]).tiny)
+
+
+def test_large_eval_split_is_drawn_beside_the_world_without_rebuilding_it(small):
+    """Changing the large split's size writes a new file in well under a second and leaves the model alone: a
+    world built before the split existed stays valid (its hash does not include tiny.n_eval_large)."""
+    cfg, root = small
+    model_before = (tiny_paths(root).model / "config.json").stat().st_mtime_ns
+    cfg12 = load_config(preset="tiny", overrides=SMALL + [f"tiny.dir={root}", "tiny.n_eval_large=12"])
+    assert world_hash(cfg12.tiny) == world_hash(cfg.tiny) == read_manifest(root)["hash"]
+    t0 = time.perf_counter()
+    path = ensure_large_eval(cfg12)
+    assert time.perf_counter() - t0 < 5.0 and path == root / "eval_large_12.jsonl"
+    large = load_problems(path)
+    trained = {p.problem for p in load_problems(tiny_paths(root).train)} | {
+        p.problem for p in load_problems(tiny_paths(root).eval)
+    }
+    assert len(large) == 12 and not {p.problem for p in large} & trained
+    assert (tiny_paths(root).model / "config.json").stat().st_mtime_ns == model_before
+    cfg_eval = load_config(
+        preset="tiny", overrides=SMALL + [f"tiny.dir={root}", "tiny.n_eval_large=12", "data.eval=tiny-large"]
+    )
+    assert resolve_source(cfg_eval, "eval") == str(path) and resolve_source(cfg_eval, "train") == str(
+        tiny_paths(root).train
+    )
+    assert resolve_source(cfg, "eval") == str(tiny_paths(root).eval)  # `tiny`: the AIME-sized split, as before
+    with pytest.raises(ConfigError, match="data.train=tiny"):
+        load_config(preset="tiny", overrides=["data.train=tiny-large"])
 
 
 def test_refuses_to_overwrite_a_directory_that_is_not_a_tiny_world(tmp_path):
