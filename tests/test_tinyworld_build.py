@@ -78,8 +78,10 @@ def test_manifest_records_the_hash_and_the_measurement(small):
     cfg, root = small
     m = read_manifest(root)
     assert m["hash"] == world_hash(cfg.tiny) and m["seed"] == 0 and m["tiny"]["sft_steps"] == 8
-    assert m["eval"]["n"] == 2 and m["eval"]["top_p"] == 0.7 and m["eval"]["max_new_tokens"] == 64
-    assert 0 <= m["eval"]["avg@2"] <= 100 and 0 <= m["eval"]["truncated_fraction"] <= 1
+    assert (
+        m["eval"]["n"] == 16 and m["eval"]["top_p"] == 0.7
+    )  # eval.n=2, but at least 16 per problem and m["eval"]["max_new_tokens"] == 64
+    assert 0 <= m["eval"]["avg@16"] <= 100 and 0 <= m["eval"]["truncated_fraction"] <= 1
     assert m["max_prompt_tokens"] <= cfg.data.max_prompt_length
 
 
@@ -118,7 +120,8 @@ def test_large_eval_split_is_drawn_beside_the_world_without_rebuilding_it(small)
     assert resolve_source(cfg_eval, "eval") == str(path) and resolve_source(cfg_eval, "train") == str(
         tiny_paths(root).train
     )
-    assert resolve_source(cfg, "eval") == str(tiny_paths(root).eval)  # `tiny`: the AIME-sized split, as before
+    small_eval = load_config(preset="tiny", overrides=SMALL + [f"tiny.dir={root}", "data.eval=tiny"])
+    assert resolve_source(small_eval, "eval") == str(tiny_paths(root).eval)  # `tiny`: the AIME-sized split
     with pytest.raises(ConfigError, match="data.train=tiny"):
         load_config(preset="tiny", overrides=["data.train=tiny-large"])
 
@@ -139,8 +142,9 @@ def test_default_build_starts_rl_in_the_intended_regime():
     time."""
     cfg = load_config(preset="tiny")
     m = read_manifest(ensure_tiny_world(cfg))
-    avg = m["eval"][f"avg@{cfg.eval.n}"]
-    assert 15 <= avg <= 60 and m["eval"][f"pass@{cfg.eval.n}"] >= avg + 20
+    n = m["eval"]["n"]
+    avg = m["eval"][f"avg@{n}"]
+    assert n >= 16 and 15 <= avg <= 60 and m["eval"][f"pass@{n}"] >= avg + 20
     assert m["eval"]["truncated_fraction"] > 0
     g = m["train_groups"]
     assert 0.03 <= g["truncated_fraction"] <= 0.2

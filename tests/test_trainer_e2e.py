@@ -42,6 +42,7 @@ def args(world: Path, tmp: Path, row: str = "00_naive_grpo", *extra: str) -> lis
         "tiny.sft_steps=20",
         "tiny.n_train=64",
         "tiny.n_eval=4",
+        "data.eval=tiny",  # the 4-problem split above, not the preset's large one
         "trainer.total_steps=3",
         "trainer.train_batch_size=2",
         "trainer.mini_batch_size=1",

@@ -37,6 +37,9 @@ VOCAB_SIZE = 1024  # an upper bound: the BPE saturates near 500 on this task's t
 MAX_POSITIONS = 512
 TOKENIZER_CORPUS = 4000  # problems whose prompts and solutions train the BPE
 GROUP_PROMPTS = 64  # train prompts sampled to measure all-correct / all-wrong group fractions
+# Samples per problem of the build-end measurement on the AIME-sized split (at least): with the tiny preset's one
+# sample per problem (it evaluates on the large split), 30 samples would say little, and pass@n nothing.
+MEASURE_MIN_N = 16
 # `data.train` / `data.eval` values that name the tiny world's files: its train and AIME-sized eval splits, and
 # (eval only) the large split of `tiny.n_eval_large` problems.
 TINY = "tiny"
@@ -115,8 +118,9 @@ def ensure_tiny_world(
     """The tiny world directory for `cfg` (default `cfg.tiny.dir`), built first when missing or stale.
 
     The model is at `<dir>/model`, the data at `<dir>/train.jsonl` and `<dir>/eval.jsonl` (see `tiny_paths`).
-    The build-end measurement uses the run's eval settings (eval.n, temperature, top_p, the eval token cap) and
-    its rollout settings for the train-group fractions; they are recorded in the manifest, not hashed.
+    The build-end measurement uses the run's eval settings (temperature, top_p, the eval token cap; eval.n but at
+    least `MEASURE_MIN_N` samples per problem of the AIME-sized split) and its rollout settings for the
+    train-group fractions; they are recorded in the manifest, not hashed.
     `threads`: torch CPU threads for the build. 1 by default: on a shared machine two OpenMP threads ran 5-10x
     slower than one (spin-waiting), and a fixed count keeps the build bit-reproducible.
     """
@@ -137,7 +141,7 @@ def ensure_tiny_world(
             build_tiny_world(
                 cfg.tiny,
                 tmp,
-                eval_n=cfg.eval.n,
+                eval_n=max(cfg.eval.n, MEASURE_MIN_N),
                 eval_temperature=cfg.eval.temperature,
                 eval_top_p=cfg.eval.top_p,
                 max_new_tokens=cfg.resolved_eval_max_tokens(),
