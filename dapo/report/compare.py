@@ -51,6 +51,7 @@ class Comparison:
     curve: Table
     final: Interval | None
     mechanisms: Table
+    results: list = field(default_factory=list)  # the MechanismResult behind each line of `mechanisms`
     figure: list[Path] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
 
@@ -156,11 +157,13 @@ def compare(
         Panel((const(M.DS_TOKENS_GENERATED),), const("tokens generated per step")),
     )
     stem = f"{row_a}_vs_{row_b}"
-    spec = FigureSpec(stem, lambda k: f"{row_a} vs {row_b}", (row_a, row_b), panels)
+    spec = FigureSpec(stem, lambda k: f"{row_a} vs {row_b}", (row_a, row_b), panels, ncols=3)
     fig = draw_figure(exp, spec, out, x_axis)
     write_table(curve, out, f"{stem}_curve")
     write_table(mech, out, f"{stem}_mechanisms")
-    return Comparison(row_a, row_b, exp.k, curve, final, mech, fig.paths, miss_a + miss_b + fig.missing + mech.missing)
+    return Comparison(
+        row_a, row_b, exp.k, curve, final, mech, results, fig.paths, miss_a + miss_b + fig.missing + mech.missing
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -185,17 +188,48 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out or Path("results", args.preset, "compare"))
     c = compare(exp, row_a, row_b, out, args.x_axis)
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=160)  # logs and pipes: no 80-column squeeze
     _print(console, c.curve)
     console.print(
         f"final avg@{c.k}, {row_b} - {row_a}: {fmt_interval(c.final)}"
         + (f"  ({c.final.method})" if c.final and c.final.method else "")
     )
-    _print(console, c.mechanisms)
+    _print(console, _compact(c))
     for m in c.missing:
         print(f"missing: {m}", file=sys.stderr)
     console.print(f"wrote {', '.join(str(p) for p in c.figure)} and the tables beside them")
     return 0
+
+
+def _compact(c: Comparison) -> Table:
+    """The mechanisms for a terminal: what, A, B, Δ and verdict (the written tables hold every column)."""
+    import numpy as np
+
+    from dapo.report.mechanisms import fmt_delta, fmt_value
+
+    def mean(v: list[float]) -> str:
+        return fmt_value(float(np.mean(v))) if v else "—"
+
+    cells = [
+        [
+            f"{r.mechanism.toggle}{' *' if r.mechanism.primary else ''}: {r.mechanism.quantity}",
+            r.mechanism.statistic_label(),
+            mean(r.without_values),
+            mean(r.with_values),
+            fmt_delta(r.interval),
+            "+" if r.mechanism.expected_sign > 0 else "−",
+            r.verdict,
+        ]
+        for r in c.results
+    ]
+    return Table(
+        title=c.mechanisms.title,
+        columns=["Mechanism (* primary)", "Statistic", "A", "B", "B - A [95% CI]", "Paper", "Verdict"],
+        cells=cells,
+        csv_columns=[],
+        csv_rows=[],
+        notes=["Means over seeds; Welch's interval over seeds. Paper: the sign it expects for adding the toggle."],
+    )
 
 
 def _print(console, t: Table) -> None:
