@@ -60,9 +60,9 @@ def _group(lengths: list[int], truncated: list[bool], correct: list[bool]):
 @pytest.mark.parametrize("overlong_filter, share", [(False, 3 / 10), (True, 0.0)])
 def test_trained_batch_reports_truncated_loss_share_and_zero_advantage_groups(overlong_filter, share):
     from dapo.algos.dynamic_sampling import RefillStats
-    from dapo.trainer.batch import build_batch
     from dapo.trainer.collect import Collected
     from dapo.trainer.metrics import rollout_metrics
+    from dapo.trainer.rollout_batch import build_batch
 
     # group 0: both wrong (advantages all 0), one truncated (2 of its tokens); group 1: one right, one truncated
     groups = [_group([3, 2], [False, True], [False, False]), _group([4, 1], [False, True], [True, False])]

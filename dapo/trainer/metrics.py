@@ -54,7 +54,7 @@ def _trained_metrics(col: Collected, batch: RolloutBatch) -> dict[str, float]:
     return out
 
 
-def _mechanism_metrics(batch: ResponseBatch) -> dict[str, float]:
+def _mechanism_metrics(batch: RolloutBatch) -> dict[str, float]:
     """What two toggles act on, measured on the trained batch: the share of the loss's tokens that belong to
     truncated responses (overlong filtering drives it to 0) and the share of trained groups whose advantages are
     all 0, which carry no gradient (dynamic sampling drives it to 0)."""
