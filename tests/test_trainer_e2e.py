@@ -43,6 +43,7 @@ def args(world: Path, tmp: Path, row: str = "00_naive_grpo", *extra: str) -> lis
         "tiny.n_train=64",
         "tiny.n_eval=4",
         "data.eval=tiny",  # the 4-problem split above, not the preset's large one
+        "trainer.lr=1.0e-4",  # the warm-up assertion below is in these units, whatever the preset's lr
         "trainer.total_steps=3",
         "trainer.train_batch_size=2",
         "trainer.mini_batch_size=1",
