@@ -16,8 +16,8 @@
 #
 # Fig 1 (avg@k and pass@k, full recipe), Fig 2 (clip-higher: accuracy and entropy), Fig 3a (probability of
 # upper-clipped tokens), Fig 3b (all-correct groups), Fig 4 (token-level loss: entropy and length), Fig 5
-# (overlong filtering), Fig 6 (dynamic sampling), and response length per row; PNG and PDF under
-# `<out_dir>/figures`. Seeds are drawn as mean and ±1 s.d. band. The drawing code is `dapo.report.figures`.
+# (overlong filtering), Fig 6 (dynamic sampling), response length per row, and the mechanisms' intervals; PNG and
+# PDF under `<out_dir>/figures`. Seeds are drawn as mean and ±1 s.d. band. The drawing code is `dapo.report.figures`.
 
 # %%
 from IPython.display import Image, display

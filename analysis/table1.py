@@ -12,10 +12,12 @@
 # ---
 
 # %% [markdown]
-# # Table 1 and the compute table, from an MLflow experiment
+# # Table 1, the mechanisms, the marginal effects and the compute table, from an MLflow experiment
 #
 # Reads one run per (ablation row, seed) through MLflow's API and writes Table 1 (our avg@k beside the paper's
-# AIME 2024 avg@32) and the compute table as Markdown, CSV and LaTeX. The logic lives in `dapo.report` (tested);
+# AIME 2024 avg@32, intervals over problems and seeds), the mechanisms table (what each toggle moved, against the
+# paper's expected sign), each toggle's marginal effect under the cumulative, leave-one-out and one-at-a-time
+# designs, and the compute table as Markdown, CSV and LaTeX. The logic lives in `dapo.report` (tested);
 # this notebook only calls it and shows the result. Run it with `dapo report`, or by hand:
 #
 #     jupytext --to ipynb analysis/table1.py && papermill analysis/table1.ipynb out.ipynb -p experiment NAME
@@ -45,6 +47,12 @@ for w in exp.warnings:
 # %%
 missing = write_tables(exp, out_dir, gpus_per_run, cpus_per_run, confidence)
 display(Markdown(Path(out_dir, "table1.md").read_text()))
+
+# %%
+display(Markdown(Path(out_dir, "mechanisms.md").read_text()))
+
+# %%
+display(Markdown(Path(out_dir, "marginal_effects.md").read_text()))
 
 # %%
 display(Markdown(Path(out_dir, "compute.md").read_text()))

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("dapo.trainer.cli", "Train one ablation row (resumes from its run directory)."),
     "eval": ("dapo.evaluation.cli", "Evaluate a model: avg@k, pass@k, maj@k with confidence intervals."),
     "report": ("dapo.report.cli", "Regenerate Table 1 and the paper's figures from an MLflow experiment."),
+    "compare": ("dapo.report.compare", "Two rows side by side: eval curves and mechanism statistics, from MLflow."),
     "config": ("dapo.config_cli", "Show the resolved config, or every key with its default and meaning."),
 }
 

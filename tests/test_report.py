@@ -106,8 +106,12 @@ def test_table1_ci_is_a_t_interval_over_two_seeds(full_report):
 
 def test_table1_markdown_and_latex_show_ours_beside_the_paper(full_report):
     md = (full_report / "table1.md").read_text()
-    assert "| Naive GRPO | 22.0 ± 2.8 | [-3.4, 47.4] | — | 30 | — | 52.0 | 27.0 | 2 | t over 2 seeds |" in md
-    assert "| + Dynamic Sampling (DAPO) | 46.5 ± 2.1 |" in md and "| +8.0 | 50 | +8 |" in md
+    assert "| Naive GRPO | 22.0 ± 2.8 | [-3.4, 47.4] | — | — | 30 | — | 52.0 | 27.0 | 2 | 160 | t over 2 seeds |" in md
+    # Δ 46.5 - 38.5 with Welch's interval: s^2 4.5 and 4.5 over 2 seeds each, df 2, t 4.303: ±9.13
+    assert (
+        "| + Dynamic Sampling (DAPO) | 46.5 ± 2.1 |" in md
+        and "| +8.0 [-1.1, +17.1] | +24.5 [+12.9, +36.1] | 50 | +8 |" in md
+    )
     assert "Nothing missing." in md
     tex = (full_report / "table1.tex").read_text()
     assert r"\toprule" in tex and r"+ Clip-Higher & 34.0 $\pm$ 1.4" in tex
@@ -265,3 +269,126 @@ def test_user_rows_follow_the_paper_rows_and_survive_latex():
     assert f"run {R[0]}-s0: metric {M.ci_low(M.eval_avg(4))} missing (no CI for one seed)" in t.missing
     tex = to_latex(table1_table(t))
     assert r"06\_my\_variant & 45.0 &" in tex and r"row 01\_overlong\_filtering (+ Overlong" in tex
+
+
+# --------------------------------------------------------------- per-problem samples: problems x seeds intervals
+# Per-problem accuracy (percent) of each seed's final eval, 3 problems x 10 samples; the same numbers as the
+# hand-worked cases in tests/test_algos_evalstats.py.
+ROW_B = [[60, 40, 20], [80, 60, 40]]  # row 01 (and full DAPO below)
+ROW_A = [[50, 50, 10], [50, 50, 10]]  # row 00 (and DAPO without clip-higher below)
+
+
+def _samples(per_problem: list[int]) -> np.ndarray:
+    return np.array([[j < pct // 10 for j in range(10)] for pct in per_problem])
+
+
+@pytest.fixture(scope="module")
+def evidence_report(store, tmp_path_factory):
+    from dapo.report.synthetic import build_synthetic_experiment
+
+    rows = {R[0]: ROW_A, R[1]: ROW_B, R[5]: ROW_B, "dapo_minus_clip_higher": ROW_A}
+    samples = {row: [_samples(seed) for seed in seeds] for row, seeds in rows.items()}
+    build_synthetic_experiment(
+        store, "evidence", {row: [0.0, 0.0] for row in rows}, total_steps=STEPS, eval_every=5, samples=samples
+    )
+    out = tmp_path_factory.mktemp("report_evidence")
+    pipeline.build_report("evidence", store, out, x_axis="updates")
+    return out
+
+
+def test_table1_interval_counts_problems_and_seeds_from_the_eval_samples(evidence_report):
+    from scipy import stats
+
+    rows = _csv(evidence_report / "table1.csv")
+    assert "dapo_minus_clip_higher" not in rows  # design runs have their own table
+    r = rows[R[1]]
+    assert r["ci_method"] == "problems x seeds" and float(r["avg_mean"]) == pytest.approx(50.0)
+    var = 400 / 3 + 100  # problems 400 / 3, seeds 200 / 2
+    half = stats.t.ppf(0.975, var**2 / ((400 / 3) ** 2 / 2 + 100**2)) * math.sqrt(var)
+    assert (float(r["ci_low"]), float(r["ci_high"])) == pytest.approx((50 - half, 50 + half))
+    # Δ row above, paired on problems: problems 400 / 9, seeds 100 + 0
+    dvar = 400 / 9 + 100
+    dhalf = stats.t.ppf(0.975, dvar**2 / ((400 / 9) ** 2 / 2 + 100**2)) * math.sqrt(dvar)
+    d = 50 - 110 / 3
+    assert float(r["delta"]) == pytest.approx(d)
+    assert (float(r["delta_ci_low"]), float(r["delta_ci_high"])) == pytest.approx((d - dhalf, d + dhalf))
+
+
+def test_marginal_effects_table_fills_each_design_with_its_runs(evidence_report):
+    with open(evidence_report / "marginal_effects.csv") as f:
+        rows = {r["toggle"]: r for r in csv.DictReader(f)}
+    assert list(rows) == [
+        "overlong_filtering",
+        "clip_higher",
+        "soft_overlong_punishment",
+        "token_level_loss",
+        "dynamic_sampling",
+    ]
+    loo = rows["clip_higher"]  # full DAPO (ROW_B) - DAPO without clip-higher (ROW_A): as row 01 - row 00 above
+    assert (loo["leave_one_out_with"], loo["leave_one_out_without"]) == (R[5], "dapo_minus_clip_higher")
+    assert float(loo["leave_one_out_delta"]) == pytest.approx(50 - 110 / 3)
+    cum = rows["overlong_filtering"]
+    assert float(cum["cumulative_delta"]) == pytest.approx(float(loo["leave_one_out_delta"]))
+    assert cum["cumulative_ci_low"] == loo["leave_one_out_ci_low"]
+    assert float(cum["paper_delta"]) == 6.0
+    assert rows["clip_higher"]["one_at_a_time_delta"] == ""  # no grpo_plus_clip_higher runs: named, not faked
+    md = (evidence_report / "marginal_effects.md").read_text()
+    assert "one_at_a_time: no final eval for grpo_plus_clip_higher" in md.split("### Missing")[1]
+    assert r"leave-one-out" in (evidence_report / "marginal_effects.tex").read_text()
+
+
+def test_mechanisms_table_reports_every_declaration_with_its_verdict(full_report):
+    from dapo.report.mechanisms import MECHANISMS
+
+    with open(full_report / "mechanisms.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["toggle"], r["metric"]) for r in rows] == [(m.toggle, m.metric_label()) for m in MECHANISMS]
+    by = {(r["toggle"], r["metric"]): r for r in rows}
+    # synthetic curves: trained groups with zero advantage 0.3 in every row but 0 with dynamic sampling
+    zero = by[("dynamic_sampling", M.ZERO_ADV_TRAINED_FRAC)]
+    assert (zero["without_row"], zero["with_row"]) == (R[4], R[5])
+    assert float(zero["delta"]) == pytest.approx(-0.3) and zero["verdict"] == "as the paper"
+    trunc = by[("overlong_filtering", M.TRUNC_LOSS_TOKEN_FRAC)]
+    assert float(trunc["delta"]) == pytest.approx(-0.08) and trunc["verdict"] == "as the paper"
+    ent = by[("clip_higher", M.ENTROPY)]  # entropy collapses in rows 00-01, holds from row 02 on
+    assert float(ent["delta"]) > 0 and float(ent["ci_low"]) > 0 and ent["verdict"] == "as the paper"
+    length = by[("token_level_loss", M.RESP_LEN_MEAN)]  # synthetic lengths grow with the row: against the paper
+    assert float(length["ci_low"]) > 0 and length["verdict"] == "against the paper"
+    md = (full_report / "mechanisms.md").read_text()
+    assert "toggles moved their primary quantity in the paper's direction" in md
+    assert "Moved against the paper" in md and "token_level_loss" in md.split("Moved against the paper")[1]
+    png = full_report / "figures" / "mechanisms.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (full_report / "figures" / "mechanisms.pdf").is_file()
+    report = (full_report / "report.md").read_text()
+    assert "## Mechanisms" in report and "## Marginal effect" in report and "figures/mechanisms.png" in report
+
+
+def test_compare_prints_curves_and_mechanisms_and_writes_a_figure(store, tmp_path, capsys):
+    from dapo.cli import main
+
+    out = tmp_path / "cmp"
+    args = ["compare", "04", "05", "--experiment", "full", "--tracking-uri", store, "--out", str(out)]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "eval avg@32 over training" in text and "Mechanism statistics" in text
+    assert "final avg@32, 05_dynamic_sampling - 04_token_level_loss: +8.0 [-1.1, +17.1]" in text
+    stem = f"{R[4]}_vs_{R[5]}"
+    assert (out / f"{stem}.png").read_bytes()[:4] == b"\x89PNG" and (out / f"{stem}.pdf").is_file()
+    with open(out / f"{stem}_curve.csv") as f:
+        curve = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in curve] == [0, 5, 10] and float(curve[-1]["delta"]) == pytest.approx(8.0)
+    with open(out / f"{stem}_mechanisms.csv") as f:
+        mech = {(r["toggle"], r["metric"]): r["verdict"] for r in csv.DictReader(f)}
+    assert mech[("dynamic_sampling", M.ZERO_ADV_TRAINED_FRAC)] == "as the paper"  # 05 vs 04 is that toggle's pair
+    assert mech[("clip_higher", M.ENTROPY)] == "not this toggle's pair"
+
+
+def test_compare_names_the_rows_when_one_is_unknown(store, tmp_path, capsys):
+    from dapo.cli import main
+
+    args = ["compare", "00", "07", "--experiment", "full", "--tracking-uri", store, "--out", str(tmp_path)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "'07' is not a row with runs" in err and R[5] in err and "Traceback" not in err
+    args[2] = "0"  # a prefix of six rows
+    assert main(args) == 2 and "matches several rows" in capsys.readouterr().err

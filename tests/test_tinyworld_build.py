@@ -9,10 +9,18 @@ import time
 import pytest
 
 from dapo.cli import main
-from dapo.config import load_config
+from dapo.config import ConfigError, load_config
 from dapo.data.loaders import load_problems
 from dapo.data.prompts import build_prompt, encode_prompt
-from dapo.tinyworld.build import ensure_tiny_world, is_built, read_manifest, tiny_paths, world_hash
+from dapo.tinyworld.build import (
+    ensure_large_eval,
+    ensure_tiny_world,
+    is_built,
+    read_manifest,
+    resolve_source,
+    tiny_paths,
+    world_hash,
+)
 
 SMALL = ["tiny.sft_steps=8", "tiny.n_train=40", "tiny.n_eval=8", "eval.n=2", "rollout.n=2"]
 
@@ -70,8 +78,10 @@ def test_manifest_records_the_hash_and_the_measurement(small):
     cfg, root = small
     m = read_manifest(root)
     assert m["hash"] == world_hash(cfg.tiny) and m["seed"] == 0 and m["tiny"]["sft_steps"] == 8
-    assert m["eval"]["n"] == 2 and m["eval"]["top_p"] == 0.7 and m["eval"]["max_new_tokens"] == 64
-    assert 0 <= m["eval"]["avg@2"] <= 100 and 0 <= m["eval"]["truncated_fraction"] <= 1
+    assert (
+        m["eval"]["n"] == 16 and m["eval"]["top_p"] == 0.7
+    )  # eval.n=2, but at least 16 per problem and m["eval"]["max_new_tokens"] == 64
+    assert 0 <= m["eval"]["avg@16"] <= 100 and 0 <= m["eval"]["truncated_fraction"] <= 1
     assert m["max_prompt_tokens"] <= cfg.data.max_prompt_length
 
 
@@ -86,6 +96,34 @@ def test_same_config_is_a_cache_hit_and_another_is_not(small, capsys):
     # eval settings are measured, not hashed; tiny.* settings are hashed
     assert is_built(root, load_config(preset="tiny", overrides=SMALL + ["eval.n=4"]).tiny)
     assert not is_built(root, load_config(preset="tiny", overrides=SMALL + ["tiny.seed=1"]).tiny)
+
+
+def test_large_eval_split_is_drawn_beside_the_world_without_rebuilding_it(small):
+    """Changing the large split's size writes a new file in well under a second and leaves the model alone: a
+    world built before the split existed stays valid (its hash does not include tiny.n_eval_large)."""
+    cfg, root = small
+    model_before = (tiny_paths(root).model / "config.json").stat().st_mtime_ns
+    cfg12 = load_config(preset="tiny", overrides=SMALL + [f"tiny.dir={root}", "tiny.n_eval_large=12"])
+    assert world_hash(cfg12.tiny) == world_hash(cfg.tiny) == read_manifest(root)["hash"]
+    t0 = time.perf_counter()
+    path = ensure_large_eval(cfg12)
+    assert time.perf_counter() - t0 < 5.0 and path == root / "eval_large_12.jsonl"
+    large = load_problems(path)
+    trained = {p.problem for p in load_problems(tiny_paths(root).train)} | {
+        p.problem for p in load_problems(tiny_paths(root).eval)
+    }
+    assert len(large) == 12 and not {p.problem for p in large} & trained
+    assert (tiny_paths(root).model / "config.json").stat().st_mtime_ns == model_before
+    cfg_eval = load_config(
+        preset="tiny", overrides=SMALL + [f"tiny.dir={root}", "tiny.n_eval_large=12", "data.eval=tiny-large"]
+    )
+    assert resolve_source(cfg_eval, "eval") == str(path) and resolve_source(cfg_eval, "train") == str(
+        tiny_paths(root).train
+    )
+    small_eval = load_config(preset="tiny", overrides=SMALL + [f"tiny.dir={root}", "data.eval=tiny"])
+    assert resolve_source(small_eval, "eval") == str(tiny_paths(root).eval)  # `tiny`: the AIME-sized split
+    with pytest.raises(ConfigError, match="data.train=tiny"):
+        load_config(preset="tiny", overrides=["data.train=tiny-large"])
 
 
 def test_refuses_to_overwrite_a_directory_that_is_not_a_tiny_world(tmp_path):
@@ -104,8 +142,9 @@ def test_default_build_starts_rl_in_the_intended_regime():
     time."""
     cfg = load_config(preset="tiny")
     m = read_manifest(ensure_tiny_world(cfg))
-    avg = m["eval"][f"avg@{cfg.eval.n}"]
-    assert 15 <= avg <= 60 and m["eval"][f"pass@{cfg.eval.n}"] >= avg + 20
+    n = m["eval"]["n"]
+    avg = m["eval"][f"avg@{n}"]
+    assert n >= 16 and 15 <= avg <= 60 and m["eval"][f"pass@{n}"] >= avg + 20
     assert m["eval"]["truncated_fraction"] > 0
     g = m["train_groups"]
     assert 0.03 <= g["truncated_fraction"] <= 0.2

@@ -160,3 +160,18 @@ def test_the_worlds_strict_check_agrees_with_the_rewards_on_its_own_format():
     scores = score_responses(texts, answers, workers=0)
     assert [s.correct for s in scores] == [is_correct(x, a) for x, a in zip(texts, answers, strict=True)]
     assert 0 < sum(s.correct for s in scores) < len(scores)  # both outcomes occur
+
+
+def test_large_eval_split_is_held_out_balanced_and_stable_in_n():
+    from dapo.tinyworld.tasks import make_large_eval
+
+    s = make_splits(0, 4, 2000, 30, 3000)
+    seen = {t.text for t in s.train + s.eval + s.sft}
+    big = make_large_eval(0, 4, 640, seen)
+    texts = [t.text for t in big]
+    assert len(set(texts)) == 640 and not set(texts) & seen  # never trained on, never in the AIME-sized split
+    assert Counter(t.n_ops for t in big) == {1: 160, 2: 160, 3: 160, 4: 160}
+    assert [t.n_ops for t in big] == sorted(t.n_ops for t in big)
+    # the first m problems drawn do not depend on n: a smaller split is a subset of a larger one
+    assert {t.text for t in make_large_eval(0, 4, 100, seen)} <= set(texts)
+    assert {t.text for t in make_large_eval(1, 4, 100, seen)} != {t.text for t in make_large_eval(0, 4, 100, seen)}

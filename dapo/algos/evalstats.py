@@ -8,11 +8,19 @@
 All three are means over problems of a per-problem value, so the confidence interval is a percentile bootstrap
 over problems (resample P problems with replacement, seeded): AIME has only 30 problems, and the problem
 sample, not the n draws per problem, dominates the uncertainty. Every value is in percent.
+
+Across runs (Table 1, the mechanisms, the designs' marginal effects), `contrast_interval` gives the interval of a
+row's mean (or of a difference of rows) over both the problems and the training seeds: per-problem accuracies
+y [S, P] of each seed's final eval, the problem term var over problems of the seed-averaged accuracy / P (paired
+on problems for a difference), the seed term from a two-way ANOVA (`seed_variance`) / S, and a t quantile with
+Satterthwaite's degrees of freedom. `welch_interval` compares one statistic per seed between two rows.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -106,3 +114,132 @@ def eval_summary(
             lo, hi = bootstrap_ci(values, bootstrap, confidence, seed)
             out[metric_names.ci_low(name)], out[metric_names.ci_high(name)] = lo, hi
     return out
+
+
+# ------------------------------------------------------------------------------------ across runs: seeds x problems
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with a two-sided confidence interval (None where it cannot be estimated).
+
+    `parts` are the variance components that make up `se**2` ("problems", "seeds"), so a reader can see which
+    source dominates; `df` is the Satterthwaite (or Welch) degrees of freedom of the t quantile used.
+    """
+
+    estimate: float
+    low: float | None
+    high: float | None
+    se: float | None
+    df: float | None
+    method: str
+    parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def half_width(self) -> float | None:
+        return None if self.low is None or self.high is None else (self.high - self.low) / 2
+
+    def excludes_zero(self) -> bool:
+        return self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
+
+
+def t_quantile(confidence: float, df: float) -> float:
+    """The two-sided Student t quantile t_{(1+c)/2, df} (df may be fractional, as Satterthwaite's is)."""
+    from scipy import stats
+
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    return float(stats.t.ppf((1 + confidence) / 2, df))
+
+
+def _from_parts(estimate: float, parts: list[tuple[str, float, float]], confidence: float, method: str) -> Interval:
+    """Combine variance terms (name, variance, df) into a t interval with Satterthwaite's df."""
+    var = sum(v for _, v, _ in parts)
+    named = _sum_parts(parts)
+    if var <= 0:
+        return Interval(estimate, estimate, estimate, 0.0, None, method, named)
+    df = var**2 / sum(v**2 / d for _, v, d in parts if v > 0)
+    half = t_quantile(confidence, df) * math.sqrt(var)
+    return Interval(estimate, estimate - half, estimate + half, math.sqrt(var), df, method, named)
+
+
+def seed_variance(y: np.ndarray) -> float:
+    """Between-seed variance of the training outcome, net of eval noise, from y [S, P] (S >= 2).
+
+    Two-way crossed ANOVA (seeds x problems, one cell each): E[MS_seeds] = s2_e + P s2_seed and
+    E[MS_residual] = s2_e, so s2_seed = (MS_seeds - MS_residual) / P, clamped at 0 (a negative estimate means
+    the seeds differ less than eval noise alone would make them).
+    """
+    y = np.asarray(y, dtype=np.float64)
+    s, p = y.shape
+    if s < 2:
+        raise ValueError(f"a seed variance needs at least 2 seeds, got {s}")
+    rows, cols, grand = y.mean(axis=1), y.mean(axis=0), y.mean()
+    ms_seeds = p * float(np.var(rows, ddof=1))
+    resid = y - rows[:, None] - cols[None, :] + grand
+    ms_resid = float((resid**2).sum()) / ((s - 1) * (p - 1)) if p > 1 else 0.0
+    return max(0.0, (ms_seeds - ms_resid) / p)
+
+
+def contrast_interval(rows: Sequence[np.ndarray], weights: Sequence[float], confidence: float = 0.95) -> Interval:
+    """Interval of sum_r w_r * M_r, where M_r is the mean of rows[r] = y_r [S_r, P] (per-problem accuracy of
+    each seed's final eval, the same P problems in the same order for every row; seeds differ between rows).
+
+    Two sources of error, added (the runs of different rows are independent; the problems are shared):
+    - problems: with c_r[p] the mean over row r's seeds of problem p and z[p] = sum_r w_r c_r[p], the term is
+      var(z) / P (df P - 1). It holds the within-problem sampling noise too, and for a difference it is paired:
+      a problem that is hard for both rows cancels.
+    - seeds: sum_r w_r^2 * seed_variance(y_r) / S_r (df S_r - 1 each); a row with one seed has no estimate, and
+      the method then says the interval covers problems only.
+    The t quantile uses Satterthwaite's degrees of freedom for the sum. One row with weight 1 is a row's mean;
+    weights (1, -1) are the difference of two rows.
+    """
+    if len(rows) != len(weights) or not rows:
+        raise ValueError("need one weight per row and at least one row")
+    ys = [np.atleast_2d(np.asarray(y, dtype=np.float64)) for y in rows]
+    p = ys[0].shape[1]
+    if p < 2 or any(y.shape[1] != p or y.shape[0] < 1 for y in ys):
+        raise ValueError(f"every row needs the same P >= 2 problems, got shapes {[y.shape for y in ys]}")
+    estimate = float(sum(w * y.mean() for w, y in zip(weights, ys, strict=True)))
+    z = sum(w * y.mean(axis=0) for w, y in zip(weights, ys, strict=True))
+    parts = [("problems", float(np.var(z, ddof=1)) / p, float(p - 1))]
+    parts += [
+        ("seeds", w * w * seed_variance(y) / y.shape[0], float(y.shape[0] - 1))
+        for w, y in zip(weights, ys, strict=True)
+        if y.shape[0] >= 2
+    ]
+    method = "problems x seeds" if all(y.shape[0] >= 2 for y in ys) else "problems only (1 seed)"
+    out = _from_parts(estimate, parts, confidence, method)
+    return Interval(out.estimate, out.low, out.high, out.se, out.df, method, _sum_parts(parts))
+
+
+def _sum_parts(parts: list[tuple[str, float, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, v, _ in parts:
+        out[name] = out.get(name, 0.0) + v
+    return out
+
+
+def seed_mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
+    """Student t interval of the mean of one value per seed (n >= 2; one value: no interval)."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("no values")
+    if x.size == 1:
+        return Interval(float(x[0]), None, None, None, None, "1 seed: no interval")
+    var = float(np.var(x, ddof=1)) / x.size
+    return _from_parts(float(x.mean()), [("seeds", var, float(x.size - 1))], confidence, f"t over {x.size} seeds")
+
+
+def welch_interval(b: Sequence[float], a: Sequence[float], confidence: float = 0.95) -> Interval:
+    """Welch's interval of mean(b) - mean(a), one value per seed in each (independent runs); None bounds when
+    either side has fewer than 2 seeds."""
+    xb, xa = np.asarray(b, dtype=np.float64), np.asarray(a, dtype=np.float64)
+    if xb.size == 0 or xa.size == 0:
+        raise ValueError("both sides need at least one value")
+    est = float(xb.mean() - xa.mean())
+    if xb.size < 2 or xa.size < 2:
+        return Interval(est, None, None, None, None, "fewer than 2 seeds: no interval")
+    parts = [
+        ("seeds", float(np.var(xb, ddof=1)) / xb.size, float(xb.size - 1)),
+        ("seeds", float(np.var(xa, ddof=1)) / xa.size, float(xa.size - 1)),
+    ]
+    return _from_parts(est, parts, confidence, f"Welch over {xb.size} vs {xa.size} seeds")

@@ -4,8 +4,9 @@
     dapo prepare-data --preset qwen2.5-32b --out results/data/32b data.train=/path/dapo-math-17k.parquet
 
 `data.train` / `data.eval` name a hub id, a local .parquet/.jsonl path, or `tiny` (the tiny world's generated
-files, built first if missing). Writes `<out>/train.jsonl` and `<out>/eval.jsonl` (id, problem, answer: raw
-problem text; the template is applied when prompts are built) and prints the counts. With the model's tokenizer
+files, built first if missing; `data.eval: tiny-large` is its large eval split). Writes `<out>/train.jsonl` and
+`<out>/eval.jsonl` (id, problem, answer: raw problem text; the template is applied when prompts are built) and
+prints the counts. With the model's tokenizer
 at hand (the tiny world's, or a local model directory), prompts longer than `data.max_prompt_length` tokens are
 dropped here and counted.
 """
@@ -29,31 +30,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_source(source: str, split: str, tiny_dir: Path | None) -> str:
-    """`tiny` -> the tiny world's `<split>.jsonl`; anything else is returned unchanged."""
-    if source != "tiny":
-        return source
-    if tiny_dir is None:
-        raise ValueError("data source `tiny` needs the tiny world's directory")
-    return str(tiny_dir / f"{split}.jsonl")
-
-
 def run(args: argparse.Namespace) -> int:
     from dapo.config import load_config
     from dapo.data.loaders import DataError, load_problems_with_stats, write_problems
+    from dapo.tinyworld.build import TINY, TINY_LARGE, resolve_source
 
     cfg = load_config(args.config, preset=args.preset, overrides=args.overrides)
     tiny_dir = None
     # the tiny world is built only when its files or its tokenizer are needed
-    if "tiny" in (cfg.data.train, cfg.data.eval) or (cfg.model.path == "tiny" and not args.no_length_filter):
+    if {cfg.data.train, cfg.data.eval} & {TINY, TINY_LARGE} or (cfg.model.path == "tiny" and not args.no_length_filter):
         from dapo.tinyworld.build import ensure_tiny_world
 
         tiny_dir = ensure_tiny_world(cfg)
     tokenizer = None if args.no_length_filter else _tokenizer_or_none(cfg, tiny_dir)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for split, source in (("train", cfg.data.train), ("eval", cfg.data.eval)):
-        resolved = resolve_source(source, split, tiny_dir)
+    for split in ("train", "eval"):
+        resolved = resolve_source(cfg, split)
         try:
             problems, stats = load_problems_with_stats(resolved)
         except DataError as e:

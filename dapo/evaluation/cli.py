@@ -124,16 +124,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def eval_problems(cfg: RunConfig) -> list:
-    """The eval set named by data.eval: `tiny` (the tiny world's eval split, built if needed), a hub id or a
-    local .jsonl / .parquet file, deduplicated by problem text (each problem is then sampled n times)."""
+    """The eval set named by data.eval: `tiny` / `tiny-large` (the tiny world's eval splits, made if needed), a hub
+    id or a local .jsonl / .parquet file, deduplicated by problem text (each problem is then sampled n times)."""
     from dapo.data.loaders import load_problems
+    from dapo.tinyworld import resolve_source
 
-    source = cfg.data.eval
-    if source == "tiny":
-        from dapo.tinyworld import ensure_tiny_world, tiny_paths
-
-        source = str(tiny_paths(ensure_tiny_world(cfg)).eval)
-    return load_problems(source, split="train")
+    return load_problems(resolve_source(cfg, "eval"), split="train")
 
 
 def mlflow_step(cfg: RunConfig, model: Path, run_id: str | None, step: int | None) -> int:

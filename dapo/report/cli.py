@@ -1,5 +1,5 @@
-"""`dapo report`: regenerate Table 1, the compute table and the paper's figures from an existing MLflow
-experiment, without retraining.
+"""`dapo report`: regenerate Table 1, the mechanisms table, the designs' marginal effects, the compute table and
+the paper's figures from an existing MLflow experiment, without retraining.
 
 By default the analysis notebooks (analysis/table1.py, analysis/figures.py) are executed with papermill and the
 executed copies are saved under <out>/notebooks; `--engine python` runs the same package functions directly

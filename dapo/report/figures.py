@@ -35,6 +35,7 @@ class FigureSpec:
     title: Callable[[int], str]
     rows: tuple[str, ...] | None  # None: every row present
     panels: tuple[Panel, ...]
+    ncols: int | None = None  # panels per line (None: all on one line)
 
 
 def _const(s: str) -> Callable[[int], str]:
@@ -149,9 +150,13 @@ def draw_figure(
         missing += [f"row {r}" for r in rows if not exp.runs_of(r)]
     if spec.rows is None and not rows:
         missing.append("every row (the experiment has no tagged runs)")
-    width = max(7.0, 5.6 * len(spec.panels))
-    fig, axes = plt.subplots(1, len(spec.panels), figsize=(width, 4.4), squeeze=False)
-    for ax, panel in zip(axes[0], spec.panels, strict=True):
+    ncols = min(spec.ncols or len(spec.panels), len(spec.panels))
+    nrows = -(-len(spec.panels) // ncols)
+    width = max(7.0, 5.6 * ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 4.4 * nrows), squeeze=False)
+    for ax in axes.flat[len(spec.panels) :]:
+        ax.set_visible(False)
+    for ax, panel in zip(axes.flat, spec.panels, strict=False):
         drawn = 0
         for row in rows:
             runs = exp.runs_of(row)
@@ -197,7 +202,7 @@ def draw_figure(
     note = textwrap.fill(note, width=int(width * 18))
     n_lines = note.count("\n") + 1
     fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7, color="firebrick" if missing else "dimgray")
-    fig.tight_layout(rect=(0, 0.04 * n_lines, 1, 0.95))
+    fig.tight_layout(rect=(0, 0.04 * n_lines / nrows, 1, 1 - 0.05 / nrows))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []

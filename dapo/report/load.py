@@ -4,6 +4,10 @@ One run per (row, seed), selected by the tags in `dapo.metric_names` (TAG_ROW, T
 runs log each metric with `step` = rollout step, plus GRAD_UPDATES per step, so a curve can be drawn against
 either counter. Every metric name comes from `dapo.metric_names`; nothing here spells one out.
 
+Where a run holds its final evaluation's samples (the `eval/samples.jsonl` artifact that `dapo eval --run-id`
+logs into the training run), its per-problem accuracy is read too: Table 1's intervals then count both the
+problems and the seeds (`dapo.algos.evalstats.contrast_interval`).
+
 Problems in the data (a run without a row tag, two runs for one (row, seed), runs that disagree on k) never
 raise: they become warning lines that the report prints by name.
 """
@@ -20,6 +24,7 @@ import numpy as np
 from dapo import metric_names as M
 
 XAxis = Literal["updates", "rollout"]
+SAMPLES_ARTIFACT = "eval/samples.jsonl"  # what `dapo eval` logs: one JSON object per sample
 
 # Where a run may say how many accelerators it used (first hit wins); `--gpus-per-run` overrides them all.
 GPU_KEYS = ("dapo.gpus", "resources.gpus", "resources.gpu", "gpus", "num_gpus")
@@ -63,6 +68,8 @@ class RunData:
     start_ms: int | None
     end_ms: int | None
     history: dict[str, Series] = field(default_factory=dict)
+    # final eval, per problem id: percent of its samples correct (None: the run has no samples artifact)
+    problems: dict[str, float] | None = None
 
     @property
     def label(self) -> str:
@@ -141,25 +148,62 @@ def resolve_tracking_uri(uri: str | None) -> str:
 
 
 def report_metrics(k: int) -> list[str]:
-    """Every metric the report reads, for eval size k."""
+    """Every metric the report reads, for eval size k (Table 1, the figures and the mechanisms table)."""
+    from dapo.report.mechanisms import MECHANISMS
+
     ev = [M.eval_avg(k), M.eval_pass(k), M.eval_maj(k)]
-    return (
-        ev
-        + [M.ci_low(n) for n in ev]
-        + [M.ci_high(n) for n in ev]
-        + [
-            M.ENTROPY,
-            M.RESP_LEN_MEAN,
-            M.CLIP_HIGH_PROB,
-            M.ALL_CORRECT_FRAC,
-            M.ACC_MEAN,
-            M.GRAD_UPDATES,
-            M.ROLLOUT_STEP,
-            M.DS_TOKENS_GENERATED,
-            M.DS_TOKENS_GENERATED_TOTAL,
-            M.TIME_TOTAL,
-        ]
+    mech = [m.metric_name(k) for m in MECHANISMS]
+    return list(
+        dict.fromkeys(
+            ev
+            + [M.ci_low(n) for n in ev]
+            + [M.ci_high(n) for n in ev]
+            + [
+                M.ENTROPY,
+                M.RESP_LEN_MEAN,
+                M.CLIP_HIGH_PROB,
+                M.ALL_CORRECT_FRAC,
+                M.ACC_MEAN,
+                M.GRAD_UPDATES,
+                M.ROLLOUT_STEP,
+                M.DS_TOKENS_GENERATED,
+                M.DS_TOKENS_GENERATED_TOTAL,
+                M.TIME_TOTAL,
+            ]
+            + mech
+        )
     )
+
+
+def problem_accuracy(lines: list[str]) -> dict[str, float]:
+    """Per problem id, the percent of its samples marked correct, from `dapo eval`'s samples.jsonl lines."""
+    import json
+
+    hits: dict[str, list[int]] = {}
+    for line in lines:
+        if line.strip():
+            rec = json.loads(line)
+            hits.setdefault(str(rec["problem_id"]), []).append(bool(rec["correct"]))
+    return {pid: 100.0 * sum(c) / len(c) for pid, c in hits.items()}
+
+
+def load_problems(client, run_id: str, warnings: list[str], label: str) -> dict[str, float] | None:
+    """The run's final-eval per-problem accuracy from its samples artifact; None when it has none."""
+    import os
+    import tempfile
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run buries the warnings
+    folder = SAMPLES_ARTIFACT.rsplit("/", 1)[0]
+    try:
+        if not any(a.path == SAMPLES_ARTIFACT for a in client.list_artifacts(run_id, folder)):
+            return None
+        with tempfile.TemporaryDirectory(prefix="dapo-report-") as tmp:
+            path = client.download_artifacts(run_id, SAMPLES_ARTIFACT, tmp)
+            with open(path) as fh:
+                return problem_accuracy(fh.readlines()) or None
+    except Exception as e:  # an unreadable artifact costs the run its per-problem interval, not the report
+        warnings.append(f"run {label}: could not read {SAMPLES_ARTIFACT} ({type(e).__name__}: {e})")
+        return None
 
 
 _AVG_RE = re.compile("^" + re.escape(M.eval_avg(0)).replace("0", r"(\d+)") + "$")
@@ -253,6 +297,7 @@ def load_experiment(experiment: str, tracking_uri: str | None = None, k: int | N
             if name in r.data.metrics:
                 hist = client.get_metric_history(r.info.run_id, name)
                 rd.history[name] = _series(hist)
+        rd.problems = load_problems(client, r.info.run_id, warnings, rd.label)
         if rd.seed is not None and rd.name != f"{rd.row}-s{rd.seed}":
             warnings.append(
                 f"run {rd.name or rd.run_id} is not named {rd.row}-s{rd.seed}: the MLflow UI lines runs up by name"

@@ -2,8 +2,11 @@
 --engine python`, so both paths write the same files.
 
     out/table1.{md,csv,tex}     Table 1 (ours beside the paper's)
+    out/mechanisms.{md,csv,tex} what each toggle moved, against the paper's expected sign (declared statistics)
+    out/marginal_effects.{md,csv,tex}  each toggle's effect under the cumulative, leave-one-out, one-at-a-time designs
     out/compute.{md,csv,tex}    tokens, wall-clock, GPU-hours (or CPU-hours) per row
-    out/figures/*.{png,pdf}     the paper's figures; out/figures.json lists each with what it misses
+    out/figures/*.{png,pdf}     the paper's figures and the mechanisms' intervals; out/figures.json lists each with
+                                what it misses
     out/warnings.json           odd things about the runs (duplicates, unfinished runs, ...)
     out/report.md               all of it on one page, with a Missing section
 """
@@ -18,7 +21,11 @@ from dapo.report.compute import compute_table
 from dapo.report.figures import FigureResult, make_figures
 from dapo.report.formats import write_table
 from dapo.report.load import Experiment, XAxis, load_experiment
+from dapo.report.marginal import marginal_effects, marginal_table
+from dapo.report.mechanisms import cumulative_results, mechanisms_figure, mechanisms_table
 from dapo.report.table1 import build_table1, table1_table
+
+TABLES = ("table1", "mechanisms", "marginal_effects", "compute")
 
 
 def warn(lines: list[str]) -> None:
@@ -34,14 +41,20 @@ def write_tables(
     cpus_per_run: float | None = None,
     confidence: float = 0.95,
 ) -> list[str]:
-    """Table 1 and the compute table (md, csv, tex) plus warnings.json; returns every missing item's name."""
+    """Table 1, the mechanisms, the marginal effects and the compute table (md, csv, tex) plus warnings.json;
+    returns every missing item's name."""
     out = Path(out_dir)
     t1 = build_table1(exp, confidence)
     write_table(table1_table(t1), out, "table1")
+    mech = mechanisms_table(cumulative_results(exp, confidence), confidence)
+    write_table(mech, out, "mechanisms")
+    effects, effects_missing = marginal_effects(exp, confidence)
+    marg = marginal_table(effects, effects_missing, exp.k, confidence)
+    write_table(marg, out, "marginal_effects")
     comp = compute_table(exp, t1, gpus_per_run, cpus_per_run)
     write_table(comp, out, "compute")
     (out / "warnings.json").write_text(json.dumps(exp.warnings, indent=1))
-    missing = t1.missing + comp.missing
+    missing = t1.missing + mech.missing + marg.missing + comp.missing
     warn(exp.warnings + [f"missing: {m}" for m in missing])
     return missing
 
@@ -50,6 +63,15 @@ def write_figures(exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates
     """Every figure (PNG and PDF) into out_dir/figures, and out_dir/figures.json as their manifest."""
     out = Path(out_dir)
     results = make_figures(exp, out / "figures", x_axis)
+    mech = cumulative_results(exp)
+    results.append(
+        FigureResult(
+            "mechanisms",
+            "Mechanisms: each toggle's Δ on its declared quantities, 95% interval over seeds",
+            mechanisms_figure(mech, out / "figures"),
+            [f"{r.mechanism.toggle} / {r.mechanism.quantity}" for r in mech if r.interval is None],
+        )
+    )
     manifest = [
         {"name": r.name, "title": r.title, "files": [p.name for p in r.paths], "missing": r.missing} for r in results
     ]
@@ -66,7 +88,7 @@ def write_index(out_dir: str | Path, experiment: str = "") -> Path:
     out = Path(out_dir)
     parts = [f"# DAPO ablation report{': ' + experiment if experiment else ''}", ""]
     missing: list[str] = []
-    for stem in ("table1", "compute"):
+    for stem in TABLES:
         p = out / f"{stem}.md"
         if p.is_file():
             text = p.read_text()

@@ -45,6 +45,11 @@ def curves(
         M.DS_TOKENS_GENERATED: tokens,
         M.DS_TOKENS_GENERATED_TOTAL: np.cumsum(np.where(steps >= 1, tokens, 0.0)),  # training steps are 1..
         M.TIME_TOTAL: 60.0 * (steps + 1) * (1.5 if row_index == 5 else 1.0),
+        # what the mechanisms table reads: each toggle moves its quantity the paper's way, with seed noise
+        M.TRUNC_LOSS_TOKEN_FRAC: (0.0 if row_index >= 1 else 0.08) + 0.0 * frac,
+        M.CLIPFRAC_HIGH: (0.002 if row_index >= 2 else 0.006) + rng.normal(0, 2e-4, steps.size),
+        M.RESP_TRUNC_FRAC: (0.02 if row_index >= 3 else 0.09) * (1 - 0.5 * frac) + rng.normal(0, 2e-3, steps.size),
+        M.ZERO_ADV_TRAINED_FRAC: (0.0 if row_index == 5 else 0.3) + 0.0 * frac,
     }
     for name in (M.eval_avg(k), M.eval_pass(k), M.eval_maj(k)):
         out[M.ci_low(name)] = out[name] - 6.0
@@ -64,13 +69,16 @@ def build_synthetic_experiment(
     preset: str = "synthetic",
     train_batch_size: int = 512,
     mini_batch_size: int = 32,
+    samples: dict[str, list[np.ndarray]] | None = None,
 ) -> str:
     """Create `experiment` with one finished run per (row, seed) of `final_avg` (row -> per-seed final avg@k).
 
     Run names `<row>-s<seed>`, tags TAG_ROW/TAG_SEED/TAG_PRESET/TAG_STATUS, flat params like the trainer's.
     Training metrics are logged every rollout step 1..total_steps; eval metrics at 0, every `eval_every` and
     the last step. `drop_metrics` (row -> names) leaves metrics out, to test missing-data handling.
-    Returns the experiment id.
+    `samples` (row -> per seed a [P, n] bool array of which final-eval samples were correct) logs each run's
+    `eval/samples.jsonl` artifact, as `dapo eval --run-id` does (problem ids `p0`, `p1`, ...); those runs' final
+    avg@k is then the mean of their samples, whatever `final_avg` says. Returns the experiment id.
     """
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
@@ -85,9 +93,13 @@ def build_synthetic_experiment(
     eval_steps = set(range(0, total_steps + 1, eval_every)) | {total_steps}
     rows = list(M.PAPER_TABLE1)
     now = int(time.time() * 1000)
+    samples = samples or {}
     for row, finals in final_avg.items():
         ri = rows.index(row) if row in rows else len(rows)
         for seed, final in enumerate(finals):
+            correct = samples[row][seed] if row in samples else None
+            if correct is not None:
+                final = 100.0 * float(np.asarray(correct, dtype=float).mean())
             tags = {M.TAG_ROW: row, M.TAG_SEED: str(seed), M.TAG_PRESET: preset, M.TAG_STATUS: "finished"}
             run = client.create_run(exp_id, run_name=f"{row}-s{seed}", tags=tags, start_time=now)
             params = {
@@ -115,8 +127,25 @@ def build_synthetic_experiment(
                     params=[Param(a, str(b)) for a, b in params.items()] if i == 0 else [],
                     tags=[RunTag("mlflow.source.name", "dapo.report.synthetic")] if i == 0 else [],
                 )
+            if correct is not None:
+                _log_samples(client, run.info.run_id, np.asarray(correct, dtype=bool))
             client.set_terminated(run.info.run_id, "FINISHED", end_time=now + 3_600_000)
     return exp_id
+
+
+def _log_samples(client, run_id: str, correct: np.ndarray) -> None:
+    """`eval/samples.jsonl` with one record per sample, the fields `dapo eval` writes that the report reads."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="dapo-synthetic-") as tmp:
+        path = Path(tmp) / "samples.jsonl"
+        with path.open("w") as fh:
+            for p, row in enumerate(correct):
+                for j, c in enumerate(row):
+                    fh.write(json.dumps({"problem_id": f"p{p}", "sample_index": j, "correct": bool(c)}) + "\n")
+        client.log_artifact(run_id, str(path), artifact_path="eval")
 
 
 def main(argv: list[str] | None = None) -> int:

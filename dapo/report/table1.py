@@ -1,12 +1,18 @@
 """Table 1 of the paper (AIME 2024 avg@32 per cumulative ablation row), regenerated from our runs.
 
-Per row, in PAPER_TABLE1 order (then any user rows): avg@k, pass@k and maj@k of each run's final eval (its last
-logged step), the mean over seeds, their sample s.d., a confidence interval and the change from the row above,
-with the paper's number beside ours. k is the preset's eval.n (32 for the paper, so avg@32).
+Per row, in PAPER_TABLE1 order (then any user rows; design runs such as `dapo_minus_*` have their own table):
+avg@k, pass@k and maj@k of each run's final eval (its last logged step), the mean over seeds, their sample s.d.,
+a confidence interval, the change from the row above and from the first row (naive GRPO), each with an interval,
+the gradient updates behind the final eval, and the paper's number beside ours. k is the preset's eval.n.
 
-Confidence interval (docs/algorithm.md section 5: 30 problems is a small benchmark):
-- more than one seed: Student t-interval over seeds, mean ± t_{(1+c)/2, n-1} · s / sqrt(n);
-- one seed: the run's own percentile bootstrap over problems (its ci_low / ci_high metrics).
+Confidence intervals (docs/evidence.md has the reasoning):
+- every run has its final eval's samples (`load.SAMPLES_ARTIFACT`): problems x seeds. The per-problem accuracy
+  y[s, p] of each seed's final eval feeds `evalstats.contrast_interval`: the variance over problems of the
+  seed-averaged per-problem accuracy (for a difference, of the per-problem difference: paired on problems) plus
+  the between-seed variance of each row from a two-way ANOVA, over the row's seeds; a t quantile with
+  Satterthwaite's degrees of freedom. One seed: problems only.
+- otherwise (runs logged before samples were kept): a t interval over seeds of the final avg@k (Welch's for a
+  difference), or for one seed the run's own bootstrap over problems (its ci_low / ci_high metrics).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dapo import metric_names as M
+from dapo.algos.evalstats import Interval, contrast_interval, seed_mean_interval, welch_interval
+from dapo.designs import parse_run
 from dapo.report.formats import Table, fmt
 from dapo.report.load import Experiment, RunData
 
@@ -35,6 +43,8 @@ class FinalEval:
     maj: float | None
     ci_low: float | None
     ci_high: float | None
+    updates: float | None = None  # gradient updates behind this eval
+    problems: dict[str, float] | None = None  # per-problem accuracy (percent) of the final eval's samples
 
 
 @dataclass
@@ -51,7 +61,10 @@ class Table1Row:
     pass_mean: float | None = None
     maj_mean: float | None = None
     delta: float | None = None  # our mean minus the row above's
+    delta_ci: Interval | None = None
+    vs_first: Interval | None = None  # our mean minus the first row's (naive GRPO), with its interval
     paper_delta: float | None = None
+    updates: float | None = None  # mean over seeds of the gradient updates behind the final eval
 
 
 @dataclass
@@ -94,18 +107,105 @@ def final_eval(run: RunData, k: int) -> tuple[FinalEval | None, list[str]]:
         maj=got[M.eval_maj(k)],
         ci_low=lo,
         ci_high=hi,
+        updates=float(run.x_of(np.array([step]), "updates")[0]),
+        problems=run.problems,
     ), missing
 
 
 def t_interval(values: list[float], confidence: float) -> tuple[float, float, float, float]:
     """(mean, sample s.d., low, high) of a Student t confidence interval over `values` (n >= 2)."""
-    from scipy import stats
+    iv = seed_mean_interval(values, confidence)
+    assert iv.low is not None and iv.high is not None, "t_interval needs at least two values"
+    return iv.estimate, float(np.std(values, ddof=1)), iv.low, iv.high
 
-    x = np.asarray(values, dtype=float)
-    n = x.size
-    mean, sd = float(x.mean()), float(x.std(ddof=1))
-    half = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)
-    return mean, sd, mean - half, mean + half
+
+def problem_matrices(groups: list[list[FinalEval]]) -> list[np.ndarray] | None:
+    """y [S_r, P] per group of evals, on the problems every eval of every group has (same order); None when an
+    eval lacks per-problem data or fewer than two problems are shared."""
+    if not groups or any(not g or any(e.problems is None for e in g) for g in groups):
+        return None
+    common = set.intersection(*(set(e.problems) for g in groups for e in g))  # type: ignore[arg-type]
+    ids = sorted(common)
+    if len(ids) < 2:
+        return None
+    return [np.array([[e.problems[i] for i in ids] for e in g]) for g in groups]  # type: ignore[index]
+
+
+def row_interval(evals: list[FinalEval], confidence: float) -> Interval | None:
+    """A row's mean final avg@k with its interval: problems x seeds when every run has its samples."""
+    if not evals:
+        return None
+    ys = problem_matrices([evals])
+    if ys is not None:
+        return contrast_interval(ys, [1.0], confidence)
+    if len(evals) >= 2:
+        return seed_mean_interval([e.avg for e in evals], confidence)
+    e = evals[0]
+    method = "bootstrap (1 seed)" if e.ci_low is not None else ""
+    return Interval(e.avg, e.ci_low, e.ci_high, None, None, method)
+
+
+def difference_interval(b: list[FinalEval], a: list[FinalEval], confidence: float) -> Interval | None:
+    """mean(b) - mean(a) of final avg@k with its interval: paired on problems x seeds when every run has its
+    samples, else Welch's over seeds (no bounds with one seed on either side)."""
+    if not b or not a:
+        return None
+    ys = problem_matrices([b, a])
+    if ys is not None:
+        return contrast_interval(ys, [1.0, -1.0], confidence)
+    return welch_interval([e.avg for e in b], [e.avg for e in a], confidence)
+
+
+def table_rows(exp: Experiment) -> list[str]:
+    """The rows Table 1 shows: the ladder's and any user rows, not the runs of the other designs."""
+    return [r for r in exp.rows() if parse_run(r) is None]
+
+
+def evals_of(exp: Experiment, row: str) -> tuple[list[FinalEval], list[str]]:
+    """Every run of `row`'s final eval, and what is missing."""
+    evals, missing = [], []
+    for run in exp.runs_of(row):
+        fe, miss = final_eval(run, exp.k)
+        missing += miss
+        if fe is not None:
+            evals.append(fe)
+    return evals, missing
+
+
+def build_table1(exp: Experiment, confidence: float = 0.95) -> Table1:
+    """Table 1 from a loaded experiment; rows with no runs stay in the table (empty) and are named in `missing`."""
+    rows: list[Table1Row] = []
+    missing: list[str] = []
+    for name in table_rows(exp):
+        label, paper = M.PAPER_TABLE1.get(name, (name, None))
+        tr = Table1Row(row=name, label=label, paper=float(paper) if paper is not None else None)
+        if not exp.runs_of(name):
+            missing.append(f"row {name} ({label}): no runs in experiment {exp.name!r}")
+        tr.evals, miss = evals_of(exp, name)
+        missing += miss
+        iv = row_interval(tr.evals, confidence)
+        if iv is not None:
+            tr.mean, tr.ci_low, tr.ci_high, tr.ci_method = iv.estimate, iv.low, iv.high, iv.method
+            if len(tr.evals) >= 2:
+                tr.std = float(np.std([e.avg for e in tr.evals], ddof=1))
+            if len(tr.evals) == 1 and iv.low is None:
+                missing.append(
+                    f"run {tr.evals[0].run}: metric {M.ci_low(M.eval_avg(exp.k))} missing (no CI for one seed)"
+                )
+        tr.pass_mean = _mean([e.pass_k for e in tr.evals])
+        tr.maj_mean = _mean([e.maj for e in tr.evals])
+        tr.updates = _mean([e.updates for e in tr.evals])
+        rows.append(tr)
+    for above, tr in zip(rows, rows[1:], strict=False):
+        if tr.mean is not None and above.mean is not None:
+            tr.delta_ci = difference_interval(tr.evals, above.evals, confidence)
+            tr.delta = tr.delta_ci.estimate if tr.delta_ci is not None else tr.mean - above.mean
+        if tr.paper is not None and above.paper is not None:
+            tr.paper_delta = tr.paper - above.paper
+    if rows:
+        for tr in rows[1:]:
+            tr.vs_first = difference_interval(tr.evals, rows[0].evals, confidence)
+    return Table1(experiment=exp.name, k=exp.k, confidence=confidence, rows=rows, missing=missing)
 
 
 def _mean(xs: list[float | None]) -> float | None:
@@ -113,55 +213,32 @@ def _mean(xs: list[float | None]) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
-def build_table1(exp: Experiment, confidence: float = 0.95) -> Table1:
-    """Table 1 from a loaded experiment; rows with no runs stay in the table (empty) and are named in `missing`."""
-    rows: list[Table1Row] = []
-    missing: list[str] = []
-    for name in exp.rows():
-        label, paper = M.PAPER_TABLE1.get(name, (name, None))
-        tr = Table1Row(row=name, label=label, paper=float(paper) if paper is not None else None)
-        runs = exp.runs_of(name)
-        if not runs:
-            missing.append(f"row {name} ({label}): no runs in experiment {exp.name!r}")
-        for run in runs:
-            fe, miss = final_eval(run, exp.k)
-            missing += miss
-            if fe is not None:
-                tr.evals.append(fe)
-        avgs = [e.avg for e in tr.evals]
-        if len(avgs) >= 2:
-            tr.mean, tr.std, tr.ci_low, tr.ci_high = t_interval(avgs, confidence)
-            tr.ci_method = f"t over {len(avgs)} seeds"
-        elif len(avgs) == 1:
-            e = tr.evals[0]
-            tr.mean, tr.ci_low, tr.ci_high = e.avg, e.ci_low, e.ci_high
-            tr.ci_method = "bootstrap (1 seed)" if e.ci_low is not None else ""
-            if e.ci_low is None:
-                missing.append(f"run {e.run}: metric {M.ci_low(M.eval_avg(exp.k))} missing (no CI for one seed)")
-        tr.pass_mean = _mean([e.pass_k for e in tr.evals])
-        tr.maj_mean = _mean([e.maj for e in tr.evals])
-        rows.append(tr)
-    for above, tr in zip(rows, rows[1:], strict=False):
-        if tr.mean is not None and above.mean is not None:
-            tr.delta = tr.mean - above.mean
-        if tr.paper is not None and above.paper is not None:
-            tr.paper_delta = tr.paper - above.paper
-    return Table1(experiment=exp.name, k=exp.k, confidence=confidence, rows=rows, missing=missing)
+def fmt_interval(iv: Interval | None, digits: int = 1) -> str:
+    """`+2.1 [-1.0, +5.2]`; the point alone when there are no bounds; an em dash for nothing."""
+    if iv is None or (isinstance(iv.estimate, float) and math.isnan(iv.estimate)):
+        return "—"
+    point = fmt(iv.estimate, digits, signed=True)
+    if iv.low is None or iv.high is None:
+        return point
+    return f"{point} [{fmt(iv.low, digits, signed=True)}, {fmt(iv.high, digits, signed=True)}]"
 
 
 def table1_table(t: Table1) -> Table:
     """Display form of Table 1 (Markdown / CSV / LaTeX via dapo.report.formats)."""
     k, c = t.k, round(100 * t.confidence)
+    first = t.rows[0].row if t.rows else "00"
     columns = [
         "Row",
         f"avg@{k} (mean ± s.d.)",
         f"{c}% CI",
-        "Δ row above",
+        f"Δ row above [{c}% CI]",
+        f"Δ vs row {first[:2]} [{c}% CI]",
         "Paper avg@32",
         "Paper Δ",
         f"pass@{k}",
         f"maj@{k}",
         "Seeds",
+        "Updates",
         "CI method",
     ]
     cells, raw = [], []
@@ -174,17 +251,20 @@ def table1_table(t: Table1) -> Table:
             avg_txt = f"{fmt(r.mean)} ± {fmt(r.std)}"
         ci_txt = f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]" if r.ci_low is not None else "—"
         seeds = [e.seed for e in r.evals]
+        delta_iv = r.delta_ci or (Interval(r.delta, None, None, None, None, "") if r.delta is not None else None)
         cells.append(
             [
                 r.label,
                 avg_txt,
                 ci_txt,
-                fmt(r.delta, signed=True),
+                fmt_interval(delta_iv),
+                fmt_interval(r.vs_first),
                 fmt(r.paper, 0),
                 fmt(r.paper_delta, 0, signed=True),
                 fmt(r.pass_mean),
                 fmt(r.maj_mean),
                 str(len(seeds)),
+                fmt(r.updates, 0),
                 r.ci_method or "—",
             ]
         )
@@ -201,10 +281,16 @@ def table1_table(t: Table1) -> Table:
                 r.ci_high,
                 r.ci_method,
                 r.delta,
+                r.delta_ci.low if r.delta_ci else None,
+                r.delta_ci.high if r.delta_ci else None,
+                r.vs_first.estimate if r.vs_first else None,
+                r.vs_first.low if r.vs_first else None,
+                r.vs_first.high if r.vs_first else None,
                 r.paper,
                 r.paper_delta,
                 r.pass_mean,
                 r.maj_mean,
+                r.updates,
                 " ".join(str(e.avg) for e in r.evals),
                 " ".join(str(e.step) for e in r.evals),
             ]
@@ -221,18 +307,27 @@ def table1_table(t: Table1) -> Table:
         "ci_high",
         "ci_method",
         "delta",
+        "delta_ci_low",
+        "delta_ci_high",
+        "vs_first",
+        "vs_first_ci_low",
+        "vs_first_ci_high",
         "paper_avg",
         "paper_delta",
         "pass_mean",
         "maj_mean",
+        "updates",
         "avg_per_seed",
         "final_step",
     ]
     notes = [
         f"Experiment {t.experiment!r}; each run's last eval; values in percent. Paper: one seed, AIME 2024 "
-        f"avg@32; reference {PAPER_REFERENCE[0]} {PAPER_REFERENCE[1]}.",
-        f"CI: t-interval over seeds when there are several; else the run's own bootstrap over problems "
-        f"({c}%). Δ: change in our mean from the row above.",
+        f"avg@32; reference {PAPER_REFERENCE[0]} {PAPER_REFERENCE[1]}. Updates: gradient updates behind the "
+        "final eval (mean over seeds), so rows with equal updates are compared at equal updates.",
+        f"CI ({c}%): problems x seeds when every run kept its final eval's samples (variance over problems of "
+        "the seed-averaged accuracy, paired on problems for a Δ, plus the between-seed variance; t with "
+        "Satterthwaite's df); else a t interval over seeds (Welch's for a Δ), or one run's bootstrap over "
+        "problems. Δ: change in our mean.",
     ]
     return Table(
         title=f"Table 1: eval avg@{k} per cumulative ablation row (ours vs paper)",

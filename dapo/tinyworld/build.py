@@ -1,9 +1,12 @@
 """Build the tiny world (tasks -> tokenizer -> SFT base model -> measurement) once per config, and cache it.
 
-The cache key is a hash of the `tiny:` config section (without `tiny.dir`) and `BUILD_VERSION`; a directory
-whose manifest carries the same hash is reused as is, so `dapo build-tiny`, the tests and the workflow share one
-build. A build is written to a temporary sibling directory and renamed into place under a file lock, so two
-processes asking for the same world never see a half-written one.
+The cache key is a hash of the `tiny:` config section (without `tiny.dir` and `tiny.n_eval_large`) and
+`BUILD_VERSION`; a directory whose manifest carries the same hash is reused as is, so `dapo build-tiny`, the tests
+and the workflow share one build. The large eval split (`data.eval: tiny-large`) is not part of the build: the
+base model never depends on it, so it is drawn on first use into `eval_large_<n>.jsonl` beside the world, in
+seconds, and a world built before the split existed stays valid. A build is written to a temporary sibling
+directory and renamed into place under a file lock, so two processes asking for the same world never see a
+half-written one.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dapo.tinyworld.tasks import Task, make_splits, solution_lines
+from dapo.tinyworld.tasks import Task, make_large_eval, make_splits, solution_lines
 
 if TYPE_CHECKING:
     from dapo.config import RunConfig, TinyWorldConfig
@@ -34,6 +37,15 @@ VOCAB_SIZE = 1024  # an upper bound: the BPE saturates near 500 on this task's t
 MAX_POSITIONS = 512
 TOKENIZER_CORPUS = 4000  # problems whose prompts and solutions train the BPE
 GROUP_PROMPTS = 64  # train prompts sampled to measure all-correct / all-wrong group fractions
+# Samples per problem of the build-end measurement on the AIME-sized split (at least): with the tiny preset's one
+# sample per problem (it evaluates on the large split), 30 samples would say little, and pass@n nothing.
+MEASURE_MIN_N = 16
+# `data.train` / `data.eval` values that name the tiny world's files: its train and AIME-sized eval splits, and
+# (eval only) the large split of `tiny.n_eval_large` problems.
+TINY = "tiny"
+TINY_LARGE = "tiny-large"
+# tiny.* keys the built world does not depend on (left out of its hash; see world_hash)
+UNHASHED_KEYS = ("dir", "n_eval_large")
 
 # progress(phase, done, total): phases "tasks", "tokenizer", "sft", "measure"
 Progress = Callable[[str, int, int], None]
@@ -56,7 +68,8 @@ def tiny_paths(root: str | Path) -> TinyPaths:
 def world_hash(tiny: TinyWorldConfig) -> str:
     """What the built world depends on: every `tiny.*` key but `dir`, and the build recipe version."""
     d = tiny.model_dump(mode="json")
-    d.pop("dir", None)
+    for key in UNHASHED_KEYS:
+        d.pop(key, None)
     if not d.get("sft_connectives"):  # added after build 3 and a no-op at 0: worlds built before it stay valid
         d.pop("sft_connectives", None)
     d["build_version"] = BUILD_VERSION
@@ -105,8 +118,9 @@ def ensure_tiny_world(
     """The tiny world directory for `cfg` (default `cfg.tiny.dir`), built first when missing or stale.
 
     The model is at `<dir>/model`, the data at `<dir>/train.jsonl` and `<dir>/eval.jsonl` (see `tiny_paths`).
-    The build-end measurement uses the run's eval settings (eval.n, temperature, top_p, the eval token cap) and
-    its rollout settings for the train-group fractions; they are recorded in the manifest, not hashed.
+    The build-end measurement uses the run's eval settings (temperature, top_p, the eval token cap; eval.n but at
+    least `MEASURE_MIN_N` samples per problem of the AIME-sized split) and its rollout settings for the
+    train-group fractions; they are recorded in the manifest, not hashed.
     `threads`: torch CPU threads for the build. 1 by default: on a shared machine two OpenMP threads ran 5-10x
     slower than one (spin-waiting), and a fixed count keeps the build bit-reproducible.
     """
@@ -127,7 +141,7 @@ def ensure_tiny_world(
             build_tiny_world(
                 cfg.tiny,
                 tmp,
-                eval_n=cfg.eval.n,
+                eval_n=max(cfg.eval.n, MEASURE_MIN_N),
                 eval_temperature=cfg.eval.temperature,
                 eval_top_p=cfg.eval.top_p,
                 max_new_tokens=cfg.resolved_eval_max_tokens(),
@@ -146,6 +160,48 @@ def ensure_tiny_world(
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+def large_eval_path(root: str | Path, n: int) -> Path:
+    return Path(root) / f"eval_large_{n}.jsonl"
+
+
+def ensure_large_eval(cfg: RunConfig) -> Path:
+    """The large eval split's file for `cfg` (`tiny.n_eval_large` problems), drawn first when missing.
+
+    The world is built first if needed. The split shares no problem text with the world's train, AIME-sized eval
+    or supervised problems (the supervised set is drawn again from the world's seed: the same draw as the build).
+    """
+    root = ensure_tiny_world(cfg)
+    tiny = cfg.tiny
+    path = large_eval_path(root, tiny.n_eval_large)
+    if path.is_file():
+        return path
+    with _lock(root):
+        if path.is_file():
+            return path
+        splits = make_splits(tiny.seed, tiny.difficulty, tiny.n_train, tiny.n_eval, tiny.sft_steps * SFT_BATCH)
+        exclude = {t.text for t in splits.train + splits.eval + splits.sft}
+        tasks = make_large_eval(tiny.seed, tiny.difficulty, tiny.n_eval_large, exclude)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        _write_jsonl(tmp, tasks, "tiny-eval-large")
+        os.replace(tmp, path)
+    return path
+
+
+def resolve_source(cfg: RunConfig, split: str) -> str:
+    """`data.train` (split "train") or `data.eval` (split "eval") as a loadable path or hub id: `tiny` is the
+    tiny world's `train.jsonl` / `eval.jsonl` (the AIME-sized split), `tiny-large` its large eval split; both are
+    made first when missing. Anything else is returned unchanged."""
+    source = cfg.data.train if split == "train" else cfg.data.eval
+    if source == TINY:
+        paths = tiny_paths(ensure_tiny_world(cfg))
+        return str(paths.train if split == "train" else paths.eval)
+    if source == TINY_LARGE:
+        if split != "eval":
+            raise ValueError(f"data.{split}: `{TINY_LARGE}` is an eval split; use `{TINY}` for training prompts")
+        return str(ensure_large_eval(cfg))
+    return source
 
 
 def resolve_model_path(cfg: RunConfig) -> str:
@@ -336,7 +392,7 @@ def _build(
         "hash": world_hash(tiny),
         "build_version": BUILD_VERSION,
         "seed": tiny.seed,
-        "tiny": tiny.model_dump(mode="json"),
+        "tiny": {k: v for k, v in tiny.model_dump(mode="json").items() if k != "n_eval_large"},
         "recipe": {"sft_batch": SFT_BATCH, "sft_lr": SFT_LR, "n_sft_examples": n_sft},
         "created_unix": time.time(),
         "build_seconds": round(time.perf_counter() - t0, 1),

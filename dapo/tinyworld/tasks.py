@@ -262,3 +262,26 @@ def make_splits(seed: int, difficulty: int, n_train: int, n_eval: int, n_sft: in
         train.append(t)
     sft = [fresh(rng.randint(1, difficulty), eval_texts) for _ in range(n_sft)]
     return Splits(train=train, eval=eval_tasks, sft=sft)
+
+
+def make_large_eval(seed: int, difficulty: int, n: int, exclude: set[str]) -> list[Task]:
+    """A held-out eval split of `n` problems, balanced over 1..difficulty operations like the AIME-sized split, drawn
+    from its own random stream and sharing no text with `exclude` (the world's train, eval and supervised problems).
+
+    Its own stream keeps the world's other splits, and so the base model, independent of `n`: a larger or smaller
+    split is a new file made in seconds, not a new world. The first m problems drawn are the same for every n >= m.
+    """
+    rng = random.Random(f"tinyworld-eval-large-{seed}")
+    seen = set(exclude)
+    tasks = []
+    for i in range(n):
+        n_ops = 1 + i % difficulty
+        for _ in range(10_000):
+            t = make_task(rng, n_ops)
+            if t.text not in seen:
+                break
+        else:
+            raise RuntimeError(f"could not find a new problem with {n_ops} operations; lower tiny.n_eval_large")
+        seen.add(t.text)
+        tasks.append(t)
+    return sorted(tasks, key=lambda t: t.n_ops)

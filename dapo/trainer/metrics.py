@@ -46,11 +46,27 @@ def _trained_metrics(col: Collected, batch: RolloutBatch) -> dict[str, float]:
         M.RESP_LEN_MEAN: float(lengths.mean()),
         M.RESP_LEN_MAX: float(lengths.max()),
         M.RESP_TRUNC_FRAC: float(batch.truncated.double().mean()),
+        **_mechanism_metrics(batch),
     }
     if batch.entropy is not None:
         m = batch.response_mask
         out[M.ENTROPY] = float((batch.entropy.double() * m).sum() / m.sum().clamp(min=1))
     return out
+
+
+def _mechanism_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """What two toggles act on, measured on the trained batch: the share of the loss's tokens that belong to
+    truncated responses (overlong filtering drives it to 0) and the share of trained groups whose advantages are
+    all 0, which carry no gradient (dynamic sampling drives it to 0)."""
+    loss_tokens = batch.loss_mask.double().sum(dim=1)  # [N]
+    total = float(loss_tokens.sum())
+    trunc_share = float(loss_tokens[batch.truncated].sum()) / total if total > 0 else float("nan")
+    num_groups = int(batch.group_ids.max()) + 1 if len(batch) else 0
+    nonzero = torch.zeros(num_groups, dtype=torch.float64).index_add_(
+        0, batch.group_ids, (batch.advantages != 0).double()
+    )
+    zero_groups = float((nonzero == 0).double().mean()) if num_groups else float("nan")
+    return {M.TRUNC_LOSS_TOKEN_FRAC: trunc_share, M.ZERO_ADV_TRAINED_FRAC: zero_groups}
 
 
 def _generated_metrics(col: Collected, norm_adv_by_std: bool) -> dict[str, float]:

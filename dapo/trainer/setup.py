@@ -68,17 +68,12 @@ def model_path(cfg: RunConfig) -> str:
 
 
 def load_problems(cfg: RunConfig, split: str) -> list[Problem]:
-    """Train or eval problems from `data.train` / `data.eval` (`tiny`: the tiny world's JSONL, built if needed;
-    else a hub id or a local .jsonl/.parquet, deduplicated by `dapo.data`)."""
+    """Train or eval problems from `data.train` / `data.eval` (`tiny`, `tiny-large`: the tiny world's JSONL, made if
+    needed; else a hub id or a local .jsonl/.parquet, deduplicated by `dapo.data`)."""
     from dapo.data.loaders import load_problems as load
+    from dapo.tinyworld import resolve_source
 
-    spec = cfg.data.train if split == "train" else cfg.data.eval
-    if spec == "tiny":
-        from dapo.tinyworld import ensure_tiny_world, tiny_paths
-
-        paths = tiny_paths(ensure_tiny_world(cfg))
-        spec = str(paths.train if split == "train" else paths.eval)
-    return load(spec)
+    return load(resolve_source(cfg, split))
 
 
 def build_components(cfg: RunConfig, run_dir: Path) -> Components:

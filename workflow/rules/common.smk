@@ -10,6 +10,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from dapo.config import ABLATIONS_DIR, ConfigError, load_config, resolve_preset
+from dapo.designs import all_design_runs
 from dapo.metric_names import PAPER_TABLE1
 
 RESUME_EXIT_CODE = 75  # dapo train's "resume me" code (SLURM time limit, preemption): see README
@@ -52,12 +53,27 @@ TRACKING_URI = (
 EXPERIMENT = config.get("experiment") or f"dapo-{PRESET_NAME}"
 
 
+# Every run a design trains, by run name: the ladder's rows and the leave-one-out / one-at-a-time runs
+# (dapo_minus_<toggle>, grpo_plus_<toggle>), each a ladder row file plus overrides (dapo/designs.py).
+RUN_SPECS = all_design_runs()
+
+
+def run_config(name):
+    """The config file run `name` starts from: its ladder row file (a design run's is the design's reference)."""
+    return RUN_SPECS[name].config if name in RUN_SPECS else ABLATIONS_DIR / f"{name}.yaml"
+
+
+def design_overrides(name):
+    """What a design run sets on top of its ladder row file (nothing for a ladder row)."""
+    return list(RUN_SPECS[name].overrides) if name in RUN_SPECS else []
+
+
 def _resolve(row, seed, extra=()):
     try:
         return load_config(
-            ABLATIONS_DIR / f"{row}.yaml",
+            run_config(row),
             preset=PRESET,
-            overrides=[*OVERRIDES, f"trainer.seed={seed}", *extra],
+            overrides=[*design_overrides(row), *OVERRIDES, f"trainer.seed={seed}", *extra],
         )
     except ConfigError as e:
         raise WorkflowError(f"row {row}, seed {seed}: {e}") from None
@@ -103,6 +119,7 @@ def run_overrides(row, seed):
     """What every train/eval call of one run gets on top of the preset and the row file."""
     data = RESULTS / "data"
     return [
+        *design_overrides(row),
         *OVERRIDES,
         f"trainer.seed={seed}",
         f"model.path={base_model_path()}",

@@ -1,11 +1,13 @@
 # Table 1 and the paper's figures, by executing the analysis notebooks over the MLflow experiment.
 
 REPORT_DIR = RESULTS / "report"
-REPORT_OUTPUTS = [REPORT_DIR / "table1.md", REPORT_DIR / "table1.csv", REPORT_DIR / "table1.tex"]
+REPORT_TABLES = ("table1", "mechanisms", "marginal_effects")
+REPORT_OUTPUTS = [REPORT_DIR / f"{t}.{ext}" for t in REPORT_TABLES for ext in ("md", "csv", "tex")]
 
 
 rule report:
-    """Read the experiment from MLflow and write Table 1 (Markdown, CSV, LaTeX) and the figures (PNG, PDF)."""
+    """Read the experiment from MLflow and write Table 1, the mechanisms and the marginal effects (Markdown, CSV,
+    LaTeX) and the figures (PNG, PDF)."""
     input:
         [m for row in ROWS for m in row_outputs(row)],
     output:

@@ -17,7 +17,7 @@ rule train:
     params:
         run_dir=lambda wc: run_dir(wc.row, wc.seed),
         args=lambda wc: q(
-            "--config", ABLATIONS_DIR / f"{wc.row}.yaml", "--preset", PRESET,
+            "--config", run_config(wc.row), "--preset", PRESET,
             "--run-dir", run_dir(wc.row, wc.seed), *run_overrides(wc.row, int(wc.seed)),
         ),
         launcher=launcher("train"),
@@ -42,7 +42,7 @@ rule evaluate:
         RESULTS / "logs" / "eval" / "{row}-s{seed}.log",
     params:
         args=lambda wc: q(
-            "--config", ABLATIONS_DIR / f"{wc.row}.yaml", "--preset", PRESET,
+            "--config", run_config(wc.row), "--preset", PRESET,
             "--model", run_dir(wc.row, wc.seed) / "final", "--out", run_dir(wc.row, wc.seed) / "eval",
             *run_overrides(wc.row, int(wc.seed)),
         ),

@@ -1,0 +1,104 @@
+"""Each toggle's marginal effect on the final eval avg@k under each design (`dapo.designs`), with intervals.
+
+- cumulative: (row that adds it) - (row above): the paper's Table 1 gains, each conditional on every toggle above;
+- leave_one_out: (full DAPO) - (full DAPO without it): what the full recipe loses without the toggle;
+- one_at_a_time: (naive GRPO with it) - (naive GRPO): what the toggle does alone.
+
+Intervals as in Table 1 (`table1.difference_interval`): problems x seeds when every run kept its final eval's
+samples, else Welch's over seeds. A design whose runs are missing leaves its column empty, named under Missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dapo import metric_names as M
+from dapo.algos.evalstats import Interval
+from dapo.designs import DESIGNS, Design, marginal_pairs, toggles
+from dapo.report.formats import Table, fmt
+from dapo.report.load import Experiment
+from dapo.report.table1 import difference_interval, evals_of, fmt_interval
+
+DESIGN_TITLES: dict[Design, str] = {
+    "cumulative": "cumulative (row - row above)",
+    "leave_one_out": "leave-one-out (DAPO - DAPO without it)",
+    "one_at_a_time": "one-at-a-time (GRPO with it - GRPO)",
+}
+
+
+@dataclass
+class Effect:
+    toggle: str
+    design: Design
+    with_run: str
+    without_run: str
+    interval: Interval | None
+
+
+def marginal_effects(exp: Experiment, confidence: float = 0.95) -> tuple[list[Effect], list[str]]:
+    """Every (toggle, design) effect, and what is missing (rows without runs or without a final eval)."""
+    effects, missing = [], []
+    cache: dict[str, list] = {}
+
+    def evals(row: str) -> list:
+        if row not in cache:
+            cache[row], _ = evals_of(exp, row)
+        return cache[row]
+
+    for design in DESIGNS:
+        absent = set()
+        for toggle, with_run, without_run in marginal_pairs(design):
+            for row in (with_run, without_run):
+                if not evals(row):
+                    absent.add(row)
+            iv = difference_interval(evals(with_run), evals(without_run), confidence)
+            effects.append(Effect(toggle, design, with_run, without_run, iv))
+        missing += [f"{design}: no final eval for {row}" for row in sorted(absent)]
+    return effects, missing
+
+
+def marginal_table(effects: list[Effect], missing: list[str], k: int, confidence: float = 0.95) -> Table:
+    c = round(100 * confidence)
+    paper = {t.name: (M.PAPER_TABLE1.get(t.row), M.PAPER_TABLE1.get(t.above)) for t in toggles()}
+    by = {(e.toggle, e.design): e for e in effects}
+    names = list(dict.fromkeys(e.toggle for e in effects))
+    columns = ["Toggle"] + [f"{DESIGN_TITLES[d]} [{c}% CI]" for d in DESIGNS] + ["Paper Δ (cumulative)"]
+    cells, raw = [], []
+    for name in names:
+        row_cells, row_raw = [name], [name]
+        for d in DESIGNS:
+            e = by.get((name, d))
+            iv = e.interval if e else None
+            row_cells.append(fmt_interval(iv))
+            row_raw += [
+                e.with_run if e else None,
+                e.without_run if e else None,
+                iv.estimate if iv else None,
+                iv.low if iv else None,
+                iv.high if iv else None,
+            ]
+        (b, a) = paper.get(name, (None, None))
+        pd = b[1] - a[1] if b and a else None
+        row_cells.append(fmt(pd, 0, signed=True))
+        row_raw.append(pd)
+        cells.append(row_cells)
+        raw.append(row_raw)
+    csv_cols = ["toggle"]
+    for d in DESIGNS:
+        csv_cols += [f"{d}_with", f"{d}_without", f"{d}_delta", f"{d}_ci_low", f"{d}_ci_high"]
+    csv_cols.append("paper_delta")
+    return Table(
+        title=f"Marginal effect of each toggle on the final eval avg@{k}, under each design",
+        columns=columns,
+        cells=cells,
+        csv_columns=csv_cols,
+        csv_rows=raw,
+        notes=[
+            "Percentage points. Cumulative: the paper's design, each gain conditional on every toggle above it. "
+            "Leave-one-out: against full DAPO (runs dapo_minus_<toggle>). One-at-a-time: against naive GRPO "
+            "(runs grpo_plus_<toggle>). A design run identical to a ladder row reuses that row's runs.",
+            f"{c}% CI: problems x seeds (paired on problems) when the runs kept their final eval's samples, "
+            "else Welch's over seeds.",
+        ],
+        missing=missing,
+    )

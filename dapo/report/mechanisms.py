@@ -1,0 +1,430 @@
+"""The mechanisms table: did each toggle move the quantity the paper says it moves?
+
+Declared here, once, before any evidence is run (docs/evidence.md lists the same declarations, and a test
+checks that the two agree): for each toggle, the quantities the paper says it moves, each with the metric,
+the window of training it is read over, the per-run statistic, the sign the paper expects for (row that adds the
+toggle) - (row above), and where in the paper the claim is. The first declaration of each toggle is its primary
+quantity, the one the evidence goal counts. Every declared statistic is reported, whichever way it comes out.
+
+Per run, the statistic is one number; per row, its mean over seeds; the difference between the row that adds the
+toggle and the row above has Welch's 95% interval over seeds (the seed is the unit that is replicated: steps
+within a run are not independent). A verdict says whether the interval excludes zero, and on which side.
+
+Statistics:
+- `mean`: the mean of the metric's per-step values in the window;
+- `successive_diff_sd`: the sample s.d. of its step-to-step changes in the window (how jumpy the curve is);
+- `at_common_updates`: the eval curve against gradient updates, read (linear interpolation) at the largest
+  update count every compared run reached, so the rows are compared at equal gradient updates.
+Windows: `all` (training steps 1..T) or `last_third` (steps > 2T/3, T the run's last step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from dapo import metric_names as M
+from dapo.algos.evalstats import Interval, welch_interval
+from dapo.report.formats import Table
+from dapo.report.load import Experiment, RunData
+
+Statistic = Literal["mean", "successive_diff_sd", "at_common_updates"]
+Window = Literal["all", "last_third"]
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    toggle: str  # a toggle of the ladder (`dapo.designs.toggles()`): the row stem without its number
+    quantity: str  # what is measured, in words
+    metric: str | None  # a metric name from dapo.metric_names; None: eval avg@k (k is the run's eval.n)
+    statistic: Statistic
+    window: Window
+    expected_sign: int  # +1 / -1: the sign the paper expects for (row with the toggle) - (row above)
+    source: str  # where the paper makes the claim
+    primary: bool = False  # the toggle's headline quantity (one per toggle)
+
+    def metric_name(self, k: int) -> str:
+        return M.eval_avg(k) if self.metric is None else self.metric
+
+    def metric_label(self) -> str:
+        return "eval avg@k" if self.metric is None else self.metric
+
+    def statistic_label(self) -> str:
+        window = {"all": "all steps", "last_third": "last third of steps"}[self.window]
+        return {
+            "mean": f"mean over {window}",
+            "successive_diff_sd": f"s.d. of step-to-step change, {window}",
+            "at_common_updates": "at equal gradient updates (last common)",
+        }[self.statistic]
+
+
+# The declarations. Changing one after evidence has been run is changing the hypothesis: say so in docs/evidence.md.
+MECHANISMS: tuple[Mechanism, ...] = (
+    Mechanism(
+        "overlong_filtering",
+        "share of the loss's tokens on truncated responses",
+        M.TRUNC_LOSS_TOKEN_FRAC,
+        "mean",
+        "all",
+        -1,
+        "section 3.4 (truncated samples masked out of the loss)",
+        primary=True,
+    ),
+    Mechanism(
+        "overlong_filtering",
+        "jumpiness of training accuracy",
+        M.ACC_MEAN,
+        "successive_diff_sd",
+        "all",
+        -1,
+        "Fig 5 (accuracy more stable with the filter)",
+    ),
+    Mechanism(
+        "clip_higher",
+        "entropy of generated tokens",
+        M.ENTROPY,
+        "mean",
+        "last_third",
+        +1,
+        "Fig 2 (entropy collapses without it)",
+        primary=True,
+    ),
+    Mechanism(
+        "clip_higher",
+        "fraction of tokens clipped at the upper bound",
+        M.CLIPFRAC_HIGH,
+        "mean",
+        "all",
+        -1,
+        "section 3.1 (the raised bound binds less often)",
+    ),
+    Mechanism(
+        "soft_overlong_punishment",
+        "fraction of responses truncated",
+        M.RESP_TRUNC_FRAC,
+        "mean",
+        "last_third",
+        -1,
+        "section 3.4, Eq. 13 (length penalty near the cap)",
+        primary=True,
+    ),
+    Mechanism(
+        "soft_overlong_punishment",
+        "mean response length",
+        M.RESP_LEN_MEAN,
+        "mean",
+        "last_third",
+        -1,
+        "section 3.4, Eq. 13",
+    ),
+    Mechanism(
+        "token_level_loss",
+        "entropy of generated tokens",
+        M.ENTROPY,
+        "mean",
+        "last_third",
+        -1,
+        "Fig 4a (sample-level loss: unhealthy rise in entropy)",
+        primary=True,
+    ),
+    Mechanism(
+        "token_level_loss",
+        "mean response length",
+        M.RESP_LEN_MEAN,
+        "mean",
+        "last_third",
+        -1,
+        "Fig 4b (sample-level loss: unhealthy rise in length)",
+    ),
+    Mechanism(
+        "dynamic_sampling",
+        "eval accuracy at equal gradient updates",
+        None,
+        "at_common_updates",
+        "all",
+        +1,
+        "Fig 6 (same accuracy in fewer updates)",
+        primary=True,
+    ),
+    Mechanism(
+        "dynamic_sampling",
+        "share of trained groups with zero advantage",
+        M.ZERO_ADV_TRAINED_FRAC,
+        "mean",
+        "all",
+        -1,
+        "section 3.2 (groups without gradient are filtered out)",
+    ),
+    Mechanism(
+        "dynamic_sampling",
+        "tokens generated per rollout step (the cost)",
+        M.DS_TOKENS_GENERATED,
+        "mean",
+        "all",
+        +1,
+        "section 3.2 (dropped groups cost generation)",
+    ),
+)
+
+AS_PAPER, AGAINST, UNCLEAR, NO_INTERVAL, MISSING, NOT_JUDGED = (
+    "as the paper",
+    "against the paper",
+    "no clear change",
+    "no interval (1 seed)",
+    "missing",
+    "not this toggle's pair",
+)
+
+
+def _last_step(run: RunData, series_steps: np.ndarray) -> int:
+    counter = run.history.get(M.ROLLOUT_STEP)
+    if counter is not None and counter.steps.size:
+        return int(counter.steps.max())
+    return int(series_steps.max())
+
+
+def run_statistic(m: Mechanism, run: RunData, k: int, common_updates: float | None = None) -> float | None:
+    """The declared statistic of one run; None when the run did not log what it needs."""
+    s = run.history.get(m.metric_name(k))
+    if s is None or not s.steps.size:
+        return None
+    if m.statistic == "at_common_updates":
+        if common_updates is None:
+            return None
+        x = run.x_of(s.steps, "updates")
+        if common_updates > x.max() + 1e-9:
+            return None
+        return float(np.interp(common_updates, x, s.values))
+    keep = s.steps >= 1  # training steps (an eval logged at step 0 is the base model)
+    if m.window == "last_third":
+        keep &= s.steps > 2 * _last_step(run, s.steps) / 3
+    values = s.values[keep]
+    values = values[np.isfinite(values)]
+    if m.statistic == "mean":
+        return float(values.mean()) if values.size else None
+    if m.statistic == "successive_diff_sd":
+        return float(np.std(np.diff(values), ddof=1)) if values.size >= 3 else None
+    raise ValueError(f"unknown statistic {m.statistic!r}")
+
+
+def common_updates(runs: list[RunData], metric: str) -> float | None:
+    """The largest gradient-update count at which every run logged `metric` (or interpolates it)."""
+    ends = []
+    for run in runs:
+        s = run.history.get(metric)
+        if s is None or not s.steps.size:
+            continue
+        ends.append(float(run.x_of(s.steps, "updates").max()))
+    return min(ends) if ends else None
+
+
+@dataclass
+class MechanismResult:
+    mechanism: Mechanism
+    with_row: str  # the row with the toggle (B)
+    without_row: str  # the row it is compared with (A)
+    with_values: list[float] = field(default_factory=list)  # one per seed
+    without_values: list[float] = field(default_factory=list)
+    interval: Interval | None = None  # of mean(with) - mean(without)
+    missing: list[str] = field(default_factory=list)
+    judged: bool = True  # False: the rows differ in more than this toggle, so the paper's sign is no test
+
+    @property
+    def verdict(self) -> str:
+        iv = self.interval
+        if iv is None:
+            return MISSING
+        if not self.judged:
+            return NOT_JUDGED
+        if iv.low is None or iv.high is None:
+            return NO_INTERVAL
+        if not iv.excludes_zero():
+            return UNCLEAR
+        return AS_PAPER if np.sign(iv.estimate) == self.mechanism.expected_sign else AGAINST
+
+
+def compare_mechanism(
+    exp: Experiment, m: Mechanism, with_row: str, without_row: str, confidence: float = 0.95
+) -> MechanismResult:
+    """One mechanism's statistic for two rows (any two: a toggle's row and the row above, or `dapo compare`'s)."""
+    res = MechanismResult(m, with_row, without_row)
+    runs_b, runs_a = exp.runs_of(with_row), exp.runs_of(without_row)
+    metric = m.metric_name(exp.k)
+    cu = common_updates(runs_b + runs_a, metric) if m.statistic == "at_common_updates" else None
+    lacking = []
+    for runs, values, row in ((runs_b, res.with_values, with_row), (runs_a, res.without_values, without_row)):
+        if not runs:
+            res.missing.append(f"row {row}: no runs")
+        for run in runs:
+            v = run_statistic(m, run, exp.k, cu)
+            if v is None:
+                lacking.append(run.label)
+            else:
+                values.append(v)
+    if lacking:
+        res.missing.append(f"{metric} missing (or too few steps) in runs {', '.join(lacking)}")
+    if res.with_values and res.without_values:
+        res.interval = welch_interval(res.with_values, res.without_values, confidence)
+    return res
+
+
+def cumulative_results(exp: Experiment, confidence: float = 0.95) -> list[MechanismResult]:
+    """Every declared mechanism, the row that adds its toggle against the row above (the cumulative ladder)."""
+    from dapo.designs import toggles
+
+    by_toggle = {t.name: t for t in toggles()}
+    return [
+        compare_mechanism(exp, m, by_toggle[m.toggle].row, by_toggle[m.toggle].above, confidence) for m in MECHANISMS
+    ]
+
+
+def fmt_value(x: float | None) -> str:
+    """Three significant digits: the quantities range from clip fractions (1e-3) to tokens (1e4)."""
+    if x is None or not np.isfinite(x):
+        return "—"
+    return f"{x:.3g}"
+
+
+def fmt_delta(iv: Interval | None) -> str:
+    if iv is None:
+        return "—"
+    point = f"{iv.estimate:+.3g}"
+    if iv.low is None or iv.high is None:
+        return point
+    return f"{point} [{iv.low:+.3g}, {iv.high:+.3g}]"
+
+
+def _mean_txt(values: list[float]) -> str:
+    return f"{fmt_value(float(np.mean(values)))} (n={len(values)})" if values else "—"
+
+
+def mechanisms_table(results: list[MechanismResult], confidence: float = 0.95, title: str = "") -> Table:
+    """The table (Markdown / CSV / LaTeX): one line per declared mechanism, whatever its verdict."""
+    c = round(100 * confidence)
+    columns = ["Toggle", "Quantity (metric)", "Statistic", "Paper", "Expected", "Without", "With", f"Δ [{c}% CI]"]
+    columns.append("Verdict")
+    cells, raw, missing = [], [], []
+    for r in results:
+        m = r.mechanism
+        cells.append(
+            [
+                m.toggle + (" *" if m.primary else ""),
+                f"{m.quantity} (`{m.metric_label()}`)",
+                m.statistic_label(),
+                m.source,
+                "+" if m.expected_sign > 0 else "−",
+                f"{r.without_row}: {_mean_txt(r.without_values)}",
+                f"{r.with_row}: {_mean_txt(r.with_values)}",
+                fmt_delta(r.interval),
+                r.verdict,
+            ]
+        )
+        iv = r.interval
+        raw.append(
+            [
+                m.toggle,
+                m.primary,
+                m.quantity,
+                m.metric_label(),
+                m.statistic,
+                m.window,
+                m.expected_sign,
+                m.source,
+                r.without_row,
+                r.with_row,
+                " ".join(repr(v) for v in r.without_values),
+                " ".join(repr(v) for v in r.with_values),
+                iv.estimate if iv else None,
+                iv.low if iv else None,
+                iv.high if iv else None,
+                iv.df if iv else None,
+                r.verdict,
+            ]
+        )
+        missing += [f"{m.toggle} / {m.quantity}: {x}" for x in r.missing]
+    primaries = [r for r in results if r.mechanism.primary]
+    agree = sum(r.verdict == AS_PAPER for r in primaries)
+    against = [r.mechanism.toggle for r in results if r.verdict == AGAINST]
+    notes = [
+        f"* primary quantity. {agree} of {len(primaries)} toggles moved their primary quantity in the paper's "
+        f"direction with a {c}% interval that excludes 0.",
+        "Δ = mean over seeds of (with) - (without); interval: Welch's t over seeds. Statistics declared in "
+        "dapo/report/mechanisms.py (and docs/evidence.md) before the evidence was run; every one is reported.",
+    ]
+    if against:
+        notes.append(f"Moved against the paper (interval excludes 0): {', '.join(against)}.")
+    return Table(
+        title=title or "Mechanisms: what each toggle moved (row with the toggle vs the row above)",
+        columns=columns,
+        cells=cells,
+        csv_columns=[
+            "toggle",
+            "primary",
+            "quantity",
+            "metric",
+            "statistic",
+            "window",
+            "expected_sign",
+            "source",
+            "without_row",
+            "with_row",
+            "without_per_seed",
+            "with_per_seed",
+            "delta",
+            "ci_low",
+            "ci_high",
+            "df",
+            "verdict",
+        ],
+        csv_rows=raw,
+        notes=notes,
+        missing=missing,
+    )
+
+
+def mechanisms_figure(results: list[MechanismResult], out_dir: str | Path, name: str = "mechanisms") -> list[Path]:
+    """One small panel per mechanism: Δ and its interval against 0, the paper's expected side shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = max(1, len(results))
+    fig, axes = plt.subplots(n, 1, figsize=(8.0, 0.62 * n + 1.0), squeeze=False)
+    for ax, r in zip(axes[:, 0], results, strict=False):
+        m, iv = r.mechanism, r.interval
+        lo = hi = 0.0
+        if iv is not None:
+            lo = iv.low if iv.low is not None else iv.estimate
+            hi = iv.high if iv.high is not None else iv.estimate
+        span = max(abs(lo), abs(hi), 1e-12) * 1.3
+        ax.set_xlim(-span, span)
+        side = (0, span) if m.expected_sign > 0 else (-span, 0)
+        ax.axvspan(*side, color="tab:green", alpha=0.08, lw=0)
+        ax.axvline(0, color="grey", lw=0.8)
+        if iv is not None:
+            color = {AS_PAPER: "tab:green", AGAINST: "tab:red"}.get(r.verdict, "tab:grey")
+            ax.errorbar([iv.estimate], [0], xerr=[[iv.estimate - lo], [hi - iv.estimate]], fmt="o", color=color)
+        else:
+            ax.text(0.5, 0.5, "missing", transform=ax.transAxes, ha="center", va="center", color="grey", fontsize=7)
+        ax.set_yticks([])
+        ax.tick_params(axis="x", labelsize=6)
+        ax.set_ylabel(
+            f"{m.toggle}{' *' if m.primary else ''}\n{m.quantity}", rotation=0, ha="right", va="center", fontsize=6.5
+        )
+    fig.suptitle(
+        "Mechanisms: Δ (with - without the toggle), 95% interval over seeds; green: the paper's side", fontsize=9
+    )
+    fig.tight_layout(rect=(0.25, 0, 1, 0.97))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in ("png", "pdf"):
+        p = out / f"{name}.{ext}"
+        fig.savefig(p, dpi=120)
+        paths.append(p)
+    plt.close(fig)
+    return paths

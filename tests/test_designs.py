@@ -1,0 +1,92 @@
+"""The leave-one-out and one-at-a-time designs as workflow targets (dry runs: what would be trained, and how)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+
+
+def dry_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [SNAKEMAKE, "-n", "-p", *args], cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ)
+    )
+
+
+def _job_stats(stdout: str) -> dict[str, int]:
+    stats = {}
+    for line in stdout.split("Job stats:")[1].splitlines()[3:]:
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].isdigit():
+            break
+        stats[parts[0]] = int(parts[1])
+    return stats
+
+
+def _train_commands(stdout: str) -> dict[str, str]:
+    """run name -> the `dapo train ...` command line of its seed-0 job."""
+    out = {}
+    for line in stdout.splitlines():
+        if " dapo train " in line and "/s0 " in line:
+            run = line.split("--run-dir ")[1].split()[0].rstrip("/").split("/")[-2]
+            out[run] = line
+    return out
+
+
+@pytest.mark.parametrize(
+    "target, runs",
+    [
+        (
+            "all_leave_one_out",
+            {
+                "05_dynamic_sampling",
+                "04_token_level_loss",  # DAPO without dynamic sampling is row 04: trained once, as that row
+                "dapo_minus_overlong_filtering",
+                "dapo_minus_clip_higher",
+                "dapo_minus_soft_overlong_punishment",
+                "dapo_minus_token_level_loss",
+            },
+        ),
+        (
+            "all_one_at_a_time",
+            {
+                "00_naive_grpo",
+                "01_overlong_filtering",  # GRPO with overlong filtering is row 01
+                "grpo_plus_clip_higher",
+                "grpo_plus_soft_overlong_punishment",
+                "grpo_plus_token_level_loss",
+                "grpo_plus_dynamic_sampling",
+            },
+        ),
+    ],
+)
+def test_design_targets_train_each_run_once_per_seed_then_report(tmp_path, target, runs):
+    r = dry_run(target, "--config", f"results={tmp_path}", "seeds=[0,1]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    stats = _job_stats(r.stdout)
+    assert stats["train"] == stats["evaluate"] == 2 * len(runs) and stats["design_report"] == 1
+    cmds = _train_commands(r.stdout)
+    assert set(cmds) == runs
+    design = target.removeprefix("all_")
+    assert str(tmp_path / "tiny" / "report" / design / "marginal_effects.md") in r.stdout
+    assert not any(tmp_path.iterdir())  # a dry run writes nothing
+
+
+def test_a_design_run_is_its_reference_row_file_plus_the_toggles_keys(tmp_path):
+    r = dry_run("all_designs", "--config", f"results={tmp_path}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    cmds = _train_commands(r.stdout)
+    assert len(cmds) == 14  # 6 ladder rows + 4 leave-one-out + 4 one-at-a-time runs
+    minus = cmds["dapo_minus_clip_higher"]
+    assert "configs/ablations/05_dynamic_sampling.yaml" in minus
+    assert "algorithm.eps_high=0.2 tracking.row=dapo_minus_clip_higher" in minus
+    plus = cmds["grpo_plus_token_level_loss"]
+    assert "configs/ablations/00_naive_grpo.yaml" in plus and "algorithm.loss_agg=token-mean" in plus
+    row = cmds["02_clip_higher"]  # a ladder row's command is unchanged: its own file, no design overrides
+    assert "configs/ablations/02_clip_higher.yaml" in row and "tracking.row=" not in row

@@ -1,0 +1,119 @@
+"""The mechanisms table: its declarations (one primary quantity per toggle, the same in docs/evidence.md), the two
+metrics the trainer logs for it (computed on a hand-built batch), and each statistic on fixed curves."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dapo import metric_names as M
+from dapo.designs import toggles
+from dapo.report.load import RunData, Series
+from dapo.report.mechanisms import MECHANISMS, common_updates, run_statistic
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "evidence.md"
+
+
+def test_every_toggle_has_declarations_and_exactly_one_primary():
+    names = [t.name for t in toggles()]
+    assert {m.toggle for m in MECHANISMS} == set(names)
+    for name in names:
+        assert sum(m.primary for m in MECHANISMS if m.toggle == name) == 1, name
+    known = set(M.all_training_metrics())
+    assert all(m.metric is None or m.metric in known for m in MECHANISMS)
+    assert all(m.expected_sign in (-1, 1) for m in MECHANISMS)
+
+
+def test_docs_declare_the_same_statistics_as_the_code():
+    """docs/evidence.md is where a reader finds the hypotheses; it must say what the code computes."""
+    rows = [ln for ln in DOC.read_text().splitlines() if ln.startswith("| ") and "`" in ln]
+    declared = []
+    for ln in rows:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        if len(cells) >= 6 and cells[0].strip("* ") in {t.name for t in toggles()}:
+            metric = re.search(r"`([^`]+)`", cells[2]).group(1)
+            declared.append((cells[0].strip("* "), cells[0].endswith("*"), metric, cells[3], cells[4]))
+    want = [
+        (m.toggle, m.primary, m.metric_label(), m.statistic_label(), "+" if m.expected_sign > 0 else "−")
+        for m in MECHANISMS
+    ]
+    assert declared == want
+
+
+# ------------------------------------------------------------------------- what the trainer logs for the table
+def _group(lengths: list[int], truncated: list[bool], correct: list[bool]):
+    from dapo.trainer.collect import Group
+    from dapo.types import Problem, Sample
+
+    samples = [
+        Sample([1, 2], list(range(n)), None, "length" if t else "stop", "")
+        for n, t in zip(lengths, truncated, strict=True)
+    ]
+    return Group(
+        Problem("p", "q", "1"), [1, 2], samples, [1.0 if c else -1.0 for c in correct], correct, [0.0] * len(correct)
+    )
+
+
+@pytest.mark.parametrize("overlong_filter, share", [(False, 3 / 10), (True, 0.0)])
+def test_trained_batch_reports_truncated_loss_share_and_zero_advantage_groups(overlong_filter, share):
+    from dapo.algos.dynamic_sampling import RefillStats
+    from dapo.trainer.collect import Collected
+    from dapo.trainer.metrics import rollout_metrics
+    from dapo.trainer.rollout_batch import build_batch
+
+    # group 0: both wrong (advantages all 0), one truncated (2 of its tokens); group 1: one right, one truncated
+    groups = [_group([3, 2], [False, True], [False, False]), _group([4, 1], [False, True], [True, False])]
+    batch = build_batch(groups, norm_adv_by_std=True, overlong_filter=overlong_filter)
+    col = Collected(groups, RefillStats(gen_batches=1), [[False, False], [True, False]], [g.rewards for g in groups])
+    m = rollout_metrics(col, batch, norm_adv_by_std=True)
+    # loss tokens 3 + 2 + 4 + 1 = 10, of them on truncated responses 2 + 1 = 3; the filter zeroes those rows
+    assert m[M.TRUNC_LOSS_TOKEN_FRAC] == pytest.approx(share)
+    assert m[M.ZERO_ADV_TRAINED_FRAC] == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------------------------- statistics on fixed curves
+def _run(history: dict[str, tuple[list[int], list[float]]], ups: int = 8) -> RunData:
+    h = {k: Series(np.array(s), np.array(v, dtype=float)) for k, (s, v) in history.items()}
+    last = max(max(s) for s, _ in history.values())
+    steps = np.arange(1, last + 1)
+    h[M.ROLLOUT_STEP] = Series(steps, steps.astype(float))
+    h[M.GRAD_UPDATES] = Series(steps, ups * steps.astype(float))
+    return RunData("id", "r-s0", "r", 0, None, "finished", {}, {}, None, None, h)
+
+
+def _mech(toggle: str, primary: bool):
+    return next(m for m in MECHANISMS if m.toggle == toggle and m.primary == primary)
+
+
+def test_mean_over_the_last_third_of_training():
+    m = _mech("clip_higher", True)  # entropy, mean over steps > 2T/3
+    run = _run({M.ENTROPY: (list(range(1, 10)), [9, 8, 7, 6, 5, 4, 3, 2, 1])})  # T = 9: steps 7, 8, 9
+    assert run_statistic(m, run, k=4) == pytest.approx((3 + 2 + 1) / 3)
+
+
+def test_mean_over_all_training_steps_leaves_out_step_zero():
+    m = _mech("overlong_filtering", True)
+    run = _run({M.TRUNC_LOSS_TOKEN_FRAC: ([0, 1, 2, 3], [0.9, 0.1, 0.2, 0.3])})
+    assert run_statistic(m, run, k=4) == pytest.approx(0.2)
+
+
+def test_jumpiness_is_the_sd_of_step_to_step_changes():
+    m = _mech("overlong_filtering", False)
+    run = _run({M.ACC_MEAN: ([1, 2, 3, 4], [0.1, 0.3, 0.2, 0.6])})  # changes +0.2, -0.1, +0.4
+    d = np.array([0.2, -0.1, 0.4])
+    assert run_statistic(m, run, k=4) == pytest.approx(float(np.std(d, ddof=1)))
+    assert run_statistic(m, _run({M.ACC_MEAN: ([1, 2], [0.1, 0.3])}), k=4) is None  # one change: no s.d.
+
+
+def test_accuracy_at_equal_gradient_updates_interpolates_the_eval_curve():
+    m = _mech("dynamic_sampling", True)
+    a = _run({M.eval_avg(4): ([0, 10, 20], [30.0, 40.0, 50.0])}, ups=8)  # updates 0, 80, 160
+    b = _run({M.eval_avg(4): ([0, 10, 15], [30.0, 50.0, 60.0])}, ups=8)  # stopped at 120 updates
+    cu = common_updates([a, b], M.eval_avg(4))
+    assert cu == 120.0
+    assert run_statistic(m, a, k=4, common_updates=cu) == pytest.approx(45.0)  # halfway from 80 to 160
+    assert run_statistic(m, b, k=4, common_updates=cu) == pytest.approx(60.0)
+    assert run_statistic(m, a, k=4, common_updates=200.0) is None  # never extrapolated

@@ -1,0 +1,60 @@
+# The leave-one-out and one-at-a-time designs, generated from the same ladder (dapo/designs.py): no copied files.
+#   snakemake --cores all all_leave_one_out     full DAPO, and full DAPO without each toggle
+#   snakemake --cores all all_one_at_a_time     naive GRPO, and naive GRPO with each toggle
+#   snakemake --cores all all_designs           the three designs, and one report over all of them
+# A design run is trained and evaluated by the same train / evaluate rules as a ladder row (its config file and
+# overrides come from common.smk's run_config / run_overrides); a design run that computes what a ladder row
+# computes is that row, so it is trained once. Each target ends with a report in results/<preset>/report/<design>/.
+
+from dapo.designs import design_runs
+
+DESIGN_RUNS = {d: [spec.name for spec in design_runs(d)] for d in ("leave_one_out", "one_at_a_time")}
+DESIGN_RUNS["designs"] = sorted(set(ROWS) | {n for d in ("leave_one_out", "one_at_a_time") for n in DESIGN_RUNS[d]})
+
+# Resolve and validate the design runs' configs now too, before anything is scheduled.
+RUN_CFGS.update({(name, seed): _resolve(name, seed) for name in RUN_SPECS for seed in SEEDS})
+
+
+def design_report(design):
+    return [RESULTS / "report" / design / f"{t}.{ext}" for t in REPORT_TABLES for ext in ("md", "csv", "tex")]
+
+
+rule design_report:
+    """The report (Table 1, mechanisms, each toggle's marginal effect under each design present) once every run of
+    one design is evaluated."""
+    input:
+        lambda wc: [m for name in DESIGN_RUNS[wc.design] for m in row_outputs(name)],
+    output:
+        [RESULTS / "report" / "{design}" / f"{t}.{ext}" for t in REPORT_TABLES for ext in ("md", "csv", "tex")],
+    log:
+        RESULTS / "logs" / "report_{design}.log",
+    wildcard_constraints:
+        design="|".join(DESIGN_RUNS),
+    localrule: True
+    params:
+        args=lambda wc: q(
+            "--experiment", EXPERIMENT, "--tracking-uri", TRACKING_URI, "--out", RESULTS / "report" / wc.design
+        ),
+    shell:
+        "dapo report {params.args} > {log} 2>&1"
+
+
+rule all_leave_one_out:
+    """Full DAPO and full DAPO without each toggle, every seed; then their report."""
+    input:
+        design_report("leave_one_out"),
+    localrule: True
+
+
+rule all_one_at_a_time:
+    """Naive GRPO and naive GRPO with each toggle, every seed; then their report."""
+    input:
+        design_report("one_at_a_time"),
+    localrule: True
+
+
+rule all_designs:
+    """The cumulative ladder and both other designs, every seed; then one report with every marginal effect."""
+    input:
+        design_report("designs"),
+    localrule: True
