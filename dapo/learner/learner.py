@@ -184,6 +184,8 @@ class Learner(ChunkedForward):
             if rows:
                 mb = self._collate(batch, rows)
                 loss, part = self._micro_loss(batch, mb, weights)
+                if part.keys() != set(SUMMED_METRICS):  # a new sum must be declared there, or it is dropped
+                    raise RuntimeError(f"_micro_loss sums {sorted(part)}, SUMMED_METRICS {sorted(SUMMED_METRICS)}")
                 sums += torch.stack([part[name] for name in SUMMED_METRICS])
                 local_bad |= ~torch.isfinite(loss.detach())
             else:
