@@ -61,6 +61,38 @@ def test_micro_batches_respect_the_token_budget_and_cover_every_sequence():
     assert plan_micro_batches(lengths, 10**6) == [[8, 1, 6, 4, 5, 0, 2, 7]]
 
 
+def _greedy_plan(lengths: list[int], budget: int) -> list[list[int]]:
+    """Fill each micro-batch to the budget before opening the next (the fewest passes, not the least padding)."""
+    out: list[list[int]] = []
+    for i in sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: (-lengths[i], i)):
+        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= budget:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def _padded(lengths: list[int], plan: list[list[int]]) -> int:
+    return sum(len(mb) * max(lengths[i] for i in mb) for mb in plan)
+
+
+def test_micro_batches_pad_less_than_filling_each_to_the_budget():
+    """[20K, 6K | 3K, 1K] computes 46K tokens; [20K | 6K, 3K, 1K] 38K, in as many passes."""
+    lengths = [20000, 6000, 3000, 1000]
+    assert plan_micro_batches(lengths, 45056) == [[0], [1, 2, 3]]
+    assert _padded(lengths, _greedy_plan(lengths, 45056)) == 46000 and _padded(lengths, [[0], [1, 2, 3]]) == 38000
+
+
+@settings(max_examples=80, deadline=None)
+@given(lengths=st.lists(st.integers(0, 50), min_size=1, max_size=14), budget=st.integers(1, 200))
+def test_micro_batches_are_as_few_as_filling_and_never_pad_more(lengths, budget):
+    plan = plan_micro_batches(lengths, budget)
+    greedy = _greedy_plan(lengths, budget)
+    assert sorted(i for mb in plan for i in mb) == [i for i, n in enumerate(lengths) if n > 0]
+    assert all(len(mb) == 1 or len(mb) * lengths[mb[0]] <= budget for mb in plan)
+    assert len(plan) == len(greedy) and _padded(lengths, plan) <= _padded(lengths, greedy)
+
+
 def test_collate_puts_each_target_at_the_position_that_predicts_it():
     mb = collate([[7, 8], [9]], [[1, 2, 3], [4]], rows=[0, 1])
     assert mb.input_ids.tolist() == [[7, 8, 1, 2], [9, 0, 0, 0]]  # last response token is never an input

@@ -249,6 +249,12 @@ def rank_loads(
 def plan_micro_batches(seq_lengths: list[int], token_budget: int) -> list[list[int]]:
     """Split sequences into micro-batches of at most `token_budget` padded tokens, longest first.
 
+    Among the splits of the length-sorted sequences into consecutive runs, the one with the fewest micro-batches
+    (each is a forward and backward pass, and at ZeRO-3 a gather of every parameter), and among those the fewest
+    padded tokens (compute spent on nothing). Filling each micro-batch to the budget before opening the next gives
+    the fewest passes but can pad a lot: [20K, 6K | 3K, 1K] at a 45K budget computes 46K tokens, [20K | 6K, 3K, 1K]
+    38K.
+
     Args:
         seq_lengths: model-input length of each sequence (0: nothing to compute, left out).
         token_budget: max rows x longest row per micro-batch; a longer sequence gets a micro-batch to itself.
@@ -258,14 +264,23 @@ def plan_micro_batches(seq_lengths: list[int], token_budget: int) -> list[list[i
         most memory-hungry, so an out-of-memory shows up at once).
     """
     order = sorted((i for i, n in enumerate(seq_lengths) if n > 0), key=lambda i: (-seq_lengths[i], i))
+    n = len(order)
+    # best[j]: (micro-batches, padded tokens, start of the last run) of the best split of order[:j].
+    best: list[tuple[int, int, int]] = [(0, 0, 0)] + [(n + 1, 0, 0)] * n
+    for i in range(n):
+        width = seq_lengths[order[i]]  # the run order[i:j] is padded to its first (longest) row
+        for j in range(i + 1, n + 1):
+            if j - i > 1 and (j - i) * width > token_budget:
+                break
+            cand = (best[i][0] + 1, best[i][1] + (j - i) * width, i)
+            best[j] = min(best[j], cand)
     out: list[list[int]] = []
-    for i in order:
-        # Longest first: the current micro-batch's first row is its widest one.
-        if out and (len(out[-1]) + 1) * seq_lengths[out[-1][0]] <= token_budget:
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
+    j = n
+    while j > 0:
+        i = best[j][2]
+        out.append(order[i:j])
+        j = i
+    return out[::-1]
 
 
 def plan_packed_micro_batches(
