@@ -93,7 +93,13 @@ class Learner(ChunkedForward):
         self.micro_batch_tokens, self.chunk_size = micro_batch_tokens, logprob_chunk_size
         self.pack_prompts = pack_prompts  # one prompt per group in the forward (dapo.learner.batch)
         self.dtype = resolve_dtype(dtype)
-        ds_config = deepspeed_config(zero_stage, self.dtype == torch.bfloat16, grad_clip, self.dist.world_size)
+        # ZeRO-0 in float32 steps the bare torch optimizer, which neither skips a non-finite step nor reports the
+        # norm: the learner computes the norm itself (`_step`) and clips with it, instead of DeepSpeed computing
+        # it a second time.
+        self._own_step = zero_stage == 0 and self.dtype == torch.float32
+        self.grad_clip = grad_clip
+        ds_clip = 0.0 if self._own_step else grad_clip
+        ds_config = deepspeed_config(zero_stage, self.dtype == torch.bfloat16, ds_clip, self.dist.world_size)
         policy, self._zero_init = load_policy(model_path, self.dtype, gradient_checkpointing, ds_config)
         if pack_prompts:
             check_packable(policy.lm)
@@ -102,10 +108,13 @@ class Learner(ChunkedForward):
         if zero_stage == 3:
             # The head weight is read in PolicyModule.forward, outside the head module's own forward.
             deepspeed.zero.register_external_parameter(self.engine.module, self.engine.module.head_weight())
+        if zero_stage == 0 and self.dist.world_size == 1:
+            # DeepSpeed's ZeRO-0 all-reduce flattens every gradient into one buffer, scales it by 1/world and copies
+            # it back, even alone: ~10% of a 66M update on the CPU for an identity (bench_learner_flops.py).
+            self.engine.enable_backward_allreduce = False
         self.engine.train()
-        # DeepSpeed's ZeRO and bf16 optimizers skip a step whose gradient norm is non-finite; a bare torch
-        # optimizer (ZeRO 0, float32) does not, so the learner checks the gradients itself there.
-        self._own_overflow_check = not hasattr(self.engine.optimizer, "overflow")
+        if self._own_step == hasattr(self.engine.optimizer, "overflow"):  # DeepSpeed's ZeRO/bf16 wrappers skip
+            raise RuntimeError(f"unexpected DeepSpeed optimizer {type(self.engine.optimizer).__name__} at ZeRO-0")
         self.rollout_steps = 0  # lr_step() calls so far: the warm-up counter
         self.updates = 0  # optimizer steps applied
         self.skipped_updates = 0  # optimizer steps skipped (non-finite)
@@ -252,15 +261,18 @@ class Learner(ChunkedForward):
 
     def _step(self) -> tuple[float, bool]:
         """The optimizer step at the accumulation boundary; returns (grad norm before clipping, applied)."""
-        if self._own_overflow_check:
-            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        if self._own_step:
+            params = [p for p in self.engine.module.parameters() if p.grad is not None]
             # One foreach pass in the gradients' dtype (a float64 copy of every gradient cost ~8x more:
             # BENCHMARKS.md section 1); a NaN or inf anywhere still makes the norm non-finite.
-            norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+            total = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
+            norm = float(total)
             if not math.isfinite(norm):
                 self.engine.zero_grad()
                 applied = False
             else:
+                if self.grad_clip > 0:  # as DeepSpeed clips: g * min(1, clip / (norm + 1e-6))
+                    torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, total)
                 self.engine.step()
                 applied = True
         else:
