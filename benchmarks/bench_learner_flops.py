@@ -1,0 +1,231 @@
+"""The learner update's achieved FLOP/s against torch's own matmul rate at the model's shapes, on the same machine
+(issue 12's goal: at least 50% on the 66M-parameter model of bench_learner.py).
+
+    .venv/bin/python benchmarks/bench_learner_flops.py [--quick] [--reps 3] [--dtype float32] [--responses 8 32]
+        [--budgets 0 2048] [--threads 0] [--profile]
+
+Counted (model FLOPs, the "useful" work, for one `Learner.update` = forward + backward + optimizer step):
+
+- every decoder linear layer (q, k, v, o, gate, up, down): 6 x its weights x the input tokens (prompt + response - 1
+  per sequence; padding not counted);
+- the output head on response positions only (the only ones the loss needs): 6 x V x H x response tokens;
+- causal attention: 6 x L^2 x (heads x head dim) per layer and sequence (the causal half of QK^T and AV, 2 L^2 D in
+  forward, twice that in backward); nothing for the optimizer step, the norms or the softmax (their time counts).
+
+The peak: the same update's matrix multiplies (every linear layer forward and both backward products, at the padded
+micro-batch shapes the learner really runs; the head's in chunks of `logprob_chunk_size` rows, forward, its
+recomputation in backward and both gradient products) run by torch.mm alone, timed interleaved with the update
+(A, B, A, B) so the machine's load falls on both alike. Their FLOPs / their time is the most this machine's torch
+delivers at these shapes, so "achieved / peak" says how far the update is from its physical limit here. Below 50%,
+torch.profiler's heaviest ops of one update are printed.
+
+The mini-batch: bench_learner.py's random prompts of 32-64 tokens and responses of 32-128, `--responses` of them
+(8: bench_learner's mini-batch; 32: the tiny preset's, 4 prompts x 8), ZeRO-0 (the fastest single-process path,
+BENCHMARKS.md section 1), AdamW, micro-batches under each of `--budgets` tokens (0: the whole mini-batch in one,
+as bench_learner does; a smaller budget cuts the length-sorted mini-batch into passes that pad less). The
+numbers need a quiet machine: on a loaded one the update and the matmuls slow down unevenly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+from _common import interleaved, machine, md_table, median, print_table, random_qwen2, record  # noqa: E402
+from bench_learner import MODELS, make_batch, profile  # noqa: E402
+
+GOAL = 0.5
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the FLOP count needs from a Qwen2 config.json."""
+
+    hidden: int
+    layers: int
+    intermediate: int
+    vocab: int
+    heads: int
+    kv_heads: int
+
+    @classmethod
+    def of(cls, path: Path) -> Shape:
+        c = json.loads((path / "config.json").read_text())
+        return cls(
+            c["hidden_size"],
+            c["num_hidden_layers"],
+            c["intermediate_size"],
+            c["vocab_size"],
+            c["num_attention_heads"],
+            c.get("num_key_value_heads") or c["num_attention_heads"],
+        )
+
+    @property
+    def linears(self) -> list[tuple[int, int]]:
+        """(in, out) of one decoder layer's linear layers: q, k, v, o, gate, up, down."""
+        h, kv = self.hidden, self.hidden // self.heads * self.kv_heads
+        i = self.intermediate
+        return [(h, h), (h, kv), (h, kv), (h, h), (h, i), (h, i), (i, h)]
+
+
+def useful_flops(s: Shape, prompts: list[list[int]], responses: list[list[int]]) -> dict[str, float]:
+    """Model FLOPs of one forward + backward, by part (see the module docstring)."""
+    lengths = [len(p) + len(r) - 1 for p, r in zip(prompts, responses, strict=True) if r]
+    tokens, scored = sum(lengths), sum(len(r) for r in responses)
+    linear = 6.0 * s.layers * sum(a * b for a, b in s.linears) * tokens
+    head = 6.0 * s.vocab * s.hidden * scored
+    attention = 6.0 * s.layers * s.hidden * sum(n * n for n in lengths)
+    return {"linear": linear, "head": head, "attention": attention, "total": linear + head + attention}
+
+
+def update_gemms(s: Shape, padded: list[tuple[int, int]], chunk: int) -> list[tuple[int, int, int]]:
+    """(m, k, n) of every matrix multiply of one update's forward + backward, per micro-batch (padded tokens, its
+    response tokens): each linear layer's X W and, in backward, dY W^T and X^T dY; the head per chunk: logits,
+    their recomputation in backward, dlogits W and dlogits^T H."""
+    out = []
+    for tokens, scored in padded:
+        for a, b in s.linears:
+            out += [(tokens, a, b), (tokens, b, a), (a, tokens, b)] * s.layers
+        for start in range(0, scored, chunk):
+            c = min(chunk, scored - start)
+            out += [(c, s.hidden, s.vocab)] * 2 + [(c, s.vocab, s.hidden), (s.vocab, c, s.hidden)]
+    return out
+
+
+def matmul_case(gemms: list[tuple[int, int, int]], dtype: torch.dtype):
+    """A callable that runs every (m, k, n) product once with torch.mm on preallocated random operands."""
+    cache: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    for m, k, n in gemms:
+        if (m, k, n) not in cache:
+            cache[(m, k, n)] = (
+                torch.randn(m, k, dtype=dtype),
+                torch.randn(k, n, dtype=dtype),
+                torch.empty(m, n, dtype=dtype),
+            )
+
+    def run() -> None:
+        for shape in gemms:
+            a, b, c = cache[shape]
+            torch.mm(a, b, out=c)
+
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="tiny model, 1 repetition, nothing recorded (a smoke test)")
+    ap.add_argument("--model", default="qwen2-h512-l8-v32k", choices=list(MODELS))
+    ap.add_argument("--responses", type=int, nargs="*", default=[8, 32], help="responses per mini-batch (8 per group)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument(
+        "--budgets",
+        type=int,
+        nargs="*",
+        default=[0, 2048],
+        help="micro_batch_tokens to try (0: the whole mini-batch in one micro-batch)",
+    )
+    ap.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_size")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--profile", action="store_true", help="the heaviest ops even when the goal is met")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from dapo.learner import Learner, LossSpec, PolicyBatch, response_mask
+    from dapo.learner.batch import plan_micro_batches
+
+    info = machine()
+    name = "tiny" if args.quick else args.model
+    reps = 1 if args.quick else args.reps
+    kw, _, group, max_p, max_r = MODELS[name]
+    path = random_qwen2(f"learner-{name}", **kw)
+    shape, dtype = Shape.of(path), getattr(torch, args.dtype)
+    rows, prof_rows = [], []
+    for n, budget_arg in [(n, b) for n in args.responses for b in args.budgets]:
+        b = make_batch(n, group, max_p, max_r, kw["vocab"])
+        budget = budget_arg or n * (max_p + max_r)
+        learner = Learner(
+            str(path),
+            loss=LossSpec(eps_low=0.2, eps_high=0.28, loss_agg="token-mean"),
+            lr=1e-6,
+            grad_clip=1.0,
+            zero_stage=0,
+            dtype=args.dtype,
+            micro_batch_tokens=budget,
+            logprob_chunk_size=args.chunk,
+        )
+        batch = PolicyBatch(b["prompts"], b["responses"], b["advantages"], response_mask(b["responses"]), b["groups"])
+        batch.old_logp, _ = learner.compute_logprobs(batch)
+        lengths = [len(p) + len(r) - 1 for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)]
+        plan = plan_micro_batches(lengths, budget)
+        padded = [(len(mb) * lengths[mb[0]], sum(len(batch.response_ids[i]) for i in mb)) for mb in plan]
+        gemms = update_gemms(shape, padded, args.chunk)
+        gemm_flops = sum(2.0 * m * k * n for m, k, n in gemms)
+        flops = useful_flops(shape, batch.prompt_ids, batch.response_ids)
+        cases = {"update": lambda lr=learner, bt=batch: lr.update(bt), "matmuls": matmul_case(gemms, dtype)}
+        times = interleaved(cases, reps=reps, warmup=1)
+        t_update, t_mm = median(times["update"]), median(times["matmuls"])
+        achieved, peak = flops["total"] / t_update, gemm_flops / t_mm
+        ratio = achieved / peak
+        rows.append(
+            [
+                name,
+                args.dtype,
+                n,
+                f"{budget:,}",
+                f"{sum(lengths):,} / {sum(p for p, _ in padded):,} ({len(plan)})",
+                f"{flops['total'] / 1e9:,.1f} ({flops['head'] / flops['total']:.0%} head, "
+                f"{flops['attention'] / flops['total']:.1%} attn)",
+                f"{t_update * 1e3:,.0f}",
+                f"{achieved / 1e9:,.1f}",
+                f"{peak / 1e9:,.1f} ({t_mm * 1e3:,.0f} ms)",
+                f"{ratio:.0%}",
+                f"{gemm_flops / t_update / peak:.0%}",
+            ]
+        )
+        if args.profile or ratio < GOAL:
+            top = profile(cases["update"], top=10)
+            prof_rows.append([name, n, budget, "; ".join(f"{k} {v:,.0f}" for k, v in top)])
+    header = [
+        "model",
+        "dtype",
+        "responses",
+        "budget",
+        "tokens: useful / padded (micro-batches)",
+        "model GFLOP / update",
+        "update ms",
+        "achieved GFLOP/s",
+        "torch.mm at these shapes, GFLOP/s",
+        "achieved / peak",
+        "matmul FLOPs run / update time / peak",
+    ]
+    title = f"Learner.update FLOP/s, ZeRO-0, world size 1, {torch.get_num_threads()} threads, goal {GOAL:.0%}"
+    print_table(title, header, rows)
+    pheader = ["model", "responses", "budget", "self CPU ms: total; heaviest ops (one profiled update)"]
+    if prof_rows:
+        print_table("Where the time goes", pheader, prof_rows)
+    if not args.quick:
+        body = f"{title}; {reps} interleaved repetitions after 1 warm-up.\n\n" + md_table(header, rows)
+        if prof_rows:
+            body += "\n\n" + md_table(pheader, prof_rows)
+        record(
+            f"learner_flops_{args.dtype}",
+            ".venv/bin/python benchmarks/bench_learner_flops.py " + " ".join(sys.argv[1:]),
+            info,
+            body,
+        )
+
+
+if __name__ == "__main__":
+    main()
