@@ -33,7 +33,6 @@ import json
 import os
 import sys
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,57 +44,34 @@ import torch  # noqa: E402
 from _common import interleaved, machine, md_table, median, print_table, random_qwen2, record  # noqa: E402
 from bench_learner import MODELS, make_batch, profile  # noqa: E402
 
+from dapo.shapes import ModelShape, shape_from_hf_config  # noqa: E402
+
 GOAL = 0.5
 
 
-@dataclass(frozen=True)
-class Shape:
-    """What the FLOP count needs from a Qwen2 config.json."""
-
-    hidden: int
-    layers: int
-    intermediate: int
-    vocab: int
-    heads: int
-    kv_heads: int
-
-    @classmethod
-    def of(cls, path: Path) -> Shape:
-        c = json.loads((path / "config.json").read_text())
-        return cls(
-            c["hidden_size"],
-            c["num_hidden_layers"],
-            c["intermediate_size"],
-            c["vocab_size"],
-            c["num_attention_heads"],
-            c.get("num_key_value_heads") or c["num_attention_heads"],
-        )
-
-    @property
-    def linears(self) -> list[tuple[int, int]]:
-        """(in, out) of one decoder layer's linear layers: q, k, v, o, gate, up, down."""
-        h, kv = self.hidden, self.hidden // self.heads * self.kv_heads
-        i = self.intermediate
-        return [(h, h), (h, kv), (h, kv), (h, h), (h, i), (h, i), (i, h)]
+def linears(s: ModelShape) -> list[tuple[int, int]]:
+    """(in, out) of one decoder layer's linear layers: q, k, v, o, gate, up, down."""
+    h, i = s.hidden, s.intermediate
+    return [(h, s.q_dim), (h, s.kv_dim), (h, s.kv_dim), (s.q_dim, h), (h, i), (h, i), (i, h)]
 
 
-def useful_flops(s: Shape, prompts: list[list[int]], responses: list[list[int]]) -> dict[str, float]:
+def useful_flops(s: ModelShape, prompts: list[list[int]], responses: list[list[int]]) -> dict[str, float]:
     """Model FLOPs of one forward + backward, by part (see the module docstring)."""
     lengths = [len(p) + len(r) - 1 for p, r in zip(prompts, responses, strict=True) if r]
     tokens, scored = sum(lengths), sum(len(r) for r in responses)
-    linear = 6.0 * s.layers * sum(a * b for a, b in s.linears) * tokens
+    linear = 6.0 * s.layers * sum(a * b for a, b in linears(s)) * tokens
     head = 6.0 * s.vocab * s.hidden * scored
-    attention = 6.0 * s.layers * s.hidden * sum(n * n for n in lengths)
+    attention = 6.0 * s.layers * s.q_dim * sum(n * n for n in lengths)
     return {"linear": linear, "head": head, "attention": attention, "total": linear + head + attention}
 
 
-def update_gemms(s: Shape, padded: list[tuple[int, int]], chunk: int) -> list[tuple[int, int, int]]:
+def update_gemms(s: ModelShape, padded: list[tuple[int, int]], chunk: int) -> list[tuple[int, int, int]]:
     """(m, k, n) of every matrix multiply of one update's forward + backward, per micro-batch (padded tokens, its
     response tokens): each linear layer's X W and, in backward, dY W^T and X^T dY; the head per chunk: logits,
     their recomputation in backward, dlogits W and dlogits^T H."""
     out = []
     for tokens, scored in padded:
-        for a, b in s.linears:
+        for a, b in linears(s):
             out += [(tokens, a, b), (tokens, b, a), (a, tokens, b)] * s.layers
         for start in range(0, scored, chunk):
             c = min(chunk, scored - start)
@@ -150,7 +126,7 @@ def main() -> None:
     reps = 1 if args.quick else args.reps
     kw, _, group, max_p, max_r = MODELS[name]
     path = random_qwen2(f"learner-{name}", **kw)
-    shape, dtype = Shape.of(path), getattr(torch, args.dtype)
+    shape, dtype = shape_from_hf_config(json.loads((path / "config.json").read_text())), getattr(torch, args.dtype)
     rows, prof_rows = [], []
     for n, budget_arg in [(n, b) for n in args.responses for b in args.budgets]:
         b = make_batch(n, group, max_p, max_r, kw["vocab"])

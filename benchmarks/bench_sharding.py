@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, md_table, print_table, record  # noqa: E402
 
 from dapo.learner.batch import rank_loads, split_by_tokens  # noqa: E402
+from dapo.shapes import KNOWN_MODELS, ModelShape  # noqa: E402
 
 PROMPTS, GROUP, MAX_PROMPT, MAX_RESPONSE = 32, 16, 2048, 20480
 PROMPT_MEDIAN, PROMPT_SIGMA = 200, 0.5
-# Qwen2.5-32B (its config.json): hidden, layers, MLP width, vocabulary, query heads x head dim, key/value heads.
-QWEN32B = dict(hidden=5120, layers=64, intermediate=27648, vocab=152064, heads=40, kv_heads=8)
+QWEN32B = KNOWN_MODELS["Qwen/Qwen2.5-32B"]
 TARGET = 0.10
 
 
@@ -89,15 +89,12 @@ def whole_group_split(prompts: list[list[int]], responses: list[list[int]], grou
     return [[i for i, g in enumerate(groups) if owner[g] == k] for k in range(world)]
 
 
-def flops(prompt_len: int, response_len: int, m: dict[str, int] = QWEN32B) -> float:
-    """Forward + backward FLOPs (3 x forward) of one sequence: every linear layer on its input tokens, the head on
-    its response tokens only (as the chunked head computes), causal attention (half of the L x L scores)."""
-    h, layers = m["hidden"], m["layers"]
-    kv = h // m["heads"] * m["kv_heads"]
-    linear = layers * (2 * h * h + 2 * h * kv + 3 * h * m["intermediate"])  # q, o; k, v; gate, up, down
+def flops(prompt_len: int, response_len: int, s: ModelShape = QWEN32B) -> float:
+    """Forward + backward FLOPs (3 x forward) of one sequence: every decoder layer's matmuls on its input tokens, the
+    head on its response tokens only (as the chunked head computes), causal attention (half of the L x L scores)."""
     length = prompt_len + response_len - 1
-    forward = 2 * linear * length + 2 * m["vocab"] * h * response_len + layers * 2 * length**2 * h
-    return 3.0 * forward
+    forward = 2 * s.layers * s.layer_params * length + 2 * s.embedding_params * response_len
+    return 3.0 * (forward + 2 * s.layers * s.q_dim * length**2)
 
 
 def imbalance(loads: list[float]) -> float:

@@ -163,8 +163,8 @@ def split_by_tokens(
     only splitting that sequence (context parallelism) would help.
 
     Tokens, not FLOPs: attention's cost grows with the square of a sequence's length, but at Qwen2.5-32B's width
-    it adds only ~6% to a 6K-token sequence's FLOPs (~19% at 22.5K); `benchmarks/bench_sharding.py` prints the
-    split's imbalance in both.
+    it is only ~6% of a 6K-token sequence's FLOPs (~19% of a 22.5K-token one's); `benchmarks/bench_sharding.py`
+    prints the split's imbalance in both.
 
     Returns:
         world_size lists of sequence indices, each ascending; together every index exactly once.

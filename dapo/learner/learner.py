@@ -113,8 +113,12 @@ class Learner(ChunkedForward):
             # it back, even alone: ~10% of a 66M update on the CPU for an identity (bench_learner_flops.py).
             self.engine.enable_backward_allreduce = False
         self.engine.train()
-        if self._own_step == hasattr(self.engine.optimizer, "overflow"):  # DeepSpeed's ZeRO/bf16 wrappers skip
-            raise RuntimeError(f"unexpected DeepSpeed optimizer {type(self.engine.optimizer).__name__} at ZeRO-0")
+        # The own check must run exactly where DeepSpeed wraps no optimizer of its own (its wrappers skip a
+        # non-finite step themselves and clip with the norm they compute).
+        if self._own_step == hasattr(self.engine.optimizer, "overflow"):
+            raise RuntimeError(
+                f"unexpected DeepSpeed optimizer {type(self.engine.optimizer).__name__} at ZeRO-{zero_stage}, {dtype}"
+            )
         self.rollout_steps = 0  # lr_step() calls so far: the warm-up counter
         self.updates = 0  # optimizer steps applied
         self.skipped_updates = 0  # optimizer steps skipped (non-finite)
