@@ -2,7 +2,7 @@
 (issue 12's goal: at least 50% on the 66M-parameter model of bench_learner.py).
 
     .venv/bin/python benchmarks/bench_learner_flops.py [--quick] [--reps 3] [--dtype float32] [--responses 8 32]
-        [--budgets 0 2048] [--threads 0] [--profile]
+        [--budgets 0 1024] [--threads 0] [--profile]
 
 Counted (model FLOPs, the "useful" work, for one `Learner.update` = forward + backward + optimizer step):
 
@@ -109,7 +109,7 @@ def main() -> None:
         "--budgets",
         type=int,
         nargs="*",
-        default=[0, 2048],
+        default=[0, 1024],
         help="micro_batch_tokens to try (0: the whole mini-batch in one micro-batch)",
     )
     ap.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_size")
@@ -170,6 +170,7 @@ def main() -> None:
                 f"{gemm_flops / t_update / peak:.0%}",
             ]
         )
+        print(" | ".join(map(str, rows[-1])), flush=True)  # as it comes: a 66M row takes minutes under load
         if args.profile or ratio < GOAL:
             top = profile(cases["update"], top=10)
             prof_rows.append([name, n, budget, "; ".join(f"{k} {v:,.0f}" for k, v in top)])
