@@ -2,7 +2,7 @@
 (issue 12's goal: at least 50% on the 66M-parameter model of bench_learner.py).
 
     .venv/bin/python benchmarks/bench_learner_flops.py [--quick] [--reps 3] [--dtype float32] [--responses 8 32]
-        [--budgets 0 1024] [--threads 0] [--profile]
+        [--budgets 0 1024] [--sweep 256 512 1024 2048 4096] [--threads 0] [--profile]
 
 Counted (model FLOPs, the "useful" work, for one `Learner.update` = forward + backward + optimizer step):
 
@@ -12,12 +12,14 @@ Counted (model FLOPs, the "useful" work, for one `Learner.update` = forward + ba
 - causal attention: 6 x L^2 x (heads x head dim) per layer and sequence (the causal half of QK^T and AV, 2 L^2 D in
   forward, twice that in backward); nothing for the optimizer step, the norms or the softmax (their time counts).
 
-The peak: the same update's matrix multiplies (every linear layer forward and both backward products, at the padded
-micro-batch shapes the learner really runs; the head's in chunks of `logprob_chunk_size` rows, forward, its
-recomputation in backward and both gradient products) run by torch.mm alone, timed interleaved with the update
-(A, B, A, B) so the machine's load falls on both alike. Their FLOPs / their time is the most this machine's torch
-delivers at these shapes, so "achieved / peak" says how far the update is from its physical limit here. Below 50%,
-torch.profiler's heaviest ops of one update are printed.
+The peak: the model's matrix products of one micro-batch (every linear layer forward and both backward
+products; the head's in chunks of `logprob_chunk_size` rows: its logits, their recomputation in backward and both
+gradient products) run by torch.mm alone at micro-batches of `--sweep` padded tokens; the best rate is the most
+this machine's torch delivers at the model's shapes, its physical limit for this model. Everything (each
+configuration's update and each sweep point) is timed interleaved (A, B, C, A, B, C) so the machine's load falls on
+all alike. "matmul FLOPs run / update time / peak" counts what the update really multiplies (padding and the
+head's recomputation included): the share of its time that is matmul at peak rate. Below 50%, torch.profiler's
+heaviest ops of one update are printed.
 
 The mini-batch: bench_learner.py's random prompts of 32-64 tokens and responses of 32-128, `--responses` of them
 (8: bench_learner's mini-batch; 32: the tiny preset's, 4 prompts x 8), ZeRO-0 (the fastest single-process path,
@@ -112,6 +114,13 @@ def main() -> None:
         default=[0, 1024],
         help="micro_batch_tokens to try (0: the whole mini-batch in one micro-batch)",
     )
+    ap.add_argument(
+        "--sweep",
+        type=int,
+        nargs="*",
+        default=[256, 512, 1024, 2048, 4096],
+        help="padded tokens per micro-batch at which torch.mm runs the model's products; the best is the peak",
+    )
     ap.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_size")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--profile", action="store_true", help="the heaviest ops even when the goal is met")
@@ -127,7 +136,9 @@ def main() -> None:
     kw, _, group, max_p, max_r = MODELS[name]
     path = random_qwen2(f"learner-{name}", **kw)
     shape, dtype = shape_from_hf_config(json.loads((path / "config.json").read_text())), getattr(torch, args.dtype)
-    rows, prof_rows = [], []
+
+    # Every configuration's learner first, so that all updates and all matmul sweeps interleave under one load.
+    configs: dict[str, dict] = {}
     for n, budget_arg in [(n, b) for n in args.responses for b in args.budgets]:
         b = make_batch(n, group, max_p, max_r, kw["vocab"])
         budget = budget_arg or n * (max_p + max_r)
@@ -146,34 +157,54 @@ def main() -> None:
         lengths = [len(p) + len(r) - 1 for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)]
         plan = plan_micro_batches(lengths, budget)
         padded = [(len(mb) * lengths[mb[0]], sum(len(batch.response_ids[i]) for i in mb)) for mb in plan]
-        gemms = update_gemms(shape, padded, args.chunk)
-        gemm_flops = sum(2.0 * m * k * n for m, k, n in gemms)
-        flops = useful_flops(shape, batch.prompt_ids, batch.response_ids)
-        cases = {"update": lambda lr=learner, bt=batch: lr.update(bt), "matmuls": matmul_case(gemms, dtype)}
-        times = interleaved(cases, reps=reps, warmup=1)
-        t_update, t_mm = median(times["update"]), median(times["matmuls"])
-        achieved, peak = flops["total"] / t_update, gemm_flops / t_mm
-        ratio = achieved / peak
+        configs[f"{n} x {budget}"] = dict(
+            n=n,
+            budget=budget,
+            run=lambda lr=learner, bt=batch: lr.update(bt),
+            plan=plan,
+            tokens=sum(lengths),
+            padded=sum(p for p, _ in padded),
+            gemm_flops=sum(2.0 * m * k * q for m, k, q in update_gemms(shape, padded, args.chunk)),
+            flops=useful_flops(shape, batch.prompt_ids, batch.response_ids),
+            share=sum(len(r) for r in batch.response_ids) / sum(lengths),
+        )
+    share = next(iter(configs.values()))["share"]  # response tokens per input token (where the head runs)
+    sweep = {m: update_gemms(shape, [(m, round(m * share))], args.chunk) for m in args.sweep}
+    cases = {key: c["run"] for key, c in configs.items()}
+    cases.update({f"mm {m}": matmul_case(g, dtype) for m, g in sweep.items()})
+    times = interleaved(cases, reps=reps, warmup=1)
+
+    sweep_rows = []
+    for m, g in sweep.items():
+        rate = sum(2.0 * a * k * q for a, k, q in g) / median(times[f"mm {m}"])
+        sweep_rows.append([m, f"{rate / 1e9:,.1f}"])
+    peak = max(float(r[1].replace(",", "")) for r in sweep_rows) * 1e9
+    rows, prof_rows = [], []
+    for key, c in configs.items():
+        t = median(times[key])
+        achieved = c["flops"]["total"] / t
         rows.append(
             [
                 name,
                 args.dtype,
-                n,
-                f"{budget:,}",
-                f"{sum(lengths):,} / {sum(p for p, _ in padded):,} ({len(plan)})",
-                f"{flops['total'] / 1e9:,.1f} ({flops['head'] / flops['total']:.0%} head, "
-                f"{flops['attention'] / flops['total']:.1%} attn)",
-                f"{t_update * 1e3:,.0f}",
+                c["n"],
+                f"{c['budget']:,}",
+                f"{c['tokens']:,} / {c['padded']:,} ({len(c['plan'])})",
+                f"{c['flops']['total'] / 1e9:,.1f} ({c['flops']['head'] / c['flops']['total']:.0%} head, "
+                f"{c['flops']['attention'] / c['flops']['total']:.1%} attn)",
+                f"{t * 1e3:,.0f}",
                 f"{achieved / 1e9:,.1f}",
-                f"{peak / 1e9:,.1f} ({t_mm * 1e3:,.0f} ms)",
-                f"{ratio:.0%}",
-                f"{gemm_flops / t_update / peak:.0%}",
+                f"{achieved / peak:.0%}",
+                f"{c['gemm_flops'] / t / peak:.0%}",
             ]
         )
-        print(" | ".join(map(str, rows[-1])), flush=True)  # as it comes: a 66M row takes minutes under load
-        if args.profile or ratio < GOAL:
-            top = profile(cases["update"], top=10)
-            prof_rows.append([name, n, budget, "; ".join(f"{k} {v:,.0f}" for k, v in top)])
+        if args.profile or achieved / peak < GOAL:
+            top = profile(c["run"], top=10)
+            prof_rows.append([name, c["n"], c["budget"], "; ".join(f"{k} {v:,.0f}" for k, v in top)])
+    title = (
+        f"Learner.update FLOP/s, {args.dtype}, ZeRO-0, world size 1, {torch.get_num_threads()} threads: "
+        f"peak {peak / 1e9:,.1f} GFLOP/s (torch.mm, best of the sweep), goal {GOAL:.0%}"
+    )
     header = [
         "model",
         "dtype",
@@ -183,17 +214,18 @@ def main() -> None:
         "model GFLOP / update",
         "update ms",
         "achieved GFLOP/s",
-        "torch.mm at these shapes, GFLOP/s",
         "achieved / peak",
         "matmul FLOPs run / update time / peak",
     ]
-    title = f"Learner.update FLOP/s, ZeRO-0, world size 1, {torch.get_num_threads()} threads, goal {GOAL:.0%}"
-    print_table(title, header, rows)
+    sheader = ["padded tokens per micro-batch", f"torch.mm, the model's products, {args.dtype}: GFLOP/s"]
     pheader = ["model", "responses", "budget", "self CPU ms: total; heaviest ops (one profiled update)"]
+    print_table("torch.mm at the model's shapes", sheader, sweep_rows)
+    print_table(title, header, rows)
     if prof_rows:
         print_table("Where the time goes", pheader, prof_rows)
     if not args.quick:
-        body = f"{title}; {reps} interleaved repetitions after 1 warm-up.\n\n" + md_table(header, rows)
+        body = f"{title}; {reps} interleaved repetitions after 1 warm-up.\n\n" + md_table(sheader, sweep_rows)
+        body += "\n\n" + md_table(header, rows)
         if prof_rows:
             body += "\n\n" + md_table(pheader, prof_rows)
         record(
