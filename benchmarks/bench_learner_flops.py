@@ -2,7 +2,7 @@
 (issue 12's goal: at least 50% on the 66M-parameter model of bench_learner.py).
 
     .venv/bin/python benchmarks/bench_learner_flops.py [--quick] [--reps 3] [--dtype float32] [--responses 8 32]
-        [--budgets 0 1024] [--sweep 256 512 1024 2048 4096] [--threads 0] [--profile]
+        [--budgets 0 1024 2048] [--sweep 256 512 1024 2048 4096] [--threads 0] [--profile]
 
 Counted (model FLOPs, the "useful" work, for one `Learner.update` = forward + backward + optimizer step):
 
@@ -111,7 +111,7 @@ def main() -> None:
         "--budgets",
         type=int,
         nargs="*",
-        default=[0, 1024],
+        default=[0, 1024, 2048],
         help="micro_batch_tokens to try (0: the whole mini-batch in one micro-batch)",
     )
     ap.add_argument(
