@@ -112,14 +112,21 @@ def test_errors_name_the_fix():
 @pytest.mark.parametrize("mode", MODES)
 def test_a_ranks_weights_come_from_the_mini_batch_counts_it_is_given(mode):
     """The pitfall of docs/algorithm.md section 8 (each part normalised by its own count, then averaged): weights
-    built on one rank's part of the mini-batch (whole groups), from the mini-batch's summed counts, are that
-    part's rows of the whole mini-batch's weights, so the parts' weighted sums add up to the mini-batch loss."""
-    glob = local_counts(MASK, GROUPS)
-    whole = token_weights(MASK, mode, GROUPS, **glob, seq_sum_constant=4, dtype=torch.float64)
-    parts = [[0, 1], [2, 3], [4]]  # three ranks, whole groups each (0, 1 and 2)
+    built on one rank's part of the mini-batch (group 0 cut across two ranks), from the mini-batch's summed counts,
+    are that part's rows of the whole mini-batch's weights, so the parts' weighted sums add up to the mini-batch
+    loss."""
+    parts = [[0], [1, 2], [3, 4]]  # three ranks
+    glob = local_counts(MASK)
+    # what the learner's all-reduce (sum) of each rank's per-group vector gives
+    group_tokens = sum(group_token_counts(MASK[rows], GROUPS[rows], num_slots=3) for rows in parts)
+    whole = token_weights(
+        MASK, mode, GROUPS, **glob, group_tokens=group_tokens, seq_sum_constant=4, dtype=torch.float64
+    )
     total = 0.0
     for rows in parts:
-        w = token_weights(MASK[rows], mode, GROUPS[rows], **glob, seq_sum_constant=4, dtype=torch.float64)
+        w = token_weights(
+            MASK[rows], mode, GROUPS[rows], **glob, group_tokens=group_tokens, seq_sum_constant=4, dtype=torch.float64
+        )
         torch.testing.assert_close(w, whole[rows])
         total += weighted_sum(LOSS[rows], w).item()
     assert total == pytest.approx(EXPECTED[mode], rel=1e-12)
