@@ -5,7 +5,8 @@
 
 The same `run_cases` runs in the pytest process for world size 1, so both worlds execute identical code. Each
 case starts from the model's initial weights (a DeepSpeed checkpoint taken right after construction), takes
-this rank's shard of the mini-batch, makes one update and records the full (gathered) parameters. Rank 0
+this rank's shard of the mini-batch (split by tokens, so groups straddle the ranks), makes one update and records
+the full (gathered) parameters. Rank 0
 writes {case name: {"params": float64 vector, "metrics": dict, "micro_batches": int}} to OUT.pt.
 """
 
@@ -66,7 +67,9 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             logprob_chunk_size=7,
         )
         rank, world = learner.dist.rank, learner.dist.world_size
-        part = batch.shard(rank, world)
+        # Split by tokens: at world size 2 some groups have responses on both ranks (the test checks it).
+        parts = {pack: batch.shard(rank, world, pack_prompts=pack) for pack in (False, True)}
+        part = parts[False]
         init_dir = work_dir / f"init_{ename}_w{world}"
         learner.save_checkpoint(init_dir)
         results[f"{ename}/init"] = {"params": flat_params(learner)}
@@ -91,7 +94,7 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             for mode in MODES:
                 for budget in (BIG_BUDGET, SMALL_BUDGET):
                     one(f"z2/{mode}/{budget}", mode, budget, part)
-                    one(f"z2/{mode}/packed/{budget}", mode, budget, part, pack=True)
+                    one(f"z2/{mode}/packed/{budget}", mode, budget, parts[True], pack=True)
             # Every rank given the whole mini-batch (no sharding): exact too, only the compute repeats.
             one("z2/whole-on-every-rank", "group-token-mean", SMALL_BUDGET, batch)
             # A NaN advantage on one response that trains (on the last rank only, at world size 2).
@@ -103,8 +106,9 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             metrics = learner.update(part)
             results["z2/after_nan"] = {"params": flat_params(learner), "metrics": metrics}
         else:
-            one(f"{ename}/token-mean/{SMALL_BUDGET}", "token-mean", SMALL_BUDGET, part)
-            one(f"{ename}/token-mean/packed/{SMALL_BUDGET}", "token-mean", SMALL_BUDGET, part, pack=True)
+            for mode in MODES:
+                one(f"{ename}/{mode}/{SMALL_BUDGET}", mode, SMALL_BUDGET, part)
+                one(f"{ename}/{mode}/packed/{SMALL_BUDGET}", mode, SMALL_BUDGET, parts[True], pack=True)
             if ename == "z0":
                 bad = batch.select(list(range(len(batch))))
                 bad.advantages = bad.advantages.clone()

@@ -29,10 +29,8 @@ def main(model_dir: str, batch_path: str, out_dir: str) -> None:
     )
     rank, world = ref.dist.rank, ref.dist.world_size
     batch = torch.load(batch_path, weights_only=False)
-    mine = batch.shard(rank, world)
-    held = set(mine.group_ids.tolist())
-    rows = [i for i, g in enumerate(batch.group_ids.tolist()) if g in held]
-    logp = ref.compute_logprobs(mine)
+    rows = batch.shard_rows(rank, world)
+    logp = ref.compute_logprobs(batch.select(rows))
     params = list(ref.engine.module.parameters())
     local = sum(p.ds_tensor.numel() for p in params)  # this rank's partition of each parameter
     full = sum(p.ds_numel for p in params)

@@ -1,4 +1,5 @@
-"""Loss aggregation: hand-computed modes, masked-out responses, and exactness under micro-batch / rank splits."""
+"""Loss aggregation: hand-computed modes, masked-out responses, and exactness under micro-batch / rank splits
+(groups cut across ranks included)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo.algos.aggregation import MODES, aggregate, local_counts, token_weights, weighted_sum
+from dapo.algos.aggregation import MODES, aggregate, group_token_counts, local_counts, token_weights, weighted_sum
 
 # Three responses (groups 0, 0, 1) with 4, 2 and 1 loss tokens; a fourth (group 1) and a fifth (group 2) are
 # overlong-filtered (all mask 0) and carry a huge loss that must not leak into any value or count.
@@ -34,17 +35,41 @@ def test_hand_computed_and_filtered_rows_count_nowhere(mode):
 
 
 def test_local_counts_skip_masked_out_responses_and_groups():
-    assert local_counts(MASK, GROUPS) == {"num_tokens": 7, "num_seqs": 3, "num_groups": 2}
-    assert local_counts(MASK.bool()) == {"num_tokens": 7, "num_seqs": 3, "num_groups": 0}
+    assert local_counts(MASK) == {"num_tokens": 7, "num_seqs": 3}
+    assert local_counts(MASK.bool()) == {"num_tokens": 7, "num_seqs": 3}
+    # Groups 0, 1, 2 have 6, 1 and 0 loss tokens; a longer vector (the ids of other ranks) is zero beyond.
+    assert group_token_counts(MASK, GROUPS).tolist() == [6.0, 1.0, 0.0]
+    assert group_token_counts(MASK, GROUPS, num_slots=5).tolist() == [6.0, 1.0, 0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="num_slots"):
+        group_token_counts(MASK, GROUPS, num_slots=2)
 
 
 def test_group_token_mean_uses_mini_batch_group_counts():
     # Group 0 split across two micro-batches: each row's weight is 1 / (6 tokens * 2 groups), not per micro-batch.
-    w = token_weights(MASK, "group-token-mean", GROUPS, num_tokens=7, num_seqs=3, num_groups=2, dtype=torch.float64)
+    w = token_weights(
+        MASK,
+        "group-token-mean",
+        GROUPS,
+        num_tokens=7,
+        num_seqs=3,
+        group_tokens=group_token_counts(MASK, GROUPS),
+        dtype=torch.float64,
+    )
     torch.testing.assert_close(w[0], torch.full((4,), 1 / 12, dtype=torch.float64))
     torch.testing.assert_close(w[1], torch.tensor([1 / 12, 1 / 12, 0, 0], dtype=torch.float64))
     torch.testing.assert_close(w[2], torch.tensor([1 / 2, 0, 0, 0], dtype=torch.float64))
     assert torch.all(w[3:] == 0)
+    # Row 1 alone (group 0 cut across ranks): its weight still uses the group's 6 tokens, not its own 2.
+    alone = token_weights(
+        MASK[1:2],
+        "group-token-mean",
+        GROUPS[1:2],
+        num_tokens=7,
+        num_seqs=3,
+        group_tokens=group_token_counts(MASK, GROUPS),
+        dtype=torch.float64,
+    )
+    torch.testing.assert_close(alone[0], w[1])
 
 
 def test_equal_lengths_token_mean_equals_seq_mean():
@@ -87,14 +112,21 @@ def test_errors_name_the_fix():
 @pytest.mark.parametrize("mode", MODES)
 def test_a_ranks_weights_come_from_the_mini_batch_counts_it_is_given(mode):
     """The pitfall of docs/algorithm.md section 8 (each part normalised by its own count, then averaged): weights
-    built on one rank's part of the mini-batch (whole groups), from the mini-batch's summed counts, are that
-    part's rows of the whole mini-batch's weights, so the parts' weighted sums add up to the mini-batch loss."""
-    glob = local_counts(MASK, GROUPS)
-    whole = token_weights(MASK, mode, GROUPS, **glob, seq_sum_constant=4, dtype=torch.float64)
-    parts = [[0, 1], [2, 3], [4]]  # three ranks, whole groups each (0, 1 and 2)
+    built on one rank's part of the mini-batch (group 0 cut across two ranks), from the mini-batch's summed counts,
+    are that part's rows of the whole mini-batch's weights, so the parts' weighted sums add up to the mini-batch
+    loss."""
+    parts = [[0], [1, 2], [3, 4]]  # three ranks
+    glob = local_counts(MASK)
+    # what the learner's all-reduce (sum) of each rank's per-group vector gives
+    group_tokens = sum(group_token_counts(MASK[rows], GROUPS[rows], num_slots=3) for rows in parts)
+    whole = token_weights(
+        MASK, mode, GROUPS, **glob, group_tokens=group_tokens, seq_sum_constant=4, dtype=torch.float64
+    )
     total = 0.0
     for rows in parts:
-        w = token_weights(MASK[rows], mode, GROUPS[rows], **glob, seq_sum_constant=4, dtype=torch.float64)
+        w = token_weights(
+            MASK[rows], mode, GROUPS[rows], **glob, group_tokens=group_tokens, seq_sum_constant=4, dtype=torch.float64
+        )
         torch.testing.assert_close(w, whole[rows])
         total += weighted_sum(LOSS[rows], w).item()
     assert total == pytest.approx(EXPECTED[mode], rel=1e-12)
@@ -102,11 +134,15 @@ def test_a_ranks_weights_come_from_the_mini_batch_counts_it_is_given(mode):
 
 def _split_loss_and_grad(params, mask, groups, mode, rank_rows, micro_rows):
     """Sum of micro-batch losses over ranks with the global normaliser; gradient w.r.t. params."""
-    per_rank = [local_counts(mask[r], groups[r]) for r in rank_rows]
+    per_rank = [local_counts(mask[r]) for r in rank_rows]
     glob = {k: sum(c[k] for c in per_rank) for k in per_rank[0]}  # what an all-reduce (sum) gives
+    slots = int(groups.max()) + 1  # the all-reduced (max) length of the per-group vector
+    group_tokens = sum(group_token_counts(mask[r], groups[r], slots) for r in rank_rows)
     total = torch.zeros((), dtype=torch.float64)
     for r, micro in zip(rank_rows, micro_rows, strict=True):
-        w = token_weights(mask[r], mode, groups[r], **glob, seq_sum_constant=7.0, dtype=torch.float64)
+        w = token_weights(
+            mask[r], mode, groups[r], **glob, group_tokens=group_tokens, seq_sum_constant=7.0, dtype=torch.float64
+        )
         for mb in micro:
             rows = r[mb]
             loss_mb = torch.tanh(params[rows]) * (1 + rows[:, None])  # any per-token loss of the params
@@ -139,9 +175,10 @@ def test_split_over_micro_batches_and_ranks_is_exact(num_prompts, g, t, seed, n_
     whole = aggregate(whole_loss, mask, mode, groups, seq_sum_constant=7.0)
     (whole_grad,) = torch.autograd.grad(whole, params)
 
-    # Ranks get whole prompts (the trainer shards by prompt); micro-batches split groups at random row cuts.
-    prompt_rank = torch.randint(0, n_ranks, (num_prompts,), generator=gen)
-    rank_rows = [rows[prompt_rank[groups] == k] for k in range(n_ranks)]
+    # Each response to a random rank (the learner splits by tokens, so groups are cut across ranks), and
+    # micro-batches cut each rank's rows at random.
+    rank_of = torch.randint(0, n_ranks, (n,), generator=gen)
+    rank_rows = [rows[rank_of == k] for k in range(n_ranks)]
     rank_rows = [r[torch.randperm(len(r), generator=gen)] for r in rank_rows if len(r)]
     micro_rows = []
     for r in rank_rows:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dapo.algos.aggregation import local_counts
+from dapo.algos.aggregation import group_token_counts, local_counts
 from dapo.algos.overlong import overlong_loss_mask, soft_overlong_penalty
 
 
@@ -13,7 +13,8 @@ def test_filter_zeroes_truncated_rows_only():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
     out = overlong_loss_mask(mask, torch.tensor([False, True, False]))
     torch.testing.assert_close(out, torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))
-    assert local_counts(out, torch.tensor([0, 0, 1])) == {"num_tokens": 3, "num_seqs": 2, "num_groups": 2}
+    assert local_counts(out) == {"num_tokens": 3, "num_seqs": 2}
+    assert group_token_counts(out, torch.tensor([0, 0, 1])).tolist() == [2.0, 1.0]
     bool_out = overlong_loss_mask(mask.bool(), torch.tensor([True, False, False]))
     assert bool_out.dtype == torch.bool and bool_out.sum().item() == 4
     with pytest.raises(ValueError, match=r"\[N\]"):

@@ -165,7 +165,7 @@ def test_one_update_with_a_kl_term_equals_the_hand_computed_step(models):
 
 def test_the_reference_is_partitioned_at_zero3_and_gives_the_same_logprobs_on_two_ranks(models):
     """ZeRO-3 over 2 ranks: each rank stores about half of the reference's parameters, and the log-probs of its
-    shard (whole groups) are the model's own."""
+    shard (split by tokens) are the model's own."""
     tmp = models["tmp"]
     batch = _batch(seed=5)
     torch.save(batch, tmp / "batch.pt")

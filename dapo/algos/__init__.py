@@ -9,6 +9,7 @@ from dapo.algos.advantages import group_advantages
 from dapo.algos.aggregation import (
     MODES,
     aggregate,
+    group_token_counts,
     local_counts,
     sequence_scales,
     token_weights,
@@ -29,6 +30,7 @@ __all__ = [
     "chunked_logprobs_entropy",
     "clipped_surrogate",
     "group_advantages",
+    "group_token_counts",
     "keep_groups",
     "local_counts",
     "naive_logprobs_entropy",

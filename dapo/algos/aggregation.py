@@ -9,16 +9,18 @@ Modes (l = per-token loss, m = loss mask, |o_i| = sum_t m_{i,t}, sums over the w
 - `seq-mean-token-sum` (Dr. GRPO): 1/S * sum_i 1/C * sum_t m l                 C a constant (e.g. max length)
 
 Each mode is a per-response scale times the mask, so the loss is `(loss * token_weights).sum()`. Summing that over
-micro-batches gives the mini-batch loss exactly (value and gradient) as long as the weights use the mini-batch's
-counts. How a caller does it:
+micro-batches and ranks gives the mini-batch loss exactly (value and gradient) as long as the weights use the
+mini-batch's counts, whatever the split. How a caller does it:
 
-    counts = local_counts(mask, group_ids)                 # rank-local mini-batch; all-reduce (sum) each value
-    w = token_weights(mask, mode, group_ids, **global_counts, seq_sum_constant=C)   # whole rank-local mini-batch
+    counts = local_counts(mask)                            # rank-local part; all-reduce (sum) each value
+    group_tokens = group_token_counts(mask, group_ids, n)  # group-token-mean only; all-reduce (sum) the vector
+    w = token_weights(mask, mode, group_ids, **counts, group_tokens=group_tokens, seq_sum_constant=C)
     for rows in micro_batches: (loss_mb * w[rows]).sum().backward()    # with a data-parallel *sum* of gradients
 
-Responses whose mask is all zero (overlong filtering) count nowhere. Group token counts K_p come from the
-rank-local mini-batch, so groups may be split across micro-batches but never across ranks (the trainer shards
-by prompt). Data-parallel engines that *average* gradients over W ranks need the loss multiplied by W.
+Responses whose mask is all zero (overlong filtering) count nowhere. A response never straddles two ranks, so
+|o_i| is always local; a group may (the learner splits mini-batches by tokens, not by prompt), which is why the
+group-token-mean takes its K_p from the all-reduced `group_token_counts` rather than from the rank-local rows.
+Data-parallel engines that *average* gradients over W ranks need the loss multiplied by W.
 """
 
 from __future__ import annotations
@@ -32,21 +34,42 @@ LossAggMode = Literal["seq-mean-token-mean", "token-mean", "group-token-mean", "
 MODES: tuple[str, ...] = ("seq-mean-token-mean", "token-mean", "group-token-mean", "seq-mean-token-sum")
 
 
-def local_counts(mask: Tensor, group_ids: Tensor | None = None) -> dict[str, int]:
-    """Counts of the rank-local mini-batch that a caller sums across ranks.
+def local_counts(mask: Tensor) -> dict[str, int]:
+    """The counts of the rank-local part of a mini-batch that a caller sums across ranks.
 
     Args:
-        mask: [N, T] loss mask (bool or 0/1), whole rank-local mini-batch.
-        group_ids: [N] int, the prompt each response belongs to (needed for `num_groups`).
+        mask: [N, T] loss mask (bool or 0/1).
 
     Returns:
-        {"num_tokens": loss tokens, "num_seqs": responses with >= 1 loss token,
-         "num_groups": prompts with >= 1 loss token (0 without group_ids)}.
+        {"num_tokens": loss tokens, "num_seqs": responses with >= 1 loss token}.
     """
     lengths = mask.to(torch.float64).sum(dim=-1)
-    alive = lengths > 0
-    num_groups = 0 if group_ids is None else int(torch.unique(group_ids[alive]).numel())
-    return {"num_tokens": int(lengths.sum().item()), "num_seqs": int(alive.sum().item()), "num_groups": num_groups}
+    return {"num_tokens": int(lengths.sum().item()), "num_seqs": int((lengths > 0).sum().item())}
+
+
+def group_token_counts(mask: Tensor, group_ids: Tensor, num_slots: int | None = None) -> Tensor:
+    """Loss tokens per group id (K_p of the group-token-mean), a vector that a caller sums across ranks.
+
+    Args:
+        mask: [N, T] loss mask (bool or 0/1).
+        group_ids: [N] int, the prompt (group) each response belongs to; ids index the result, so they must be
+            small non-negative integers (the group's index in the rollout step).
+        num_slots: the vector's length, the same on every rank (the largest id over all ranks, plus one);
+            None: this batch's largest id plus one.
+
+    Returns:
+        [num_slots] float64; entry p is the number of loss tokens of group p's responses in `mask`.
+    """
+    ids = group_ids.to(torch.long)
+    top = int(ids.max().item()) + 1 if ids.numel() else 0
+    num_slots = top if num_slots is None else num_slots
+    if ids.numel() and (int(ids.min().item()) < 0 or top > num_slots):
+        raise ValueError(
+            f"group_ids must lie in [0, {num_slots}) (pass num_slots = the largest id over all ranks + 1); "
+            f"got ids from {int(ids.min().item())} to {top - 1}"
+        )
+    out = torch.zeros(num_slots, dtype=torch.float64, device=mask.device)
+    return out.index_add_(0, ids.to(mask.device), mask.to(torch.float64).sum(dim=-1))
 
 
 def sequence_scales(
@@ -56,16 +79,18 @@ def sequence_scales(
     *,
     num_tokens: float,
     num_seqs: float,
-    num_groups: float = 0,
+    group_tokens: Tensor | None = None,
     seq_sum_constant: float | None = None,
 ) -> Tensor:
     """Per-response scale s_i such that token (i, t) weighs m_{i,t} * s_i.
 
     Args:
-        lengths: [N] loss tokens per response |o_i| over the whole rank-local mini-batch.
+        lengths: [N] loss tokens per response |o_i|.
         mode: one of MODES.
         group_ids: [N] int prompt index per response (required for `group-token-mean`).
-        num_tokens, num_seqs, num_groups: the global counts (`local_counts` summed over ranks).
+        num_tokens, num_seqs: the mini-batch's counts (`local_counts` summed over ranks).
+        group_tokens: [num_slots] K_p of the whole mini-batch (`group_token_counts` summed over ranks); required
+            for `group-token-mean`, whose P is the number of groups with K_p > 0.
         seq_sum_constant: the constant C of `seq-mean-token-sum`.
 
     Returns:
@@ -84,14 +109,14 @@ def sequence_scales(
             )
         scale = torch.full_like(lengths, 1.0 / (seq_sum_constant * max(num_seqs, 1)))
     elif mode == "group-token-mean":
-        if group_ids is None:
-            raise ValueError("group-token-mean needs group_ids (the prompt index of each response)")
-        _, inverse = torch.unique(group_ids, return_inverse=True)
-        group_tokens = torch.zeros(
-            int(inverse.max().item()) + 1 if inverse.numel() else 0, dtype=torch.float64, device=lengths.device
-        )
-        group_tokens.index_add_(0, inverse, lengths)
-        scale = 1.0 / (group_tokens[inverse].clamp(min=1.0) * max(num_groups, 1))
+        if group_ids is None or group_tokens is None:
+            raise ValueError(
+                "group-token-mean needs group_ids (the prompt index of each response) and group_tokens "
+                "(group_token_counts of the whole mini-batch)"
+            )
+        group_tokens = group_tokens.to(device=lengths.device, dtype=torch.float64)
+        num_groups = int((group_tokens > 0).sum().item())
+        scale = 1.0 / (group_tokens[group_ids.to(torch.long)].clamp(min=1.0) * max(num_groups, 1))
     else:
         raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {MODES}")
     return torch.where(alive, scale, torch.zeros_like(scale))
@@ -104,11 +129,11 @@ def token_weights(
     *,
     num_tokens: float,
     num_seqs: float,
-    num_groups: float = 0,
+    group_tokens: Tensor | None = None,
     seq_sum_constant: float | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """[N, T] weights for the whole rank-local mini-batch: the loss is `(loss * weights).sum()`.
+    """[N, T] weights for the rank-local part of a mini-batch: the loss is `(loss * weights).sum()`.
 
     Args and counts as in `sequence_scales`; `mask` [N, T] is the loss mask (after overlong filtering).
     The weights carry no gradient; slice their rows per micro-batch.
@@ -119,7 +144,7 @@ def token_weights(
         group_ids,
         num_tokens=num_tokens,
         num_seqs=num_seqs,
-        num_groups=num_groups,
+        group_tokens=group_tokens,
         seq_sum_constant=seq_sum_constant,
     )
     return (mask.to(torch.float64) * scales.unsqueeze(-1)).to(dtype)
@@ -137,24 +162,20 @@ def aggregate(
     mode: LossAggMode,
     group_ids: Tensor | None = None,
     *,
-    num_tokens: float | None = None,
-    num_seqs: float | None = None,
-    num_groups: float | None = None,
     seq_sum_constant: float | None = None,
 ) -> Tensor:
-    """Scalar loss of a batch [N, T]. Counts left None are taken from this batch (the whole mini-batch case).
+    """Scalar loss of a whole mini-batch [N, T], its counts taken from this batch (the reference definition).
 
-    For micro-batches use `token_weights` on the whole mini-batch: `group-token-mean` needs the mini-batch's
-    per-group token counts, which a micro-batch alone does not have.
+    For a mini-batch split over micro-batches or ranks use `token_weights` with the summed counts.
     """
-    local = local_counts(mask, group_ids)
+    counts = local_counts(mask)
+    group_tokens = None if group_ids is None else group_token_counts(mask, group_ids)
     w = token_weights(
         mask,
         mode,
         group_ids,
-        num_tokens=local["num_tokens"] if num_tokens is None else num_tokens,
-        num_seqs=local["num_seqs"] if num_seqs is None else num_seqs,
-        num_groups=local["num_groups"] if num_groups is None else num_groups,
+        **counts,
+        group_tokens=group_tokens,
         seq_sum_constant=seq_sum_constant,
         dtype=loss.dtype,
     )

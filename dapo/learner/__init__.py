@@ -18,8 +18,9 @@ Contracts:
 
 - Process group: `Learner` joins torchrun / SLURM ranks from the environment, or runs as one process
   (`dapo.distributed`). Every method is collective: every rank calls it, with its own part of the batch.
-  A trainer that holds the whole batch on every rank takes its part with `batch.shard(rank, world_size)`
-  (whole groups per rank, as `group-token-mean` needs). Passing the whole batch on every rank is also exact
+  A trainer that holds the whole batch on every rank takes its part with `batch.shard(rank, world_size,
+  pack_prompts=...)` (sequences with near-equal token counts per rank; a group may straddle ranks, and `update`
+  sums the group-token-mean's per-group counts over ranks). Passing the whole batch on every rank is also exact
   (counts and losses both grow W-fold), only the compute is repeated.
 - KL to a reference policy (`kl_coef > 0`, off in every DAPO row): `batch.ref_logp` from
   `ReferencePolicy(model_path, ...).compute_logprobs(batch)`, the frozen initial model under the same ranks and

@@ -72,7 +72,8 @@ class PolicyBatch:
         advantages: [N] float, one advantage per response (group-normalised, docs/algorithm.md section 2).
         loss_mask: [N, R] float, 1 on response tokens that train; 0 on padding and on every token of an
             overlong-filtered response (`dapo.algos.overlong_loss_mask`).
-        group_ids: [N] int, the prompt (group) each response belongs to; a group must stay on one rank.
+        group_ids: [N] int, the prompt (group) each response belongs to: small non-negative ids (the group's
+            index in the rollout step; the group-token-mean counts tokens per id over all ranks).
         old_logp: [N, R] log-probs under the policy that sampled (from `Learner.compute_logprobs`); needed by
             `Learner.update`, not by `compute_logprobs`.
         ref_logp: [N, R] reference-policy log-probs, only when `LossSpec.kl_coef > 0`.
@@ -126,26 +127,133 @@ class PolicyBatch:
             ref_logp=pick(self.ref_logp),
         )
 
-    def shard(self, rank: int, world_size: int) -> PolicyBatch:
-        """This rank's part of a batch that every rank holds whole: whole groups (the group-token-mean needs
-        each group's token count on one rank), balanced by tokens, greedily, longest group first. The same
-        on every rank (deterministic), so the shards partition the batch."""
+    def shard_rows(self, rank: int, world_size: int, *, pack_prompts: bool = False) -> list[int]:
+        """The rows (ascending) that rank `rank` of `world_size` trains on: `split_by_tokens(...)[rank]`."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"shard: rank {rank} is outside a world of size {world_size}")
         if world_size == 1:
-            return self
-        tokens: dict[int, int] = {}
-        for g, p, r in zip(self.group_ids.tolist(), self.prompt_ids, self.response_ids, strict=True):
-            tokens[g] = tokens.get(g, 0) + len(p) + len(r)
-        load = [0] * world_size
-        owner: dict[int, int] = {}
-        for g in sorted(tokens, key=lambda g: (-tokens[g], g)):
-            r = min(range(world_size), key=lambda k: (load[k], k))
-            owner[g] = r
-            load[r] += tokens[g]
-        return self.select([i for i, g in enumerate(self.group_ids.tolist()) if owner[g] == rank])
+            return list(range(len(self)))
+        return split_by_tokens(self.prompt_ids, self.response_ids, world_size, pack_prompts=pack_prompts)[rank]
+
+    def shard(self, rank: int, world_size: int, *, pack_prompts: bool = False) -> PolicyBatch:
+        """This rank's part of a batch that every rank holds whole: sequences balanced by the tokens of their
+        forward pass (`split_by_tokens`), so a group's responses may land on different ranks (the learner sums
+        the group-token-mean's per-group counts over ranks). Deterministic, so the shards partition the batch.
+        `pack_prompts` as the learner's: a prompt then costs once per rank that holds its group."""
+        rows = self.shard_rows(rank, world_size, pack_prompts=pack_prompts)
+        return self if world_size == 1 else self.select(rows)
+
+
+def split_by_tokens(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], world_size: int, *, pack_prompts: bool = False
+) -> list[list[int]]:
+    """Split sequences over `world_size` ranks so that each rank's forward tokens are near the mean.
+
+    A sequence costs its model-input length (prompt + response - 1; nothing without a response). With
+    `pack_prompts` a rank computes each distinct prompt once, before all the responses of it that it holds
+    (`plan_packed_micro_batches`), so a prompt costs once per rank that holds any of its responses.
+
+    Two passes, both deterministic. First, longest-processing-time-first over units: each unit, longest first,
+    goes to the least-loaded rank; a unit is one sequence, or with `pack_prompts` all the responses of one prompt
+    (a cut group pays its prompt twice). Then, while it lowers the busiest rank's load without making another
+    rank as busy, a piece (one sequence, or with `pack_prompts` all of one prompt's sequences on that rank) moves
+    from the busiest rank to where it ends lowest: this cuts groups where whole ones cannot balance. Bounds: the
+    busiest rank holds at most the mean load plus the longest sequence (its unpacked cost), and without packing
+    at most 4/3 of the best possible split. One sequence longer than the mean load makes the mean unreachable;
+    only splitting that sequence (context parallelism) would help.
+
+    Tokens, not FLOPs: attention's cost grows with the square of a sequence's length, but at Qwen2.5-32B's width
+    it is only ~6% of a 6K-token sequence's FLOPs (~19% of a 22.5K-token one's); `benchmarks/bench_sharding.py`
+    prints the split's imbalance in both.
+
+    Returns:
+        world_size lists of sequence indices, each ascending; together every index exactly once.
+    """
+    if world_size < 1:
+        raise ValueError(f"split_by_tokens: world_size must be >= 1, got {world_size}")
+    keys: dict[tuple[int, ...], int] = {}  # prompt identity as packing sees it (equal token ids share one copy)
+    prompt = [keys.setdefault(tuple(p), len(keys)) for p in prompt_ids]
+    live = [bool(r) for r in response_ids]
+    shared = [len(p) if pack_prompts else 0 for p in prompt_ids]  # the part of a cost paid once per rank
+    own = [len(p) + len(r) - 1 - s if r else 0 for p, r, s in zip(prompt_ids, response_ids, shared, strict=True)]
+    units: dict[int, list[int]] = {}
+    for i in range(len(prompt_ids)):
+        units.setdefault(prompt[i] if pack_prompts and live[i] else -1 - i, []).append(i)
+
+    load = [0] * world_size
+    out: list[list[int]] = [[] for _ in range(world_size)]
+    held: list[dict[int, list[int]]] = [{} for _ in range(world_size)]  # rank -> prompt -> its live rows there
+
+    def added(rows: list[int], k: int) -> int:
+        """Tokens that `rows` (one prompt's) add to rank k, which does not hold them."""
+        first = rows[0]
+        return sum(own[i] for i in rows) + (shared[first] if live[first] and prompt[first] not in held[k] else 0)
+
+    def freed(rows: list[int], k: int) -> int:
+        """Tokens that removing `rows` (one prompt's, live) frees on rank k, which holds them."""
+        first = rows[0]
+        return sum(own[i] for i in rows) + (shared[first] if len(rows) == len(held[k][prompt[first]]) else 0)
+
+    def place(rows: list[int], to: int, frm: int | None = None) -> None:
+        if frm is not None:
+            load[frm] -= freed(rows, frm)
+            out[frm] = [i for i in out[frm] if i not in rows]
+            left = [i for i in held[frm][prompt[rows[0]]] if i not in rows]
+            held[frm][prompt[rows[0]]] = left
+            if not left:
+                del held[frm][prompt[rows[0]]]
+        load[to] += added(rows, to)
+        out[to].extend(rows)
+        if live[rows[0]]:
+            held[to].setdefault(prompt[rows[0]], []).extend(rows)
+
+    order = sorted(units.values(), key=lambda rows: (-(sum(own[i] for i in rows) + shared[rows[0]]), rows[0]))
+    for rows in order:
+        place(rows, min(range(world_size), key=lambda k: (load[k], k)))
+
+    while True:
+        a = max(range(world_size), key=lambda k: (load[k], -k))
+        by_load = sorted(range(world_size), key=lambda k: (load[k], k))
+        pieces = [[i] for rows in held[a].values() for i in rows]
+        pieces += [rows for rows in held[a].values() if pack_prompts and len(rows) > 1]
+        best: tuple[int, int, int, list[int]] | None = None
+        for piece in pieces:
+            gone = freed(piece, a)
+            # Where the piece ends lowest: the least-loaded rank without its prompt, or one that has it already.
+            spare = next((b for b in by_load if b != a and prompt[piece[0]] not in held[b]), None)
+            targets = [b for b in range(world_size) if b != a and prompt[piece[0]] in held[b]]
+            for b in targets + ([] if spare is None else [spare]):
+                grown = load[b] + added(piece, b)
+                key = (max(load[a] - gone, grown), grown, b, piece)
+                if gone > 0 and grown < load[a] and (best is None or key < best):
+                    best = key
+        if best is None:
+            return [sorted(rows) for rows in out]
+        place(list(best[3]), best[2], frm=a)
+
+
+def rank_loads(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], split: list[list[int]], *, pack_prompts: bool = False
+) -> list[int]:
+    """Forward tokens of each rank under `split` (the cost `split_by_tokens` balances)."""
+    loads = []
+    for rows in split:
+        live = [i for i in rows if response_ids[i]]
+        tokens = sum(len(prompt_ids[i]) + len(response_ids[i]) - 1 for i in live)
+        if pack_prompts:  # each distinct prompt once
+            tokens -= sum(len(prompt_ids[i]) for i in live) - sum(len(q) for q in {tuple(prompt_ids[i]) for i in live})
+        loads.append(tokens)
+    return loads
 
 
 def plan_micro_batches(seq_lengths: list[int], token_budget: int) -> list[list[int]]:
     """Split sequences into micro-batches of at most `token_budget` padded tokens, longest first.
+
+    Among the splits of the length-sorted sequences into consecutive runs, the one with the fewest micro-batches
+    (each is a forward and backward pass, and at ZeRO-3 a gather of every parameter), and among those the fewest
+    padded tokens (compute spent on nothing). Filling each micro-batch to the budget before opening the next gives
+    the fewest passes but can pad a lot: [20K, 6K | 3K, 1K] at a 45K budget computes 46K tokens, [20K | 6K, 3K, 1K]
+    38K.
 
     Args:
         seq_lengths: model-input length of each sequence (0: nothing to compute, left out).
@@ -156,14 +264,23 @@ def plan_micro_batches(seq_lengths: list[int], token_budget: int) -> list[list[i
         most memory-hungry, so an out-of-memory shows up at once).
     """
     order = sorted((i for i, n in enumerate(seq_lengths) if n > 0), key=lambda i: (-seq_lengths[i], i))
+    n = len(order)
+    # best[j]: (micro-batches, padded tokens, start of the last run) of the best split of order[:j].
+    best: list[tuple[int, int, int]] = [(0, 0, 0)] + [(n + 1, 0, 0)] * n
+    for i in range(n):
+        width = seq_lengths[order[i]]  # the run order[i:j] is padded to its first (longest) row
+        for j in range(i + 1, n + 1):
+            if j - i > 1 and (j - i) * width > token_budget:
+                break
+            cand = (best[i][0] + 1, best[i][1] + (j - i) * width, i)
+            best[j] = min(best[j], cand)
     out: list[list[int]] = []
-    for i in order:
-        # Longest first: the current micro-batch's first row is its widest one.
-        if out and (len(out[-1]) + 1) * seq_lengths[out[-1][0]] <= token_budget:
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
+    j = n
+    while j > 0:
+        i = best[j][2]
+        out.append(order[i:j])
+        j = i
+    return out[::-1]
 
 
 def plan_packed_micro_batches(

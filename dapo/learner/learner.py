@@ -2,8 +2,9 @@
 
 One update (docs/algorithm.md sections 2, 3 and 8):
 
-1. The aggregation's counts (loss tokens, responses, prompts) of the whole mini-batch are summed over the
-   data-parallel ranks *before* any backward pass, and the per-token weights are built from them
+1. The aggregation's counts of the whole mini-batch (loss tokens, responses, and for the group-token-mean the
+   loss tokens of each group, whose responses may sit on several ranks) are summed over the data-parallel ranks
+   *before* any backward pass, and the per-token weights are built from them
    (`dapo.algos.aggregation.token_weights`), so the loss is the mini-batch loss whatever the split.
 2. Each micro-batch: forward -> per-token log-probs (`chunked_logprobs_entropy`: no [T, V] logits) ->
    `clipped_surrogate` -> `weighted_sum` -> backward. DeepSpeed *averages* gradients over W ranks, so each rank's
@@ -18,13 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from dapo import metric_names as M
-from dapo.algos.aggregation import local_counts, token_weights, weighted_sum
+from dapo.algos.aggregation import group_token_counts, local_counts, token_weights, weighted_sum
 from dapo.algos.surrogate import clipped_surrogate
 from dapo.distributed import all_reduce, init_distributed
 from dapo.learner.batch import LossSpec, MicroBatch, PolicyBatch, dummy_micro_batch
@@ -33,8 +35,32 @@ from dapo.learner.model import check_packable, copy_tokenizer_files, load_policy
 from dapo.learner.optim import deepspeed_config, lr_at, make_optimizer, resolve_dtype
 
 # The per-update "this step was skipped" flag (1.0 / 0.0); the cumulative count is M.NONFINITE_SKIPPED.
-UPDATE_SKIPPED = getattr(M, "UPDATE_SKIPPED", "actor/update_skipped")
+UPDATE_SKIPPED = M.UPDATE_SKIPPED
+# What each micro-batch adds to the update's metrics, in the order of the vector that is all-reduced once per
+# update: each entry is a float64 sum over loss tokens that `_metrics` turns into the metric of that name (a
+# fraction of the loss tokens, or for CLIP_HIGH_PROB a mean over the upper-clipped ones). Both sides index it by
+# name, so an entry added here cannot shift the others.
+SUMMED_METRICS: tuple[str, ...] = (
+    M.POLICY_LOSS,
+    M.CLIPFRAC_LOW,
+    M.CLIPFRAC_HIGH,
+    M.DUAL_CLIPFRAC,
+    M.CLIP_HIGH_PROB,
+    M.APPROX_KL,
+    M.ENTROPY,
+    M.KL_REF,
+)
 _CKPT_TAG = "learner"
+
+
+@dataclass(frozen=True)
+class MiniBatchCounts:
+    """The normaliser counts of a whole mini-batch, summed over ranks (`dapo.algos.aggregation`): loss tokens,
+    responses with a loss token, and for the group-token-mean the loss tokens of each group id, [slots]."""
+
+    num_tokens: float
+    num_seqs: float
+    group_tokens: Tensor | None = None
 
 
 class Learner(ChunkedForward):
@@ -67,7 +93,13 @@ class Learner(ChunkedForward):
         self.micro_batch_tokens, self.chunk_size = micro_batch_tokens, logprob_chunk_size
         self.pack_prompts = pack_prompts  # one prompt per group in the forward (dapo.learner.batch)
         self.dtype = resolve_dtype(dtype)
-        ds_config = deepspeed_config(zero_stage, self.dtype == torch.bfloat16, grad_clip, self.dist.world_size)
+        # ZeRO-0 in float32 steps the bare torch optimizer, which neither skips a non-finite step nor reports the
+        # norm: the learner computes the norm itself (`_step`) and clips with it, instead of DeepSpeed computing
+        # it a second time.
+        self._own_step = zero_stage == 0 and self.dtype == torch.float32
+        self.grad_clip = grad_clip
+        ds_clip = 0.0 if self._own_step else grad_clip
+        ds_config = deepspeed_config(zero_stage, self.dtype == torch.bfloat16, ds_clip, self.dist.world_size)
         policy, self._zero_init = load_policy(model_path, self.dtype, gradient_checkpointing, ds_config)
         if pack_prompts:
             check_packable(policy.lm)
@@ -76,10 +108,17 @@ class Learner(ChunkedForward):
         if zero_stage == 3:
             # The head weight is read in PolicyModule.forward, outside the head module's own forward.
             deepspeed.zero.register_external_parameter(self.engine.module, self.engine.module.head_weight())
+        if zero_stage == 0 and self.dist.world_size == 1:
+            # DeepSpeed's ZeRO-0 all-reduce flattens every gradient into one buffer, scales it by 1/world and copies
+            # it back, even alone: ~10% of a 66M update on the CPU for an identity (bench_learner_flops.py).
+            self.engine.enable_backward_allreduce = False
         self.engine.train()
-        # DeepSpeed's ZeRO and bf16 optimizers skip a step whose gradient norm is non-finite; a bare torch
-        # optimizer (ZeRO 0, float32) does not, so the learner checks the gradients itself there.
-        self._own_overflow_check = not hasattr(self.engine.optimizer, "overflow")
+        # The own check must run exactly where DeepSpeed wraps no optimizer of its own (its wrappers skip a
+        # non-finite step themselves and clip with the norm they compute).
+        if self._own_step == hasattr(self.engine.optimizer, "overflow"):
+            raise RuntimeError(
+                f"unexpected DeepSpeed optimizer {type(self.engine.optimizer).__name__} at ZeRO-{zero_stage}, {dtype}"
+            )
         self.rollout_steps = 0  # lr_step() calls so far: the warm-up counter
         self.updates = 0  # optimizer steps applied
         self.skipped_updates = 0  # optimizer steps skipped (non-finite)
@@ -138,23 +177,18 @@ class Learner(ChunkedForward):
         if self.loss.kl_coef > 0 and batch.ref_logp is None:
             raise ValueError("kl_coef > 0 needs batch.ref_logp (`dapo.learner.ReferencePolicy.compute_logprobs`)")
         spec, world = self.loss, self.dist.world_size
-        counts = local_counts(batch.loss_mask, batch.group_ids)
-        total = all_reduce(
-            torch.tensor([counts["num_tokens"], counts["num_seqs"], counts["num_groups"]], dtype=torch.float64),
-            "sum",
-        ).tolist()
+        counts = self._global_counts(batch)
         weights = token_weights(
             batch.loss_mask,
             spec.loss_agg,
             batch.group_ids,
-            num_tokens=total[0],
-            num_seqs=total[1],
-            num_groups=total[2],
+            num_tokens=counts.num_tokens,
+            num_seqs=counts.num_seqs,
+            group_tokens=counts.group_tokens,
             seq_sum_constant=spec.seq_token_sum_constant,
         )
-        # loss, clipped lower, clipped upper, dual clipped, sum pi_old (upper), k3 KL, entropy, KL to ref
-        # Accumulated on the device: no host sync per micro-batch.
-        sums = torch.zeros(8, dtype=torch.float64, device=self.dist.device)
+        # Accumulated on the device, in SUMMED_METRICS order: no host sync per micro-batch.
+        sums = torch.zeros(len(SUMMED_METRICS), dtype=torch.float64, device=self.dist.device)
         local_bad = torch.zeros((), dtype=torch.bool, device=self.dist.device)
         plan = self._plan(batch)
         for k, rows in enumerate(plan):
@@ -163,7 +197,9 @@ class Learner(ChunkedForward):
             if rows:
                 mb = self._collate(batch, rows)
                 loss, part = self._micro_loss(batch, mb, weights)
-                sums += part
+                if part.keys() != set(SUMMED_METRICS):  # a new sum must be declared there, or it is dropped
+                    raise RuntimeError(f"_micro_loss sums {sorted(part)}, SUMMED_METRICS {sorted(SUMMED_METRICS)}")
+                sums += torch.stack([part[name] for name in SUMMED_METRICS])
                 local_bad |= ~torch.isfinite(loss.detach())
             else:
                 lp, _ = self._forward(dummy_micro_batch(), with_entropy=False)
@@ -174,9 +210,23 @@ class Learner(ChunkedForward):
                 loss = loss * float("nan")
             self.engine.backward(loss * world, scale_wrt_gas=False)
         grad_norm, applied = self._step()
-        return self._metrics(all_reduce(sums, "sum").cpu(), total[0], grad_norm, applied)
+        summed = dict(zip(SUMMED_METRICS, all_reduce(sums, "sum").tolist(), strict=True))
+        return self._metrics(summed, counts.num_tokens, grad_norm, applied)
 
-    def _micro_loss(self, batch: PolicyBatch, mb: MicroBatch, weights: Tensor) -> tuple[Tensor, Tensor]:
+    def _global_counts(self, batch: PolicyBatch) -> MiniBatchCounts:
+        """The aggregation's counts over every rank's part of the mini-batch. One all-reduce; two for the
+        group-token-mean (the length of its per-group vector first)."""
+        local = local_counts(batch.loss_mask)
+        head = torch.tensor([local["num_tokens"], local["num_seqs"]], dtype=torch.float64)
+        if self.loss.loss_agg != "group-token-mean":
+            num_tokens, num_seqs = all_reduce(head, "sum").tolist()
+            return MiniBatchCounts(num_tokens, num_seqs)
+        top = int(batch.group_ids.max().item()) + 1 if len(batch) else 0
+        slots = int(all_reduce(torch.tensor([top], dtype=torch.float64), "max").item())
+        total = all_reduce(torch.cat([head, group_token_counts(batch.loss_mask, batch.group_ids, slots)]), "sum")
+        return MiniBatchCounts(float(total[0]), float(total[1]), total[2:])
+
+    def _micro_loss(self, batch: PolicyBatch, mb: MicroBatch, weights: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         spec, dev = self.loss, self.dist.device
         logp, entropy = self._forward(mb, with_entropy=True)
         r, c = mb.token_rows, mb.token_cols
@@ -200,31 +250,33 @@ class Learner(ChunkedForward):
             return torch.where(where, x.detach().double(), torch.zeros((), dtype=torch.float64, device=dev)).sum()
 
         upper = out.clipped_upper & m
-        part = torch.stack(
-            [
-                loss.detach().double(),
-                msum(out.clipped_lower.double()),
-                msum(upper.double()),
-                msum(out.dual_clipped.double()),
-                msum(old.exp(), upper),
-                msum(torch.expm1(log_r) - log_r),
-                msum(entropy),
-                msum(out.kl) if out.kl is not None else torch.zeros((), dtype=torch.float64, device=dev),
-            ]
-        )
+        zero = torch.zeros((), dtype=torch.float64, device=dev)
+        part = {
+            M.POLICY_LOSS: loss.detach().double(),
+            M.CLIPFRAC_LOW: msum(out.clipped_lower.double()),
+            M.CLIPFRAC_HIGH: msum(upper.double()),
+            M.DUAL_CLIPFRAC: msum(out.dual_clipped.double()),
+            M.CLIP_HIGH_PROB: msum(old.exp(), upper),  # sum of pi_old over upper-clipped tokens
+            M.APPROX_KL: msum(torch.expm1(log_r) - log_r),
+            M.ENTROPY: msum(entropy),
+            M.KL_REF: msum(out.kl) if out.kl is not None else zero,
+        }
         return loss, part
 
     def _step(self) -> tuple[float, bool]:
         """The optimizer step at the accumulation boundary; returns (grad norm before clipping, applied)."""
-        if self._own_overflow_check:
-            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        if self._own_step:
+            params = [p for p in self.engine.module.parameters() if p.grad is not None]
             # One foreach pass in the gradients' dtype (a float64 copy of every gradient cost ~8x more:
             # BENCHMARKS.md section 1); a NaN or inf anywhere still makes the norm non-finite.
-            norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+            total = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
+            norm = float(total)
             if not math.isfinite(norm):
                 self.engine.zero_grad()
                 applied = False
             else:
+                if self.grad_clip > 0:  # as DeepSpeed clips: g * min(1, clip / (norm + 1e-6))
+                    torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, total)
                 self.engine.step()
                 applied = True
         else:
@@ -238,27 +290,26 @@ class Learner(ChunkedForward):
             self.skipped_updates += 1
         return norm, applied
 
-    def _metrics(self, sums: Tensor, num_tokens: float, grad_norm: float, applied: bool) -> dict[str, float]:
-        s = sums.tolist()
+    def _metrics(self, s: dict[str, float], num_tokens: float, grad_norm: float, applied: bool) -> dict[str, float]:
+        """The update's metrics from the all-reduced sums (keyed by SUMMED_METRICS)."""
 
         def frac(x: float, n: float) -> float:
             return x / n if n > 0 else math.nan
 
-        out = {
-            M.POLICY_LOSS: s[0],
-            M.CLIPFRAC_LOW: frac(s[1], num_tokens),
-            M.CLIPFRAC_HIGH: frac(s[2], num_tokens),
-            M.DUAL_CLIPFRAC: frac(s[3], num_tokens),
-            M.CLIP_HIGH_PROB: frac(s[4], s[2]),
-            M.APPROX_KL: frac(s[5], num_tokens),
-            M.ENTROPY: frac(s[6], num_tokens),
-            M.GRAD_NORM: grad_norm,
-            M.LR: self.lr,
-            M.NONFINITE_SKIPPED: float(self.skipped_updates),
-            UPDATE_SKIPPED: 0.0 if applied else 1.0,
-        }
+        per_token = [M.CLIPFRAC_LOW, M.CLIPFRAC_HIGH, M.DUAL_CLIPFRAC, M.APPROX_KL, M.ENTROPY]
         if self.loss.kl_coef > 0:
-            out[M.KL_REF] = frac(s[7], num_tokens)
+            per_token.append(M.KL_REF)
+        out = {M.POLICY_LOSS: s[M.POLICY_LOSS]}  # already the mini-batch loss (the aggregation's weights)
+        out.update({name: frac(s[name], num_tokens) for name in per_token})
+        out[M.CLIP_HIGH_PROB] = frac(s[M.CLIP_HIGH_PROB], s[M.CLIPFRAC_HIGH])  # mean over upper-clipped tokens
+        out.update(
+            {
+                M.GRAD_NORM: grad_norm,
+                M.LR: self.lr,
+                M.NONFINITE_SKIPPED: float(self.skipped_updates),
+                UPDATE_SKIPPED: 0.0 if applied else 1.0,
+            }
+        )
         return out
 
     # ------------------------------------------------------------------------------------------ colocation

@@ -172,6 +172,7 @@ class Trainer:
             epochs=t.epochs,
             seed=t.seed,
             max_consecutive_nonfinite=t.max_consecutive_nonfinite,
+            pack_prompts=t.pack_prompts,
         )
         self.layout = ReplicaLayout.of_this_process(components.tensor_parallel_size)
         self.learner = _HookedLearner(components.learner, self.hooks)

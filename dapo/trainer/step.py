@@ -26,7 +26,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,7 @@ class StepSettings:
     epochs: int  # passes over the step's groups
     seed: int
     max_consecutive_nonfinite: int  # stop updating after this many skipped updates in a row
+    pack_prompts: bool = False  # the learner's: a shard then counts each prompt once per rank (PolicyBatch.shard)
 
 
 @dataclass
@@ -169,9 +170,10 @@ def rollout_step(
             batch = build_batch(col.groups, norm_adv_by_std=s.norm_adv_by_std, overlong_filter=s.overlong_filter)
             # 7. old log-probs (and the reference policy's, for a KL term), each rank on its shard, gathered
             t0 = time.perf_counter()
-            batch.old_logprobs, batch.entropy = sharded_logprobs(learner.compute_logprobs, batch.to_policy_batch())
+            pb = batch.to_policy_batch()
+            batch.old_logprobs, batch.entropy = sharded_logprobs(learner.compute_logprobs, pb, s.pack_prompts)
             if reference is not None:
-                batch.ref_logprobs = sharded_logprobs(_with_no_entropy(reference), batch.to_policy_batch())[0]
+                batch.ref_logprobs = sharded_logprobs(_with_no_entropy(reference), pb, s.pack_prompts)[0]
             t_old = time.perf_counter() - t0
         stats: list[dict[str, float]] = []
         timings = {**col.timings, "old_logprob": t_old}
@@ -190,7 +192,7 @@ def rollout_step(
                 timings["update"] = timings.get("update", 0.0) + time.perf_counter() - t_upd
                 raise StopMidStep(PartialStep(None, col, batch, k, stats, timings))
             rows = policy_batch.select(group_rows(batch, plan[k]))
-            out = learner.update(rows.shard(dist.rank(), dist.world_size()))
+            out = learner.update(rows.shard(dist.rank(), dist.world_size(), pack_prompts=s.pack_prompts))
             stats.append(out)
             counters.grad_updates += 1
             if out.get(UPDATE_SKIPPED):
@@ -252,34 +254,22 @@ def rollout_step(
 
 
 def sharded_logprobs(
-    compute: Callable[[PolicyBatch], tuple[torch.Tensor, torch.Tensor]], pb: PolicyBatch
+    compute: Callable[[PolicyBatch], tuple[torch.Tensor, torch.Tensor]], pb: PolicyBatch, pack_prompts: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`compute` (per-token values [N, T], e.g. log-probs and entropies) over the whole batch: each rank computes
-    a contiguous slice of rows with about 1/world of the tokens, and the ranks gather the slices (the updates
-    re-shard by mini-batch, and the metrics need every row). Rows are independent here (no normaliser), so any
-    split gives the same numbers."""
+    its token-balanced shard of rows (`PolicyBatch.shard_rows`, as the updates split), and the ranks gather them
+    (the updates re-shard by mini-batch, and the metrics need every row). Rows are independent here (no
+    normaliser), so any split gives the same numbers."""
     world = dist.world_size()
     if world == 1:
         return compute(pb)
-    lengths = [len(p) + len(r) for p, r in zip(pb.prompt_ids, pb.response_ids, strict=True)]
-    rows = list(token_balanced_slices(lengths, world)[dist.rank()])
+    rows = pb.shard_rows(dist.rank(), world, pack_prompts=pack_prompts)
     lp, ent = compute(pb.select(rows))
     a, b = torch.zeros_like(pb.loss_mask), torch.zeros_like(pb.loss_mask)
     for r, part_a, part_b in dist.all_gather((rows, lp, ent)):
         if r:
             a[r], b[r] = part_a, part_b
     return a, b
-
-
-def token_balanced_slices(lengths: Sequence[int], parts: int) -> list[range]:
-    """`parts` contiguous row ranges, cut where the running token count crosses k/parts of the total."""
-    total, bounds, run = sum(lengths), [0], 0
-    for i, n in enumerate(lengths):
-        run += n
-        while len(bounds) < parts and run * parts >= total * len(bounds):
-            bounds.append(i + 1)
-    bounds += [len(lengths)] * (parts + 1 - len(bounds))
-    return [range(bounds[k], bounds[k + 1]) for k in range(parts)]
 
 
 def _with_no_entropy(reference: ReferencePolicy) -> Callable[[PolicyBatch], tuple[torch.Tensor, torch.Tensor]]:
