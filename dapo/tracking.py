@@ -170,7 +170,8 @@ class Tracker:
             if recorded is not None:
                 run_id = recorded["run_id"]
                 log.info("resuming MLflow run %s recorded in %s", run_id, self.spool_dir / RUN_FILE)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        with self._store_lock():  # the client creates (or migrates) an SQLite store's tables at once
+            self.client = MlflowClient(tracking_uri=self.uri)
         # per metric key, the highest step the run holds; None until learned (a resumed run asks the store)
         self._floor: dict[str, int] | None
         if run_id is None:
