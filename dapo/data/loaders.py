@@ -267,7 +267,7 @@ def load_problems_with_stats(
     rows = list(iter_rows(source, split))
     if not rows:
         raise DataError(
-            f"{source}: no rows. An empty {split} set cannot be trained or evaluated on: point data.train / "
+            f"{source}: no rows. An empty data set cannot be trained or evaluated on: point data.train / "
             "data.eval at a file with problems (one JSON object per line, or a parquet table)."
         )
     problems = [row_to_problem(row, where, f"{stem}-{i}") for i, (where, row) in enumerate(rows)]

@@ -106,10 +106,11 @@ def check_data(cfg: RunConfig, tokenizer: Any = None) -> None:
 
         tokenizer = AutoTokenizer.from_pretrained(_tokenizer_path(cfg))
     limit = cfg.data.max_prompt_length
-    for split in ("train", "eval"):
-        source = _source(cfg, split)
-        problems, stats = load_problems_with_stats(source)
-        kept, ids, dropped = tokenize_problems(
+    loaded = {
+        split: (_source(cfg, split), *load_problems_with_stats(_source(cfg, split))) for split in ("train", "eval")
+    }
+    for split, (source, problems, stats) in loaded.items():  # every file readable first, then lengths
+        kept, _, dropped = tokenize_problems(
             problems, tokenizer, use_chat_template=cfg.data.use_chat_template, max_prompt_length=limit
         )
         if not dropped:
