@@ -87,8 +87,7 @@ def check_tracking_store(uri: str, *, cluster: bool, mounts: str | None = None) 
     if not (cluster and uri.startswith("sqlite:///")):
         return []
     db = Path(uri.removeprefix("sqlite:///"))
-    folder = next((p for p in [db, *db.parents] if p.exists()), Path("/"))
-    kind = filesystem_type(folder, mounts)
+    kind = filesystem_type(db, mounts)
     if kind in NETWORK_FS:
         raise TrackingStoreError(
             f"MLflow would write to the SQLite file {db} on a {kind} file system, from jobs on many nodes at once: "
