@@ -429,6 +429,12 @@ class Tracker:
                 self.client.log_batch(
                     self.run_id, metrics=[Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in fresh]
                 )
+            if len(fresh) < len(recs):
+                log.info(
+                    "%d point(s) at steps run %s already holds were not written again",
+                    len(recs) - len(fresh),
+                    self.run_id,
+                )
             self.dropped_points += len(recs) - len(fresh)
             self._floor = marks
         elif kind == "param":

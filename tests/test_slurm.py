@@ -4,8 +4,9 @@ job script (requeue, same job id) and a failed row that is not submitted again. 
 except in CI (CI=true), where they must run.
 
 Each test runs `snakemake --profile slurm` on one row of the tiny preset cut to seconds a step (HF engine, a
-20-step tiny world). A requeued SLURM job is held about two minutes before it may start again (its begin time);
-the tests release it at once (`scontrol update StartTime=now`) to keep CI short.
+20-step tiny world). A requeued SLURM job is held about two minutes before it may start again (its begin time,
+while the old job credential expires: a job started earlier is killed with "Job credential revoked"), so each
+requeue costs these tests two minutes.
 """
 
 from __future__ import annotations
@@ -67,14 +68,14 @@ def world(tmp_path_factory) -> Path:
 class Workflow:
     """`snakemake --profile slurm <row>` in the background, with what it printed and the run it drives."""
 
-    def __init__(self, tmp: Path, world: Path, overrides: list[str], *config: str) -> None:
+    def __init__(self, tmp: Path, world: Path, overrides: list[str], *config: str, **env_extra: str) -> None:
         self.results = tmp / "results"
         self.out = tmp / "snakemake.log"
         self.run_dir = self.results / "tiny" / "runs" / "00_naive_grpo" / "s0"
         self.uri = f"sqlite:///{self.results / 'tiny' / 'mlflow.db'}"
         cmd = [SNAKEMAKE, "--profile", "slurm", "row_00_naive_grpo", "--config", f"results={self.results}"]
         cmd += [f"tiny_world={world}", f"overrides={json.dumps([*SMALL, *overrides])}", *config]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu", **env_extra}  # jobs inherit it
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.out.open("w"), stderr=subprocess.STDOUT, env=env)
 
     def text(self) -> str:
@@ -90,22 +91,15 @@ class Workflow:
             found = what()
             if found:
                 return found
+            assert self.proc.poll() is None or what(), (
+                f"snakemake ended first\n{self.text()[-3000:]}\n{self.train_log()[-3000:]}"
+            )
             assert time.monotonic() < deadline, f"timed out\n{self.text()[-3000:]}\n{self.train_log()[-3000:]}"
             time.sleep(poll)
 
     def job_id(self) -> str:
         pattern = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: [^)]*rule_train")
         return self.until(lambda: (m := pattern.search(self.text())) and m.group(1))
-
-    def release_when_requeued(self, job: str) -> None:
-        """Skip SLURM's hold of a requeued job (its begin time, ~2 minutes ahead)."""
-
-        def held() -> bool:
-            r = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True)
-            return "BeginTime" in r.stdout
-
-        self.until(held, poll=0.5)
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
 
     def wait(self, timeout: float = 1200) -> int:
         try:
@@ -151,7 +145,6 @@ def test_a_two_rank_row_trains_on_both_and_a_preemption_signal_stops_both_at_one
     job = wf.job_id()
     wf.until(lambda: "step 2/8" in wf.train_log())
     subprocess.run(["scancel", "--signal=USR1", job], check=True)  # what --signal=USR1@T does at T
-    wf.release_when_requeued(job)
     assert wf.wait() == 0, wf.text()[-4000:]
 
     log = wf.train_log()
@@ -177,8 +170,9 @@ def test_a_two_rank_row_trains_on_both_and_a_preemption_signal_stops_both_at_one
 
 
 def test_a_one_task_row_stops_before_its_time_limit_and_at_a_signal_then_gives_up(world, tmp_path):
-    """A 2-minute job with a 50-second margin: the trainer reads the job's end time and stops in time (not at
-    the kill), the job requeues itself and resumes; a second stop (here a preemption signal) after max_resubmits=1
+    """A 3-minute job with a 40-second margin: the trainer knows the job's end (squeue) and stops in time, at its
+    own deadline or at the profile's USR1 (whichever comes first: SLURM may send it up to a minute early), never at
+    the kill; the job requeues itself and resumes there. A second stop (a preemption signal) after max_resubmits=1
     ends the row for this invocation, without a new submission."""
     wf = Workflow(
         tmp_path,
@@ -186,24 +180,25 @@ def test_a_one_task_row_stops_before_its_time_limit_and_at_a_signal_then_gives_u
         [
             "trainer.total_steps=10000",
             "trainer.checkpoint_every=0",
-            "trainer.stop_margin_s=50",
-            "resources.train.runtime_min=2",
+            "trainer.stop_margin_s=40",
+            "resources.train.runtime_min=3",
         ],
         "max_resubmits=1",
     )
     job = wf.job_id()
-    wf.release_when_requeued(job)
     wf.until(lambda: "resumed from" in wf.train_log())
     wf.until(lambda: re.search(r"step \d+/10000", wf.train_log().split("resumed from")[-1]))
     subprocess.run(["scancel", "--signal=USR1", job], check=True)
     assert wf.wait() != 0
 
-    log = wf.train_log()
-    assert "left before the job's time limit" in log
-    first = int(re.search(r"stopped by signal at rollout step (\d+)", log).group(1))
-    assert first >= 1 and f"at rollout step {first} " in log.split("resumed from")[1]
-    assert "received SIGUSR1" in log.split("resumed from")[1]  # a one-task job's trainer gets the signal too
+    first, second = wf.train_log().split("resumed from")
+    assert re.search(r"the job ends at .* \(in \d+ s\)", first)  # read from SLURM inside the job
+    assert "left before the job's time limit" in first or "received SIGUSR1" in first
+    stopped = int(re.search(r"stopped by signal at rollout step (\d+)", first).group(1))
+    assert stopped >= 1 and f"at rollout step {stopped} " in second
+    assert "received SIGUSR1" in second  # a one-task job's trainer gets the signal (it runs in its own step)
     assert [(a["code"], a["verdict"]) for a in wf.attempts()] == [(75, "resume"), (75, "resume")]
+    assert [r[3] for r in sacct(job) if r[0] == job][0] == "REQUEUED"  # not TIMEOUT: it stopped before the kill
     assert "already resubmitted 1 time(s)" in (wf.run_dir / "slurm" / f"{job}.log").read_text()
     assert len(re.findall(r"has been submitted with SLURM jobid \d+ \(log: [^)]*rule_train", wf.text())) == 1
     run, points = one_run(wf.uri)
@@ -212,11 +207,19 @@ def test_a_one_task_row_stops_before_its_time_limit_and_at_a_signal_then_gives_u
 
 
 def test_a_row_that_fails_for_good_is_not_submitted_again(world, tmp_path):
-    wf = Workflow(tmp_path, world, ["trainer.total_steps=2", "data.max_prompt_length=5"], "max_resubmits=5")
+    """Non-finite losses from step 1 on (a test hook): the trainer fails (exit 1) keeping its checkpoint; the row
+    fails once, with its log, and no job is submitted for it again."""
+    wf = Workflow(
+        tmp_path,
+        world,
+        ["trainer.total_steps=3", "trainer.max_consecutive_nonfinite=1"],
+        "max_resubmits=5",
+        DAPO_TEST_POISON_STEP="1",
+    )
     assert wf.wait() != 0
-    assert (wf.run_dir / "FAILED").read_text().strip() == "2"
+    assert (wf.run_dir / "FAILED").read_text().strip() == "1"
     assert [a["verdict"] for a in wf.attempts()] == ["failed"]
     assert len(re.findall(r"has been submitted with SLURM jobid \d+ \(log: [^)]*rule_train", wf.text())) == 1
-    assert "data.max_prompt_length = 5" in wf.train_log() and "Traceback" not in wf.train_log()
+    assert "non-finite updates in a row" in wf.train_log()
     (slurm_log,) = (wf.run_dir / "slurm").glob("*.log")  # the job's own SLURM log, kept beside the run's
-    assert "dapo train failed (exit 2)" in slurm_log.read_text()
+    assert "dapo train failed (exit 1)" in slurm_log.read_text()

@@ -222,6 +222,7 @@ def test_a_one_task_train_job_still_runs_in_the_batch_step(tmp_path):
         and "slurm_extra=--signal=USR1@60 --open-mode=append" in train
     )
     assert "--nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=1" in train
+    assert " env dapo train " in train  # outside SLURM: one process (an empty launcher word would be lost)
 
 
 def test_an_unreachable_tracking_server_stops_the_workflow_before_any_job(tmp_path):

@@ -130,6 +130,14 @@ class Deadline:
         self.margin_s = margin_s
         self.clock = clock
         self.longest_step_s = 0.0
+        if end_time is not None:
+            log.info(
+                "the job ends at %s (in %.0f s): stopping for resume when a step would end within "
+                "trainer.stop_margin_s=%.0f s of it",
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(end_time)),
+                end_time - clock(),
+                margin_s,
+            )
 
     def should_stop(self, last_step_s: float) -> bool:
         if self.end_time is None:

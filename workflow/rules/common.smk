@@ -161,11 +161,12 @@ def train_priority(row, seed):
 
 
 def local_launcher(kind):
-    """How a job starts its ranks outside SLURM: one process, or torchrun on this machine. A multi-node layout
-    has no local form: `dapo train` then refuses to start, naming resources.train."""
+    """How a job starts its ranks outside SLURM: one process (`env`, never an empty word: Snakemake drops those
+    from a shell command), or torchrun on this machine. A multi-node layout has no local form: `dapo train` then
+    refuses to start, naming resources.train."""
     r = getattr(BASE.resources, kind)
     if r.world_size == 1 or r.nodes > 1:
-        return ""
+        return "env"
     return f"torchrun --standalone --nproc-per-node={r.ranks_per_node}"
 
 
