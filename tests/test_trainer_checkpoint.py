@@ -126,16 +126,40 @@ def _refill_state():
     }
 
 
-def test_rng_and_refill_round_trip_through_json_and_safetensors(tmp_path):
+def _partial_step():
+    """What the loop hands the checkpoint when a stop comes before an update: the collected groups, the batch with
+    its old log-probs (tensors), the updates done and their metrics."""
+    from dapo.algos.dynamic_sampling import RefillStats
+    from dapo.trainer.collect import Collected
+    from dapo.trainer.rollout_batch import RolloutBatch
+    from dapo.trainer.step import PartialStep
+
+    groups = _refill_state()["acc"].state_dict()["kept"]
+    batch = RolloutBatch(
+        prompt_ids=[[1, 2], [1, 2]],
+        response_ids=[[3, 4], [5]],
+        group_ids=torch.tensor([0, 0]),
+        advantages=torch.tensor([0.7, -0.7]),
+        truncated=torch.tensor([False, True]),
+        response_mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
+        loss_mask=torch.tensor([[1.0, 1.0], [0.0, 0.0]]),
+        old_logprobs=torch.tensor([[-0.5, -0.25], [-1.0, 0.0]]),
+    )
+    collected = Collected(groups, RefillStats(gen_batches=1, groups_kept=1), [[True, False]], [[1.0, -1.5]])
+    return PartialStep(collected=collected, batch=batch, updates_done=1, update_stats=[{"actor/pg_loss": 0.25}])
+
+
+def test_rng_and_a_part_done_step_round_trip_through_json_and_safetensors(tmp_path):
     random.seed(3), np.random.seed(3), torch.manual_seed(3)
-    refill = _refill_state()
-    path = _save(tmp_path, 1, refill=refill)
+    partial = _partial_step()
+    path = _save(tmp_path, 1, refill=partial)
     assert {p.name for p in path.iterdir()} == {
         "learner",
         "trainer_state.json",
         "rng.json",
         "rng.safetensors",
-        "refill.json",
+        "partial.json",
+        "partial.safetensors",
         "COMPLETE",
     }
     expect = (random.random(), np.random.rand(), torch.rand(1).item())
@@ -143,12 +167,25 @@ def test_rng_and_refill_round_trip_through_json_and_safetensors(tmp_path):
     _, rng, back = ck.load_checkpoint_state(path)
     ck.set_rng_state(rng)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expect
+    assert type(back) is type(partial) and back.updates_done == 1 and back.update_stats == partial.update_stats
+    assert back.collected == partial.collected and back.collected.groups[0].samples[0].logprobs == [-0.5, -0.25]
+    for f in ("group_ids", "advantages", "truncated", "response_mask", "loss_mask", "old_logprobs"):
+        a, b = getattr(back.batch, f), getattr(partial.batch, f)
+        assert a.dtype == b.dtype and torch.equal(a, b), f
+    assert back.batch.entropy is None and back.batch.response_ids == [[3, 4], [5]]
+
+
+def test_a_refill_cut_off_between_generation_batches_resumes_where_it_stopped(tmp_path):
+    from dapo.trainer.step import PartialStep
+
+    refill = _refill_state()
+    back = ck.load_checkpoint_state(_save(tmp_path, 1, refill=PartialStep(refill=refill)))[2].refill
     acc, kept = back["acc"], back["acc"].state_dict()["kept"]
     assert acc.stats == refill["acc"].stats and kept == refill["acc"].state_dict()["kept"]
-    assert kept[0].samples[0].logprobs == [-0.5, -0.25] and kept[0].problem.answer == "0"
-    assert back["all_rewards"] == [[1.0, -1.5]] and back["timings"] == {"generate": 0.5}
-    # the restored accumulator goes on where the stopped one was
-    acc.add(kept, [True], tokens_generated=1)
+    assert (
+        kept[0].problem.answer == "0" and back["all_rewards"] == [[1.0, -1.5]] and back["timings"] == {"generate": 0.5}
+    )
+    acc.add(kept, [True], tokens_generated=1)  # the restored accumulator goes on where the stopped one was
     assert acc.stats.gen_batches == 2 and acc.stats.groups_kept == 2
 
 
@@ -161,18 +198,19 @@ def test_a_refill_state_with_an_unknown_type_is_refused_at_save(tmp_path):
 def _as_legacy(path, refill):
     """Rewrite a checkpoint in the format before this one: rng.pt and refill.pt, pickled with torch.save."""
     _, rng, _ = ck.load_checkpoint_state(path)
-    for f in ("rng.json", "rng.safetensors", "refill.json"):
+    for f in ("rng.json", "rng.safetensors", "partial.json", "partial.safetensors"):
         (path / f).unlink(missing_ok=True)
     torch.save(rng, path / "rng.pt")
     torch.save(refill, path / "refill.pt")
 
 
 def test_old_pickled_checkpoints_still_load_weights_only(tmp_path):
-    refill = _refill_state()
+    partial = _partial_step()
     path = _save(tmp_path, 2)
-    _as_legacy(path, refill)
+    _as_legacy(path, partial)
     state, rng, back = ck.load_checkpoint_state(path)
-    assert state == {"step": 2} and "numpy" in rng and back["acc"].stats == refill["acc"].stats
+    assert state == {"step": 2} and "numpy" in rng and back.collected == partial.collected
+    assert torch.equal(back.batch.old_logprobs, partial.batch.old_logprobs)
 
 
 class _Payload:

@@ -8,7 +8,8 @@ Layout of `<run-dir>/checkpoints/`:
         trainer_state.json  counters, data-order position, MLflow run id, the config hash
         rng.json            python and numpy RNG states
         rng.safetensors     torch (and CUDA) RNG states
-        refill.json         (only when stopped in the middle of a dynamic-sampling refill) the groups kept so far
+        partial.json        (only when stopped in the middle of a rollout step) what the step had done: the refill
+        partial.safetensors   so far, or the collected groups, the batch and its old log-probs, the updates done
         COMPLETE            written last, before the rename
     step_000012.1/          a second checkpoint at the same step count (e.g. a stop mid-refill after a
                             periodic checkpoint); later suffixes win
@@ -16,11 +17,12 @@ Layout of `<run-dir>/checkpoints/`:
 A folder is a checkpoint only if its name parses and it holds COMPLETE; `.tmp-*` folders (a crash while
 writing) are ignored and swept on the next save. Pruning keeps the newest `keep` checkpoints.
 
-Nothing here executes code from a checkpoint folder: our own files are JSON and safetensors, the refill state
-goes through an explicit codec with a fixed list of types, and the learner's DeepSpeed files are read with
-`torch.load(weights_only=True)` and three allowlisted DeepSpeed classes (`load_learner`). Checkpoints written
-before this format (`rng.pt`, `refill.pt`) load the same way. A file that needs anything else is refused with
-`CheckpointError`; `DAPO_TRUST_CHECKPOINTS=1` loads a checkpoint you wrote yourself with full unpickling.
+Nothing here executes code from a checkpoint folder: our own files are JSON and safetensors, a part-done step goes
+through an explicit codec that knows only `step.PARTIAL_STEP_TYPES` (tensors go to safetensors), and the learner's
+DeepSpeed files are read with `torch.load(weights_only=True)` and three allowlisted DeepSpeed classes
+(`load_learner`). Checkpoints written before this format (`rng.pt`, `refill.pt`) load the same way. A file that
+needs anything else is refused with `CheckpointError`; `DAPO_TRUST_CHECKPOINTS=1` loads a checkpoint you wrote
+yourself with full unpickling.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.json"
 RNG_TENSORS = "rng.safetensors"
-REFILL_FILE = "refill.json"
+PARTIAL_FILE = "partial.json"
+PARTIAL_TENSORS = "partial.safetensors"
 LEGACY_RNG_FILE = "rng.pt"
 LEGACY_REFILL_FILE = "refill.pt"
 LEARNER_DIR = "learner"
@@ -158,51 +161,56 @@ def _load_rng(folder: Path) -> dict[str, Any]:
     return state
 
 
-# ------------------------------------------------------------------------------------- refill codec
-def _codecs() -> dict[str, tuple[type, Callable[[Any], Any], Callable[[Any], Any]]]:
-    """The only types a refill state may hold besides JSON values: name -> (type, to fields, from fields)."""
-    from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats
-    from dapo.trainer.collect import Group
-    from dapo.types import Problem, Sample
+# ------------------------------------------------------------------------------------ part-done step codec
+def _codec_types() -> dict[str, type]:
+    """The only types a part-done step may hold besides JSON values and tensors."""
+    from dapo.trainer.step import PARTIAL_STEP_TYPES
 
-    def fields(obj: Any) -> dict[str, Any]:
-        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-
-    plain = {cls.__name__: (cls, fields, lambda d, cls=cls: cls(**d)) for cls in (RefillStats, Group, Sample, Problem)}
-    acc = (RefillAccumulator, RefillAccumulator.state_dict, RefillAccumulator.from_state_dict)
-    return {**plain, "RefillAccumulator": acc}
+    return {t.__name__: t for t in PARTIAL_STEP_TYPES}
 
 
-def encode_refill(obj: Any) -> Any:
-    """A refill state as JSON values: dataclasses and the accumulator become {"__type__": name, "fields": ...}."""
+def encode_partial(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """A part-done step as JSON values: each tensor goes into `tensors` (saved as safetensors) and is named in its
+    place; an allowed type becomes {"__type__": name, "fields": ...} (its dataclass fields, or its `state_dict()`)."""
     if obj is None or isinstance(obj, bool | int | float | str):
         return obj
+    if isinstance(obj, torch.Tensor):
+        name = f"t{len(tensors)}"
+        tensors[name] = obj.detach().cpu().clone()  # a copy: safetensors refuses tensors that share memory
+        return {"__tensor__": name}
     if isinstance(obj, list | tuple):
-        return [encode_refill(x) for x in obj]
+        return [encode_partial(x, tensors) for x in obj]
     if isinstance(obj, dict):
-        if not all(isinstance(k, str) for k in obj) or "__type__" in obj:
-            raise TypeError(f"a refill state's dict keys must be strings (not __type__): {list(obj)[:5]}")
-        return {k: encode_refill(v) for k, v in obj.items()}
-    for name, (cls, to_fields, _) in _codecs().items():
-        if type(obj) is cls:
-            return {"__type__": name, "fields": encode_refill(to_fields(obj))}
+        if not all(isinstance(k, str) for k in obj) or {"__type__", "__tensor__"} & set(obj):
+            raise TypeError(f"a checkpoint's dict keys must be strings (not __type__/__tensor__): {list(obj)[:5]}")
+        return {k: encode_partial(v, tensors) for k, v in obj.items()}
+    cls = _codec_types().get(type(obj).__name__)
+    if cls is type(obj):
+        if hasattr(cls, "from_state_dict"):
+            fields = obj.state_dict()
+        else:
+            fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        return {"__type__": cls.__name__, "fields": encode_partial(fields, tensors)}
     raise TypeError(
         f"cannot store a {type(obj).__module__}.{type(obj).__qualname__} in a checkpoint: add it to "
-        "dapo.trainer.checkpoint._codecs (JSON values and the types listed there only)"
+        "dapo.trainer.step.PARTIAL_STEP_TYPES (JSON values, tensors and the types listed there only)"
     )
 
 
-def decode_refill(doc: Any) -> Any:
+def decode_partial(doc: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(doc, list):
-        return [decode_refill(x) for x in doc]
-    if isinstance(doc, dict):
-        if "__type__" in doc:
-            codec = _codecs().get(doc["__type__"])
-            if codec is None:
-                raise CheckpointError(f"refill state names an unknown type {doc['__type__']!r}")
-            return codec[2](decode_refill(doc["fields"]))
-        return {k: decode_refill(v) for k, v in doc.items()}
-    return doc
+        return [decode_partial(x, tensors) for x in doc]
+    if not isinstance(doc, dict):
+        return doc
+    if "__tensor__" in doc:
+        return tensors[doc["__tensor__"]]
+    if "__type__" in doc:
+        cls = _codec_types().get(doc["__type__"])
+        if cls is None:
+            raise CheckpointError(f"a checkpoint's part-done step names an unknown type {doc['__type__']!r}")
+        fields = decode_partial(doc["fields"], tensors)
+        return cls.from_state_dict(fields) if hasattr(cls, "from_state_dict") else cls(**fields)
+    return {k: decode_partial(v, tensors) for k, v in doc.items()}
 
 
 # ------------------------------------------------------------------------------------------ save
@@ -223,7 +231,8 @@ def save_checkpoint(
         step: completed rollout steps.
         state: JSON-able trainer state (counters, data order, MLflow run id, ...).
         save_learner: writes the learner's model/optimizer/scheduler into the folder it is given.
-        refill: partial dynamic-sampling state (None at a step boundary), of the types `encode_refill` knows.
+        refill: what a step cut off by a stop had done (None at a step boundary), of the types `encode_partial`
+            knows.
         keep: how many complete checkpoints to keep (the new one included).
         rng: RNG states to store (default: the current ones).
     """
@@ -251,7 +260,11 @@ def save_checkpoint(
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
         _save_rng(rng if rng is not None else rng_state(), tmp)
         if refill is not None:
-            (tmp / REFILL_FILE).write_text(json.dumps(encode_refill(refill)))
+            from safetensors.torch import save_file
+
+            tensors: dict[str, torch.Tensor] = {}
+            (tmp / PARTIAL_FILE).write_text(json.dumps(encode_partial(refill, tensors)))
+            save_file(tensors, str(tmp / PARTIAL_TENSORS))
         (tmp / COMPLETE).write_text(final.name + "\n")
         _fsync_tree(tmp)
         kill_point("checkpoint.written")
@@ -284,8 +297,11 @@ def load_checkpoint_state(path: Path) -> tuple[dict[str, Any], dict[str, Any], A
     else:
         rng = _legacy_load(path / LEGACY_RNG_FILE)
     refill = None
-    if (path / REFILL_FILE).is_file():
-        refill = decode_refill(json.loads((path / REFILL_FILE).read_text()))
+    if (path / PARTIAL_FILE).is_file():
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path / PARTIAL_TENSORS)) if (path / PARTIAL_TENSORS).is_file() else {}
+        refill = decode_partial(json.loads((path / PARTIAL_FILE).read_text()), tensors)
     elif (path / LEGACY_REFILL_FILE).is_file():
         refill = _legacy_load(path / LEGACY_REFILL_FILE)
     return state, rng, refill
@@ -298,11 +314,7 @@ def _numpy_globals() -> list[Any]:
 
 def _legacy_load(path: Path) -> Any:
     """A pre-JSON checkpoint file (rng.pt / refill.pt): weights-only unpickling with our own types allowed."""
-    from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats
-    from dapo.trainer.collect import Group
-    from dapo.types import Problem, Sample
-
-    allowed = [*_numpy_globals(), RefillAccumulator, RefillStats, Group, Sample, Problem]
+    allowed = [*_numpy_globals(), *_codec_types().values()]
     try:
         with torch.serialization.safe_globals(allowed):
             return torch.load(path, weights_only=True)
