@@ -211,7 +211,8 @@ class TrainerConfig(_Section):
         ge=0,
         description="In a SLURM job: stop (checkpoint, exit 75, resubmitted) when the next rollout "
         "step would end within this many seconds of the job's time limit; the workflow also asks SLURM for "
-        "the preemption signal this long before the limit (--signal=USR1@<margin>). Must cover a checkpoint write.",
+        "the preemption signal this long before the limit (--signal=USR1@<margin>). Must cover the longest phase "
+        "a stop cannot cut plus a checkpoint write (docs/distributed.md).",
     )
     logprob_chunk_size: int = Field(
         256,

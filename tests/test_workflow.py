@@ -179,7 +179,7 @@ def test_paper_plan_dry_run_with_the_slurm_profile(tmp_path):
     train = next(b for b in r.stdout.split("\nrule ") if b.startswith("train:"))
     for want in ("nodes=16", "gres=gpu:h100:8", "tasks_per_node=8", "mpi=srun", "mem_mb=460000", "tasks_per_gpu=0"):
         assert want in train, want
-    assert "slurm_extra=--signal=USR1@900 --open-mode=append" in train and "B:" not in train
+    assert "slurm_extra=--signal=USR1@1800 --open-mode=append" in train and "B:" not in train
     assert (
         "--nodes=16 --ntasks=128 --ntasks-per-node=8 --gpus-per-node=8 --cpus-per-task=12 --kill-on-bad-exit=1" in train
     )
