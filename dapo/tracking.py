@@ -174,6 +174,7 @@ class Tracker:
             self.client = MlflowClient(tracking_uri=self.uri)
         # per metric key, the highest step the run holds; None until learned (a resumed run asks the store)
         self._floor: dict[str, int] | None
+        self.experiment_id: str | None = None  # known once the store answered
         if run_id is None:
             self.run_id: str = self._create(experiment, run_name, start_timeout_s)
             self._floor = {}
@@ -214,6 +215,7 @@ class Tracker:
                 with self._store_lock():
                     exp = self.client.get_experiment_by_name(experiment)
                     exp_id = exp.experiment_id if exp is not None else self._create_experiment(experiment)
+                    self.experiment_id = exp_id
                     return self.client.create_run(exp_id, run_name=run_name).info.run_id
             except Exception as e:
                 if _is_rejection(e) or time.monotonic() >= deadline:
@@ -241,7 +243,7 @@ class Tracker:
         """A resumed run must exist in this store; an unreachable store is fine (spool mode)."""
         try:
             with self._store_lock():
-                self.client.get_run(self.run_id)
+                self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
         except Exception as e:
             if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
                 raise RuntimeError(

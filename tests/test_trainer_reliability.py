@@ -133,12 +133,12 @@ def reference(world, tmp_path_factory):
 
 # A chain of kills through one run, one at each kind of boundary (the n-th pass counts within one process):
 KILLS = [
-    "tracking.before_log:1",  # the first eval's points are about to be written; no checkpoint yet
+    "tracking.before_log:1",  # the first evaluation's points are about to be written; no checkpoint yet
     "tracking.after_log:2",  # step 1's points are in MLflow, its checkpoint is not: step 1 is recomputed
     "checkpoint.written:1",  # checkpoint 1 complete but not renamed: a restart from scratch again
     "checkpoint.published:2",  # checkpoint 2 published, 1 not yet pruned
-    "checkpoint.pruned:1",  # after step 3's checkpoint and pruning, before the final evaluation
-    "tracking.after_log:1",  # the final evaluation's points are in MLflow, DONE.json is not written
+    "tracking.after_log:2",  # (resumed at step 2) step 3's and the final evaluation's points logged, no checkpoint
+    "checkpoint.pruned:1",  # step 3's checkpoint published and the old one pruned, DONE.json not written
 ]
 
 
