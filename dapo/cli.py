@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("dapo.report.cli", "Regenerate Table 1 and the paper's figures from an MLflow experiment."),
     "compare": ("dapo.report.compare", "Two rows side by side: eval curves and mechanism statistics, from MLflow."),
     "config": ("dapo.config_cli", "Show the resolved config, or every key with its default and meaning."),
+    "status": ("dapo.status", "Each run's state, SLURM jobs and attempts; deliver MLflow records still spooled."),
 }
 
 
@@ -56,10 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     if args._module is None:
         parser.error(f"`{args.command}` is not available in this build")
     from dapo.config import ConfigError
+    from dapo.data.loaders import DataError
 
     try:
         return int(args._module.run(args) or 0)
-    except ConfigError as e:
+    except (ConfigError, DataError) as e:
+        # the user's input is wrong: the message says where and how to fix it; a traceback would bury it
         print(f"dapo {args.command}: {e}", file=sys.stderr)
         return 2
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRESETS_DIR = REPO_ROOT / "configs" / "presets"
@@ -222,6 +222,14 @@ class TrainerConfig(_Section):
         "generation at 20K-token responses), or rank 0 building the tiny world. A rank that raises ends the "
         "others at once, whatever this is (docs/distributed.md).",
     )
+    stop_margin_s: float = Field(
+        600,
+        ge=0,
+        description="In a SLURM job: stop (checkpoint, exit 75, resubmitted) when the next rollout "
+        "step would end within this many seconds of the job's time limit; the workflow also asks SLURM for "
+        "the preemption signal this long before the limit (--signal=USR1@<margin>). Must cover the longest phase "
+        "a stop cannot cut plus a checkpoint write (docs/distributed.md).",
+    )
     logprob_chunk_size: int = Field(
         256,
         gt=0,
@@ -256,30 +264,60 @@ class TrackingConfig(_Section):
     row: str = Field("custom", description="Ablation row tag, e.g. 00_naive_grpo.")
     preset: str = Field("custom", description="Scale preset tag.")
     run_name: str | None = Field(None, description="Default `<row>-s<seed>`.")
+    start_timeout_s: float = Field(
+        120,
+        ge=0,
+        description="A new run needs the tracking server: retry this long, then stop with exit 75 (resume "
+        "me) and the URI. A resumed run never waits: it spools until the server is back.",
+    )
+    finish_timeout_s: float = Field(
+        120,
+        ge=0,
+        description="At the end of a run, retry delivering spooled points this long; what is still "
+        "undelivered stays in the run's mlflow_spool/ (replayed by the next dapo train/eval/report/status).",
+    )
 
 
 # ------------------------------------------------------------------------------------------- resources
 class JobResources(_Section):
-    """What one job asks of SLURM. The training job starts one process per GPU across its nodes (srun)."""
+    """What one job asks of SLURM. The training job starts one process (rank) per GPU across its nodes (srun), or
+    `tasks_per_node` processes per node on CPU nodes."""
 
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(0, ge=0, description="0: a CPU job (the tiny world).")
-    gpu_model: str | None = Field(None, description="e.g. h100; becomes --gpus=<model>:<count>.")
+    gpu_model: str | None = Field(None, description="e.g. h100; becomes --gres=gpu:<model>:<gpus_per_node>.")
+    tasks_per_node: int | None = Field(
+        None, ge=1, description="Processes (ranks) per node. null: one per GPU, or 1 on a CPU node."
+    )
     cpus_per_task: int = Field(2, ge=1)
-    mem_mb: int = Field(8000, gt=0, description="Memory per node.")
+    mem_mb: int = Field(8000, gt=0, description="Memory per node (MB).")
     runtime_min: int = Field(60, gt=0, description="SLURM time limit; a job cut off resumes from its checkpoint.")
+
+    @model_validator(mode="after")
+    def _one_rank_per_gpu(self) -> JobResources:
+        if self.gpus_per_node and self.tasks_per_node not in (None, self.gpus_per_node):
+            raise ValueError(
+                f"tasks_per_node ({self.tasks_per_node}) != gpus_per_node ({self.gpus_per_node}): the trainer "
+                "runs one rank per GPU; leave tasks_per_node unset on GPU nodes"
+            )
+        return self
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tasks_per_node or self.gpus_per_node or 1
 
     @property
     def world_size(self) -> int:
-        return self.nodes * max(1, self.gpus_per_node)
+        return self.nodes * self.ranks_per_node
 
 
 class ResourcesConfig(_Section):
-    """Read by the Snakemake workflow (scale lives in the preset); does not change the computation."""
+    """Read by the Snakemake workflow (scale lives in the preset); does not change the computation. The trainer
+    evaluates inside its own job (no separate eval job), and refuses to start with a world size other than
+    `train`'s."""
 
     prepare: JobResources = Field(default_factory=JobResources)
     train: JobResources = Field(default_factory=JobResources)
-    eval: JobResources = Field(default_factory=JobResources)
 
 
 class RunConfig(_Section):
@@ -292,6 +330,7 @@ class RunConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    _origin: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
@@ -356,6 +395,10 @@ class RunConfig(_Section):
 
     def run_name(self) -> str:
         return self.tracking.run_name or f"{self.tracking.row}-s{self.trainer.seed}"
+
+    def source_of(self, key: str) -> str:
+        """Where a dotted key's value came from: a file path, "command line", or "defaults" (for error messages)."""
+        return self._origin.get(key) or _origin_prefix(key, self._origin) or "defaults"
 
 
 # ----------------------------------------------------------------------------------------- loading
@@ -456,7 +499,9 @@ def load_config(
     layers += [("command line", parse_override(o)) for o in overrides]
     for source, data in layers:
         merged = _merge(merged, data, origin, source)
-    return validate(merged, origin)
+    cfg = validate(merged, origin)
+    cfg._origin = origin
+    return cfg
 
 
 def validate(data: dict[str, Any], origin: dict[str, str] | None = None) -> RunConfig:

@@ -1,20 +1,31 @@
-"""MLflow tracking that training can rely on: a run is created (or resumed by id) once, and every metric point
-logged afterwards reaches the store exactly once, even when the tracking server goes away for a while.
+"""MLflow tracking that training can rely on: one run per training run, whatever kills it, and one point per
+(metric, step) in that run, even when the tracking server goes away for a while.
 
-How it stays resilient:
+How it holds:
 
-- MLflow's HTTP client retries for minutes by default; we lower its retry count and timeout (environment
-  variables it reads per request) so an unreachable server costs seconds, not minutes.
-- A point that cannot be written is appended to a spool file (JSONL, one record per point, in `spool_dir`) and
-  training goes on. The next successful write first replays the spool in order, then writes the new points.
-- Replays are idempotent: a point keeps the timestamp it was logged with, and MLflow's SQL store keys metric
-  rows by (key, timestamp, step, value), so a point sent twice (the server wrote it but the answer was lost)
-  is stored once. We also never resend a point the spool already marked as sent.
-- After a failure we do not try the server again for `retry_interval_s`, so a dead server is not polled on
-  every `log_metrics` call.
-
-Starting a run needs the server: if it is unreachable then, `Tracker(...)` raises (before any compute is
-spent), naming the URI.
+- **The run id is durable before anything is logged.** A Tracker with `record_run=True` writes `run.json`
+  (fsynced) into its spool folder right after creating the run; any later Tracker on that folder with no run
+  id resumes that run. A training run killed before its first checkpoint therefore restarts into the same
+  MLflow run, not a second one.
+- **One point per (metric, step).** A resumed run recomputes the steps after its last checkpoint, and some of
+  them may already be in the store. Before its first metric write, a resumed Tracker learns, per metric key,
+  the highest step the run already holds; it then drops every point at or below that step (the first attempt's
+  points stay) and raises the mark as it writes, so the spool of an earlier attempt and the points of this one
+  merge into one increasing series. A resumed training run is bit-identical (seeded per step), so nothing of
+  value is dropped. MLflow has no API to delete a single point, so this is done before writing.
+- **Outages lose nothing.** A record that cannot be written is appended to a spool file (JSONL, one record a
+  line, `<spool>/<run id>.jsonl`) and training goes on; the next successful write replays the spool in order
+  first. Replays are idempotent: a point keeps the timestamp it was logged with, and the SQL store keys metric
+  rows by (key, timestamp, step, value), so a point sent twice (written, but the answer was lost) is stored once.
+  MLflow's HTTP client retries for minutes by default; we lower its retries and timeout (environment variables
+  it reads per request) so a dead server costs seconds, and after a failure we wait `retry_interval_s` before
+  trying it again.
+- **Starting and finishing.** A new run needs the server: `start_timeout_s` of retries, then
+  `TrackingUnavailable` naming the URI. A resumed run never waits: it starts in spool mode. `finish()` retries
+  the spool for `finish_timeout_s`; the run's final status travels in the spool as its last record, so it is
+  set when the points land. What cannot be delivered stays in the spool with a `<run id>.undelivered` note
+  beside it, and `replay_pending` (called by `dapo train`, `dapo eval`, `dapo report --runs`, `dapo status`)
+  delivers it later.
 """
 
 from __future__ import annotations
@@ -24,8 +35,12 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dapo.killpoint import kill_point
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +51,10 @@ MAX_KEY_LENGTH = 250
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_TAGS_PER_BATCH = 100
 
+RUN_FILE = "run.json"  # the run this spool folder belongs to (training runs)
+UNDELIVERED = ".undelivered"  # beside a spool that `finish` could not deliver
+TERMINAL = ("FINISHED", "FAILED", "KILLED")
+
 # Fail fast when the server is away (MLflow's defaults retry with backoff for minutes).
 _HTTP_ENV = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
@@ -43,6 +62,10 @@ _HTTP_ENV = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
 }
+
+
+class TrackingUnavailable(RuntimeError):
+    """A new run could not be created because the tracking store did not answer."""
 
 
 def resolve_uri(uri: str | None, results_dir: str | Path = "results") -> str:
@@ -70,6 +93,32 @@ def _truncate(value: Any, limit: int) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
+def read_run_file(spool_dir: str | Path) -> dict[str, Any] | None:
+    """The run recorded in a spool folder (`run.json`), or None."""
+    path = Path(spool_dir) / RUN_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and data.get("run_id") else None
+
+
+def _write_durably(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Tracker:
     """One MLflow run.
 
@@ -77,12 +126,16 @@ class Tracker:
         uri: tracking URI (see `resolve_uri`); None resolves to the embedded default under ./results.
         experiment: experiment name, created when missing.
         run_name: display name of a new run (ignored when resuming).
-        run_id: resume this run (e.g. after preemption, or to log an eval into a training run).
+        run_id: resume this run (e.g. after preemption, or to log an eval into a training run). None: the run
+            recorded in `spool_dir/run.json` if there is one, else a new run.
         tags: tags set on the run at start.
-        spool_dir: where failed points wait for the server (default: ./results/mlflow_spool).
+        spool_dir: where unsent records wait for the server (default: ./results/mlflow_spool).
         retry_interval_s: after a failed write, how long to spool without trying the server.
         mark_running: when resuming, set the run's status back to RUNNING (a resumed training run); False
-            leaves it as it is (an eval logged into a finished run).
+            leaves it as it is (an eval logged into a finished run, a replay).
+        start_timeout_s: how long a new run retries an unreachable store before `TrackingUnavailable`.
+        finish_timeout_s: how long `finish` retries delivering the spool.
+        record_run: write the run id to `spool_dir/run.json` (durably) so later Trackers there resume it.
     """
 
     def __init__(
@@ -96,47 +149,85 @@ class Tracker:
         spool_dir: str | Path | None = None,
         retry_interval_s: float = 30.0,
         mark_running: bool = True,
+        start_timeout_s: float = 0.0,
+        finish_timeout_s: float = 0.0,
+        record_run: bool = False,
     ) -> None:
         for k, v in _HTTP_ENV.items():
             os.environ.setdefault(k, v)
         from mlflow.tracking import MlflowClient
 
         self.uri = resolve_uri(uri)
-        lock: Any = contextlib.nullcontext()
-        if self.uri.startswith("sqlite:///"):
-            db = Path(self.uri.removeprefix("sqlite:///"))
-            db.parent.mkdir(parents=True, exist_ok=True)
-            # Two runs starting at once on a fresh SQLite store both try to create its tables and one fails
-            # ("table ... already exists"): serialise store creation and run start across processes.
-            from filelock import FileLock
-
-            lock = FileLock(str(db) + ".lock", timeout=300)
+        self.experiment = experiment
         self.retry_interval_s = retry_interval_s
+        self.finish_timeout_s = finish_timeout_s
         self._next_try = 0.0
-        with lock:
+        self.dropped_points = 0  # points at or below a step the run already held (a resumed run's recompute)
+        self.spool_dir = Path(spool_dir) if spool_dir is not None else Path("results") / "mlflow_spool"
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        if run_id is None:
+            recorded = read_run_file(self.spool_dir)
+            if recorded is not None:
+                run_id = recorded["run_id"]
+                log.info("resuming MLflow run %s recorded in %s", run_id, self.spool_dir / RUN_FILE)
+        with self._store_lock():  # the client creates (or migrates) an SQLite store's tables at once
             self.client = MlflowClient(tracking_uri=self.uri)
-            run = self._start(experiment, run_name, run_id, mark_running)
-        self.run_id: str = run.info.run_id
-        self.experiment_id: str = run.info.experiment_id
-        spool_root = Path(spool_dir) if spool_dir is not None else Path("results") / "mlflow_spool"
-        spool_root.mkdir(parents=True, exist_ok=True)
-        self.spool_path = spool_root / f"{self.run_id}.jsonl"
+        # per metric key, the highest step the run holds; None until learned (a resumed run asks the store)
+        self._floor: dict[str, int] | None
+        self.experiment_id: str | None = None  # known once the store answered
+        if run_id is None:
+            self.run_id: str = self._create(experiment, run_name, start_timeout_s)
+            self._floor = {}
+        else:
+            self.run_id = run_id
+            self._floor = None
+            self._check_exists()
+        if record_run:
+            _write_durably(
+                self.spool_dir / RUN_FILE,
+                json.dumps({"run_id": self.run_id, "uri": self.uri, "experiment": experiment, "run_name": run_name}),
+            )
+        self.spool_path = self.spool_dir / f"{self.run_id}.jsonl"
+        if run_id is not None and mark_running:
+            self._submit([{"kind": "status", "status": "RUNNING"}])
         if tags:
             self.set_tags(tags)
 
-    def _start(self, experiment: str, run_name: str, run_id: str | None, mark_running: bool) -> Any:
-        try:
-            if run_id is None:
-                exp = self.client.get_experiment_by_name(experiment)
-                exp_id = exp.experiment_id if exp is not None else self._create_experiment(experiment)
-                run = self.client.create_run(exp_id, run_name=run_name)
-            else:
-                run = self.client.get_run(run_id)
-                if mark_running and run.info.status != "RUNNING":
-                    self.client.update_run(run_id, status="RUNNING")
-        except Exception as e:
-            raise RuntimeError(f"MLflow at {self.uri} could not start the run: {e}") from e
-        return run
+    # ---------------------------------------------------------------------------------------------- start
+    @contextlib.contextmanager
+    def _store_lock(self) -> Iterator[None]:
+        """Two runs starting at once on a fresh SQLite store both try to create its tables and one fails
+        ("table ... already exists"): serialise store creation and run start across processes."""
+        if not self.uri.startswith("sqlite:///"):
+            yield
+            return
+        from filelock import FileLock
+
+        db = Path(self.uri.removeprefix("sqlite:///"))
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(db) + ".lock", timeout=300):
+            yield
+
+    def _create(self, experiment: str, run_name: str | None, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with self._store_lock():
+                    exp = self.client.get_experiment_by_name(experiment)
+                    exp_id = exp.experiment_id if exp is not None else self._create_experiment(experiment)
+                    self.experiment_id = exp_id
+                    return self.client.create_run(exp_id, run_name=run_name).info.run_id
+            except Exception as e:
+                if _is_rejection(e) or time.monotonic() >= deadline:
+                    raise TrackingUnavailable(
+                        f"MLflow at {self.uri} could not start a run in experiment {experiment!r} "
+                        f"({type(e).__name__}: {_first_line(e)}). Nothing was trained. Start the tracking server "
+                        "(mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri ...) or point "
+                        "tracking.uri / MLFLOW_TRACKING_URI at one that answers; tracking.start_timeout_s "
+                        f"({timeout_s:g} s here) is how long a new run waits for it."
+                    ) from e
+                log.warning("MLflow at %s unreachable (%s); retrying the run's start", self.uri, type(e).__name__)
+                time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
 
     def _create_experiment(self, name: str) -> str:
         try:
@@ -147,6 +238,27 @@ class Tracker:
             if exp is None:
                 raise
             return exp.experiment_id
+
+    def _check_exists(self) -> None:
+        """A resumed run must exist in this store; an unreachable store is fine (spool mode)."""
+        try:
+            with self._store_lock():
+                self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
+        except Exception as e:
+            if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+                raise RuntimeError(
+                    f"MLflow run {self.run_id} does not exist at {self.uri}: the run directory was made with "
+                    "another tracking URI. Set tracking.uri to the store that holds it, or start a new run "
+                    "directory."
+                ) from e
+            log.warning(
+                "MLflow at %s unreachable at start (%s): resuming run %s in spool mode (%s)",
+                self.uri,
+                type(e).__name__,
+                self.run_id,
+                self.spool_dir,
+            )
+            self._next_try = time.monotonic() + self.retry_interval_s
 
     # ------------------------------------------------------------------------------------------ logging
     def log_params(self, params: dict[str, Any]) -> None:
@@ -166,7 +278,9 @@ class Tracker:
         self._submit(recs)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Log each metric at `step`, stamped now (ms). Non-numeric values are skipped with a warning."""
+        """Log each metric at `step`, stamped now (ms). Non-numeric values are skipped with a warning; a point at
+        or below a step the run already holds for that metric is dropped (see the module docstring)."""
+        kill_point("tracking.before_log")
         now = int(time.time() * 1000)
         recs = []
         for k, v in metrics.items():
@@ -177,6 +291,7 @@ class Tracker:
                 continue
             recs.append({"kind": "metric", "key": k, "value": value, "step": int(step), "timestamp": now})
         self._submit(recs)
+        kill_point("tracking.after_log")
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload a file or folder; spooled like a metric point when the store is away."""
@@ -188,18 +303,29 @@ class Tracker:
         self._submit([])
         return not self._spooled()
 
-    def finish(self, status: str | None = "FINISHED") -> None:
-        """Flush, then mark the run FINISHED / FAILED / KILLED (None: leave its status). Points still spooled
-        stay in the spool file (replayed by the next Tracker on this run id) and the run is left as it is."""
-        if not self.flush():
-            log.warning("MLflow unreachable at finish; %s keeps the unsent points", self.spool_path)
-            return
-        if status is None:
-            return
-        try:
-            self.client.set_terminated(self.run_id, status=status)
-        except Exception as e:
-            log.warning("could not mark run %s %s: %s", self.run_id, status, e)
+    def finish(self, status: str | None = "FINISHED") -> bool:
+        """Deliver everything (retrying for `finish_timeout_s`), then mark the run FINISHED / FAILED / KILLED
+        (None: leave its status). The status travels behind the points, so it is set only once they landed.
+        Returns True when delivered; otherwise the spool stays with a note beside it (see `replay_pending`)."""
+        if status is not None:
+            self._submit([{"kind": "status", "status": status}])
+        deadline = time.monotonic() + self.finish_timeout_s
+        while not self.flush():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                n = len(self._read_spool())
+                note = self.spool_path.with_suffix(UNDELIVERED)
+                note.write_text(
+                    f"{n} record(s) of MLflow run {self.run_id} could not be delivered to {self.uri} "
+                    f"(last try {time.strftime('%Y-%m-%d %H:%M:%S')}). They wait in {self.spool_path.name}; the next "
+                    "`dapo train` on this run directory, `dapo status --replay`, or `dapo report --runs` delivers "
+                    "them once the server answers.\n"
+                )
+                log.warning("MLflow unreachable at finish: %d record(s) kept in %s (see %s)", n, self.spool_path, note)
+                return False
+            time.sleep(min(5.0, left))
+        self.spool_path.with_suffix(UNDELIVERED).unlink(missing_ok=True)
+        return True
 
     # ---------------------------------------------------------------------------------------- internals
     def _spooled(self) -> bool:
@@ -210,7 +336,7 @@ class Tracker:
             self._append(recs)
             return
         if self._spooled() and not self._replay():
-            self._append(recs)  # keep order: nothing overtakes points that are still waiting
+            self._append(recs)  # keep order: nothing overtakes records that are still waiting
             return
         sent = self._send(recs)
         if sent < len(recs):
@@ -219,26 +345,43 @@ class Tracker:
     def _append(self, recs: list[dict[str, Any]]) -> None:
         if not recs:
             return
+        meta = self.spool_path.with_suffix(".meta.json")
+        if not meta.is_file():  # what a later replay needs to find the store
+            meta.write_text(json.dumps({"run_id": self.run_id, "uri": self.uri, "experiment": self.experiment}))
         with self.spool_path.open("a") as f:
-            for r in recs:
-                f.write(json.dumps(r) + "\n")
+            f.write("".join(json.dumps(r) + "\n" for r in recs))
+
+    def _read_spool(self) -> list[dict[str, Any]]:
+        if not self.spool_path.is_file():
+            return []
+        recs = []
+        for i, line in enumerate(self.spool_path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                recs.append(json.loads(line))
+            except json.JSONDecodeError:
+                # a kill in the middle of an append leaves a torn last line: that record never counted
+                log.warning("%s:%d: unreadable spool record skipped", self.spool_path, i)
+        return recs
 
     def _replay(self) -> bool:
         """Send the spool in order; keep whatever could not be sent. True when the spool is empty."""
-        lines = [ln for ln in self.spool_path.read_text().splitlines() if ln.strip()]
-        recs = [json.loads(ln) for ln in lines]
+        recs = self._read_spool()
         sent = self._send(recs)
+        kill_point("tracking.replayed")
         rest = recs[sent:]
         tmp = self.spool_path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rest))
         tmp.replace(self.spool_path)  # atomic: a crash mid-replay leaves the old or the new spool, never half
         if sent:
-            log.info("replayed %d spooled MLflow records", sent)
+            log.info("replayed %d spooled MLflow records of run %s", sent, self.run_id)
         return not rest
 
     def _send(self, recs: list[dict[str, Any]]) -> int:
-        """Write records in order, in batches of consecutive same-kind records. Returns how many were
-        written (a prefix of `recs`); on a connection failure, starts the retry interval."""
+        """Write records in order, in batches of consecutive same-kind records. Returns how many were consumed
+        (written, or dropped as already held: a prefix of `recs`); on a connection failure, starts the retry
+        interval."""
         i = 0
         while i < len(recs):
             j = i
@@ -246,14 +389,14 @@ class Tracker:
             limit = MAX_METRICS_PER_BATCH if kind == "metric" else MAX_PARAMS_TAGS_PER_BATCH
             while j < len(recs) and recs[j]["kind"] == kind and j - i < limit:
                 j += 1
-                if kind == "artifact":
+                if kind in ("artifact", "status"):
                     break
             try:
                 self._write(kind, recs[i:j])
             except Exception as e:
                 if _is_rejection(e):
                     # the store answered and refused (e.g. a changed param on resume): retrying cannot help
-                    log.warning("MLflow refused %d %s record(s): %s", j - i, kind, e)
+                    log.warning("MLflow refused %d %s record(s): %s", j - i, kind, _first_line(e))
                 else:
                     log.warning("MLflow unreachable (%s); spooling to %s", type(e).__name__, self.spool_path)
                     self._next_try = time.monotonic() + self.retry_interval_s
@@ -261,17 +404,51 @@ class Tracker:
             i = j
         return i
 
+    def _learn_floor(self) -> dict[str, int]:
+        """Per metric key, the highest step this run already holds in the store."""
+        if self._floor is None:
+            run = self.client.get_run(self.run_id)
+            floor = {}
+            for key in run.data.metrics:
+                steps = [m.step for m in self.client.get_metric_history(self.run_id, key)]
+                if steps:
+                    floor[key] = max(steps)
+            self._floor = floor
+        return self._floor
+
     def _write(self, kind: str, recs: list[dict[str, Any]]) -> None:
         from mlflow.entities import Metric, Param, RunTag
 
         if kind == "metric":
-            self.client.log_batch(
-                self.run_id, metrics=[Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in recs]
-            )
+            # in spool order: a point an earlier record (or the store) already covers is dropped
+            marks = dict(self._learn_floor())
+            fresh = []
+            for r in recs:
+                if r["key"] not in marks or r["step"] > marks[r["key"]]:
+                    fresh.append(r)
+                    marks[r["key"]] = r["step"]
+            if fresh:
+                self.client.log_batch(
+                    self.run_id, metrics=[Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in fresh]
+                )
+            if len(fresh) < len(recs):
+                log.info(
+                    "%d point(s) at steps run %s already holds were not written again",
+                    len(recs) - len(fresh),
+                    self.run_id,
+                )
+            self.dropped_points += len(recs) - len(fresh)
+            self._floor = marks
         elif kind == "param":
             self.client.log_batch(self.run_id, params=[Param(r["key"], r["value"]) for r in recs])
         elif kind == "tag":
             self.client.log_batch(self.run_id, tags=[RunTag(r["key"], r["value"]) for r in recs])
+        elif kind == "status":
+            for r in recs:
+                if r["status"] in TERMINAL:
+                    self.client.set_terminated(self.run_id, status=r["status"])
+                else:
+                    self.client.update_run(self.run_id, status=r["status"])
         elif kind == "artifact":
             for r in recs:
                 p = Path(r["path"])
@@ -294,3 +471,55 @@ def _is_rejection(e: Exception) -> bool:
         return False
     code = getattr(e, "error_code", "")
     return code in ("INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "BAD_REQUEST", "INVALID_STATE")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+# ------------------------------------------------------------------------------------------------ replay
+@dataclass(frozen=True)
+class SpoolState:
+    """One spool file found on disk and what a replay did with it."""
+
+    path: Path
+    run_id: str
+    uri: str
+    waiting: int  # records still waiting after the replay
+    delivered: int  # records delivered (or dropped as already held) by this replay
+
+
+def find_spools(root: str | Path) -> list[Path]:
+    """Non-empty spool files under `root` (a run directory, a results folder, or a spool folder itself)."""
+    root = Path(root)
+    if not root.exists():
+        return []
+    return sorted(p for p in root.rglob("*.jsonl") if p.with_suffix(".meta.json").is_file() and p.stat().st_size > 0)
+
+
+def replay_pending(root: str | Path, *, retry_interval_s: float = 30.0) -> list[SpoolState]:
+    """Deliver every spool under `root` into its own run (each spool knows its store), in order. A spool whose
+    store still does not answer stays, and is reported with what is waiting."""
+    out = []
+    for path in find_spools(root):
+        meta = json.loads(path.with_suffix(".meta.json").read_text())
+        before = sum(1 for ln in path.read_text().splitlines() if ln.strip())
+        try:
+            t = Tracker(
+                meta["uri"],
+                meta.get("experiment") or "",
+                run_id=meta["run_id"],
+                spool_dir=path.parent,
+                mark_running=False,
+                retry_interval_s=retry_interval_s,
+            )
+            ok = t.flush()
+            waiting = 0 if ok else len(t._read_spool())
+        except Exception as e:  # a run that no longer exists, a store that refuses: say so, keep the spool
+            log.warning("could not replay %s: %s", path, _first_line(e))
+            ok, waiting = False, before
+        if ok:
+            path.with_suffix(UNDELIVERED).unlink(missing_ok=True)
+        out.append(SpoolState(path, meta["run_id"], meta["uri"], waiting, before - waiting))
+    return out

@@ -169,7 +169,8 @@ def train_args(world: Path, tmp: Path) -> list[str]:
 
 def dapo_train(tmp: Path, world: Path, *extra: str, **env_extra: str) -> tuple[subprocess.CompletedProcess, float]:
     tmp.mkdir()
-    cmd = [*torchrun(2), "-m", "dapo.cli", "train", *train_args(world, tmp), *extra]
+    # resources.train asks for the 2 ranks torchrun starts: dapo train refuses a world size its config did not ask for
+    cmd = [*torchrun(2), "-m", "dapo.cli", "train", *train_args(world, tmp), "resources.train.tasks_per_node=2", *extra]
     cmd += ["--run-dir", str(tmp / "run"), "--progress", "log"]
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=tmp, env=env(**env_extra), capture_output=True, text=True, timeout=600)

@@ -11,7 +11,7 @@ Dropped groups still cost generation, so their tokens are counted.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from torch import Tensor
@@ -131,6 +131,24 @@ class RefillAccumulator:
             s.hit_cap = True
             return True
         return False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue this refill after a restart (the kept groups as they are: the caller
+        serialises them)."""
+        return {
+            "target_groups": self.target_groups,
+            "max_gen_batches": self.max_gen_batches,
+            "at_cap": self.at_cap,
+            "stats": asdict(self.stats),
+            "kept": list(self._kept),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> RefillAccumulator:
+        acc = cls(state["target_groups"], state["max_gen_batches"], state["at_cap"])
+        acc.stats = RefillStats(**state["stats"])
+        acc._kept = list(state["kept"])
+        return acc
 
     def result(self) -> tuple[list[Any], RefillStats]:
         """The kept groups (exactly target_groups when full, fewer after a partial stop) and the stats."""

@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dapo.config import load_config
-    from dapo.data.loaders import DataError, load_problems_with_stats, write_problems
+    from dapo.data.loaders import DataError, load_problems_with_stats, places_note, write_problems
     from dapo.tinyworld.build import TINY, TINY_LARGE, resolve_source
 
     cfg = load_config(args.config, preset=args.preset, overrides=args.overrides)
@@ -52,25 +52,36 @@ def run(args: argparse.Namespace) -> int:
         except DataError as e:
             print(f"dapo prepare-data: {e}", file=sys.stderr)
             return 2
-        dropped = 0
+        dropped, dropped_at = 0, []
         if tokenizer is not None:
             from dapo.data.prompts import tokenize_problems
 
-            problems, _, dropped = tokenize_problems(
+            kept, _, dropped = tokenize_problems(
                 problems,
                 tokenizer,
                 use_chat_template=cfg.data.use_chat_template,
                 max_prompt_length=cfg.data.max_prompt_length,
             )
+            kept_ids = {id(p) for p in kept}
+            dropped_at = [where for p, where in zip(problems, stats.origins, strict=True) if id(p) not in kept_ids]
+            problems = kept
         n = write_problems(out / f"{split}.jsonl", problems)
         print(
-            f"{split}: {n} problems -> {out / f'{split}.jsonl'}  (source {resolved}: {stats.rows} rows, "
-            f"{stats.duplicates} duplicates removed, {stats.conflicting_answers} with a conflicting answer, "
-            f"{dropped} over {cfg.data.max_prompt_length} prompt tokens dropped)"
+            f"{split}: {n} problems -> {out / f'{split}.jsonl'}  ({stats.describe(resolved)}, "
+            f"{dropped} over {cfg.data.max_prompt_length} prompt tokens dropped{places_note(dropped_at[:3])})"
         )
         if n == 0:
-            print(f"dapo prepare-data: no {split} problems left from {resolved}")
-            return 1
+            print(
+                f"dapo prepare-data: no {split} problems left from {resolved}: "
+                + (
+                    f"data.max_prompt_length={cfg.data.max_prompt_length} "
+                    f"(from {cfg.source_of('data.max_prompt_length')}) drops every prompt; raise it"
+                    if dropped
+                    else "the source has no usable rows"
+                ),
+                file=sys.stderr,
+            )
+            return 2
     return 0
 
 

@@ -15,20 +15,31 @@ Upstream files repeat rows (DAPO-Math-17k: every prompt 100 times; DAPO's AIME p
 so that eval samples once per row). `dedup_problems` keeps the first row of each distinct problem text; eval
 then samples n responses per unique problem instead (docs/algorithm.md section 8, last pitfall).
 
-A row without an answer or with an unreadable field raises `DataError` naming the file and the 1-based line
-(JSONL) or row (parquet, hub) number.
+A row without an answer or with an unreadable field, a byte that is not UTF-8, an unreadable parquet file and
+a source with no rows raise `DataError` naming the file and the 1-based line (JSONL) or row (parquet, hub)
+number, and the fix. What loading drops or doubts (duplicate rows, duplicates whose answers disagree, answers
+that are not integers in a dataset whose answers are integers: AIME, DAPO-Math-17k, the tiny world) is logged
+with counts and the first few line numbers by every command that loads data (`LoadStats.describe`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dapo.data.prompts import strip_dapo_template
 from dapo.types import Problem
+
+log = logging.getLogger(__name__)
+SHOWN = 3  # line numbers quoted per kind of problem
+_INTEGER = re.compile(r"[-+]?\d+")
+# Datasets whose every answer is an integer: a non-integer answer there is a data error to report.
+_INTEGER_KINDS = re.compile(r"aime|dapo[-_]?math|tiny", re.IGNORECASE)
 
 
 class DataError(ValueError):
@@ -38,12 +49,41 @@ class DataError(ValueError):
 @dataclass(frozen=True)
 class LoadStats:
     """What loading did: rows read, duplicates removed (same problem text), and of those, how many disagreed
-    on the answer (the first row's answer is kept, as open-r1's deduplicated copy does)."""
+    on the answer (the first row's answer is kept, as open-r1's deduplicated copy does); answers that are not
+    integers where the dataset's answers are (kept, but doubted). `*_at` hold the first few "file:line" places;
+    `origins` the place of each problem returned, in order."""
 
     rows: int
     unique: int
     duplicates: int
     conflicting_answers: int
+    non_integer_answers: int = 0
+    duplicates_at: tuple[str, ...] = ()
+    conflicts_at: tuple[str, ...] = ()
+    non_integer_at: tuple[str, ...] = ()
+    origins: tuple[str, ...] = field(default=(), repr=False)
+
+    def describe(self, source: str) -> str:
+        """One line: what was read, dropped and doubted, with the first few places."""
+        text = (
+            f"source {source}: {self.rows} rows, "
+            f"{self.duplicates} duplicates removed{places_note(self.duplicates_at)}, "
+            f"{self.conflicting_answers} with a conflicting answer{places_note(self.conflicts_at)}"
+        )
+        if self.non_integer_answers:
+            text += (
+                f", {self.non_integer_answers} answers that are not integers although this dataset's answers are "
+                f"(kept, doubtful){places_note(self.non_integer_at)}"
+            )
+        return text
+
+    @property
+    def clean(self) -> bool:
+        return not (self.duplicates or self.non_integer_answers)
+
+
+def places_note(at: tuple[str, ...] | list[str]) -> str:
+    return f" (first: {', '.join(at)})" if at else ""
 
 
 def is_local_source(source: str) -> bool:
@@ -107,20 +147,37 @@ def row_to_problem(row: Any, where: str, default_id: str) -> Problem:
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[str, Any]]:
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path}:{lineno}: byte 0x{raw[e.start]:02x} at column {e.start + 1} is not UTF-8. JSONL must be "
+                    f"UTF-8: re-encode the file (e.g. `iconv -f latin1 -t utf-8 {path.name}`) or fix that line."
+                ) from None
             if not line.strip():
                 continue
             try:
                 yield f"{path}:{lineno}", json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+                raise DataError(
+                    f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object"
+                ) from None
 
 
 def _iter_parquet(path: Path) -> Iterator[tuple[str, Any]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(
+            f"{path}: not a readable parquet file ({type(e).__name__}: {str(e).splitlines()[0][:200]}). The file is "
+            "damaged or not parquet: download or export it again, or convert it to JSONL."
+        ) from None
+    for i, row in enumerate(rows, start=1):
         yield f"{path}: row {i}", row
 
 
@@ -151,30 +208,87 @@ def iter_rows(source: str | Path, split: str = "train") -> Iterator[tuple[str, A
     return _iter_hub(source, split)
 
 
-def dedup_problems(problems: Iterable[Problem]) -> tuple[list[Problem], LoadStats]:
-    """Keep the first problem of each distinct text (order preserved)."""
-    first: dict[str, Problem] = {}
-    rows = conflicts = 0
-    for p in problems:
-        rows += 1
-        kept = first.setdefault(p.problem, p)
-        if kept is not p and kept.answer != p.answer:
-            conflicts += 1
-    unique = list(first.values())
-    return unique, LoadStats(
-        rows=rows, unique=len(unique), duplicates=rows - len(unique), conflicting_answers=conflicts
+def dedup_problems(
+    problems: Iterable[Problem], origins: Iterable[str] | None = None, *, integer_answers: bool = False
+) -> tuple[list[Problem], LoadStats]:
+    """Keep the first problem of each distinct text (order preserved); count and place what was dropped, and
+    (with `integer_answers`) the answers that are not integers."""
+    problems = list(problems)
+    places = list(origins) if origins is not None else [f"row {i}" for i in range(1, len(problems) + 1)]
+    first: dict[str, int] = {}
+    dup_at: list[str] = []
+    conflict_at: list[str] = []
+    for i, p in enumerate(problems):
+        j = first.setdefault(p.problem, i)
+        if j != i:
+            dup_at.append(places[i])
+            if problems[j].answer != p.answer:
+                conflict_at.append(f"{places[i]} vs {places[j]}")
+    kept = sorted(first.values())
+    odd = [places[i] for i in kept if integer_answers and not _INTEGER.fullmatch(problems[i].answer.strip())]
+    return [problems[i] for i in kept], LoadStats(
+        rows=len(problems),
+        unique=len(kept),
+        duplicates=len(dup_at),
+        conflicting_answers=len(conflict_at),
+        non_integer_answers=len(odd),
+        duplicates_at=tuple(dup_at[:SHOWN]),
+        conflicts_at=tuple(conflict_at[:SHOWN]),
+        non_integer_at=tuple(odd[:SHOWN]),
+        origins=tuple(places[i] for i in kept),
     )
+
+
+def integer_answer_kind(source: str, answers: list[str]) -> bool:
+    """True when the dataset's answers are integers: a known integer dataset by name (AIME, DAPO-Math-17k, the
+    tiny world), or a file where at least 90% of the (10 or more) answers are integers."""
+    if _INTEGER_KINDS.search(str(source)):
+        return True
+    ints = sum(1 for a in answers if _INTEGER.fullmatch(a.strip()))
+    return len(answers) >= 10 and ints >= 0.9 * len(answers)
+
+
+_CACHE: dict[tuple, tuple[list[Problem], LoadStats]] = {}
 
 
 def load_problems_with_stats(
     source: str | Path, *, split: str = "train", dedup: bool = True
 ) -> tuple[list[Problem], LoadStats]:
-    """All problems of `source` (deduplicated by problem text unless `dedup=False`) and what loading did."""
-    stem = Path(str(source)).stem or str(source).rsplit("/", 1)[-1]
-    problems = [row_to_problem(row, where, f"{stem}-{i}") for i, (where, row) in enumerate(iter_rows(source, split))]
-    if not dedup:
-        return problems, LoadStats(len(problems), len(problems), 0, 0)
-    return dedup_problems(problems)
+    """All problems of `source` (deduplicated by problem text unless `dedup=False`) and what loading did.
+
+    Logs what was dropped or doubted (once per file version: the trainer's pre-flight check and its setup load
+    the same file). Raises `DataError` for a source without a single row."""
+    path = Path(str(source))
+    key = (str(source), split, dedup, *((path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else ()))
+    if key in _CACHE:
+        problems, stats = _CACHE[key]
+        return list(problems), stats
+    stem = path.stem or str(source).rsplit("/", 1)[-1]
+    rows = list(iter_rows(source, split))
+    if not rows:
+        raise DataError(
+            f"{source}: no rows. An empty data set cannot be trained or evaluated on: point data.train / "
+            "data.eval at a file with problems (one JSON object per line, or a parquet table)."
+        )
+    problems = [row_to_problem(row, where, f"{stem}-{i}") for i, (where, row) in enumerate(rows)]
+    origins = [where for where, _ in rows]
+    integers = integer_answer_kind(str(source), [p.answer for p in problems])
+    if dedup:
+        problems, stats = dedup_problems(problems, origins, integer_answers=integers)
+    else:
+        _, full = dedup_problems(problems, origins, integer_answers=integers)
+        stats = LoadStats(
+            len(problems),
+            len(problems),
+            0,
+            0,
+            full.non_integer_answers,
+            non_integer_at=full.non_integer_at,
+            origins=tuple(origins),
+        )
+    (log.info if stats.clean else log.warning)("%s", stats.describe(str(source)))
+    _CACHE[key] = (list(problems), stats)
+    return problems, stats
 
 
 def load_problems(source: str | Path, *, split: str = "train", dedup: bool = True) -> list[Problem]:

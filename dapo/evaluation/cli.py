@@ -180,7 +180,9 @@ def log_to_mlflow(
     import math
 
     from dapo import metric_names as M
-    from dapo.tracking import Tracker
+    from dapo.tracking import Tracker, replay_pending
+
+    replay_pending(spool_dir)  # what an earlier eval into this folder could not deliver
 
     tr = Tracker(
         cfg.tracking.uri,

@@ -21,6 +21,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", default="results/report", help="Output folder (default: results/report).")
     p.add_argument(
+        "--runs",
+        default=None,
+        help="Run directories to look in first for MLflow records still spooled (a server outage at a run's end), "
+        "delivered before the report reads the experiment.",
+    )
+    p.add_argument(
         "--x-axis",
         choices=("updates", "rollout"),
         default="updates",
@@ -54,6 +60,15 @@ def run(args: argparse.Namespace) -> int:
 
     uri = resolve_tracking_uri(args.tracking_uri)
     out = Path(args.out).resolve()
+    if args.runs:
+        from dapo.tracking import replay_pending
+
+        for s in replay_pending(args.runs):
+            if s.waiting:
+                print(
+                    f"warning: MLflow run {s.run_id} misses {s.waiting} record(s) still spooled in {s.path}",
+                    file=sys.stderr,
+                )
     try:
         exp = load_experiment(args.experiment, uri)  # fail fast, with the known names, before any kernel starts
     except ExperimentNotFound as e:

@@ -8,8 +8,11 @@ Exit codes of `dapo train` (the Snakemake workflow and SLURM wrappers key on the
 - 0: finished; `<run-dir>/DONE.json` holds the final metrics.
 - 1: failed (e.g. too many non-finite steps in a row, the dynamic-sampling refill cap with
   `at_refill_cap: fail`, or an error on any rank of the job); the last good checkpoint is kept.
+- 2: a config, data or checkpoint error, printed as one message naming the key, file or line and the fix.
 - 75 (`RESUME_EXIT_CODE`, EX_TEMPFAIL from sysexits.h): stopped on SIGTERM/SIGUSR1 (SLURM time limit or
-  preemption) after writing a checkpoint. Run the same command again to resume into the same MLflow run.
+  preemption) or before the job's time limit, after writing a checkpoint; or a stop signal during start-up (nothing
+  to save yet), or a new run whose tracking server did not answer. Run the same command again to resume into the
+  same MLflow run.
 """
 
 RESUME_EXIT_CODE = 75

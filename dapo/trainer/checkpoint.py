@@ -1,40 +1,63 @@
-"""Atomic run checkpoints: write to a temporary folder, fsync, rename; a half-written one is never loaded.
+"""Atomic run checkpoints that load no pickles of ours: write to a temporary folder, fsync, rename; a
+half-written one is never loaded.
 
 Layout of `<run-dir>/checkpoints/`:
 
     step_000010/            completed rollout steps = 10
-        learner/            model, optimizer and lr schedule (the learner's own save_checkpoint)
+        learner/            model, optimizer and lr schedule (the learner's own save_checkpoint: DeepSpeed)
         trainer_state.json  counters, data-order position, MLflow run id, the config hash
-        rng.pt              python, numpy and torch RNG states
-        refill.pt           (only when stopped in the middle of a dynamic-sampling refill) the groups kept so far
+        rng.json            python and numpy RNG states
+        rng.safetensors     torch (and CUDA) RNG states
+        partial.json        (only when stopped in the middle of a rollout step) what the step had done: the refill
+        partial.safetensors   so far, or the collected groups, the batch and its old log-probs, the updates done
         COMPLETE            written last, before the rename
     step_000012.1/          a second checkpoint at the same step count (e.g. a stop mid-refill after a
                             periodic checkpoint); later suffixes win
 
 A folder is a checkpoint only if its name parses and it holds COMPLETE; `.tmp-*` folders (a crash while
 writing) are ignored and swept on the next save. Pruning keeps the newest `keep` checkpoints.
+
+Nothing here executes code from a checkpoint folder: our own files are JSON and safetensors, a part-done step goes
+through an explicit codec that knows only `step.PARTIAL_STEP_TYPES` (tensors go to safetensors), and the learner's
+DeepSpeed files are read with `torch.load(weights_only=True)` and three allowlisted DeepSpeed classes
+(`load_learner`). Checkpoints written before this format (`rng.pt`, `refill.pt`) load the same way. A file that
+needs anything else is refused with `CheckpointError`; `DAPO_TRUST_CHECKPOINTS=1` loads a checkpoint you wrote
+yourself with full unpickling.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import random
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from dapo.killpoint import kill_point
+
 _NAME = re.compile(r"^step_(\d{6,})(?:\.(\d+))?$")
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.json"
-RNG_FILE = "rng.pt"
-REFILL_FILE = "refill.pt"
+RNG_FILE = "rng.json"
+RNG_TENSORS = "rng.safetensors"
+PARTIAL_FILE = "partial.json"
+PARTIAL_TENSORS = "partial.safetensors"
+LEGACY_RNG_FILE = "rng.pt"
+LEGACY_REFILL_FILE = "refill.pt"
 LEARNER_DIR = "learner"
+TRUST_ENV = "DAPO_TRUST_CHECKPOINTS"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded safely (or at all); the message says what to do."""
 
 
 def checkpoints_dir(run_dir: Path) -> Path:
@@ -79,6 +102,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+# ------------------------------------------------------------------------------------------------ RNG
 def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {
         "python": random.getstate(),
@@ -98,6 +122,98 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _save_rng(state: dict[str, Any], folder: Path) -> None:
+    from safetensors.torch import save_file
+
+    version, mt, gauss = state["python"]
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    doc = {
+        "python": {"version": version, "state": list(mt), "gauss_next": gauss},
+        "numpy": {"kind": kind, "keys": np.asarray(keys).tolist(), "pos": int(pos), "has_gauss": int(has_gauss)},
+    }
+    doc["numpy"]["cached_gaussian"] = float(cached)
+    (folder / RNG_FILE).write_text(json.dumps(doc))
+    tensors = {"torch": state["torch"].contiguous()}
+    tensors.update({f"cuda.{i}": t.contiguous() for i, t in enumerate(state.get("cuda", []))})
+    save_file(tensors, str(folder / RNG_TENSORS))
+
+
+def _load_rng(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    doc = json.loads((folder / RNG_FILE).read_text())
+    py, npy = doc["python"], doc["numpy"]
+    tensors = load_file(str(folder / RNG_TENSORS))
+    state: dict[str, Any] = {
+        "python": (py["version"], tuple(py["state"]), py["gauss_next"]),
+        "numpy": (
+            npy["kind"],
+            np.asarray(npy["keys"], dtype=np.uint32),
+            npy["pos"],
+            npy["has_gauss"],
+            npy["cached_gaussian"],
+        ),
+        "torch": tensors["torch"],
+    }
+    cuda = sorted((int(k.split(".")[1]), t) for k, t in tensors.items() if k.startswith("cuda."))
+    if cuda:
+        state["cuda"] = [t for _, t in cuda]
+    return state
+
+
+# ------------------------------------------------------------------------------------ part-done step codec
+def _codec_types() -> dict[str, type]:
+    """The only types a part-done step may hold besides JSON values and tensors."""
+    from dapo.trainer.step import PARTIAL_STEP_TYPES
+
+    return {t.__name__: t for t in PARTIAL_STEP_TYPES}
+
+
+def encode_partial(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """A part-done step as JSON values: each tensor goes into `tensors` (saved as safetensors) and is named in its
+    place; an allowed type becomes {"__type__": name, "fields": ...} (its dataclass fields, or its `state_dict()`)."""
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        name = f"t{len(tensors)}"
+        tensors[name] = obj.detach().cpu().clone()  # a copy: safetensors refuses tensors that share memory
+        return {"__tensor__": name}
+    if isinstance(obj, list | tuple):
+        return [encode_partial(x, tensors) for x in obj]
+    if isinstance(obj, dict):
+        if not all(isinstance(k, str) for k in obj) or {"__type__", "__tensor__"} & set(obj):
+            raise TypeError(f"a checkpoint's dict keys must be strings (not __type__/__tensor__): {list(obj)[:5]}")
+        return {k: encode_partial(v, tensors) for k, v in obj.items()}
+    cls = _codec_types().get(type(obj).__name__)
+    if cls is type(obj):
+        if hasattr(cls, "from_state_dict"):
+            fields = obj.state_dict()
+        else:
+            fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        return {"__type__": cls.__name__, "fields": encode_partial(fields, tensors)}
+    raise TypeError(
+        f"cannot store a {type(obj).__module__}.{type(obj).__qualname__} in a checkpoint: add it to "
+        "dapo.trainer.step.PARTIAL_STEP_TYPES (JSON values, tensors and the types listed there only)"
+    )
+
+
+def decode_partial(doc: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(doc, list):
+        return [decode_partial(x, tensors) for x in doc]
+    if not isinstance(doc, dict):
+        return doc
+    if "__tensor__" in doc:
+        return tensors[doc["__tensor__"]]
+    if "__type__" in doc:
+        cls = _codec_types().get(doc["__type__"])
+        if cls is None:
+            raise CheckpointError(f"a checkpoint's part-done step names an unknown type {doc['__type__']!r}")
+        fields = decode_partial(doc["fields"], tensors)
+        return cls.from_state_dict(fields) if hasattr(cls, "from_state_dict") else cls(**fields)
+    return {k: decode_partial(v, tensors) for k, v in doc.items()}
+
+
+# ------------------------------------------------------------------------------------------ save
 def save_checkpoint(
     run_dir: Path,
     step: int,
@@ -115,7 +231,8 @@ def save_checkpoint(
         step: completed rollout steps.
         state: JSON-able trainer state (counters, data order, MLflow run id, ...).
         save_learner: writes the learner's model/optimizer/scheduler into the folder it is given.
-        refill: picklable partial dynamic-sampling state (None at a step boundary).
+        refill: what a step cut off by a stop had done (None at a step boundary), of the types `encode_partial`
+            knows.
         keep: how many complete checkpoints to keep (the new one included).
         rng: RNG states to store (default: the current ones).
     """
@@ -141,14 +258,21 @@ def save_checkpoint(
     dist.barrier()
     if dist.is_main():
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
-        torch.save(rng if rng is not None else rng_state(), tmp / RNG_FILE)
+        _save_rng(rng if rng is not None else rng_state(), tmp)
         if refill is not None:
-            torch.save(refill, tmp / REFILL_FILE)
+            from safetensors.torch import save_file
+
+            tensors: dict[str, torch.Tensor] = {}
+            (tmp / PARTIAL_FILE).write_text(json.dumps(encode_partial(refill, tensors)))
+            save_file(tensors, str(tmp / PARTIAL_TENSORS))
         (tmp / COMPLETE).write_text(final.name + "\n")
         _fsync_tree(tmp)
+        kill_point("checkpoint.written")
         os.rename(tmp, final)
         _fsync_dir(root)
+        kill_point("checkpoint.published")
         prune(run_dir, keep)
+        kill_point("checkpoint.pruned")
     dist.barrier()  # no rank goes on (or reads the checkpoint list) before the folder is published
     return final
 
@@ -162,11 +286,96 @@ def prune(run_dir: Path, keep: int) -> None:
         shutil.rmtree(doomed, ignore_errors=True)
 
 
+# ------------------------------------------------------------------------------------------ load
 def load_checkpoint_state(path: Path) -> tuple[dict[str, Any], dict[str, Any], Any]:
-    """(trainer state, rng state, refill state or None) of a checkpoint folder. Our own files: full unpickle."""
+    """(trainer state, rng state, refill state or None) of a checkpoint folder, without unpickling anything."""
     if not (path / COMPLETE).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker)")
     state = json.loads((path / STATE_FILE).read_text())
-    rng = torch.load(path / RNG_FILE, weights_only=False)
-    refill = torch.load(path / REFILL_FILE, weights_only=False) if (path / REFILL_FILE).is_file() else None
+    if (path / RNG_FILE).is_file():
+        rng = _load_rng(path)
+    else:
+        rng = _legacy_load(path / LEGACY_RNG_FILE)
+    refill = None
+    if (path / PARTIAL_FILE).is_file():
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path / PARTIAL_TENSORS)) if (path / PARTIAL_TENSORS).is_file() else {}
+        refill = decode_partial(json.loads((path / PARTIAL_FILE).read_text()), tensors)
+    elif (path / LEGACY_REFILL_FILE).is_file():
+        refill = _legacy_load(path / LEGACY_REFILL_FILE)
     return state, rng, refill
+
+
+def _numpy_globals() -> list[Any]:
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
+
+
+def _legacy_load(path: Path) -> Any:
+    """A pre-JSON checkpoint file (rng.pt / refill.pt): weights-only unpickling with our own types allowed."""
+    allowed = [*_numpy_globals(), *_codec_types().values()]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, weights_only=True)
+    except Exception as e:
+        if os.environ.get(TRUST_ENV) == "1":
+            return torch.load(path, weights_only=False)
+        raise CheckpointError(_refusal(path, e)) from None
+
+
+# DeepSpeed's checkpoints pickle these beside tensors (ZeRO 1-3, fp32 and bf16; found by loading them with
+# weights_only=True): data classes and an enum, nothing that runs code on load.
+DEEPSPEED_SAFE_GLOBALS = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
+
+
+@contextlib.contextmanager
+def weights_only_loads() -> Iterator[None]:
+    """Every `torch.load` inside (DeepSpeed's included, which asks for weights_only=False) unpickles only
+    tensors, plain containers and the allowlisted DeepSpeed classes."""
+    if os.environ.get(TRUST_ENV) == "1":
+        yield
+        return
+    import importlib
+
+    allowed = []
+    for name in DEEPSPEED_SAFE_GLOBALS:
+        module, _, attr = name.rpartition(".")
+        with contextlib.suppress(ImportError, AttributeError):
+            allowed.append(getattr(importlib.import_module(module), attr))
+    previous = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        with torch.serialization.safe_globals(allowed):
+            yield
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = previous
+
+
+def load_learner(learner: Any, path: Path) -> None:
+    """Restore the learner's DeepSpeed state from checkpoint folder `path`, refusing pickled code."""
+    import pickle
+
+    try:
+        with weights_only_loads():
+            learner.load_checkpoint(path / LEARNER_DIR)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(_refusal(path / LEARNER_DIR, e)) from None
+
+
+def _refusal(path: Path, e: BaseException) -> str:
+    found = re.search(r"GLOBAL ([\w.]+)", str(e))
+    what = f"it needs `{found.group(1)}`, which is not on the allowlist" if found else str(e).splitlines()[0]
+    return (
+        f"{path}: refused to load: {what}. Loading it would run code stored in the file. If this checkpoint "
+        f"came from elsewhere, do not resume from it: delete the checkpoint folder (the run restarts from the "
+        f"one before, or from scratch). If you wrote it yourself with this project, set {TRUST_ENV}=1 to load it "
+        "with full unpickling."
+    )

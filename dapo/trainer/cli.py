@@ -2,15 +2,32 @@
 
     dapo train --config configs/ablations/05_dynamic_sampling.yaml --preset tiny trainer.seed=1 --run-dir DIR
 
-Exit codes: 0 done (`<run-dir>/DONE.json` written), 1 failed, 75 stopped by SIGTERM/SIGUSR1 after a checkpoint
-(resume by running the same command again).
+Exit codes: 0 done (`<run-dir>/DONE.json` written), 1 failed, 2 a config, data or checkpoint error (the message
+says which key, file or line, and the fix), 75 stopped by SIGTERM/SIGUSR1 or the job's time limit ("resume me":
+run the same command again). From the first line on, a stop signal gives 75: during start-up there is nothing
+to save, so the process ends at once; later the loop checkpoints first.
+
+In order, before anything heavy: the start-up signal guard; the config; the world size the job was started
+with against `resources.train`; MLflow records an earlier invocation left in `<run-dir>/mlflow_spool` are
+delivered; the pre-flight checks (model path, data, prompt lengths); the MLflow run is created (or found) and
+its id recorded in the run directory. Only then are data, engine and learner built.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
 
 from dapo.config_cli import add_config_arguments
+from dapo.trainer import RESUME_EXIT_CODE
+
+log = logging.getLogger("dapo.train")
+EXIT_FILE = "EXIT.json"  # the trainer's own verdict (code, step), read by workflow/scripts/train_job.sh
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,21 +46,114 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
-    from pathlib import Path
+    from dapo.trainer.signals import StartupGuard
 
-    from dapo.config import load_config
-    from dapo.trainer.loop import Trainer
-    from dapo.trainer.setup import build_components
-
+    guard = StartupGuard(RESUME_EXIT_CODE).install()  # first: a preemption while loading exits 75, not 143
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from dapo.config import load_config
+    from dapo.trainer.preflight import launched_world_size, preflight
+
     cfg = load_config(args.config, preset=args.preset, overrides=args.overrides)
     if args.run_dir:
         cfg.trainer.output_dir = args.run_dir
     run_dir = Path(cfg.trainer.output_dir)
+    world = launched_world_size()
+    rank = int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)
+    log.info(
+        "dapo train: rank %d of %d on %s%s, run directory %s",
+        rank,
+        world,
+        socket.gethostname(),
+        f" (SLURM job {os.environ['SLURM_JOB_ID']})" if os.environ.get("SLURM_JOB_ID") else "",
+        run_dir,
+    )
+    code: int | None = None
+    try:
+        if rank == 0:
+            _deliver_spools(run_dir)
+        if (run_dir / "DONE.json").is_file():
+            log.info("%s/DONE.json exists: this run is finished, nothing to do", run_dir)
+            code = 0
+            return code
+        preflight(cfg, world)
+        if rank == 0 and not _open_run(cfg, run_dir):
+            code = RESUME_EXIT_CODE  # the tracking server did not answer: nothing was done, try again later
+            return code
+        code = _train(cfg, run_dir, args.progress, guard)
+        return code
+    except BaseException as e:
+        code = _exit_code_of(e)
+        raise
+    finally:
+        guard.disarm()
+        if rank == 0:
+            _write_exit(run_dir, code)
+
+
+def _exit_code_of(e: BaseException) -> int:
+    from dapo.config import ConfigError
+    from dapo.data.loaders import DataError
+    from dapo.trainer.checkpoint import CheckpointError
+
+    if isinstance(e, SystemExit):
+        return e.code if isinstance(e.code, int) else 1
+    if isinstance(e, ConfigError | DataError | CheckpointError):
+        return 2
+    return 1
+
+
+def _train(cfg, run_dir: Path, progress: str, guard) -> int:  # noqa: ANN001 (RunConfig, StartupGuard: lazy)
+    from dapo.trainer.loop import Trainer
+    from dapo.trainer.setup import build_components
+
     components = build_components(cfg, run_dir)
     try:
-        progress = {"auto": None, "bar": True, "log": False}[args.progress]
-        return Trainer(cfg, run_dir, components, progress=progress).run()
+        return Trainer(cfg, run_dir, components, progress={"auto": None, "bar": True, "log": False}[progress]).run()
     finally:
+        guard.disarm()  # the loop has checkpointed or finished: a late signal must not turn that into 75
         components.close()
+
+
+def _deliver_spools(run_dir: Path) -> None:
+    """MLflow records an earlier invocation could not deliver (the server was down at its end)."""
+    from dapo.tracking import replay_pending
+
+    for s in replay_pending(run_dir / "mlflow_spool"):
+        if s.waiting:
+            log.warning(
+                "%d MLflow record(s) of run %s still wait in %s (%s unreachable)", s.waiting, s.run_id, s.path, s.uri
+            )
+        else:
+            log.info("delivered %d spooled MLflow record(s) to run %s", s.delivered, s.run_id)
+
+
+def _open_run(cfg, run_dir: Path) -> bool:  # noqa: ANN001
+    """Create the MLflow run (or find the one recorded in the run directory) before anything is logged, so a
+    restart at any later moment resumes it. False when a new run could not be created (exit 75: retry later)."""
+    from dapo.tracking import Tracker, TrackingUnavailable
+
+    try:
+        Tracker(
+            cfg.tracking.uri,
+            cfg.tracking.experiment,
+            cfg.run_name(),
+            spool_dir=run_dir / "mlflow_spool",
+            start_timeout_s=cfg.tracking.start_timeout_s,
+            record_run=True,
+        )
+    except TrackingUnavailable as e:
+        log.error("%s", e)
+        return False
+    return True
+
+
+def _write_exit(run_dir: Path, code: int | None) -> None:
+    if code is None:
+        return
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = run_dir / f".{EXIT_FILE}.tmp"
+        tmp.write_text(json.dumps({"code": code, "time": time.time(), "pid": os.getpid()}))
+        os.replace(tmp, run_dir / EXIT_FILE)
+    except OSError as e:  # a full disk must not hide the real exit code
+        log.warning("could not write %s: %s", run_dir / EXIT_FILE, e)

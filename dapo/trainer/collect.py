@@ -101,7 +101,7 @@ class Collected:
 
 
 class StopDuringRefill(Exception):  # noqa: N818 (a control-flow signal, not an error)
-    """A stop was requested between generation batches; `.state` resumes the refill (pickle it)."""
+    """A stop was requested between generation batches; `.state` resumes the refill (a checkpoint stores it as JSON)."""
 
     def __init__(self, state: dict[str, Any]):
         super().__init__("stop requested during the dynamic-sampling refill")

@@ -49,7 +49,7 @@ from dapo.trainer.components import Components, MetricsTracker, NullTracker, Pol
 from dapo.trainer.data_order import PromptOrder
 from dapo.trainer.progress import Progress
 from dapo.trainer.setup import run_tags
-from dapo.trainer.signals import StopFlag
+from dapo.trainer.signals import Deadline, StopFlag, job_end_time
 from dapo.trainer.step import Counters, PartialStep, StepSettings, StopMidStep, rollout_step
 from dapo.types import Problem
 
@@ -187,6 +187,8 @@ class Trainer:
         self.tracker: MetricsTracker = NullTracker()
         self.progress: Progress | None = None
         self._stop = StopFlag()
+        # stop before the SLURM job's time limit, not only at its signal (rank 0 asks squeue, once)
+        self.deadline = Deadline(dist.broadcast(job_end_time() if dist.is_main() else None), t.stop_margin_s)
         self._t0 = time.monotonic()
 
     # ---------------------------------------------------------------------------------------------- state
@@ -231,7 +233,7 @@ class Trainer:
                 self.cfg.config_hash(),
                 state.get("config_hash"),
             )
-        self.learner.load_checkpoint(path / ck.LEARNER_DIR)
+        ck.load_learner(self.learner, path)  # weights-only: a checkpoint folder cannot run code
         self.counters = Counters(**{k: state[k] for k in asdict(Counters())})
         self.elapsed_before = state["elapsed"]
         self.order.load_state_dict(state["data_order"])
@@ -304,6 +306,7 @@ class Trainer:
 
     def _one_step(self) -> int | None:
         cfg, n = self.cfg, self.counters
+        t_start = time.monotonic()
         step = n.step + 1
         start_state, start_rng = self.state(), ck.rng_state()
         resume, self.partial = self.partial, None
@@ -353,6 +356,8 @@ class Trainer:
         if self.eval_due:
             self._evaluate()
         if self.hooks.sigterm_after_step and n.step == self.hooks.sigterm_after_step:
+            self._stop.request()
+        if self.deadline.should_stop(time.monotonic() - t_start):  # the next step would end past the margin
             self._stop.request()
         if self._stop_requested():
             self.save()

@@ -138,6 +138,7 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
             cfg.run_name(),
             run_id=run_id,
             spool_dir=Path(run_dir) / "mlflow_spool",
+            finish_timeout_s=cfg.tracking.finish_timeout_s,
         )
 
     return Components(

@@ -55,6 +55,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/slurmdbd
+AccountingStoreFlags=job_comment
 AccountingStorageHost=localhost
 JobCompType=jobcomp/none
 ReturnToService=2

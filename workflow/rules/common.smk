@@ -133,7 +133,8 @@ def run_overrides(row, seed):
 
 
 def slurm_resources(kind):
-    """SLURM resources of one job kind from the preset (snakemake-executor-plugin-slurm's names)."""
+    """SLURM resources of one job kind from the preset (snakemake-executor-plugin-slurm's names). Per node: memory,
+    GPUs (`--gres=gpu[:<model>]:<per node>`), tasks; `srun_args` repeats the layout for the training step."""
     r = getattr(BASE.resources, kind)
     res = {
         "nodes": r.nodes,
@@ -142,16 +143,32 @@ def slurm_resources(kind):
         "cpus_per_task": r.cpus_per_task,
     }
     if r.gpus_per_node:
-        res["gpu"] = r.nodes * r.gpus_per_node  # --gpus=<total> (or <model>:<total>)
-        if r.gpu_model:
-            res["gpu_model"] = r.gpu_model
-        # the plugin otherwise takes `tasks` as tasks *per GPU*; 0 leaves the task count to `tasks`/SLURM
-        res["tasks_per_gpu"] = 0
-    if kind == "train" and r.world_size > 1:
-        # one process per GPU across the nodes: the rule's shell starts them with srun
-        res["mpi"] = "srun"
-        res["tasks"] = r.world_size
+        res["gres"] = f"gpu:{r.gpu_model}:{r.gpus_per_node}" if r.gpu_model else f"gpu:{r.gpus_per_node}"
+        res["tasks_per_gpu"] = 0  # the plugin would add --ntasks-per-gpu otherwise; tasks per node say it all
+    if kind == "train":
+        # The rule runs in the job's batch step and starts the ranks itself (srun_args): the jobstep executor runs
+        # a rule there, instead of inside a one-task `srun -n1` step, whenever the `mpi` resource exists. A
+        # non-empty value makes the submit side ask for the tasks; "" (one task) keeps the plugin's --ntasks=1.
+        if r.ranks_per_node > 1:
+            res.update(mpi="srun", tasks_per_node=r.ranks_per_node)
+        elif r.world_size > 1:
+            res.update(mpi="srun", tasks=r.world_size)  # one rank on each of several nodes
+        else:
+            res["mpi"] = ""
+        # The preemption signal goes to the job steps' tasks, i.e. every rank (never `B:`: that signals only the
+        # batch shell, whose death ends the job). A requeued job appends to its SLURM log.
+        res["slurm_extra"] = f"--signal=USR1@{int(BASE.trainer.stop_margin_s)} --open-mode=append"
     return res
+
+
+def srun_args(row, seed):
+    """The training step's layout, spelled out: inside the job the SLURM_* task variables are gone."""
+    r = BASE.resources.train
+    gpus = f"--gpus-per-node={r.gpus_per_node} " if r.gpus_per_node else ""
+    return (
+        f"--nodes={r.nodes} --ntasks={r.world_size} --ntasks-per-node={r.ranks_per_node} {gpus}"
+        f"--cpus-per-task={r.cpus_per_task} --kill-on-bad-exit=1 --job-name=dapo-{row}-s{seed}"
+    )
 
 
 def train_priority(row, seed):
@@ -160,15 +177,14 @@ def train_priority(row, seed):
     return 1 if RUN_CFGS[(row, int(seed))].algorithm.dynamic_sampling else 0
 
 
-def launcher(kind):
-    """How a job starts its processes: one per GPU under SLURM (srun), torchrun elsewhere."""
-    world = getattr(BASE.resources, kind).world_size
-    if world == 1:
-        return ""
-    return (
-        f'$( [ -n "${{SLURM_JOB_ID:-}}" ] && echo "srun --kill-on-bad-exit=1" '
-        f'|| echo "torchrun --standalone --nproc-per-node={world}" )'
-    )
+def local_launcher(kind):
+    """How a job starts its ranks outside SLURM: one process (`env`, never an empty word: Snakemake drops those
+    from a shell command), or torchrun on this machine. A multi-node layout has no local form: `dapo train` then
+    refuses to start, naming resources.train."""
+    r = getattr(BASE.resources, kind)
+    if r.world_size == 1 or r.nodes > 1:
+        return "env"
+    return f"torchrun --standalone --nproc-per-node={r.ranks_per_node}"
 
 
 RESUBMITS_KEY = "max_resubmits"  # configs/workflow.yaml: resubmissions of a job cut off by SLURM (exit 75)
@@ -195,7 +211,7 @@ def _gpu_plan(p):
     from dapo import plan as P
     from dapo.shapes import GPUS, dtype_bytes, gpu_spec, resolve_shape, vllm_batching_defaults
 
-    tr, ev, r, t = BASE.resources.train, BASE.resources.eval, BASE.rollout, BASE.trainer
+    tr, r, t = BASE.resources.train, BASE.rollout, BASE.trainer
     gpu = gpu_spec(
         tr.gpu_model,
         {"memory_gib": p["gpu_memory_gib"], "bf16_tflops": p["gpu_bf16_tflops"], "hbm_tb_s": p["gpu_hbm_tb_s"]},
@@ -254,12 +270,6 @@ def _gpu_plan(p):
         restart_h=p["restart_min"] / 60, resubmits_key=RESUBMITS_KEY,
     )
     lines += ["  cost per row (estimates; the arithmetic and the sources of the defaults: docs/cost.md):", text]
-    c0 = next(iter(rows.values()))
-    eval_s, _ = P.eval_seconds(c0, ev.world_size)
-    lines.append(
-        f"    eval job per run: {ev.world_size} GPUs, about {eval_s / 60:.0f} min of generation "
-        f"({eval_s / 3600 * ev.world_size * len(rows) * len(SEEDS):,.0f} GPU-hours in all)"
-    )
     if (tr.gpu_model or "").lower() not in ("h100", "h800"):
         warnings.append(
             f"plan.gen_tokens_per_s_per_gpu ({p['gen_tokens_per_s_per_gpu']:g}) defaults to an H100 figure: "
@@ -271,19 +281,17 @@ def _gpu_plan(p):
 def print_plan():
     """The plan in words: jobs, nodes, GPUs, hours; for a GPU preset the per-GPU memory budget (refused when it
     does not fit) and the expected cost per row (printed once, by the main process)."""
-    tr, ev = BASE.resources.train, BASE.resources.eval
+    tr = BASE.resources.train
     n = len(ROWS) * len(SEEDS)
-    jobs = 1 + int(config.get(RESUBMITS_KEY, 5))  # a train job may run that often; evaluation once
-    gpu_h = n * (jobs * tr.nodes * tr.gpus_per_node * tr.runtime_min + ev.nodes * ev.gpus_per_node * ev.runtime_min)
-    gpu_h /= 60
+    jobs = 1 + int(config.get(RESUBMITS_KEY, 5))  # a train job may run that often (it evaluates inside)
+    gpu_h = n * jobs * tr.nodes * tr.gpus_per_node * tr.runtime_min / 60
     lines = [
         f"dapo ablation: preset {PRESET_NAME}, {len(ROWS)} rows x {len(SEEDS)} seeds = {n} runs "
         f"-> results in {RESULTS}, MLflow {TRACKING_URI} (experiment {EXPERIMENT})",
         f"  train job: {tr.nodes} node(s) x {tr.gpus_per_node} GPU(s) {tr.gpu_model or ''}, "
         f"{tr.runtime_min / 60:.1f} h limit, {BASE.trainer.total_steps} rollout steps, "
         f"{BASE.trainer.updates_per_step} updates/step",
-        f"  eval job:  {ev.nodes} node(s) x {ev.gpus_per_node} GPU(s), {ev.runtime_min / 60:.1f} h limit, "
-        f"avg@{BASE.eval.n}",
+        f"  evaluation: inside the train job, avg@{BASE.eval.n} every {BASE.eval.every} steps and at the end",
     ]
     refusals, warnings = [], []
     if tr.gpus_per_node:
@@ -309,3 +317,14 @@ def print_plan():
 
 if workflow.is_main_process:
     print_plan()
+
+
+onstart:
+    # Once, on the submitting machine, before any job: a tracking store the runs cannot use stops everything here.
+    from dapo.cluster import TrackingStoreError, check_tracking_store
+
+    try:
+        for _warning in check_tracking_store(TRACKING_URI, cluster=workflow.non_local_exec):
+            print(f"warning: {_warning}", file=sys.stderr)
+    except TrackingStoreError as e:
+        raise WorkflowError(f"nothing was submitted: {e}") from None

@@ -20,19 +20,20 @@ if IS_TINY:
 elif not Path(BASE.model.path).exists():
 
     rule base_model:
-        """Resolve a hub model once and cache it under results/ (the only rule that downloads a model)."""
+        """Resolve a hub model once and cache it under results/ (the only rule that downloads a model). A local rule:
+        compute nodes often have no internet, the submitting machine does."""
         output:
             touch(base_model_marker()),
         log:
             RESULTS / "logs" / "base_model.log",
-        resources:
-            **slurm_resources("prepare"),
+        localrule: True
         shell:
             "hf download " + q(BASE.model.path, "--local-dir", base_model_path()) + " > {log} 2>&1"
 
 
 rule prepare_data:
-    """Load, deduplicate and template the train and eval sets into JSONL that every run reads."""
+    """Load, deduplicate and template the train and eval sets into JSONL that every run reads. A local rule: hub
+    datasets download here, on the submitting machine, not on a compute node."""
     input:
         TINY_DIR / "manifest.json" if IS_TINY else [],
     output:
@@ -40,8 +41,7 @@ rule prepare_data:
         eval=RESULTS / "data" / "eval.jsonl",
     log:
         RESULTS / "logs" / "prepare_data.log",
-    resources:
-        **slurm_resources("prepare"),
+    localrule: True
     shell:
         "dapo prepare-data "
         + q("--preset", PRESET, "--out", RESULTS / "data", *OVERRIDES, f"tiny.dir={TINY_DIR}")

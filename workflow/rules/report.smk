@@ -16,6 +16,10 @@ rule report:
         RESULTS / "logs" / "report.log",
     localrule: True
     shell:
-        "dapo report "
+        # first deliver MLflow records the runs could not (the server was down at their end), and list every run's
+        # jobs, attempts and state beside the tables (status.md says when records are still missing)
+        "dapo status "
+        + q(RESULTS / "runs", "--replay", "--out", REPORT_DIR / "status.md")
+        + " > {log} 2>&1 && dapo report "
         + q("--experiment", EXPERIMENT, "--tracking-uri", TRACKING_URI, "--out", REPORT_DIR)
-        + " > {log} 2>&1"
+        + " >> {log} 2>&1"

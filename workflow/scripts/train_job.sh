@@ -1,27 +1,99 @@
 #!/usr/bin/env bash
-# Run one training job and sort its exit into "resume me" and "failed for good".
-#   train_job.sh RUN_DIR ATTEMPT LOG CMD...
-# Exit 75 (dapo train's "resume me": SLURM time limit or preemption) lets Snakemake resubmit the job, which
-# resumes from the run's last checkpoint. Any other failure leaves RUN_DIR/FAILED, and later attempts of the
-# same Snakemake invocation stop at once instead of burning GPU-hours; a new invocation (attempt 1) tries again.
-# The output of every attempt is also appended to RUN_DIR/train.log, which Snakemake never cleans up (it may
-# truncate LOG when it retries a job), so the first failure's traceback survives.
+# Run one training job, sort its end into "done", "resume me" and "failed for good", and resubmit a job that
+# asked to be resumed. This script is the one place that decides about resubmission (Snakemake never retries a
+# training job: its retries would run inside the dying SLURM job, see docs/failure-modes.md).
+#   train_job.sh RUN_DIR LOG MAX_RESUBMITS SRUN_ARGS LOCAL_LAUNCHER CMD...
+# Under SLURM the ranks start with `srun SRUN_ARGS CMD...` (explicit nodes, tasks, tasks per node, GPUs per node:
+# the job step that runs this script has no SLURM_* task variables, so a bare srun would start one task);
+# elsewhere with `LOCAL_LAUNCHER CMD...` (empty: one process; or torchrun).
+#
+# Verdict, from the trainer's own word (RUN_DIR/EXIT.json written this attempt) or else its exit status:
+#   0                      done (DONE.json written)
+#   75, or killed by TERM/INT/HUP/USR1/KILL
+#                          resume: under SLURM the job requeues itself (`scontrol requeue`: same job id, so
+#                          Snakemake keeps waiting on it) up to MAX_RESUBMITS times per submission; elsewhere exit 75
+#                          and the same command resumes
+#   anything else          failed for good: RUN_DIR/FAILED holds the code, the job ends failed, nothing resubmits
+# Stop signals to this script (a time limit signals every process of the job) are passed on to the trainer and
+# otherwise ignored, and the log's `tee` ignores them, so the trainer's code always comes back out of here.
+# Every attempt appends to RUN_DIR/train.log (Snakemake may truncate LOG) and to RUN_DIR/attempts.jsonl; the SLURM
+# log of each job is linked into RUN_DIR/slurm/.
 set -u
-run_dir=$1 attempt=$2 log=$3; shift 3
+run_dir=$1 log=$2 max_resubmits=$3 srun_args=$4 local_launcher=$5
+shift 5
 mkdir -p "$run_dir" "$(dirname "$log")"
-if [ "$attempt" -gt 1 ] && [ -f "$run_dir/FAILED" ]; then
-  echo "dapo train failed for good on an earlier attempt (exit $(cat "$run_dir/FAILED")); see $run_dir/train.log" >&2
-  exit 1
-fi
+job=${SLURM_JOB_ID:-}
+attempts="$run_dir/attempts.jsonl"
+attempt=$(( $(cat "$attempts" 2>/dev/null | grep -c .) + 1 ))
+started=$(date +%s)
+mark="$run_dir/.attempt-start"
+touch "$mark"
 rm -f "$run_dir/FAILED"
-echo "== attempt $attempt, $(date -u +%FT%TZ), ${SLURM_JOB_ID:+SLURM job $SLURM_JOB_ID}" | tee -a "$run_dir/train.log" >> "$log"
-export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-${OMP_NUM_THREADS:-1}}
-"$@" 2>&1 | tee -a "$run_dir/train.log" >> "$log"
-rc=${PIPESTATUS[0]}
-if [ "$rc" -eq 75 ]; then
-  echo "dapo train asked to be resumed (exit 75); Snakemake resubmits it" >&2
-elif [ "$rc" -ne 0 ]; then
-  echo "$rc" > "$run_dir/FAILED"
-  echo "dapo train failed (exit $rc); log: $log (every attempt: $run_dir/train.log)" >&2
+
+if [ -n "$job" ]; then
+  # the SLURM log (its path is only known to the job itself) beside the run's own log, for every attempt
+  slurm_log=$(scontrol show job "$job" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n 1)
+  if [ -n "$slurm_log" ] && [ -f "$slurm_log" ]; then
+    mkdir -p "$run_dir/slurm"
+    ln -f "$slurm_log" "$run_dir/slurm/$job.log" 2>/dev/null || ln -sf "$slurm_log" "$run_dir/slurm/$job.log"
+  fi
+  # shellcheck disable=SC2206  # SRUN_ARGS is a list of options by design
+  launcher=(srun $srun_args)
+else
+  # shellcheck disable=SC2206
+  launcher=($local_launcher)
 fi
-exit "$rc"
+echo "== attempt $attempt, $(date -u +%FT%TZ)${job:+, SLURM job $job}: ${launcher[*]} $*" \
+  | tee -a "$run_dir/train.log" >> "$log"
+export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-${OMP_NUM_THREADS:-1}}
+
+exec 3>> "$log"
+# tee ignores stop signals (a dead tee would break the trainer's stdout in the middle of its checkpoint)
+"${launcher[@]}" "$@" > >(trap '' TERM INT HUP USR1; exec tee -a "$run_dir/train.log" >&3) 2>&1 &
+child=$!
+for sig in TERM INT HUP USR1; do
+  # srun passes TERM on to every task; the trainer treats TERM and USR1 alike (stop, checkpoint, exit 75)
+  trap 'echo "train_job.sh: got a stop signal; passing it on and waiting for the trainer" >&3; kill -TERM $child 2>/dev/null' "$sig"
+done
+while kill -0 "$child" 2>/dev/null; do wait "$child"; done
+wait "$child"
+rc=$?
+wait  # tee: the log is complete before the verdict
+
+code=$rc
+if [ -f "$run_dir/EXIT.json" ] && [ "$run_dir/EXIT.json" -nt "$mark" ]; then
+  code=$(sed -n 's/.*"code": *\([0-9]*\).*/\1/p' "$run_dir/EXIT.json")
+  code=${code:-$rc}
+fi
+case "$code" in
+  0) verdict=done ;;
+  75 | 129 | 130 | 137 | 138 | 143) verdict=resume ;;
+  *) verdict=failed ;;
+esac
+printf '{"attempt": %d, "job": "%s", "start": %d, "end": %d, "exit": %d, "code": %s, "verdict": "%s"}\n' \
+  "$attempt" "$job" "$started" "$(date +%s)" "$rc" "$code" "$verdict" >> "$attempts"
+
+case "$verdict" in
+  done) exit 0 ;;
+  failed)
+    echo "$code" > "$run_dir/FAILED"
+    echo "dapo train failed (exit $code); log: $log (every attempt: $run_dir/train.log)" >&2
+    exit "$code" ;;
+esac
+if [ -z "$job" ]; then
+  echo "dapo train stopped for resume (exit $code); run the same command again to resume" >&2
+  exit 75
+fi
+this_job=$(grep -c "\"job\": \"$job\"" "$attempts" || true)
+if [ "$this_job" -gt "$max_resubmits" ]; then
+  echo "dapo train stopped for resume (exit $code), but SLURM job $job was already resubmitted $max_resubmits" \
+    "time(s) (max_resubmits); giving up in this invocation: rerun the workflow to resume" >&2
+  exit 75
+fi
+echo "dapo train stopped for resume (exit $code): requeueing SLURM job $job (resubmission $this_job of" \
+  "$max_resubmits); it resumes from the last checkpoint" | tee -a "$run_dir/train.log" >&3
+if ! scontrol requeue "$job"; then
+  echo "scontrol requeue $job failed (the cluster may forbid requeueing: sbatch --requeue, JobRequeue);" \
+    "rerun the workflow to resume" >&2
+fi
+exit 75

@@ -1,0 +1,100 @@
+"""Checks the workflow runs once, on the submitting machine, before any job is submitted: the tracking store.
+
+- A tracking server (`http(s)://...`) must answer now. Otherwise every training job would start, wait out
+  `tracking.start_timeout_s` and be requeued, each after queueing for its GPUs.
+- An MLflow SQLite file under a cluster executor is written by jobs on other nodes at once. SQLite's locking is
+  unreliable on network file systems (NFS, Lustre, GPFS, ...: see SQLite's "How To Corrupt An SQLite Database
+  File", section 2.1), so a database there is refused; on a local file system only jobs on this node can reach it,
+  which is worth a warning.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+# File system types (as /proc/mounts names them) that other nodes share over the network.
+NETWORK_FS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "fuse.ceph",
+        "glusterfs",
+        "fuse.glusterfs",
+        "panfs",
+        "wekafs",
+        "fuse.sshfs",
+        "afs",
+        "orangefs",
+        "9p",
+    }
+)
+SERVER_FIX = (
+    "start it (e.g. `mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri sqlite:///<a local disk>/mlflow.db`"
+    " on a machine every node can reach) or pass --config tracking_uri=<its URI>"
+)
+
+
+class TrackingStoreError(RuntimeError):
+    """The tracking store would lose or corrupt runs; the message names it and the fix."""
+
+
+def filesystem_type(path: str | Path, mounts: str | None = None) -> str:
+    """The type of the file system holding `path` (the longest mount point above it in /proc/mounts)."""
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return "unknown"
+    target = os.path.realpath(path)
+    best, kind = "", "unknown"
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > len(best):
+            best, kind = point, parts[2]
+    return kind
+
+
+def server_answers(uri: str, timeout_s: float = 10.0) -> str | None:
+    """None when the MLflow server at `uri` answers its health check, else why not."""
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as r:
+            return None if r.status == 200 else f"HTTP {r.status}"
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return str(getattr(e, "reason", e))
+
+
+def check_tracking_store(uri: str, *, cluster: bool, mounts: str | None = None) -> list[str]:
+    """Raise `TrackingStoreError` for a store the run cannot use; return warnings for one it can."""
+    if uri.startswith(("http://", "https://")):
+        why = server_answers(uri)
+        if why is not None:
+            raise TrackingStoreError(f"the MLflow tracking server {uri} does not answer ({why}); {SERVER_FIX}.")
+        return []
+    if not (cluster and uri.startswith("sqlite:///")):
+        return []
+    db = Path(uri.removeprefix("sqlite:///"))
+    kind = filesystem_type(db, mounts)
+    if kind in NETWORK_FS:
+        raise TrackingStoreError(
+            f"MLflow would write to the SQLite file {db} on a {kind} file system, from jobs on many nodes at once: "
+            f"SQLite's locks do not hold on network file systems, and the database can be corrupted. Use a "
+            f"tracking server instead: {SERVER_FIX}."
+        )
+    return [
+        f"MLflow writes to the SQLite file {db} on a local ({kind}) file system: only jobs on this node can reach "
+        f"it. That suits a one-node cluster; with several nodes, {SERVER_FIX}."
+    ]

@@ -1,0 +1,225 @@
+"""Training rows through a real SLURM cluster (the CI one: one 2-CPU node with accounting): the right number of
+ranks, a preemption signal that reaches every rank, a stop before the time limit, resubmission decided by the
+job script (requeue, same job id) and a failed row that is not submitted again. Skipped without a cluster,
+except in CI (CI=true), where they must run.
+
+Each test runs `snakemake --profile slurm` on one row of the tiny preset cut to seconds a step (HF engine, a
+20-step tiny world). A requeued SLURM job is held about two minutes before it may start again (its begin time,
+while the old job credential expires: a job started earlier is killed with "Job credential revoked"), so each
+requeue costs these tests two minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dapo import metric_names as M
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+REPO = Path(__file__).resolve().parent.parent
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+WORLD = ["tiny.sft_steps=20", "tiny.n_train=64", "tiny.n_eval=4"]
+SMALL = [
+    *WORLD,
+    "trainer.train_batch_size=2",
+    "trainer.mini_batch_size=1",
+    "rollout.n=4",
+    "rollout.max_response_length=24",
+    "rollout.engine=hf",
+    "algorithm.overlong_buffer_len=8",
+    "eval.n=2",
+    "eval.every=0",
+    "eval.pass_k=[1,2]",
+    "eval.bootstrap=20",
+]
+
+
+@pytest.fixture(autouse=True)
+def cluster(in_ci):
+    ok = shutil.which("sinfo") and shutil.which("sacct")
+    if ok:
+        r = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
+        s = subprocess.run(["sacct", "-n", "-X"], capture_output=True, text=True)
+        ok = r.returncode == 0 and any(x in r.stdout for x in ("idle", "mixed", "alloc")) and s.returncode == 0
+    if not ok:
+        if in_ci:
+            pytest.fail("CI=true but no SLURM cluster answers: .ci/run starts one (scripts/slurm/start.sh)")
+        pytest.skip("no SLURM cluster answers here (start one with `make services`, as root)")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    from dapo.config import load_config
+    from dapo.tinyworld import ensure_tiny_world
+
+    path = tmp_path_factory.mktemp("slurm_world") / "world"
+    return Path(ensure_tiny_world(load_config(preset="tiny", overrides=[f"tiny.dir={path}", *WORLD])))
+
+
+class Workflow:
+    """`snakemake --profile slurm <row>` in the background, with what it printed and the run it drives."""
+
+    def __init__(self, tmp: Path, world: Path, overrides: list[str], *config: str, **env_extra: str) -> None:
+        self.results = tmp / "results"
+        self.out = tmp / "snakemake.log"
+        self.run_dir = self.results / "tiny" / "runs" / "00_naive_grpo" / "s0"
+        self.uri = f"sqlite:///{self.results / 'tiny' / 'mlflow.db'}"
+        cmd = [SNAKEMAKE, "--profile", "slurm", "row_00_naive_grpo", "--config", f"results={self.results}"]
+        cmd += [f"tiny_world={world}", f"overrides={json.dumps([*SMALL, *overrides])}", *config]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu", **env_extra}  # jobs inherit it
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.out.open("w"), stderr=subprocess.STDOUT, env=env)
+
+    def text(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def train_log(self) -> str:
+        p = self.run_dir / "train.log"
+        return p.read_text(errors="replace") if p.is_file() else ""
+
+    def until(self, what, timeout: float = 900, poll: float = 1.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            found = what()
+            if found:
+                return found
+            assert self.proc.poll() is None or what(), (
+                f"snakemake ended first\n{self.text()[-3000:]}\n{self.train_log()[-3000:]}"
+            )
+            assert time.monotonic() < deadline, f"timed out\n{self.text()[-3000:]}\n{self.train_log()[-3000:]}"
+            time.sleep(poll)
+
+    def job_id(self) -> str:
+        pattern = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: [^)]*rule_train")
+        return self.until(lambda: (m := pattern.search(self.text())) and m.group(1))
+
+    def wait(self, timeout: float = 1200) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.proc.kill()
+
+    def attempts(self) -> list[dict]:
+        return [json.loads(ln) for ln in (self.run_dir / "attempts.jsonl").read_text().splitlines()]
+
+
+def sacct(job: str) -> list[list[str]]:
+    out = subprocess.run(
+        ["sacct", "-n", "-P", "-D", "-j", job, "-o", "JobID,JobName,NTasks,State"], capture_output=True, text=True
+    ).stdout
+    return [line.split("|") for line in out.splitlines()]
+
+
+def one_run(uri: str) -> tuple[object, dict[str, list[int]]]:
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(uri)
+    runs = c.search_runs([c.get_experiment_by_name("dapo-tiny").experiment_id])
+    assert len(runs) == 1, [r.info.run_id for r in runs]
+    rid = runs[0].info.run_id
+    steps = {k: sorted(m.step for m in c.get_metric_history(rid, k)) for k in runs[0].data.metrics}
+    for key, s in steps.items():
+        assert len(s) == len(set(s)), f"{key}: two points at one step: {s}"
+    return runs[0], steps
+
+
+def test_a_two_rank_row_trains_on_both_and_a_preemption_signal_stops_both_at_one_step(world, tmp_path):
+    wf = Workflow(
+        tmp_path,
+        world,
+        [
+            "resources.train.tasks_per_node=2",
+            "trainer.zero_stage=1",
+            "trainer.total_steps=8",
+            "trainer.checkpoint_every=3",
+        ],
+    )
+    job = wf.job_id()
+    wf.until(lambda: "step 2/8" in wf.train_log())
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)  # what --signal=USR1@T does at T
+    assert wf.wait() == 0, wf.text()[-4000:]
+
+    log = wf.train_log()
+    steps = [r for r in sacct(job) if r[1] == "dapo-00_naive_grpo-s0"]
+    assert [r[2] for r in steps] == ["2", "2"], sacct(job)  # the training step of each attempt: 2 tasks
+    assert log.count("rank 0 of 2") == 2 and log.count("rank 1 of 2") == 2
+    assert log.count("received SIGUSR1") == 2  # both ranks got the signal ...
+    stopped = int(re.search(r"stopped by signal at rollout step (\d+)", log).group(1))
+    assert f"resumed from {wf.run_dir}/checkpoints/step_{stopped:06d} at rollout step {stopped}" in log  # ... one step
+    assert [(a["job"], a["verdict"]) for a in wf.attempts()] == [(job, "resume"), (job, "done")]
+    assert "REQUEUED" in [r[3] for r in sacct(job)]
+    final = sorted((wf.run_dir / "checkpoints").glob("step_*/learner/*/zero_pp_rank_*_optim_states.pt"))
+    assert {p.name[:14] for p in final} == {"zero_pp_rank_0", "zero_pp_rank_1"}  # both ranks hold optimizer state
+    run, points = one_run(wf.uri)
+    assert run.info.status == "FINISHED" and points[M.GRAD_UPDATES] == list(range(1, 9))
+    # every attempt's SLURM log beside the run's own log; `dapo status` names the job and its 2-task step
+    slurm_log = (wf.run_dir / "slurm" / f"{job}.log").read_text()
+    assert "DUE TO JOB REQUEUE" in slurm_log
+    status = subprocess.run(
+        [sys.executable, "-m", "dapo.cli", "status", str(wf.results / "tiny")], capture_output=True, text=True
+    ).stdout
+    assert f"{job} COMPLETED, training step 2 task(s)" in status and "2 (resume, done)" in status
+
+
+def test_a_one_task_row_stops_before_its_time_limit_and_at_a_signal_then_gives_up(world, tmp_path):
+    """A 3-minute job with a 40-second margin: the trainer knows the job's end (squeue) and stops in time, at its
+    own deadline or at the profile's USR1 (whichever comes first: SLURM may send it up to a minute early), never at
+    the kill; the job requeues itself and resumes there. A second stop (a preemption signal) after max_resubmits=1
+    ends the row for this invocation, without a new submission."""
+    wf = Workflow(
+        tmp_path,
+        world,
+        [
+            "trainer.total_steps=10000",
+            "trainer.checkpoint_every=0",
+            "trainer.stop_margin_s=40",
+            "resources.train.runtime_min=3",
+        ],
+        "max_resubmits=1",
+    )
+    job = wf.job_id()
+    wf.until(lambda: "resumed from" in wf.train_log())
+    wf.until(lambda: re.search(r"step \d+/10000", wf.train_log().split("resumed from")[-1]))
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    assert wf.wait() != 0
+
+    first, second = wf.train_log().split("resumed from")
+    assert re.search(r"the job ends at .* \(in \d+ s\)", first)  # read from SLURM inside the job
+    assert "left before the job's time limit" in first or "received SIGUSR1" in first
+    stopped = int(re.search(r"stopped by signal at rollout step (\d+)", first).group(1))
+    assert stopped >= 1 and f"at rollout step {stopped} " in second
+    assert "received SIGUSR1" in second  # a one-task job's trainer gets the signal (it runs in its own step)
+    assert [(a["code"], a["verdict"]) for a in wf.attempts()] == [(75, "resume"), (75, "resume")]
+    assert [r[3] for r in sacct(job) if r[0] == job][0] == "REQUEUED"  # not TIMEOUT: it stopped before the kill
+    assert "already resubmitted 1 time(s)" in (wf.run_dir / "slurm" / f"{job}.log").read_text()
+    assert len(re.findall(r"has been submitted with SLURM jobid \d+ \(log: [^)]*rule_train", wf.text())) == 1
+    run, points = one_run(wf.uri)
+    assert run.info.status == "RUNNING" and run.data.tags[M.TAG_STATUS] == "preempted"
+    assert points[M.GRAD_UPDATES][0] == 1
+
+
+def test_a_row_that_fails_for_good_is_not_submitted_again(world, tmp_path):
+    """Non-finite losses from step 1 on (a test hook): the trainer fails (exit 1) keeping its checkpoint; the row
+    fails once, with its log, and no job is submitted for it again."""
+    wf = Workflow(
+        tmp_path,
+        world,
+        ["trainer.total_steps=3", "trainer.max_consecutive_nonfinite=1"],
+        "max_resubmits=5",
+        DAPO_TEST_POISON_STEP="1",
+    )
+    assert wf.wait() != 0
+    assert (wf.run_dir / "FAILED").read_text().strip() == "1"
+    assert [a["verdict"] for a in wf.attempts()] == ["failed"]
+    assert len(re.findall(r"has been submitted with SLURM jobid \d+ \(log: [^)]*rule_train", wf.text())) == 1
+    assert "non-finite updates in a row" in wf.train_log()
+    (slurm_log,) = (wf.run_dir / "slurm").glob("*.log")  # the job's own SLURM log, kept beside the run's
+    assert "dapo train failed (exit 1)" in slurm_log.read_text()
