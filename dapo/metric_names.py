@@ -102,6 +102,12 @@ TAG_GPUS = "dapo.gpus"  # GPUs the run held (world size on GPU machines, 0 on CP
 TAG_CPUS = "dapo.cpus"  # CPU threads the run used (for CPU-hours when it held no GPU)
 TAG_REPLICAS = "dapo.rollout_replicas"  # rollout engine replicas (world size / tensor parallel size)
 
+# The latest evaluation's samples (one JSON object per sample), an artifact of the training run: the trainer logs
+# it at each evaluation (the last one is the final eval), `dapo eval --run-id` too; Table 1's per-problem
+# intervals read it.
+EVAL_SAMPLES_FOLDER = "eval"
+EVAL_SAMPLES_ARTIFACT = f"{EVAL_SAMPLES_FOLDER}/samples.jsonl"
+
 # Rows of Table 1 in order, with the paper's AIME 2024 avg@32.
 PAPER_TABLE1 = {
     "00_naive_grpo": ("Naive GRPO", 30),

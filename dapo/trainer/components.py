@@ -82,7 +82,7 @@ class MetricsTracker(Protocol):
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
 
-    def log_artifact(self, path: Path) -> None: ...
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
 
     def flush(self) -> bool: ...
 
@@ -103,7 +103,7 @@ class NullTracker:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         pass
 
-    def log_artifact(self, path: Path) -> None:
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         pass
 
     def flush(self) -> bool:

@@ -39,7 +39,7 @@ from dapo import distributed as dist
 from dapo import metric_names as M
 from dapo.algos.dynamic_sampling import RefillCapReached
 from dapo.config import RunConfig
-from dapo.evaluation.evaluate import evaluate_on_replicas
+from dapo.evaluation.evaluate import evaluate_on_replicas, write_samples
 from dapo.learner.batch import PolicyBatch
 from dapo.rollout.replicas import ReplicaLayout, sampling_seed
 from dapo.trainer import FAILURE_EXIT_CODE, RESUME_EXIT_CODE
@@ -408,6 +408,9 @@ class Trainer:
         metrics[M.TIME_EVAL] = time.perf_counter() - t0
         self.tracker.log_metrics(_finite(metrics), step=step)
         self.last_eval = metrics
+        if dist.is_main():  # the samples behind the metrics: Table 1's intervals over problems read them
+            samples = write_samples(result.samples, self.run_dir / M.EVAL_SAMPLES_ARTIFACT)
+            self.tracker.log_artifact(samples, artifact_path=M.EVAL_SAMPLES_FOLDER)
         shown = {k: v for k, v in metrics.items() if k.startswith(M.EVAL_PREFIX + "/") and "_ci_" not in k}
         self._note(f"eval at step {step}: " + "  ".join(f"{k} {v:.3f}" for k, v in shown.items()))
 
