@@ -93,7 +93,7 @@ class TinyWorldConfig(_Section):
         le=1,
         description="Probability that a worked line opens with a "
         "connective (so/then/now, uniform): reward-neutral uncertain tokens. 0.75 raised "
-        "entropy 0.25 -> 0.36 but not the upper clip fraction (README, the tiny preset).",
+        "entropy 0.25 -> 0.36 but not the upper clip fraction (docs/tiny-preset.md).",
     )
 
 

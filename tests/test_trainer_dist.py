@@ -10,7 +10,6 @@ real vLLM replicas on the cached tiny world.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -19,30 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from _env import child_env as env
 
 from dapo import metric_names as M
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "_trainer_worker.py"
-LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS")
-
-
-def env(**extra: str) -> dict[str, str]:
-    e = dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        DS_ACCELERATOR="cpu",
-        OMP_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONHASHSEED="0",
-        PYTHONPATH=str(REPO),
-    )
-    for key in LAUNCH_ENV:
-        e.pop(key, None)
-    e.update(extra)
-    return e
 
 
 def torchrun(nproc: int) -> list[str]:

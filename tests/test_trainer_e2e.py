@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _env import child_env as env
 
 from dapo import metric_names as M
 from dapo.trainer import FAILURE_EXIT_CODE, RESUME_EXIT_CODE
@@ -61,20 +62,6 @@ def args(world: Path, tmp: Path, row: str = "00_naive_grpo", *extra: str) -> lis
         "rollout.engine=hf",
         *extra,
     ]  # HF: bitwise-reproducible sampling
-
-
-def env(**extra: str) -> dict[str, str]:
-    e = dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        DS_ACCELERATOR="cpu",
-        OMP_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONHASHSEED="0",
-    )
-    e.update(extra)
-    return e
 
 
 def start(run_dir: Path, argv: list[str], **env_extra: str) -> subprocess.Popen:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _env import child_env as env
 
 from dapo import metric_names as M
 from dapo.trainer import RESUME_EXIT_CODE
@@ -67,22 +68,6 @@ def args(world: Path, uri: str, *extra: str) -> list[str]:
         "tracking.finish_timeout_s=2",
         *extra,
     ]
-
-
-def env(**extra: str) -> dict[str, str]:
-    e = dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        DS_ACCELERATOR="cpu",
-        OMP_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONHASHSEED="0",
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    )
-    for key in ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "RANK", "WORLD_SIZE", "DAPO_TEST_KILL_AT"):
-        e.pop(key, None)
-    e.update(extra)
-    return e
 
 
 def train_cmd(run_dir: Path, argv: list[str]) -> list[str]:

@@ -50,9 +50,10 @@ def run(args: argparse.Namespace) -> int:
 
     from dapo.config import load_config
     from dapo.data.prompts import tokenize_problems
-    from dapo.evaluation.evaluate import EvalSettings, evaluate, write_samples
+    from dapo.evaluation.evaluate import evaluate, write_samples
     from dapo.rollout import make_engine
     from dapo.tinyworld import resolve_model_path
+    from dapo.trainer.setup import eval_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load_config(args.config, preset=args.preset, overrides=args.overrides)
@@ -88,18 +89,7 @@ def run(args: argparse.Namespace) -> int:
         enable_sleep_mode=False,
     )
     try:
-        settings = EvalSettings(
-            n=e.n,
-            max_tokens=max_tokens,
-            temperature=e.temperature,
-            top_p=e.top_p,
-            pass_k=tuple(e.pass_k),
-            verifier=cfg.algorithm.verifier,
-            bootstrap=e.bootstrap,
-            confidence=e.confidence,
-            seed=cfg.trainer.seed,
-        )
-        result = evaluate(engine, problems, prompts, settings, sample_seed=cfg.trainer.seed)
+        result = evaluate(engine, problems, prompts, eval_settings(cfg), sample_seed=cfg.trainer.seed)
     finally:
         engine.close()
     samples_path = write_samples(result.samples, out / "samples.jsonl")

@@ -72,7 +72,7 @@ MUL_MAX_INPUT = 15
 # never changes the answer, so the base model samples it at ~1/4 each (none, so, then, now): uncertain,
 # reward-neutral tokens, as real reasoning text has. Tried as a way to make the upper clip bind (only a token with
 # old probability below 1 / (1 + eps_high) can be upper-clipped); it raised entropy 0.25 -> 0.36 but not the
-# clip fraction (README, "The tiny preset, measured"), so the default world has none.
+# clip fraction (docs/tiny-preset.md), so the default world has none.
 CONNECTIVES = ("so", "then", "now")
 
 _ANSWER_RE = re.compile(r"^\s*Answer:\s*(-?\d+)\s*$")

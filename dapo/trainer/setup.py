@@ -15,6 +15,7 @@ from dapo.trainer.components import Components, EvalSet, MetricsTracker
 from dapo.types import Problem
 
 if TYPE_CHECKING:
+    from dapo.evaluation.evaluate import EvalSettings
     from dapo.learner import Learner, ReferencePolicy
     from dapo.rewards.score import Score
 
@@ -206,9 +207,7 @@ def make_reference(cfg: RunConfig, path: str) -> ReferencePolicy:
 def make_eval_set(cfg: RunConfig, tokenizer: Any) -> EvalSet:
     """The eval problems (data.eval), their prompts, and eval.* as `EvalSettings`."""
     from dapo.data.prompts import tokenize_problems
-    from dapo.evaluation.evaluate import EvalSettings
 
-    e = cfg.eval
     problems, prompts, dropped = tokenize_problems(
         load_problems(cfg, "eval"),
         tokenizer,
@@ -217,7 +216,15 @@ def make_eval_set(cfg: RunConfig, tokenizer: Any) -> EvalSet:
     )
     if dropped:
         log.warning("dropped %d eval prompts longer than data.max_prompt_length", dropped)
-    settings = EvalSettings(
+    return EvalSet(problems, prompts, eval_settings(cfg))
+
+
+def eval_settings(cfg: RunConfig) -> EvalSettings:
+    """eval.* as `EvalSettings`: one reading of the config for the trainer's evaluations and `dapo eval`."""
+    from dapo.evaluation.evaluate import EvalSettings
+
+    e = cfg.eval
+    return EvalSettings(
         n=e.n,
         max_tokens=cfg.resolved_eval_max_tokens(),
         temperature=e.temperature,
@@ -228,4 +235,3 @@ def make_eval_set(cfg: RunConfig, tokenizer: Any) -> EvalSet:
         confidence=e.confidence,
         seed=cfg.trainer.seed,
     )
-    return EvalSet(problems, prompts, settings)

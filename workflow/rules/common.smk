@@ -13,7 +13,7 @@ from dapo.config import ABLATIONS_DIR, ConfigError, load_config, resolve_preset
 from dapo.designs import all_design_runs
 from dapo.metric_names import PAPER_TABLE1
 
-RESUME_EXIT_CODE = 75  # dapo train's "resume me" code (SLURM time limit, preemption): see README
+RESUME_EXIT_CODE = 75  # dapo train's "resume me" code (SLURM time limit, preemption): docs/failure-modes.md
 
 
 
