@@ -174,8 +174,8 @@ class FakeTracker:
             self.rec["metrics"].setdefault(k, {})[step] = v
         self.rec.setdefault("log", []).append((step, sorted(m)))
 
-    def log_artifact(self, path):
-        pass
+    def log_artifact(self, path, artifact_path=None):
+        self.rec.setdefault("artifacts", []).append((artifact_path, path.name))
 
     def flush(self):
         return True
@@ -357,6 +357,49 @@ def test_sigterm_during_evaluation_redoes_that_evaluation_after_resume(tmp_path)
     same_run(ref, resumed)
     done = json.loads((tmp_path / "cut" / "run" / "DONE.json").read_text())
     assert done["eval"][M.eval_avg(2)] == metrics_of(ref)[M.eval_avg(2)][6]  # DONE.json carries the final eval
+
+
+class SeedRecordingEngine(FakeEngine):
+    """FakeEngine that records the sampling seed each prompt was generated with, call by call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seeds: list[dict[int, int]] = []
+
+    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
+        self.seeds.append({p[0]: seed for p in prompt_ids})
+        return super().generate(prompt_ids, n, max_tokens, temperature, top_p, seed)
+
+
+def test_every_row_draws_the_same_evaluation_of_the_same_model(tmp_path):
+    """Row 05 generates in larger batches (dynamic sampling's gen_batch_size); its evaluation must still split and
+    seed the eval exactly as row 00's, or the same base model scores differently at step 0 in the two rows."""
+    first_eval = {}
+    for row in ("00_naive_grpo", "05_dynamic_sampling"):
+        engine = SeedRecordingEngine()
+        tr = make(
+            tmp_path / row,
+            "eval.every=2",
+            "trainer.total_steps=2",
+            "algorithm.gen_batch_size=12",
+            "algorithm.overlong_buffer_len=4",
+            row=row,
+            eval_set=EVAL,
+            engine=engine,
+        )
+        assert tr.run() == 0
+        seeds: dict[int, int] = {}
+        for call in engine.seeds:  # the step-0 evaluation: the calls until every eval prompt was sampled once
+            if len(seeds) == len(EVAL.problems):
+                break
+            seeds.update(call)
+        first_eval[row] = seeds
+        # each evaluation's samples are written for the run's artifact (Table 1's per-problem intervals)
+        lines = (tmp_path / row / "run" / M.EVAL_SAMPLES_ARTIFACT).read_text().splitlines()
+        assert len(lines) == len(EVAL.problems) * EVAL.settings.n
+        assert ("eval", "samples.jsonl") in FakeTracker.store[tr.run_id]["artifacts"]
+    assert len(first_eval["00_naive_grpo"]) == len(EVAL.problems)
+    assert first_eval["00_naive_grpo"] == first_eval["05_dynamic_sampling"]
 
 
 def test_sigterm_during_the_final_save_exits_for_resume_then_finishes(tmp_path):

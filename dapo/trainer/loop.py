@@ -396,9 +396,11 @@ class Trainer:
             es.prompts,
             es.settings,
             seed_for=lambda shard: sampling_seed(self.cfg.trainer.seed, EVAL_STREAM, step, shard, layout.replica),
-            # a shard is no longer than a training generation batch: evaluation adds nothing to the worst-case
+            # shards of the train batch: the same shards, and so the same sampling seeds, in every row of a ladder
+            # (dynamic sampling's larger generation batch would otherwise draw a different eval of the same
+            # model); no longer than a training generation batch, so evaluation adds nothing to the worst-case
             # signal-to-checkpoint latency
-            shard_sequences=_gen_batch_prompts(self.settings.rollout) * r.n,
+            shard_sequences=self.settings.rollout.train_batch_size * r.n,
             should_stop=self._stop_requested,
         )
         if result is None:
@@ -463,11 +465,6 @@ class Trainer:
     def _note(self, text: str) -> None:
         if self.progress is not None:
             self.progress.note(text)
-
-
-def _gen_batch_prompts(s: RolloutSettings) -> int:
-    """Prompts per generation batch of a rollout step."""
-    return (s.gen_batch_size or s.train_batch_size) if s.dynamic_sampling else s.train_batch_size
 
 
 def _finite(metrics: dict[str, float]) -> dict[str, float]:
