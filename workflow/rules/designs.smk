@@ -2,7 +2,7 @@
 #   snakemake --cores all all_leave_one_out     full DAPO, and full DAPO without each toggle
 #   snakemake --cores all all_one_at_a_time     naive GRPO, and naive GRPO with each toggle
 #   snakemake --cores all all_designs           the three designs, and one report over all of them
-# A design run is trained and evaluated by the same train / evaluate rules as a ladder row (its config file and
+# A design run is trained (and evaluated, inside its job) by the same train rule as a ladder row (its config file and
 # overrides come from common.smk's run_config / run_overrides); a design run that computes what a ladder row
 # computes is that row, so it is trained once. Each target ends with a report in results/<preset>/report/<design>/.
 
@@ -21,7 +21,7 @@ def design_report(design):
 
 rule design_report:
     """The report (Table 1, mechanisms, each toggle's marginal effect under each design present) once every run of
-    one design is evaluated."""
+    one design has finished training (the trainer evaluates inside its job)."""
     input:
         lambda wc: [m for name in DESIGN_RUNS[wc.design] for m in row_outputs(name)],
     output:
