@@ -86,29 +86,19 @@ def _tokenizer_path(cfg: RunConfig) -> str:
     return cfg.model.path
 
 
-def _source(cfg: RunConfig, split: str) -> str:
-    spec = cfg.data.train if split == "train" else cfg.data.eval
-    if spec == "tiny":
-        from dapo.tinyworld import ensure_tiny_world, tiny_paths
-
-        paths = tiny_paths(ensure_tiny_world(cfg))
-        return str(paths.train if split == "train" else paths.eval)
-    return spec
-
-
 def check_data(cfg: RunConfig, tokenizer: Any = None) -> None:
     """Train and eval sets load, are not empty, and keep prompts under `data.max_prompt_length`."""
     from dapo.data.loaders import load_problems_with_stats
     from dapo.data.prompts import tokenize_problems
+    from dapo.tinyworld import resolve_source  # one reading of `tiny` / `tiny-large`, shared with the loaders
 
     if tokenizer is None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(_tokenizer_path(cfg))
     limit = cfg.data.max_prompt_length
-    loaded = {
-        split: (_source(cfg, split), *load_problems_with_stats(_source(cfg, split))) for split in ("train", "eval")
-    }
+    sources = {split: resolve_source(cfg, split) for split in ("train", "eval")}
+    loaded = {split: (src, *load_problems_with_stats(src)) for split, src in sources.items()}
     for split, (source, problems, stats) in loaded.items():  # every file readable first, then lengths
         kept, _, dropped = tokenize_problems(
             problems, tokenizer, use_chat_template=cfg.data.use_chat_template, max_prompt_length=limit
