@@ -85,7 +85,7 @@ class FileTracker:
         for k, v in metrics.items():
             self.metrics.setdefault(k, {})[step] = v
 
-    def log_artifact(self, path):  # noqa: ANN001, ANN201
+    def log_artifact(self, path, artifact_path=None):  # noqa: ANN001, ANN201
         pass
 
     def flush(self) -> bool:

@@ -22,6 +22,22 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# What `dapo.distributed.init_distributed` writes back into os.environ when a test joins a process group in the
+# pytest process itself; left behind, every process a later test starts would inherit "rank 0 of 1".
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _launcher_env_restored():
+    saved = {k: os.environ.get(k) for k in LAUNCHER_VARS}
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def ci() -> bool:
     """CI=true (or 1, yes): what a contributor may lack must be there."""
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")

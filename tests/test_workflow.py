@@ -308,7 +308,10 @@ def test_all_ablations_through_slurm(tmp_path, in_ci, tiny_world_dir):
     )
     log = r.stdout[-4000:] + r.stderr[-6000:]
     assert r.returncode == 0, log
-    assert "sbatch" in log or "SLURM" in log  # the jobs went through the cluster
+    # every training job went through the cluster: the job script keeps each SLURM job's log in the run's folder
+    for row in PAPER_TABLE1:
+        slurm_logs = list((results / "tiny" / "runs" / row / "s0" / "slurm").glob("*.log"))
+        assert slurm_logs, (row, log)
     report = results / "tiny" / "report"
     table = (report / "table1.md").read_text()
     for label, _paper in PAPER_TABLE1.values():

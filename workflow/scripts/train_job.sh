@@ -37,6 +37,9 @@ if [ -n "$job" ]; then
     mkdir -p "$run_dir/slurm"
     ln -f "$slurm_log" "$run_dir/slurm/$job.log" 2>/dev/null || ln -sf "$slurm_log" "$run_dir/slurm/$job.log"
   fi
+  # srun's tasks take their rank and world size from SLURM_PROCID / SLURM_NTASKS; torchrun's variables, inherited
+  # from wherever Snakemake was started, would win over them and make every task rank 0 of 1
+  unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
   # shellcheck disable=SC2206  # SRUN_ARGS is a list of options by design
   launcher=(srun $srun_args)
 else
