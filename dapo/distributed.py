@@ -127,7 +127,18 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
             dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
+        _forget_deepspeed_world_group()
     return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local, device=device)
+
+
+def _forget_deepspeed_world_group() -> None:
+    """DeepSpeed keeps a clone of the world group (`deepspeed.utils.groups._WORLD_GROUP`) from the first engine of
+    the process and has no public reset: after the default group was destroyed (`shutdown`, or vLLM closing an
+    engine) and made anew, a second learner in the same process would use the dead clone ("Group ... is not
+    registered"). A new default group gets a new clone."""
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is not None and getattr(groups, "_WORLD_GROUP", None) is not None:
+        groups._WORLD_GROUP = None
 
 
 def shutdown() -> None:
