@@ -54,6 +54,7 @@ def launch(world: int, row: str, steps: int, tiny_dir: Path) -> list[float]:
             f"trainer.total_steps={steps}",
             "trainer.checkpoint_every=0",
             "eval.every=0",
+            f"resources.train.tasks_per_node={world}",  # dapo train refuses a world size its config did not ask for
             f"tracking.uri=sqlite:///{d}/mlflow.db",
             "tracking.experiment=bench",
             "--run-dir",
