@@ -5,6 +5,7 @@ test that wants one passes it in `extra`)."""
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -40,3 +41,23 @@ def child_env(**extra: str) -> dict[str, str]:
         e.pop(key, None)
     e.update(extra)
     return e
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for a rendezvous or a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The environment of rank `rank` of a `world`-process group a test starts by hand (torchrun's variables)."""
+    return dict(
+        os.environ,
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _env import free_port, rank_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -279,21 +278,11 @@ def world(tmp_path_factory):
     batch.old_logp = (current + noise) * response_mask(batch.response_ids, width=14)
     torch.save(batch, tmp / "batch.pt")
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     (tmp / "w2").mkdir()
     procs = []
     for rank in range(2):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            WORLD_SIZE="2",
-            LOCAL_RANK=str(rank),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-        )
+        env = rank_env(rank, 2, port)
         procs.append(
             subprocess.Popen(
                 [

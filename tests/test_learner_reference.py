@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _env import free_port, rank_env
 
 from dapo import metric_names as M
 from dapo.learner import Learner, LossSpec, PolicyBatch, ReferencePolicy, response_mask
@@ -171,21 +171,11 @@ def test_the_reference_is_partitioned_at_zero3_and_gives_the_same_logprobs_on_tw
     torch.save(batch, tmp / "batch.pt")
     out = tmp / "z3"
     out.mkdir(exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     worker = Path(__file__).with_name("_reference_worker.py")
     procs = []
     for rank in range(2):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            WORLD_SIZE="2",
-            LOCAL_RANK=str(rank),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-        )
+        env = rank_env(rank, 2, port)
         cmd = [sys.executable, str(worker), str(models["policy_dir"]), str(tmp / "batch.pt"), str(out)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = [p.communicate(timeout=600)[0] for p in procs]

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _env import free_port
 
 from dapo.tracking import (
     MAX_PARAM_VAL_LENGTH,
@@ -72,12 +73,6 @@ def test_sqlite_round_trip_params_tags_metrics_artifacts(tmp_path: Path) -> None
     assert tr2.client.get_run(tr.run_id).info.status == "KILLED"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_server(store: Path, port: int) -> subprocess.Popen:
     mlflow_bin = Path(sys.executable).with_name("mlflow")
     proc = subprocess.Popen(
@@ -134,7 +129,7 @@ def _stop_server(proc: subprocess.Popen) -> None:
 def test_server_killed_mid_run_loses_no_point(tmp_path: Path) -> None:
     store = tmp_path / "server"
     store.mkdir()
-    port = _free_port()
+    port = free_port()
     proc = _start_server(store, port)
     try:
         tr = Tracker(
@@ -247,7 +242,7 @@ def test_a_resumed_run_keeps_one_point_per_metric_and_step(tmp_path: Path) -> No
 
 
 def test_a_new_run_with_the_server_down_stops_after_its_start_timeout(tmp_path: Path) -> None:
-    uri = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     t0 = time.monotonic()
     with pytest.raises(TrackingUnavailable) as err:
         Tracker(uri, "exp", "r", spool_dir=tmp_path / "spool", start_timeout_s=3.0, record_run=True)
@@ -265,7 +260,7 @@ def test_restart_and_finish_while_the_server_is_down_lose_nothing(tmp_path: Path
     a later replay delivers it and marks the run FINISHED."""
     store, spool = tmp_path / "server", tmp_path / "run" / "mlflow_spool"
     store.mkdir()
-    port = _free_port()
+    port = free_port()
     uri = f"http://127.0.0.1:{port}"
     proc = _start_server(store, port)
     try:

@@ -10,7 +10,6 @@ real vLLM replicas on the cached tiny world.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from _env import child_env as env
+from _env import free_port
 
 from dapo import metric_names as M
 
@@ -111,12 +111,6 @@ def test_a_failure_on_one_rank_ends_every_rank_with_the_failure_code(model_dir, 
     assert "test hook DAPO_TEST_FAIL_AT: rank 1 fails in rollout step 2" in text[1]
     assert "rank 1: RuntimeError: test hook DAPO_TEST_FAIL_AT: rank 1 fails in rollout step 2" in text[0]
     assert not (tmp_path / "out" / "result.pt").exists()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------------------------------------ dapo train
