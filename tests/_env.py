@@ -5,8 +5,12 @@ test that wants one passes it in `extra`)."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,3 +65,53 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
         MASTER_PORT=str(port),
         OMP_NUM_THREADS="1",
     )
+
+
+def start_mlflow_server(store: Path, port: int) -> subprocess.Popen:
+    """An MLflow tracking server on 127.0.0.1:`port` over a SQLite store in `store`, answering /health."""
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    proc = subprocess.Popen(
+        [
+            str(mlflow_bin),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{store / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(store / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        cwd=store,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + 180  # a shared 2-core machine can take a minute to start it
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                pass
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.3)
+        if proc.poll() is not None:
+            raise RuntimeError(f"mlflow server exited with {proc.returncode}")
+    stop_mlflow_server(proc)
+    raise RuntimeError("mlflow server did not answer in 180 s")
+
+
+def stop_mlflow_server(proc: subprocess.Popen) -> None:
+    # the server was started in its own session: signal its group (its uvicorn worker) through our child's pid
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -5,16 +5,11 @@ while it was away arrives exactly once, in order, nothing lost, and the run's st
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from _env import free_port
+from _env import free_port, start_mlflow_server, stop_mlflow_server
 
 from dapo.tracking import (
     MAX_PARAM_VAL_LENGTH,
@@ -73,64 +68,13 @@ def test_sqlite_round_trip_params_tags_metrics_artifacts(tmp_path: Path) -> None
     assert tr2.client.get_run(tr.run_id).info.status == "KILLED"
 
 
-def _start_server(store: Path, port: int) -> subprocess.Popen:
-    mlflow_bin = Path(sys.executable).with_name("mlflow")
-    proc = subprocess.Popen(
-        [
-            str(mlflow_bin),
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{store / 'mlflow.db'}",
-            "--artifacts-destination",
-            str(store / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        cwd=store,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.time() + 180  # a shared 2-core machine can take a minute to start it
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                pass
-            import urllib.request
-
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.3)
-        if proc.poll() is not None:
-            raise RuntimeError(f"mlflow server exited with {proc.returncode}")
-    _stop_server(proc)
-    raise RuntimeError("mlflow server did not answer in 180 s")
-
-
-def _stop_server(proc: subprocess.Popen) -> None:
-    # the server was started in its own session: signal its group (its uvicorn worker) through our child's pid
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_server_killed_mid_run_loses_no_point(tmp_path: Path) -> None:
     store = tmp_path / "server"
     store.mkdir()
     port = free_port()
-    proc = _start_server(store, port)
+    proc = start_mlflow_server(store, port)
     try:
         tr = Tracker(
             f"http://127.0.0.1:{port}", "exp-resilient", "row5-s0", spool_dir=tmp_path / "spool", retry_interval_s=0.0
@@ -139,7 +83,7 @@ def test_server_killed_mid_run_loses_no_point(tmp_path: Path) -> None:
         for step in range(0, 5):
             tr.log_metrics({"reward/accuracy": step / 10, "time/step": 1.0 + step}, step=step)
 
-        _stop_server(proc)
+        stop_mlflow_server(proc)
         t0 = time.monotonic()
         for step in range(5, 10):  # training goes on while the server is away
             tr.log_metrics({"reward/accuracy": step / 10, "time/step": 1.0 + step}, step=step)
@@ -149,7 +93,7 @@ def test_server_killed_mid_run_loses_no_point(tmp_path: Path) -> None:
         assert len(spooled) == 5 * 2 + 1  # 5 steps x 2 metrics + 1 tag, waiting in order
         assert not tr.flush()
 
-        proc = _start_server(store, port)  # same port, same store
+        proc = start_mlflow_server(store, port)  # same port, same store
         for step in range(10, 12):
             tr.log_metrics({"reward/accuracy": step / 10, "time/step": 1.0 + step}, step=step)
         tr.finish("FINISHED")
@@ -181,7 +125,7 @@ def test_server_killed_mid_run_loses_no_point(tmp_path: Path) -> None:
         assert tr.flush()
         assert len(tr.client.get_metric_history(tr.run_id, "time/step")) == 12
     finally:
-        _stop_server(proc)
+        stop_mlflow_server(proc)
 
 
 def _start_run(uri: str, name: str) -> str:
@@ -262,12 +206,12 @@ def test_restart_and_finish_while_the_server_is_down_lose_nothing(tmp_path: Path
     store.mkdir()
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    proc = _start_server(store, port)
+    proc = start_mlflow_server(store, port)
     try:
         first = Tracker(uri, "exp", "r", spool_dir=spool, record_run=True, retry_interval_s=0.0)
         for step in range(5):
             first.log_metrics({"m": float(step)}, step=step)
-        _stop_server(proc)
+        stop_mlflow_server(proc)
         for step in (5, 6):  # spooled; then the process is killed (its checkpoint was at step 3)
             first.log_metrics({"m": float(step)}, step=step)
         del first
@@ -279,7 +223,7 @@ def test_restart_and_finish_while_the_server_is_down_lose_nothing(tmp_path: Path
         note = resumed.spool_path.with_suffix(UNDELIVERED)
         assert note.is_file() and "could not be delivered" in note.read_text()
 
-        proc = _start_server(store, port)
+        proc = start_mlflow_server(store, port)
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(uri)
@@ -293,4 +237,4 @@ def test_restart_and_finish_while_the_server_is_down_lose_nothing(tmp_path: Path
         runs = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
         assert len(runs) == 1
     finally:
-        _stop_server(proc)
+        stop_mlflow_server(proc)

@@ -221,17 +221,17 @@ def test_the_run_stops_before_the_jobs_time_limit_and_resumes(world, tmp_path):
 # ------------------------------------------------------------------------------ the tracking server away
 @pytest.mark.timeout(1800)
 def test_the_server_lost_at_a_restart_and_at_the_end_loses_nothing(world, tmp_path):
-    from test_tracking import _free_port, _start_server, _stop_server
+    from _env import free_port, start_mlflow_server, stop_mlflow_server
 
     server = tmp_path / "server"
     server.mkdir()
-    port = _free_port()
+    port = free_port()
     uri = f"http://127.0.0.1:{port}"
     run_dir = tmp_path / "run"
-    proc = _start_server(server, port)
+    proc = start_mlflow_server(server, port)
     try:
         assert train(run_dir, args(world, uri), DAPO_TEST_KILL_AT="checkpoint.published:2") == -signal.SIGKILL
-        _stop_server(proc)
+        stop_mlflow_server(proc)
         # the restart finds the server down: not fatal, it trains to the end and keeps what it could not send
         assert train(run_dir, args(world, uri)) == 0, log_text(run_dir)[-3000:]
         spool = run_dir / "mlflow_spool"
@@ -241,7 +241,7 @@ def test_the_server_lost_at_a_restart_and_at_the_end_loses_nothing(world, tmp_pa
         # a later invocation with the server still down says so, and finishes at once
         assert train(run_dir, args(world, uri)) == 0 and "still wait" in log_text(run_dir)
 
-        proc = _start_server(server, port)
+        proc = start_mlflow_server(server, port)
         assert train(run_dir, args(world, uri)) == 0  # finds the spool, delivers it, marks the run
         runs, points = store(uri)
         assert len(runs) == 1 and runs[0].info.status == "FINISHED"
@@ -251,4 +251,4 @@ def test_the_server_lost_at_a_restart_and_at_the_end_loses_nothing(world, tmp_pa
         assert [s for s, _ in points[M.eval_avg(2)]] == [0, 2, 3]
         assert not list(spool.glob("*.undelivered")) and not [p for p in spool.glob("*.jsonl") if p.stat().st_size]
     finally:
-        _stop_server(proc)
+        stop_mlflow_server(proc)
