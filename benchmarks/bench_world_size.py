@@ -5,8 +5,9 @@ versus world size 1 (one rank x 2 threads), on the same 2 cores, through `dapo t
 
 Each launch trains `--steps` rollout steps of the tiny preset (the default tiny world, built if missing) from the
 base model, with no checkpoint but the last and no evaluation but the final one; the step time is MLflow's
-`time/step` of every step after the first (which carries the warm-up), median over the launch. Launches alternate
-world 2, world 1, ... for `--rounds` rounds. The target (issue 12): world 2 at least 1.3x faster.
+`time/step` of every step after the first (which carries the warm-up), median over the launch, and the same for
+its phases (generation, old log-probs, the updates, the weight sync; scoring and bookkeeping are the rest).
+Launches alternate world 2, world 1, ... for `--rounds` rounds. The target (issue 12): world 2 at least 1.3x faster.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ warnings.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def launch(world: int, row: str, steps: int, tiny_dir: Path) -> list[float]:
-    """Seconds per rollout step (steps 2..) of one `dapo train` launch."""
+PHASES = ("time/generate", "time/old_logprob", "time/update", "time/weight_sync")
+
+
+def launch(world: int, row: str, steps: int, tiny_dir: Path) -> dict[str, list[float]]:
+    """Seconds per rollout step (steps 2..) of one `dapo train` launch: `time/step` and its phases."""
     from mlflow.tracking import MlflowClient
 
     from dapo import metric_names as M
@@ -67,8 +71,11 @@ def launch(world: int, row: str, steps: int, tiny_dir: Path) -> list[float]:
             raise RuntimeError(f"world {world} failed:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
         c = MlflowClient(f"sqlite:///{d}/mlflow.db")
         (run,) = c.search_runs([c.get_experiment_by_name("bench").experiment_id])
-        hist = {m.step: m.value for m in c.get_metric_history(run.info.run_id, M.TIME_STEP)}
-        return [hist[s] for s in sorted(hist) if s > 1]
+        out = {}
+        for key in (M.TIME_STEP, *PHASES):
+            hist = {m.step: m.value for m in c.get_metric_history(run.info.run_id, key)}
+            out[key] = [hist[s] for s in sorted(hist) if s > 1]
+        return out
 
 
 def main() -> None:
@@ -87,12 +94,19 @@ def main() -> None:
     tiny_dir = Path(ensure_tiny_world(load_config(preset="tiny")))
     rounds, steps = (1, 3) if args.quick else (args.rounds, args.steps)
     per_launch: dict[int, list[float]] = {2: [], 1: []}
+    phases: dict[int, dict[str, list[float]]] = {2: {k: [] for k in PHASES}, 1: {k: [] for k in PHASES}}
     for r in range(rounds):
         for world in (2, 1) if r % 2 == 0 else (1, 2):
-            per_launch[world].append(median(launch(world, args.row, steps, tiny_dir)))
+            t = launch(world, args.row, steps, tiny_dir)
+            per_launch[world].append(median(t["time/step"]))
+            for k in PHASES:
+                phases[world][k].append(median(t[k]))
     header = ["world size", "ranks x threads", "launches", "median s / step", "min-max s / step"]
+    header += [f"{k.split('/')[1]} s" for k in PHASES]
     rows = [
-        [w, f"{w} x {2 // w}", len(v), f"{median(v):.2f}", f"{min(v):.2f}-{max(v):.2f}"] for w, v in per_launch.items()
+        [w, f"{w} x {2 // w}", len(v), f"{median(v):.2f}", f"{min(v):.2f}-{max(v):.2f}"]
+        + [f"{median(phases[w][k]):.3f}" for k in PHASES]
+        for w, v in per_launch.items()
     ]
     speedup = median(per_launch[1]) / median(per_launch[2])
     print_table(f"Tiny preset, row {args.row}: one rollout step", header, rows)
