@@ -2,6 +2,7 @@
 versus world size 1 (one rank x 2 threads), on the same 2 cores, through `dapo train` itself.
 
     .venv/bin/python benchmarks/bench_world_size.py [--quick] [--rounds 3] [--steps 6] [--row 00_naive_grpo]
+        [--set trainer.zero_stage=2 ...]
 
 Each launch trains `--steps` rollout steps of the tiny preset (the default tiny world, built if missing) from the
 base model, with no checkpoint but the last and no evaluation but the final one; the step time is MLflow's
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("time/generate", "time/old_logprob", "time/update", "time/weight_sync")
 
 
-def launch(world: int, row: str, steps: int, tiny_dir: Path) -> dict[str, list[float]]:
+def launch(world: int, row: str, steps: int, tiny_dir: Path, overrides: list[str]) -> dict[str, list[float]]:
     """Seconds per rollout step (steps 2..) of one `dapo train` launch: `time/step` and its phases."""
     from mlflow.tracking import MlflowClient
 
@@ -61,6 +62,7 @@ def launch(world: int, row: str, steps: int, tiny_dir: Path) -> dict[str, list[f
             f"resources.train.tasks_per_node={world}",  # dapo train refuses a world size its config did not ask for
             f"tracking.uri=sqlite:///{d}/mlflow.db",
             "tracking.experiment=bench",
+            *overrides,
             "--run-dir",
             f"{d}/run",
             "--progress",
@@ -84,6 +86,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--row", default="00_naive_grpo")
     ap.add_argument("--quick", action="store_true", help="1 round of 3 steps, nothing recorded")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for both world sizes")
     args = ap.parse_args()
     from _common import machine, md_table, median, print_table, record
 
@@ -97,7 +100,7 @@ def main() -> None:
     phases: dict[int, dict[str, list[float]]] = {2: {k: [] for k in PHASES}, 1: {k: [] for k in PHASES}}
     for r in range(rounds):
         for world in (2, 1) if r % 2 == 0 else (1, 2):
-            t = launch(world, args.row, steps, tiny_dir)
+            t = launch(world, args.row, steps, tiny_dir, args.set)
             per_launch[world].append(median(t["time/step"]))
             for k in PHASES:
                 phases[world][k].append(median(t[k]))
