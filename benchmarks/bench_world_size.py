@@ -28,15 +28,14 @@ warnings.filterwarnings("ignore")
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from dapo import metric_names as M  # noqa: E402
 
-PHASES = ("time/generate", "time/old_logprob", "time/update", "time/weight_sync")
+PHASES = (M.TIME_GENERATE, M.TIME_OLD_LOGPROB, M.TIME_UPDATE, M.TIME_SYNC)  # the parts of M.TIME_STEP reported
 
 
 def launch(world: int, row: str, steps: int, tiny_dir: Path, overrides: list[str]) -> dict[str, list[float]]:
     """Seconds per rollout step (steps 2..) of one `dapo train` launch: `time/step` and its phases."""
     from mlflow.tracking import MlflowClient
-
-    from dapo import metric_names as M
 
     with tempfile.TemporaryDirectory() as d:
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
@@ -101,7 +100,7 @@ def main() -> None:
     for r in range(rounds):
         for world in (2, 1) if r % 2 == 0 else (1, 2):
             t = launch(world, args.row, steps, tiny_dir, args.set)
-            per_launch[world].append(median(t["time/step"]))
+            per_launch[world].append(median(t[M.TIME_STEP]))
             for k in PHASES:
                 phases[world][k].append(median(t[k]))
     header = ["world size", "ranks x threads", "launches", "median s / step", "min-max s / step"]
