@@ -17,6 +17,7 @@ One update (docs/algorithm.md sections 2, 3 and 8):
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -100,7 +101,7 @@ class Learner(ChunkedForward):
         self.grad_clip = grad_clip
         ds_clip = 0.0 if self._own_step else grad_clip
         ds_config = deepspeed_config(zero_stage, self.dtype == torch.bfloat16, ds_clip, self.dist.world_size)
-        policy, self._zero_init = load_policy(model_path, self.dtype, gradient_checkpointing, ds_config)
+        policy = load_policy(model_path, self.dtype, gradient_checkpointing, ds_config)
         if pack_prompts:
             check_packable(policy.lm)
         self._torch_opt = make_optimizer(policy.parameters(), optimizer, lr, weight_decay, betas)
@@ -123,6 +124,7 @@ class Learner(ChunkedForward):
         self.updates = 0  # optimizer steps applied
         self.skipped_updates = 0  # optimizer steps skipped (non-finite)
         self._offloaded = False
+        self._host_buffers: dict[tuple[str, int], Tensor] = {}  # ZeRO-3 master weights and Adam state, offloaded
         self._set_lr(self.lr)
 
     # ------------------------------------------------------------------------------------------ lr schedule
@@ -314,17 +316,63 @@ class Learner(ChunkedForward):
 
     # ------------------------------------------------------------------------------------------ colocation
     def offload_states(self) -> None:
-        """Move this rank's ZeRO states (parameter shards, gradients, optimizer state) to host memory while the
-        colocated rollout engine generates (DeepSpeed's `offload_states`). A no-op without a GPU and at ZeRO 0."""
+        """Move this rank's ZeRO states (parameter shards, gradients, fp32 master weights, optimizer state) to host
+        memory while the colocated rollout engine generates (DeepSpeed's `offload_states`). A no-op without a GPU
+        and at ZeRO 0."""
         if self.dist.device.type == "cuda" and self.zero_stage > 0 and not self._offloaded:
-            self.engine.offload_states()
+            if self.zero_stage == 3:
+                from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as State
+
+                # DeepSpeed 0.19's ZeRO-3 moves the master weights and the optimizer state only for its own
+                # FusedAdam (an assert: "Offloading is supported only for DeepSpeed FusedAdam"; ZeRO 1-2 have no
+                # such check), a CUDA op built with nvcc at first use. The learner steps torch's fused AdamW (no
+                # build), so DeepSpeed moves the rest and those two move here (found on an H100 by
+                # scripts/gpu_check.py).
+                self.engine.offload_states(include=[State.lp_params, State.lp_grads, State.contiguous_grad_buffer])
+                for key, t in self._master_and_adam_tensors():
+                    host = self._host_buffers.get(key)
+                    if host is None:
+                        host = self._host_buffers[key] = torch.empty_like(t, device="cpu").pin_memory()
+                    host.copy_(t)
+                    t.data = host
+            else:
+                self.engine.offload_states()
             self._offloaded = True
 
     def reload_states(self) -> None:
         """Undo `offload_states`; every other method needs the states back on the GPU."""
         if self._offloaded:
             self.engine.reload_states()
+            for _, t in self._master_and_adam_tensors():
+                t.data = t.data.to(self.dist.device)
             self._offloaded = False
+
+    @contextlib.contextmanager
+    def _states_on_device(self) -> Iterator[None]:
+        """The states where training keeps them for the duration, then back where they were: DeepSpeed's
+        checkpoints and ZeRO-3's gathers read the GPU-side buffers that `offload_states` empties (a resume at
+        ZeRO-3 on a GPU failed in `load_checkpoint` with the states offloaded: found by scripts/gpu_check.py)."""
+        offloaded = self._offloaded
+        self.reload_states()
+        try:
+            yield
+        finally:
+            if offloaded:
+                self.offload_states()
+
+    def _master_and_adam_tensors(self) -> Iterator[tuple[tuple[str, int], Tensor]]:
+        """ZeRO-3's fp32 master partitions (the torch optimizer's parameters) and their Adam moments, keyed so
+        that a pinned host buffer is reused at every offload. The buffers stay out of the optimizer's state dict
+        (DeepSpeed's own helper keeps them there, which a checkpoint would save and a resume load onto the GPU)."""
+        if self.zero_stage != 3:
+            return
+        zero = self.engine.optimizer
+        for i, master in enumerate(zero.fp32_partitioned_groups_flat):
+            yield ("master", i), master
+            state = zero.optimizer.state.get(master, {})
+            for name in ("exp_avg", "exp_avg_sq"):
+                if name in state:
+                    yield (name, i), state[name]
 
     # ------------------------------------------------------------------------------------------ weights out
     def named_parameters_for_sync(self) -> Iterator[tuple[str, Tensor]]:
@@ -336,14 +384,15 @@ class Learner(ChunkedForward):
         """
         import deepspeed
 
-        for name, p in self.engine.module.lm.named_parameters():
-            if self.zero_stage == 3:
-                with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
-                    t = p.detach().clone()
-                yield name, t
-                del t  # one gathered copy alive at a time: not this one while the next is gathered
-            else:
-                yield name, p.detach()
+        with self._states_on_device():
+            for name, p in self.engine.module.lm.named_parameters():
+                if self.zero_stage == 3:
+                    with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+                        t = p.detach().clone()
+                    yield name, t
+                    del t  # one gathered copy alive at a time: not this one while the next is gathered
+                else:
+                    yield name, p.detach()
 
     def save_hf(self, directory: str | Path) -> None:
         """The current model as a Hugging Face checkpoint (plus the tokenizer files found beside the input
@@ -366,13 +415,15 @@ class Learner(ChunkedForward):
             "updates": self.updates,
             "skipped_updates": self.skipped_updates,
         }
-        self.engine.save_checkpoint(str(directory), tag=_CKPT_TAG, client_state={"dapo_learner": counters})
+        with self._states_on_device():
+            self.engine.save_checkpoint(str(directory), tag=_CKPT_TAG, client_state={"dapo_learner": counters})
 
     def load_checkpoint(self, directory: str | Path) -> None:
         """Restore exactly what `save_checkpoint` wrote (same world size and ZeRO stage)."""
-        path, client = self.engine.load_checkpoint(
-            str(directory), tag=_CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
-        )
+        with self._states_on_device():
+            path, client = self.engine.load_checkpoint(
+                str(directory), tag=_CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+            )
         if path is None or not client or "dapo_learner" not in client:
             raise FileNotFoundError(f"{directory}: no learner checkpoint (expected DeepSpeed tag {_CKPT_TAG!r})")
         counters = client["dapo_learner"]
