@@ -92,7 +92,7 @@ def plain_side(path: Path, batch, chunk: int = 1024, fused: bool = False):
     from dapo.learner.batch import collate
     from dapo.learner.model import load_policy
 
-    module, _ = load_policy(str(path), torch.float32, False, {"zero_optimization": {"stage": 0}})
+    module = load_policy(str(path), torch.float32, False, {"zero_optimization": {"stage": 0}})
     module.train()
     opt = torch.optim.AdamW(module.parameters(), lr=1e-6, fused=fused or None)
     n = len(batch)

@@ -403,6 +403,22 @@ def test_zero3_and_zero0_with_gradient_clipping_match_the_clipped_reference(worl
             assert got["metrics"][M.GRAD_NORM] == pytest.approx(ref_norm, rel=1e-5)
 
 
+def test_a_zero3_learner_leaves_later_model_loads_in_the_process_whole(world):
+    """ZeRO-3 loads the policy partitioned (zero.Init, through transformers and accelerate). A model loaded after
+    it in the same process, the HF rollout engine's, must be whole: while transformers' process-wide ZeRO-3 flag
+    stayed set, it was partitioned too and its first forward failed ("'weight' must be 2-D", found on a GPU)."""
+    import accelerate  # noqa: F401  (a dependency: without it ZeRO-3 loads whole and this checks nothing)
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    learner = Learner(str(world["model_dir"]), loss=LossSpec(), lr=1e-3, zero_stage=3, dtype="float32")
+    assert hasattr(next(learner.engine.module.parameters()), "ds_id")  # partitioned
+    assert not is_deepspeed_zero3_enabled()
+    later = AutoModelForCausalLM.from_pretrained(world["model_dir"])
+    assert later.get_input_embeddings().weight.shape == world["model"].get_input_embeddings().weight.shape
+    assert torch.equal(later.get_input_embeddings().weight, world["model"].get_input_embeddings().weight)
+
+
 @pytest.mark.parametrize("case", ["z2/nan", "z0/nan"])
 def test_a_non_finite_loss_on_one_rank_skips_the_step_everywhere(world, case):
     """A NaN advantage on one response (held by the last rank at world size 2): no rank steps."""

@@ -55,5 +55,5 @@ def test_a_plain_model_loads(tmp_path):
 
     cfg = Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
     Qwen2ForCausalLM(cfg).save_pretrained(tmp_path / "m")
-    policy, _ = load_policy(str(tmp_path / "m"), torch.float32, False, deepspeed_config(0, False, 1.0, 1))
+    policy = load_policy(str(tmp_path / "m"), torch.float32, False, deepspeed_config(0, False, 1.0, 1))
     assert policy.head_weight().shape == (50, 16)

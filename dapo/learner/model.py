@@ -136,32 +136,41 @@ def prepare_deepspeed() -> None:
 
 def load_policy(
     model_path: str, dtype: torch.dtype, gradient_checkpointing: bool, ds_config: dict[str, Any]
-) -> tuple[PolicyModule, Any]:
+) -> PolicyModule:
     """The HF model at `model_path` in `dtype`, with every dropout set to 0 (the first update on freshly
     computed old log-probs must see ratio 1), wrapped for DeepSpeed. A model whose config transforms the logits
     after the head is refused before any weight is loaded (`check_plain_logits`).
 
-    Returns (module, keep-alive): under ZeRO-3 the second value is transformers' `HfDeepSpeedConfig`, which makes
-    `from_pretrained` build the model already partitioned (zero.Init), so no rank ever holds the whole model;
-    keep it as long as the model. That needs the `accelerate` package; without it every rank loads the whole
-    model and `deepspeed.initialize` partitions it (fine for small models, heavy on host memory at 32B).
+    Under ZeRO-3, transformers' `HfDeepSpeedConfig` makes `from_pretrained` build the model already partitioned
+    (zero.Init), so no rank ever holds the whole model. That needs the `accelerate` package; without it every rank
+    loads the whole model and `deepspeed.initialize` partitions it (fine for small models, heavy on host memory
+    at 32B). The `HfDeepSpeedConfig` lives only for this load: transformers keeps it in a process-wide weak
+    reference, and while it lives every `from_pretrained` in the process builds a partitioned model, the HF
+    rollout engine's too (whose first forward then fails: "'weight' must be 2-D"; found on a GPU machine by
+    scripts/gpu_check.py). Nothing after the load needs it: `deepspeed.initialize` keeps the partitioning.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    keep_alive = None
+    zero_init = None
     if ds_config["zero_optimization"]["stage"] == 3 and importlib.util.find_spec("accelerate") is not None:
+        import deepspeed
         from transformers.integrations import HfDeepSpeedConfig
 
-        keep_alive = HfDeepSpeedConfig(ds_config)
+        # zero.Init reads the world size from DeepSpeed's own communicator, which `deepspeed.initialize` sets up
+        # only after the load: without it each rank of a multi-rank job saw world size 1 and failed DeepSpeed's
+        # batch-size check ("2 != 1 * 1 * 1"). This adopts the torch process group that already exists.
+        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)
+        zero_init = HfDeepSpeedConfig(ds_config)
     config = AutoConfig.from_pretrained(model_path)
     check_plain_logits(config, f"{model_path}/config.json")
     for key, value in config.to_dict().items():
         if "dropout" in key and isinstance(value, float):
             setattr(config, key, 0.0)
     lm = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=dtype)
+    del zero_init  # the weak reference dies with it: later loads in this process are ordinary again
     if gradient_checkpointing:
         lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return PolicyModule(lm), keep_alive
+    return PolicyModule(lm)
 
 
 def copy_tokenizer_files(src: str | Path, dst: Path) -> None:

@@ -53,7 +53,7 @@ class ReferencePolicy(ChunkedForward):
         # Stages 1 and 2 partition optimizer state and gradients only; without either they would be stage 0.
         self.zero_stage = 3 if zero_stage == 3 else 0
         ds_config = deepspeed_config(self.zero_stage, self.dtype == torch.bfloat16, 1.0, self.dist.world_size)
-        policy, self._zero_init = load_policy(model_path, self.dtype, False, ds_config)
+        policy = load_policy(model_path, self.dtype, False, ds_config)
         policy.requires_grad_(False)
         if pack_prompts:
             check_packable(policy.lm)
