@@ -101,6 +101,7 @@ TAG_STATUS = "dapo.status"  # running | finished | failed | preempted
 TAG_GPUS = "dapo.gpus"  # GPUs the run held (world size on GPU machines, 0 on CPU): compute table
 TAG_CPUS = "dapo.cpus"  # CPU threads the run used (for CPU-hours when it held no GPU)
 TAG_REPLICAS = "dapo.rollout_replicas"  # rollout engine replicas (world size / tensor parallel size)
+TAG_CPU_KERNELS = "dapo.cpu_kernels"  # PyTorch's CPU kernels (AVX2, AVX512, ...); the workflow pins tiny runs to AVX2
 
 # The latest evaluation's samples (one JSON object per sample), an artifact of the training run: the trainer logs
 # it at each evaluation (the last one is the final eval), `dapo eval --run-id` too; Table 1's per-problem

@@ -12,6 +12,7 @@ from dapo.cli import main
 from dapo.config import ConfigError, load_config
 from dapo.data.loaders import load_problems
 from dapo.data.prompts import build_prompt, encode_prompt
+from dapo.tinyworld import build
 from dapo.tinyworld.build import (
     ensure_large_eval,
     ensure_tiny_world,
@@ -19,6 +20,7 @@ from dapo.tinyworld.build import (
     read_manifest,
     resolve_source,
     tiny_paths,
+    weights_digest,
     world_hash,
 )
 
@@ -124,6 +126,26 @@ def test_large_eval_split_is_drawn_beside_the_world_without_rebuilding_it(small)
     assert resolve_source(small_eval, "eval") == str(tiny_paths(root).eval)  # `tiny`: the AIME-sized split
     with pytest.raises(ConfigError, match="data.train=tiny"):
         load_config(preset="tiny", overrides=["data.train=tiny-large"])
+
+
+@pytest.mark.skipif(not build.pinned_kernels(), reason="kernels are pinned on x86-64 only")
+def test_every_host_builds_the_same_world_whatever_kernels_it_would_pick(tmp_path, monkeypatch):
+    """PyTorch picks its vector kernels by the host CPU (AVX2, AVX-512), and the supervised phase turns their
+    rounding differences into another base model. A host that would pick other kernels is stood in for by the
+    caller's ATEN_CPU_CAPABILITY: with the build's pin both give the same weights; without it they differ here."""
+
+    def digest(capability: str, name: str) -> str:
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+        cfg = load_config(preset="tiny", overrides=SMALL + [f"tiny.dir={tmp_path / name}"])
+        m = read_manifest(ensure_tiny_world(cfg))
+        assert m["weights_sha256"] == weights_digest(tiny_paths(tmp_path / name).model)
+        return m["weights_sha256"]
+
+    pinned = digest("default", "scalar-host"), digest("avx512", "avx512-host")
+    assert pinned[0] == pinned[1]
+    assert read_manifest(tmp_path / "scalar-host")["kernels"]["cpu_capability"] == "AVX2"
+    monkeypatch.setattr(build, "PINNED_KERNELS", {})
+    assert digest("default", "scalar-host-unpinned") != pinned[0]
 
 
 def test_refuses_to_overwrite_a_directory_that_is_not_a_tiny_world(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo.metric_names import PAPER_TABLE1, TAG_ROW, eval_avg
+from dapo.metric_names import PAPER_TABLE1, TAG_CPU_KERNELS, TAG_ROW, eval_avg
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -316,8 +316,11 @@ def test_all_ablations_through_slurm(tmp_path, in_ci, tiny_world_dir):
     table = (report / "table1.md").read_text()
     for label, _paper in PAPER_TABLE1.values():
         assert label in table
-    # every row's MLflow run finished, with its eval metrics
+    # every row's MLflow run finished, with its eval metrics, on the CPU kernels the tiny world was built with
+    # (pinned through the job script and srun, whatever this host's CPU offers)
     from mlflow.tracking import MlflowClient
+
+    from dapo.tinyworld import pinned_kernels
 
     client = MlflowClient(tracking_uri=f"sqlite:///{results / 'tiny' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("dapo-tiny")
@@ -328,6 +331,8 @@ def test_all_ablations_through_slurm(tmp_path, in_ci, tiny_world_dir):
         run = by_row[row]
         assert run.info.status == "FINISHED", (row, run.info.status)
         assert eval_avg(2) in run.data.metrics, (row, sorted(run.data.metrics))
+        if pinned_kernels():
+            assert run.data.tags[TAG_CPU_KERNELS] == "AVX2", (row, run.data.tags)
     # a rerun skips finished work
     r2 = snakemake(
         "--profile",

@@ -7,6 +7,12 @@ base model never depends on it, so it is drawn on first use into `eval_large_<n>
 seconds, and a world built before the split existed stays valid. A build is written to a temporary sibling
 directory and renamed into place under a file lock, so two processes asking for the same world never see a
 half-written one.
+
+The build runs in a child process with pinned CPU kernels (`PINNED_KERNELS`): PyTorch, MKL and oneDNN pick their
+vector code by the CPU they run on, and the supervised phase amplifies the rounding differences that follow into
+a different base model (measured: the same config built with AVX2 and with AVX-512 kernels gave base avg@16 of
+32.7 and 24.8). Pinned to AVX2, which every x86-64 server of the last decade has, the world is the same file on
+every such host, whichever process asks for it (the tests, `dapo build-tiny`, `dapo train`).
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import random
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,8 +38,9 @@ from dapo.tinyworld.tasks import Task, make_large_eval, make_splits, solution_li
 if TYPE_CHECKING:
     from dapo.config import RunConfig, TinyWorldConfig
 
-# Bump when the task generator, tokenizer or training recipe changes: old caches are then rebuilt.
-BUILD_VERSION = 3
+# Bump when the task generator, tokenizer, training recipe or build environment changes: old caches are rebuilt.
+# 4: built in a child process with PINNED_KERNELS (3 used whatever kernels the host CPU offered).
+BUILD_VERSION = 4
 SFT_BATCH = 32  # sequences per supervised step
 SFT_LR = 3e-3  # trained a 1.1M-parameter prototype to 30% avg@16 in 5 CPU-minutes
 VOCAB_SIZE = 1024  # an upper bound: the BPE saturates near 500 on this task's text
@@ -49,6 +59,15 @@ UNHASHED_KEYS = ("dir", "n_eval_large")
 
 # progress(phase, done, total): phases "tasks", "tokenizer", "sft", "measure"
 Progress = Callable[[str, int, int], None]
+
+# Environment of the build's child process on x86-64, and of the workflow's tiny runs (workflow/rules/train.smk):
+# PyTorch's own kernels (ATen), MKL's BLAS (conditional numerical reproducibility) and oneDNN all use their AVX2
+# code, whatever the host offers beyond it. vLLM's CPU kernels need no pin: its AVX2 and AVX-512 builds sampled
+# the same tokens with the same log-probs from the tiny model. Elsewhere (aarch64) nothing is pinned.
+PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# the child's stdout lines that carry progress and errors to the parent (anything else is passed through)
+_PROTOCOL = "@dapo-build "
+_CHILD = "import sys; from dapo.tinyworld.build import _child_main; sys.exit(_child_main(sys.argv[1:]))"
 
 
 @dataclass(frozen=True)
@@ -219,6 +238,21 @@ def _write_jsonl(path: Path, tasks: list[Task], prefix: str) -> None:
             fh.write(json.dumps(row) + "\n")
 
 
+def pinned_kernels() -> dict[str, str]:
+    """The environment that pins the build's CPU kernels on this machine (empty where nothing is pinned)."""
+    return dict(PINNED_KERNELS) if platform.machine().lower() in ("x86_64", "amd64") else {}
+
+
+def weights_digest(model_dir: str | Path) -> str:
+    """SHA-256 of the model's safetensors files, in name order: two builds made the same world when these agree."""
+    h = hashlib.sha256()
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
 def build_tiny_world(
     tiny: TinyWorldConfig,
     out_dir: str | Path,
@@ -234,28 +268,78 @@ def build_tiny_world(
     progress: Progress | None = None,
     threads: int = 1,
 ) -> dict[str, Any]:
-    """Build everything into `out_dir` (no caching here) and return the manifest it wrote."""
+    """Build everything into `out_dir` (no caching here) in a child process with pinned CPU kernels, and return the
+    manifest it wrote. A ValueError of the build (a config it cannot build) is raised here with its message."""
+    request = {
+        "tiny": tiny.model_dump(mode="json"),
+        "out_dir": str(out_dir),
+        "threads": threads,
+        "settings": {
+            "eval_n": eval_n,
+            "eval_temperature": eval_temperature,
+            "eval_top_p": eval_top_p,
+            "max_new_tokens": max_new_tokens,
+            "group_n": group_n,
+            "group_temperature": group_temperature,
+            "group_top_p": group_top_p,
+            "max_prompt_length": max_prompt_length,
+        },
+    }
+    threads_env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env = {**os.environ, **pinned_kernels(), **threads_env}
+    error: dict[str, str] | None = None
+    with subprocess.Popen(
+        [sys.executable, "-c", _CHILD, json.dumps(request)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as child:
+        assert child.stdout is not None
+        try:
+            for line in child.stdout:
+                if not line.startswith(_PROTOCOL):
+                    sys.stdout.write(line)
+                    continue
+                msg = json.loads(line[len(_PROTOCOL) :])
+                if "progress" in msg and progress is not None:
+                    progress(*msg["progress"])
+                error = msg.get("error", error)
+        except BaseException:  # a stop signal or Ctrl-C in this process: the build must not outlive it
+            child.kill()
+            raise
+    if error is not None:
+        raise (ValueError if error["type"] == "ValueError" else RuntimeError)(error["message"])
+    if child.returncode != 0:
+        raise RuntimeError(f"the tiny world build exited with {child.returncode}; its error is above")
+    manifest = read_manifest(out_dir)
+    if manifest is None:
+        raise RuntimeError(f"the tiny world build wrote no manifest into {out_dir}")
+    return manifest
+
+
+def _child_main(argv: list[str]) -> int:
+    """The child process's entry (`_CHILD`): the build of REQUEST, in the environment `build_tiny_world` pinned."""
     import torch
 
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    from dapo.config import TinyWorldConfig
+
+    def say(msg: dict[str, Any]) -> None:
+        print(_PROTOCOL + json.dumps(msg), flush=True)
+
+    request = json.loads(argv[0])
+    torch.set_num_threads(request["threads"])
     try:
-        return _build(
-            tiny,
-            Path(out_dir),
-            eval_n=eval_n,
-            eval_temperature=eval_temperature,
-            eval_top_p=eval_top_p,
-            max_new_tokens=max_new_tokens,
-            group_n=group_n,
-            group_temperature=group_temperature,
-            group_top_p=group_top_p,
-            max_prompt_length=max_prompt_length,
-            progress=progress,
-            threads=threads,
+        _build(
+            TinyWorldConfig.model_validate(request["tiny"]),
+            Path(request["out_dir"]),
+            **request["settings"],
+            progress=lambda phase, done, total: say({"progress": [phase, done, total]}),
+            threads=request["threads"],
         )
-    finally:
-        torch.set_num_threads(previous_threads)
+    except Exception as e:  # reported to the parent, which raises it with this message
+        say({"error": {"type": type(e).__name__, "message": str(e)}})
+        raise
+    return 0
 
 
 def _build(
@@ -398,6 +482,8 @@ def _build(
         "build_seconds": round(time.perf_counter() - t0, 1),
         "build_cpu_seconds": round(time.process_time() - c0, 1),
         "threads": threads,
+        "kernels": {**pinned_kernels(), "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+        "weights_sha256": weights_digest(out.model),
         "param_count": param_count(model),
         "vocab_size": len(tokenizer),
         "max_prompt_tokens": longest,

@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         path = ensure_tiny_world(cfg, out=root, force=args.force, progress=_PlainProgress(), threads=args.threads)
     m = read_manifest(path) or {}
     ev = m.get("eval", {})
-    summary = {k: m.get(k) for k in ("build_seconds", "param_count", "vocab_size", "max_prompt_tokens")}
+    keys = ("build_seconds", "param_count", "vocab_size", "max_prompt_tokens", "weights_sha256")
+    summary = {k: m.get(k) for k in keys}
     print(
         f"tiny world built: {tiny_paths(path).model}\n{json.dumps(summary)}\neval {json.dumps(ev)}\n"
         f"train groups {json.dumps(m.get('train_groups', {}))}"

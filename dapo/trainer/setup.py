@@ -56,6 +56,7 @@ def run_tags(cfg: RunConfig) -> dict[str, str]:
         M.TAG_CONFIG_HASH: cfg.config_hash(),
         M.TAG_GPUS: str(gpus),
         M.TAG_CPUS: str(torch.get_num_threads()),
+        M.TAG_CPU_KERNELS: torch.backends.cpu.get_cpu_capability(),
     }
 
 

@@ -83,6 +83,16 @@ def _resolve(row, seed, extra=()):
 RUN_CFGS = {(row, seed): _resolve(row, seed) for row in ROWS for seed in SEEDS}
 BASE = next(iter(RUN_CFGS.values()))
 IS_TINY = BASE.model.path == "tiny"
+
+
+def kernel_env():
+    """The shell prefix that starts a train job: for the tiny preset the CPU kernels the tiny world was built with
+    (dapo.tinyworld.pinned_kernels), so that an ablation gives the same numbers on any x86-64 host, whatever vector
+    code its CPU offers; nothing for GPU presets."""
+    from dapo.tinyworld import pinned_kernels
+
+    return "".join(f"{k}={v} " for k, v in pinned_kernels().items()) if IS_TINY else ""
+
 # The config's own tiny.dir (default results/tiny_world, where the tests cache it too): built once for both.
 TINY_DIR = Path(config.get("tiny_world") or BASE.tiny.dir).resolve()
 

@@ -24,12 +24,13 @@ rule train:
         srun=lambda wc: srun_args(wc.row, wc.seed),
         local=local_launcher("train"),
         max_resubmits=config.get("max_resubmits", 5),
+        kernels=kernel_env(),
     threads: BASE.resources.train.cpus_per_task
     priority: lambda wc: train_priority(wc.row, wc.seed)
     resources:
         **slurm_resources("train"),
     shell:
-        "bash workflow/scripts/train_job.sh {params.run_dir:q} {log:q} {params.max_resubmits} {params.srun:q} "
+        "{params.kernels}bash workflow/scripts/train_job.sh {params.run_dir:q} {log:q} {params.max_resubmits} {params.srun:q} "
         "{params.local:q} dapo train {params.args}"
 
 
