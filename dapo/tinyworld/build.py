@@ -11,8 +11,9 @@ half-written one.
 The build runs in a child process with pinned CPU kernels (`PINNED_KERNELS`): PyTorch, MKL and oneDNN pick their
 vector code by the CPU they run on, and the supervised phase amplifies the rounding differences that follow into
 a different base model (measured: the same config built with AVX2 and with AVX-512 kernels gave base avg@16 of
-32.7 and 24.8). Pinned to AVX2, which every x86-64 server of the last decade has, the world is the same file on
-every such host, whichever process asks for it (the tests, `dapo build-tiny`, `dapo train`).
+32.7 and 24.8). Pinned to AVX2, which every x86-64 server of the last decade has, the world does not depend on the
+kernels the host would pick, nor on which process asks for it (the tests, `dapo build-tiny`, `dapo train`); checked
+here by asking for other ATen kernels (tests/test_tinyworld_build.py), not on an Intel host.
 """
 
 from __future__ import annotations
