@@ -87,8 +87,8 @@ IS_TINY = BASE.model.path == "tiny"
 
 def kernel_env():
     """The shell prefix that starts a train job: for the tiny preset the CPU kernels the tiny world was built with
-    (dapo.tinyworld.pinned_kernels), so that an ablation gives the same numbers on any x86-64 host, whatever vector
-    code its CPU offers; nothing for GPU presets."""
+    (dapo.tinyworld.pinned_kernels), so that its numbers do not depend on the vector code a host's CPU would pick
+    (checked here by asking for other ATen kernels, not on a second host); nothing for GPU presets."""
     from dapo.tinyworld import pinned_kernels
 
     return "".join(f"{k}={v} " for k, v in pinned_kernels().items()) if IS_TINY else ""
