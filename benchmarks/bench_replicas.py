@@ -56,12 +56,13 @@ def worker(model: str, reps: int, out: str) -> None:
         parts = map_on_replicas(
             layout,
             prompts,
-            lambda share, lead: sum(
-                len(s.response_ids) for g in engine.generate(share, N, MAX_TOKENS, seed=seed) for s in g
+            N,
+            lambda items, share, lead: sum(
+                len(s.response_ids) for g in engine.generate(items, share.counts, MAX_TOKENS, seed=seed) for s in g
             ),
         )
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        return wall, sum(parts), sum(dist.all_gather(cpu))  # CPU seconds of every rank
+        return wall, sum(tokens for _, tokens in parts), sum(dist.all_gather(cpu))  # CPU seconds of every rank
 
     call(0)  # warm-up
     timed = [call(k + 1) for k in range(reps)]

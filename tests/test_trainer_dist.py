@@ -1,6 +1,6 @@
-"""A training job of two ranks: two rollout replicas that each generate their half of every generation batch
-(dynamic sampling's refill included) and of the evaluation, and train to the weights of a one-rank run on the
-same collected batch; a failure on one rank ends both, naming it, with the failure code.
+"""A training job of two ranks: two rollout replicas that each generate half the samples of every prompt of
+every generation batch (dynamic sampling's refill included) and of the evaluation, and train to the weights of a
+one-rank run on the same collected batch; a failure on one rank ends both, naming it, with the failure code.
 
 The loop and the learner are real (DeepSpeed ZeRO 2 on gloo) in `_trainer_worker.py`, with an engine that answers
 from the prompt alone, so both world sizes collect the same batch. `dapo train` itself runs under torchrun with
@@ -72,14 +72,14 @@ def test_two_replicas_split_every_batch_and_train_the_one_rank_weights(model_dir
     # the final evaluation, sharded over the replicas and summarised once, gives the one-rank numbers
     assert b["metrics"][M.eval_avg(2)] == a["metrics"][M.eval_avg(2)] and 2 in a["metrics"][M.eval_avg(2)]
 
-    # what each replica generated: a different half of every generation batch, the evaluation included
+    # what each replica generated: a different half of the samples of every prompt of every generation batch, the
+    # evaluation included
     solo, r0, r1 = calls(one, 0), calls(two, 0), calls(two, 1)
     assert len(r0) == len(r1) == len(solo)
     for whole, h0, h1 in zip(solo, r0, r1, strict=True):
-        assert h0["n"] == h1["n"] == whole["n"]
-        assert h0["problems"] + h1["problems"] == whole["problems"]
-        assert len(h0["problems"]) == len(h1["problems"]) == len(whole["problems"]) // 2 > 0
-    assert {c["n"] for c in solo} == {4, 2}  # rollouts (n=4) and evaluation (n=2)
+        assert h0["problems"] == h1["problems"] == whole["problems"]
+        assert h0["counts"] == h1["counts"] == [k // 2 for k in whole["counts"]]
+    assert {k for c in solo for k in c["counts"]} == {4, 2}  # rollouts (n=4) and evaluation (n=2)
 
 
 def initial(model_dir: Path) -> dict[str, torch.Tensor]:

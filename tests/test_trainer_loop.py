@@ -17,6 +17,7 @@ from dapo import metric_names as M
 from dapo.config import load_config
 from dapo.evaluation.evaluate import EvalSettings
 from dapo.learner import UPDATE_SKIPPED
+from dapo.rollout.base import per_prompt_counts
 from dapo.trainer import FAILURE_EXIT_CODE, RESUME_EXIT_CODE
 from dapo.trainer import checkpoint as ck
 from dapo.trainer.components import Components, EvalSet
@@ -63,8 +64,8 @@ class FakeEngine:
             sigterm()
         g = torch.Generator().manual_seed(seed)
         out = []
-        for p in prompt_ids:
-            bits = torch.randint(0, 2, (n,), generator=g).tolist()
+        for p, k in zip(prompt_ids, per_prompt_counts(n, len(prompt_ids)), strict=True):
+            bits = torch.randint(0, 2, (k,), generator=g).tolist()
             out.append(
                 [
                     Sample(

@@ -14,6 +14,7 @@ evaluation after the restart).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import Any
 
 from dapo.metric_names import EVAL_LEN_MEAN, EVAL_TRUNC_FRAC
 from dapo.rollout.base import RolloutEngine
-from dapo.rollout.replicas import ReplicaLayout, map_on_replicas
+from dapo.rollout.replicas import ReplicaLayout, Share, map_on_replicas, merge_by_prompt
 from dapo.types import Problem
 
 
@@ -123,11 +124,18 @@ def evaluate_on_replicas(
             return None
         seed = seed_for(k)
 
-        def run(share: list[tuple[Problem, list[int]]], leader: bool, seed: int = seed) -> list[dict[str, Any]]:
-            return sample_and_score(engine, [p for p, _ in share], [q for _, q in share], settings, seed, score=leader)
+        def run(
+            items: list[tuple[Problem, list[int]]], share: Share, leader: bool, seed: int = seed
+        ) -> list[list[dict[str, Any]]]:
+            got = sample_and_score(
+                engine, [p for p, _ in items], [q for _, q in items], settings, seed, score=leader, share=share
+            )
+            ends = list(itertools.accumulate(share.counts))  # the records, problem by problem
+            return [got[e - c : e] for c, e in zip(share.counts, ends, strict=True)] if leader else []
 
-        for part in map_on_replicas(layout, items[start : start + per_shard], run):
-            records += part
+        shard = items[start : start + per_shard]
+        for pieces in merge_by_prompt(len(shard), map_on_replicas(layout, shard, settings.n, run)):
+            records += [r for piece in pieces for r in piece]
     return summarise(records, settings)
 
 
@@ -146,15 +154,19 @@ def sample_and_score(
     sample_seed: int | None,
     *,
     score: bool = True,
+    share: Share | None = None,
 ) -> list[dict[str, Any]]:
     """n samples per problem, scored: one record per sample (see `evaluate`), problem by problem. `score=False`
-    samples only and returns [] (a tensor-parallel member whose leader keeps the result)."""
+    samples only and returns [] (a tensor-parallel member whose leader keeps the result). With a replica's
+    `share`, `share.counts[i]` samples of problem i, indexed from `share.first[i]`."""
     from dapo.rewards import score_responses
 
     s = settings
+    counts = share.counts if share is not None else [s.n] * len(problems)
+    first = share.first if share is not None else [0] * len(problems)
     groups = (
         engine.generate(
-            prompt_ids, n=s.n, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=sample_seed
+            prompt_ids, n=counts, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=sample_seed
         )
         if problems
         else []
@@ -165,10 +177,10 @@ def sample_and_score(
     answers = [p.answer for p, g in zip(problems, groups, strict=True) for _ in g]
     scores = iter(score_responses(texts, answers, verifier=s.verifier))
     records: list[dict[str, Any]] = []
-    for p, g in zip(problems, groups, strict=True):
-        if len(g) != s.n:
-            raise RuntimeError(f"engine returned {len(g)} samples for problem {p.id}, expected {s.n}")
-        for j, smp in enumerate(g):
+    for p, g, k, j0 in zip(problems, groups, counts, first, strict=True):
+        if len(g) != k:
+            raise RuntimeError(f"engine returned {len(g)} samples for problem {p.id}, expected {k}")
+        for j, smp in enumerate(g, start=j0):
             sc = next(scores)
             records.append(
                 {

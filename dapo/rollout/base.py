@@ -14,7 +14,7 @@ freed, and the same sequence runs.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
@@ -31,7 +31,7 @@ class RolloutEngine(Protocol):
     def generate(
         self,
         prompt_ids: list[list[int]],
-        n: int,
+        n: int | Sequence[int],
         max_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -41,14 +41,15 @@ class RolloutEngine(Protocol):
 
         Args:
             prompt_ids: P prompts as token ids (templates already applied).
-            n: responses per prompt (the group size G).
+            n: responses per prompt (the group size G), or P counts, one per prompt (a rollout replica draws
+                part of each prompt's group: `dapo.rollout.replicas.split_samples`).
             max_tokens: generation cap L_max; a response that reaches it without EOS has finish_reason "length".
             seed: seeds this call's sampling (the same seed, prompts and weights give the same samples); None
                 continues the engine's own stream.
         Returns:
-            P lists of n Samples, in prompt order. `response_ids` ends with the EOS token when finish_reason is
-            "stop" (the policy must learn to stop), and `logprobs[t]` is the engine's log-prob of
-            `response_ids[t]`.
+            P lists of n (or n[i]) Samples, in prompt order. `response_ids` ends with the EOS token when
+            finish_reason is "stop" (the policy must learn to stop), and `logprobs[t]` is the engine's log-prob
+            of `response_ids[t]`.
         """
 
     @abstractmethod
@@ -142,3 +143,11 @@ def make_engine(
 
         return HFEngine(model_path, dtype=dtype, max_model_len=max_model_len, seed=seed)
     raise ValueError(f"unknown rollout engine {kind!r}; choose `vllm` or `hf` (config key rollout.engine)")
+
+
+def per_prompt_counts(n: int | Sequence[int], num_prompts: int) -> list[int]:
+    """`generate`'s `n` as one count per prompt (checked: as many counts as prompts, each at least 1)."""
+    counts = [n] * num_prompts if isinstance(n, int) else list(n)
+    if len(counts) != num_prompts or any(k < 1 for k in counts):
+        raise ValueError(f"generate: n={n!r} for {num_prompts} prompts (one count >= 1, or one per prompt)")
+    return counts

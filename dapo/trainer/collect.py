@@ -6,9 +6,11 @@ sampling keeps a group iff its *correctness* varies (not the shaped reward) and 
 `gen_batch_size` prompts until `train_batch_size` groups are kept or the cap is reached (`RefillAccumulator`). Without
 dynamic sampling one batch of `train_batch_size` prompts is generated and every group trains.
 
-Replicas (`dapo.rollout.replicas`): each generation batch is cut into one share per replica; each replica
+Replicas (`dapo.rollout.replicas`): each generation batch is cut into one share of its samples per replica (part
+of every prompt's group where it can, so no replica draws all the responses of the hardest prompts); each replica
 generates and scores its share (scoring where the samples are spreads the verifier's CPU work over the job instead
-of piling it on one rank), and an all-gather gives every rank all the groups in the batch's order. Every rank then
+of piling it on one rank), and an all-gather gives every rank all the groups, put back together in the batch's
+order. Every rank then
 runs the same refill decision on the same groups, so the kept count is over all replicas, every replica stops at
 the same generation batch, and the token count includes what every replica generated, dropped groups included.
 
@@ -29,7 +31,7 @@ import torch
 from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats, keep_groups
 from dapo.algos.overlong import soft_overlong_penalty
 from dapo.rollout.base import RolloutEngine
-from dapo.rollout.replicas import ReplicaLayout, map_on_replicas, sampling_seed
+from dapo.rollout.replicas import ReplicaLayout, map_on_replicas, merge_by_prompt, sampling_seed
 from dapo.trainer.components import Scorer
 from dapo.types import Problem, Sample
 
@@ -142,6 +144,19 @@ def make_groups(
     return groups
 
 
+def join_groups(pieces: Sequence[Group]) -> Group:
+    """One prompt's group from the pieces that replicas sampled of it, in sample order."""
+    first = pieces[0]
+    return Group(
+        problem=first.problem,
+        prompt_ids=first.prompt_ids,
+        samples=[x for g in pieces for x in g.samples],
+        scores=[x for g in pieces for x in g.scores],
+        correct=[x for g in pieces for x in g.correct],
+        penalties=[x for g in pieces for x in g.penalties],
+    )
+
+
 class ReplicaSampler:
     """Generation batches on every rollout replica of the job (one replica, and no collective, in one process).
 
@@ -166,21 +181,23 @@ class ReplicaSampler:
             parts = map_on_replicas(
                 self.layout,
                 list(zip(problems, prompts, strict=True)),
-                lambda share, lead: self._share(share, lead, seed),
+                self.s.n,
+                lambda items, share, lead: self._share(items, share.counts, lead, seed),
             )
+            pieces = merge_by_prompt(len(problems), [(share, part.groups) for share, part in parts])
             return Sampled(
-                [g for p in parts for g in p.groups],
-                {k: max(p.timings.get(k, 0.0) for p in parts) for k in ("generate", "score")},
+                [join_groups(p) for p in pieces],
+                {k: max(part.timings.get(k, 0.0) for _, part in parts) for k in ("generate", "score")},
             )
 
         return sample
 
-    def _share(self, share: list[tuple[Problem, list[int]]], leader: bool, seed: int) -> Sampled:
+    def _share(self, items: list[tuple[Problem, list[int]]], counts: list[int], leader: bool, seed: int) -> Sampled:
         s = self.s
-        problems, prompts = [p for p, _ in share], [list(q) for _, q in share]
+        problems, prompts = [p for p, _ in items], [list(q) for _, q in items]
         t0 = time.perf_counter()
         outs = self.engine.generate(
-            prompts, n=s.n, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=seed
+            prompts, n=counts, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=seed
         )
         t1 = time.perf_counter()
         if not leader:  # a tensor-parallel member: the same samples as its leader, whose result is kept
