@@ -161,6 +161,11 @@ def test_vllm_draws_a_count_per_prompt(vllm_world) -> None:
     flat = [s for g in groups for s in g]
     ref = hf_logprobs(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat])
     assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
+    # equal counts sample exactly what one count does: a one-replica run draws what it drew before the split
+    ids = lambda groups: [[(s.response_ids, s.logprobs) for s in g] for g in groups]  # noqa: E731
+    assert ids(engine.generate(PROMPTS, n=[2, 2, 2], max_tokens=8, seed=6)) == ids(
+        engine.generate(PROMPTS, n=2, max_tokens=8, seed=6)
+    )
 
 
 @pytest.mark.slow
