@@ -9,10 +9,10 @@ dynamic sampling one batch of `train_batch_size` prompts is generated and every 
 Replicas (`dapo.rollout.replicas`): each generation batch is cut into one share of its samples per replica (part
 of every prompt's group where it can, so no replica draws all the responses of the hardest prompts); each replica
 generates and scores its share (scoring where the samples are spreads the verifier's CPU work over the job instead
-of piling it on one rank), and an all-gather gives every rank all the groups, put back together in the batch's
-order. Every rank then
-runs the same refill decision on the same groups, so the kept count is over all replicas, every replica stops at
-the same generation batch, and the token count includes what every replica generated, dropped groups included.
+of piling it on one rank), and an all-gather gives every rank every replica's part, put back together into the
+batch's groups in order. Every rank then runs the same refill decision on the same groups, so the kept count is
+over all replicas, every replica stops at the same generation batch, and the token count includes what every
+replica generated, dropped groups included.
 
 Timers accumulate over every generation batch of the step (a timer reset per refill undercounts dynamic
 sampling) and take the slowest replica's time per batch (what the step waited for); the Fig 3b fractions are
