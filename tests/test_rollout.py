@@ -120,6 +120,16 @@ def check_samples(groups: list, n: int | list[int], max_tokens: int, eos: int) -
                 assert eos not in s.response_ids[:-1]
 
 
+def check_counts_per_prompt(engine, model) -> None:  # noqa: ANN001
+    """What a rollout replica asks for when it holds part of each prompt's group: one count per prompt, each
+    sample under the model's distribution."""
+    groups = engine.generate(PROMPTS, n=[3, 1, 2], max_tokens=8, seed=5)
+    check_samples(groups, [3, 1, 2], 8, model.config.eos_token_id)
+    flat = [s for g in groups for s in g]
+    ref = hf_logprobs(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat])
+    assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
+
+
 # ---------------------------------------------------------------------------------------------- vLLM
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
 def vllm_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, vllm):
@@ -154,13 +164,8 @@ def test_vllm_logprobs_follow_every_sync(vllm_world) -> None:
 
 @pytest.mark.slow
 def test_vllm_draws_a_count_per_prompt(vllm_world) -> None:
-    """What a rollout replica asks for when it holds part of each prompt's group: one count per prompt."""
     d, engine, model = vllm_world
-    groups = engine.generate(PROMPTS, n=[3, 1, 2], max_tokens=8, seed=5)
-    check_samples(groups, [3, 1, 2], 8, model.config.eos_token_id)
-    flat = [s for g in groups for s in g]
-    ref = hf_logprobs(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat])
-    assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
+    check_counts_per_prompt(engine, model)
     # equal counts sample exactly what one count does: a one-replica run draws what it drew before the split
     ids = lambda groups: [[(s.response_ids, s.logprobs) for s in g] for g in groups]  # noqa: E731
     assert ids(engine.generate(PROMPTS, n=[2, 2, 2], max_tokens=8, seed=6)) == ids(
@@ -270,11 +275,7 @@ def test_hf_chunked_generation_keeps_prompt_order(hf_world) -> None:
 
 def test_hf_draws_a_count_per_prompt(hf_world) -> None:
     d, engine, model = hf_world
-    groups = engine.generate(PROMPTS, n=[3, 1, 2], max_tokens=6, seed=5)
-    check_samples(groups, [3, 1, 2], 6, model.config.eos_token_id)
-    flat = [s for g in groups for s in g]
-    ref = hf_logprobs(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat])
-    assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
+    check_counts_per_prompt(engine, model)
     with pytest.raises(ValueError, match="one per prompt"):
         engine.generate(PROMPTS, n=[3, 1], max_tokens=6)
 
