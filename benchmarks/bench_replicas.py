@@ -3,12 +3,15 @@ generating half of the batch, gathered) versus 1 rank x 2 threads (one engine, t
 and the CPU time each side spends per token (all its processes), which a busy machine distorts less than wall time.
 
     .venv/bin/python benchmarks/bench_replicas.py [--quick] [--rounds 3] [--reps 3] [--model tiny|world]
+        [--omp-wait default|passive]
 
 Both sides run the trainer's path (`dapo.rollout.replicas.map_on_replicas` over `make_engine("vllm", ...)`), on
 the tiny world's base model (`--model world`, built if missing) or a random Qwen2 of the same shape (`tiny`,
 default: no build). Each side is a fresh launch (engine start excluded from the timing: one warm-up call, then
 `--reps` timed calls, the median kept); launches alternate A, B, A, B for `--rounds` rounds so the shared
-machine's drift falls on both. The tokens counted are those returned (every replica's).
+machine's drift falls on both. The tokens counted are those returned (every replica's). Both sides keep OpenMP's
+default waiting policy (what `dapo train` gets); `--omp-wait passive` sets OMP_WAIT_POLICY=PASSIVE on both and
+records a separate section.
 """
 
 from __future__ import annotations
@@ -74,17 +77,20 @@ def worker(model: str, reps: int, out: str) -> None:
     engine.close()
 
 
-def launch(side: str, model: str, reps: int) -> dict:
+def launch(side: str, model: str, reps: int, omp_wait: str) -> dict:
     """Run one side in fresh processes; returns the worker's record."""
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "out.json")
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+        drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "OMP_WAIT_POLICY")
+        env = {k: v for k, v in os.environ.items() if k not in drop}
+        if omp_wait != "default":
+            env.update(OMP_WAIT_POLICY=omp_wait.upper())
         script = [str(Path(__file__).resolve()), "--worker", model, str(reps), out]
         if side == "2 ranks x 1 thread":
-            env.update(OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
+            env.update(OMP_NUM_THREADS="1")
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *script]
         else:
-            env.update(OMP_NUM_THREADS="2", OMP_WAIT_POLICY="PASSIVE")
+            env.update(OMP_NUM_THREADS="2")
             cmd = [sys.executable, *script]
         p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
         if p.returncode != 0:
@@ -113,6 +119,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--model", choices=["tiny", "world"], default="tiny")
     ap.add_argument("--quick", action="store_true", help="1 round of 1 call per side, nothing recorded")
+    ap.add_argument(
+        "--omp-wait",
+        choices=("default", "passive"),
+        default="default",
+        help="OpenMP's waiting policy for both sides: the library default (what users get) or PASSIVE",
+    )
     args = ap.parse_args()
     from _common import machine, md_table, median, print_table, record
 
@@ -124,7 +136,7 @@ def main() -> None:
     cpu_per_k: dict[str, list[float]] = {s: [] for s in sides}  # CPU seconds per 1,000 tokens, all processes
     for r in range(rounds):
         for side in sides[r % 2 :] + sides[: r % 2]:
-            rec = launch(side, model, reps)
+            rec = launch(side, model, reps, args.omp_wait)
             tps[side].append(median([tok / sec for sec, tok, _ in rec["calls"]]))
             cpu_per_k[side].append(median([1000 * cpu / tok for _, tok, cpu in rec["calls"]]))
     header = ["side", "launches", "median tokens/s", "min-max tokens/s", "CPU s / 1K tokens"]
@@ -133,15 +145,18 @@ def main() -> None:
         for s, v in tps.items()
     ]
     ratio = median(tps[sides[0]]) / median(tps[sides[1]])
+    wait = "OpenMP's default waiting" if args.omp_wait == "default" else "OMP_WAIT_POLICY=PASSIVE"
     print_table(f"Rollouts: {PROMPTS} prompts x {N} x up to {MAX_TOKENS} tokens (vLLM, float32, CPU)", header, rows)
     print(f"2 replicas / 1 engine: {ratio:.2f}x")
     if not args.quick:
         body = (
             f"{rounds} launches per side, alternating; in each, {reps} timed calls after a warm-up call, median "
-            f"kept. Batch: {PROMPTS} prompts of {PROMPT_LEN} tokens x {N} responses x up to {MAX_TOKENS} tokens; "
+            f"kept; {wait} on both sides. Batch: {PROMPTS} prompts of {PROMPT_LEN} tokens x {N} responses x up to "
+            f"{MAX_TOKENS} tokens; "
             f"model `{args.model}`.\n\n{md_table(header, rows)}\n\n2 replicas / 1 engine: **{ratio:.2f}x**"
         )
-        record("replicas", "benchmarks/bench_replicas.py " + " ".join(sys.argv[1:]), info, body)
+        name = "replicas" if args.omp_wait == "default" else f"replicas-{args.omp_wait}"
+        record(name, "benchmarks/bench_replicas.py " + " ".join(sys.argv[1:]), info, body)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,17 @@
 versus world size 1 (one rank x 2 threads), on the same 2 cores, through `dapo train` itself.
 
     .venv/bin/python benchmarks/bench_world_size.py [--quick] [--rounds 3] [--steps 6] [--row 00_naive_grpo]
-        [--set trainer.zero_stage=2 ...]
+        [--omp-wait default|passive] [--set trainer.zero_stage=2 ...]
 
 Each launch trains `--steps` rollout steps of the tiny preset (the default tiny world, built if missing) from the
 base model, with no checkpoint but the last and no evaluation but the final one; the step time is MLflow's
 `time/step` of every step after the first (which carries the warm-up), median over the launch, and the same for
 its phases (generation, old log-probs, the updates, the weight sync; scoring and bookkeeping are the rest).
 Launches alternate world 2, world 1, ... for `--rounds` rounds. The target (issue 12): world 2 at least 1.3x faster.
+
+Both sides run in the environment a user's `dapo train` gets: OpenMP's own waiting policy (GNU OpenMP spins a while
+before it sleeps). `--omp-wait passive` sets OMP_WAIT_POLICY=PASSIVE for both sides instead, and records a separate
+section: threads that sleep at once slow world 1's two-thread matrix products by about a fifth (BENCHMARKS.md 10).
 """
 
 from __future__ import annotations
@@ -33,13 +37,18 @@ from dapo import metric_names as M  # noqa: E402
 PHASES = (M.TIME_GENERATE, M.TIME_OLD_LOGPROB, M.TIME_UPDATE, M.TIME_SYNC)  # the parts of M.TIME_STEP reported
 
 
-def launch(world: int, row: str, steps: int, tiny_dir: Path, overrides: list[str]) -> dict[str, list[float]]:
+def launch(
+    world: int, row: str, steps: int, tiny_dir: Path, overrides: list[str], omp_wait: str
+) -> dict[str, list[float]]:
     """Seconds per rollout step (steps 2..) of one `dapo train` launch: `time/step` and its phases."""
     from mlflow.tracking import MlflowClient
 
     with tempfile.TemporaryDirectory() as d:
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-        env.update(OMP_NUM_THREADS=str(2 // world), OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
+        drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "OMP_WAIT_POLICY")
+        env = {k: v for k, v in os.environ.items() if k not in drop}
+        env.update(OMP_NUM_THREADS=str(2 // world), TOKENIZERS_PARALLELISM="false")
+        if omp_wait != "default":
+            env.update(OMP_WAIT_POLICY=omp_wait.upper())
         launcher = (
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
             if world == 2
@@ -85,6 +94,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--row", default="00_naive_grpo")
     ap.add_argument("--quick", action="store_true", help="1 round of 3 steps, nothing recorded")
+    ap.add_argument(
+        "--omp-wait",
+        choices=("default", "passive"),
+        default="default",
+        help="OpenMP's waiting policy for both sides: the library default (what users get) or PASSIVE",
+    )
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for both world sizes")
     args = ap.parse_args()
     from _common import machine, md_table, median, print_table, record
@@ -99,7 +114,7 @@ def main() -> None:
     phases: dict[int, dict[str, list[float]]] = {2: {k: [] for k in PHASES}, 1: {k: [] for k in PHASES}}
     for r in range(rounds):
         for world in (2, 1) if r % 2 == 0 else (1, 2):
-            t = launch(world, args.row, steps, tiny_dir, args.set)
+            t = launch(world, args.row, steps, tiny_dir, args.set, args.omp_wait)
             per_launch[world].append(median(t[M.TIME_STEP]))
             for k in PHASES:
                 phases[world][k].append(median(t[k]))
@@ -111,15 +126,17 @@ def main() -> None:
         for w, v in per_launch.items()
     ]
     speedup = median(per_launch[1]) / median(per_launch[2])
-    print_table(f"Tiny preset, row {args.row}: one rollout step", header, rows)
+    wait = "OpenMP's default waiting" if args.omp_wait == "default" else "OMP_WAIT_POLICY=PASSIVE"
+    print_table(f"Tiny preset, row {args.row}: one rollout step ({wait})", header, rows)
     print(f"world 2 vs world 1: {speedup:.2f}x faster (target 1.3x)")
     if not args.quick:
         body = (
             f"`dapo train` row {args.row}, tiny preset, {steps} steps per launch (step 1 left out), {rounds} "
-            f"launches per world size, alternating.\n\n{md_table(header, rows)}\n\nworld 2 vs world 1: "
-            f"**{speedup:.2f}x** (target 1.3x)"
+            f"launches per world size, alternating; {wait} on both sides.\n\n{md_table(header, rows)}\n\n"
+            f"world 2 vs world 1: **{speedup:.2f}x** (target 1.3x)"
         )
-        record("world-size", "benchmarks/bench_world_size.py " + " ".join(sys.argv[1:]), info, body)
+        name = "world-size" if args.omp_wait == "default" else f"world-size-{args.omp_wait}"
+        record(name, "benchmarks/bench_world_size.py " + " ".join(sys.argv[1:]), info, body)
 
 
 if __name__ == "__main__":
