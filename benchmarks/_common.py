@@ -192,5 +192,35 @@ def record(name: str, command: str, info: dict[str, str], body: str) -> None:
     BENCH_MD.write_text(text)
 
 
+OMP_WAITS = ("default", "passive")
+
+
+def add_omp_wait_option(ap: Any) -> None:
+    """`--omp-wait` for a benchmark that compares thread and process counts (an argparse parser)."""
+    ap.add_argument(
+        "--omp-wait",
+        choices=OMP_WAITS,
+        default="default",
+        help="OpenMP's waiting policy for both sides: the library default (what users get) or PASSIVE",
+    )
+
+
+def omp_wait_label(omp_wait: str) -> str:
+    return "OpenMP's default waiting" if omp_wait == "default" else f"OMP_WAIT_POLICY={omp_wait.upper()}"
+
+
+def child_env(omp_wait: str, threads: int) -> dict[str, str]:
+    """This process's environment for a launch of `threads` OpenMP threads per process: no rank variables of a
+    surrounding torchrun, and OpenMP's waiting policy as asked. "default" leaves the library's own (GNU OpenMP spins
+    a while before it sleeps), as `dapo train` gets it; PASSIVE makes a 2-thread process wake its second thread at
+    every parallel region, which slows it by about a fifth here (BENCHMARKS.md 8 and 10)."""
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "OMP_WAIT_POLICY")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["OMP_NUM_THREADS"] = str(threads)
+    if omp_wait != "default":
+        env["OMP_WAIT_POLICY"] = omp_wait.upper()
+    return env
+
+
 def fmt(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}g}" if abs(x) < 10**digits else f"{x:,.0f}"

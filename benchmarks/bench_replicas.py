@@ -33,6 +33,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore")
 
+from _common import add_omp_wait_option, child_env, omp_wait_label  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 # the tiny preset's rollout: 32 prompts x 8 responses, up to 64 new tokens
 PROMPTS, N, MAX_TOKENS, PROMPT_LEN = 32, 8, 64, 96
@@ -81,16 +83,12 @@ def launch(side: str, model: str, reps: int, omp_wait: str) -> dict:
     """Run one side in fresh processes; returns the worker's record."""
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "out.json")
-        drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "OMP_WAIT_POLICY")
-        env = {k: v for k, v in os.environ.items() if k not in drop}
-        if omp_wait != "default":
-            env.update(OMP_WAIT_POLICY=omp_wait.upper())
         script = [str(Path(__file__).resolve()), "--worker", model, str(reps), out]
         if side == "2 ranks x 1 thread":
-            env.update(OMP_NUM_THREADS="1")
+            env = child_env(omp_wait, threads=1)
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *script]
         else:
-            env.update(OMP_NUM_THREADS="2")
+            env = child_env(omp_wait, threads=2)
             cmd = [sys.executable, *script]
         p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
         if p.returncode != 0:
@@ -119,12 +117,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--model", choices=["tiny", "world"], default="tiny")
     ap.add_argument("--quick", action="store_true", help="1 round of 1 call per side, nothing recorded")
-    ap.add_argument(
-        "--omp-wait",
-        choices=("default", "passive"),
-        default="default",
-        help="OpenMP's waiting policy for both sides: the library default (what users get) or PASSIVE",
-    )
+    add_omp_wait_option(ap)
     args = ap.parse_args()
     from _common import machine, md_table, median, print_table, record
 
@@ -145,7 +138,7 @@ def main() -> None:
         for s, v in tps.items()
     ]
     ratio = median(tps[sides[0]]) / median(tps[sides[1]])
-    wait = "OpenMP's default waiting" if args.omp_wait == "default" else "OMP_WAIT_POLICY=PASSIVE"
+    wait = omp_wait_label(args.omp_wait)
     print_table(f"Rollouts: {PROMPTS} prompts x {N} x up to {MAX_TOKENS} tokens (vLLM, float32, CPU)", header, rows)
     print(f"2 replicas / 1 engine: {ratio:.2f}x")
     if not args.quick:

@@ -32,6 +32,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore")
 
+from _common import add_omp_wait_option, child_env, omp_wait_label  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 
 from dapo import metric_names as M  # noqa: E402
@@ -46,11 +48,7 @@ def launch(
     from mlflow.tracking import MlflowClient
 
     with tempfile.TemporaryDirectory() as d:
-        drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "OMP_WAIT_POLICY")
-        env = {k: v for k, v in os.environ.items() if k not in drop}
-        env.update(OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
-        if omp_wait != "default":
-            env.update(OMP_WAIT_POLICY=omp_wait.upper())
+        env = child_env(omp_wait, threads) | {"TOKENIZERS_PARALLELISM": "false"}
         launcher = (
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
             if world == 2
@@ -96,12 +94,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--row", default="00_naive_grpo")
     ap.add_argument("--quick", action="store_true", help="1 round of 3 steps, nothing recorded")
-    ap.add_argument(
-        "--omp-wait",
-        choices=("default", "passive"),
-        default="default",
-        help="OpenMP's waiting policy for both sides: the library default (what users get) or PASSIVE",
-    )
+    add_omp_wait_option(ap)
     ap.add_argument(
         "--world1-threads",
         type=int,
@@ -136,7 +129,7 @@ def main() -> None:
         for w, v in per_launch.items()
     ]
     speedup = median(per_launch[1]) / median(per_launch[2])
-    wait = "OpenMP's default waiting" if args.omp_wait == "default" else "OMP_WAIT_POLICY=PASSIVE"
+    wait = omp_wait_label(args.omp_wait)
     print_table(f"Tiny preset, row {args.row}: one rollout step ({wait})", header, rows)
     target = "target 1.3x" if args.world1_threads == 2 else "world 1 on one core: not the target's comparison"
     print(f"world 2 vs world 1: {speedup:.2f}x faster ({target})")
