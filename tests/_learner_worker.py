@@ -109,6 +109,19 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             for mode in MODES:
                 one(f"{ename}/{mode}/{SMALL_BUDGET}", mode, SMALL_BUDGET, part)
                 one(f"{ename}/{mode}/packed/{SMALL_BUDGET}", mode, SMALL_BUDGET, parts[True], pack=True)
+            if ename == "z3":
+                # The final save at ZeRO-3: rank 0 alone holds the gathered model, and writes it.
+                held = learner.state_dict_on_main()
+                per_rank = [len(held)]
+                if world > 1:
+                    per_rank = [None] * world
+                    torch.distributed.all_gather_object(per_rank, len(held))
+                learner.save_hf(work_dir / f"hf_z3_w{world}")
+                results["z3/save"] = {
+                    "params": flat_params(learner),
+                    "tensors_held_per_rank": per_rank,
+                    "hf_dir": str(work_dir / f"hf_z3_w{world}"),
+                }
             if ename == "z0":
                 bad = batch.select(list(range(len(batch))))
                 bad.advantages = bad.advantages.clone()

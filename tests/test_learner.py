@@ -501,6 +501,21 @@ def test_save_hf_writes_a_model_transformers_loads(world, adamw, tmp_path):
     assert (tmp_path / "hf" / "tokenizer.json").is_file()
 
 
+def test_the_final_save_at_zero3_gathers_on_rank_0_only_and_writes_the_learners_weights(world):
+    """At ZeRO-3 no rank holds the model; the final save gathers it a parameter at a time onto rank 0 alone (a
+    32B node of 8 ranks would otherwise hold eight 65 GB host copies), and what rank 0 writes is the learner's."""
+    from transformers import AutoModelForCausalLM
+
+    n_params = len(list(world["model"].named_parameters()))
+    for w, held in (("w1", [n_params]), ("w2", [n_params, 0])):
+        got = world[w]["z3/save"]
+        assert got["tensors_held_per_rank"] == held
+        loaded = AutoModelForCausalLM.from_pretrained(got["hf_dir"])
+        written = torch.cat([t.detach().double().reshape(-1) for _, t in loaded.named_parameters()])
+        assert torch.equal(written, got["params"])
+        assert not torch.equal(written, world[w]["z3/init"]["params"])  # the trained weights, not the input's
+
+
 def test_update_needs_old_logprobs(world, adamw):
     batch = world["batch"].select([0, 1])
     batch.old_logp = None

@@ -394,11 +394,21 @@ class Learner(ChunkedForward):
                 else:
                     yield name, p.detach()
 
+    def state_dict_on_main(self) -> dict[str, Tensor]:
+        """The whole model as CPU tensors on rank 0, and nothing on the other ranks: gathered one parameter at a
+        time, so a node of 8 ranks holds one host copy of the model for the final save (about 65 GB at 32B in
+        bf16), not eight. Every rank must call it (under ZeRO-3 each gather is a collective)."""
+        state: dict[str, Tensor] = {}
+        for name, t in self.named_parameters_for_sync():
+            if self.dist.is_main:
+                state[name] = t.detach().to("cpu", copy=True)
+        return state
+
     def save_hf(self, directory: str | Path) -> None:
         """The current model as a Hugging Face checkpoint (plus the tokenizer files found beside the input
-        model), for evaluation and release. Every rank must call it; rank 0 writes."""
+        model), for evaluation and release. Every rank must call it; rank 0 gathers and writes."""
         directory = Path(directory)
-        state = {name: t.detach().cpu().clone() for name, t in self.named_parameters_for_sync()}
+        state = self.state_dict_on_main()
         if self.dist.is_main:
             directory.mkdir(parents=True, exist_ok=True)
             self.engine.module.lm.save_pretrained(directory, state_dict=state)
