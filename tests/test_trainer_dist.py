@@ -88,29 +88,55 @@ def initial(model_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(model_dir / "model.safetensors"))
 
 
-def test_a_failure_on_one_rank_ends_every_rank_with_the_failure_code(model_dir, tmp_path):
-    """Two plain processes (as `srun` starts them, no launcher that kills the others): rank 1 raises in step 2;
-    rank 0 is told through the job's store and exits 1 too, naming rank 1 and its error, long before the
-    collective timeout (10 minutes here)."""
-    port = free_port()
-    procs, logs = [], []
+def plain_ranks(tmp: Path, cmd: list[str], **env_extra: str) -> tuple[list[int], list[str], float]:
+    """Two plain processes of one job, as `srun` starts them: no launcher ends one when the other fails. Returns
+    their exit codes, their logs, and how many seconds the slower one ended after the faster one."""
+    port, procs, logs = free_port(), [], []
     for rank in (0, 1):
-        log = open(tmp_path / f"rank{rank}.log", "w")
-        logs.append(tmp_path / f"rank{rank}.log")
-        cmd = [sys.executable, str(WORKER), str(model_dir), str(tmp_path / "out"), "trainer.collective_timeout_s=600"]
+        logs.append(tmp / f"rank{rank}.log")
         launch = dict(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1")
-        e = env(**launch, MASTER_PORT=str(port), DAPO_TEST_FAIL_AT="1:2")
-        procs.append(subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT))
+        e = env(**launch, MASTER_PORT=str(port), **env_extra)
+        procs.append(subprocess.Popen(cmd, cwd=tmp, env=e, stdout=open(logs[-1], "w"), stderr=subprocess.STDOUT))
+    ended: dict[int, float] = {}
+    deadline = time.monotonic() + 400
     try:
-        codes = [p.wait(timeout=300) for p in procs]
+        while len(ended) < 2 and time.monotonic() < deadline:
+            for r, p in enumerate(procs):
+                if r not in ended and p.poll() is not None:
+                    ended[r] = time.monotonic()
+            time.sleep(0.2)
     finally:
         for p in procs:
             p.kill()
-    text = [p.read_text(errors="replace") for p in logs]
+            p.wait()
+    text = [log.read_text(errors="replace") for log in logs]
+    assert len(ended) == 2, "a rank was still running after 400 s:\n" + text[0][-3000:] + text[1][-3000:]
+    return [p.returncode for p in procs], text, max(ended.values()) - min(ended.values())
+
+
+def test_a_failure_on_one_rank_ends_every_rank_with_the_failure_code(model_dir, tmp_path):
+    """Rank 1 raises in step 2; rank 0, waiting for it in a collective whose timeout is 10 minutes here, is told
+    through the job's store and exits 1 too within a minute, naming rank 1 and its error."""
+    cmd = [sys.executable, str(WORKER), str(model_dir), str(tmp_path / "out"), "trainer.collective_timeout_s=600"]
+    codes, text, apart_s = plain_ranks(tmp_path, cmd, DAPO_TEST_FAIL_AT="1:2")
     assert codes == [1, 1], text[0][-3000:] + text[1][-3000:]
+    assert apart_s < 60, f"rank 0 ended {apart_s:.0f} s after rank 1"
     assert "test hook DAPO_TEST_FAIL_AT: rank 1 fails in rollout step 2" in text[1]
     assert "rank 1: RuntimeError: test hook DAPO_TEST_FAIL_AT: rank 1 fails in rollout step 2" in text[0]
     assert not (tmp_path / "out" / "result.pt").exists()
+
+
+def test_a_rank_that_fails_while_the_run_is_built_ends_every_rank(tiny_world_dir, tmp_path):
+    """`dapo train` as two plain ranks: rank 1 fails before its learner joins the others (a model that does not
+    load on one node); rank 0, building its own parts and waiting for rank 1 in a collective, ends within a
+    minute with the failure code (not at the 10-minute timeout), naming rank 1's error."""
+    cmd = [sys.executable, "-m", "dapo.cli", "train", *train_args(tiny_world_dir, tmp_path)]
+    cmd += ["resources.train.tasks_per_node=2", "rollout.engine=hf", "trainer.collective_timeout_s=600"]
+    cmd += ["--run-dir", str(tmp_path / "run"), "--progress", "log"]
+    codes, text, apart_s = plain_ranks(tmp_path, cmd, DAPO_TEST_FAIL_AT="1:0")
+    assert codes == [1, 1], text[0][-3000:] + text[1][-3000:]
+    assert apart_s < 60, f"rank 0 ended {apart_s:.0f} s after rank 1"
+    assert "rank 1: RuntimeError: test hook DAPO_TEST_FAIL_AT: rank 1 fails while the run is built" in text[0]
 
 
 # ------------------------------------------------------------------------------------------------ dapo train

@@ -103,10 +103,22 @@ def _exit_code_of(e: BaseException) -> int:
 
 
 def _train(cfg, run_dir: Path, progress: str, guard) -> int:  # noqa: ANN001 (RunConfig, StartupGuard: lazy)
-    from dapo.trainer.loop import Trainer
+    from dapo import distributed as dist
+    from dapo.trainer.loop import TestHooks, Trainer
     from dapo.trainer.setup import build_components
 
-    components = build_components(cfg, run_dir)
+    # Join the job's group before building, so that a rank failing while it builds (a model that does not load on
+    # one node) ends every rank at once, naming itself, as a failure in the loop does, instead of leaving the
+    # others in a collective until the timeout when the launcher does not end them (`srun` without
+    # --kill-on-bad-exit).
+    dist.init_distributed(timeout_s=cfg.trainer.collective_timeout_s)
+    with dist.FailureWatch() as watch:
+        try:
+            TestHooks.from_env().fail_while_building()
+            components = build_components(cfg, run_dir)
+        except Exception as e:  # not a stop signal's StartupStop (a SystemExit): every rank gets that one itself
+            watch.report(e)
+            raise
     try:
         return Trainer(cfg, run_dir, components, progress={"auto": None, "bar": True, "log": False}[progress]).run()
     finally:

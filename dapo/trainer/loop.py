@@ -59,7 +59,8 @@ log = logging.getLogger("dapo.train")
 POISON_ENV = "DAPO_TEST_POISON_STEP"
 # Test hook: raise SIGTERM at the end of this rollout step (as SLURM would), to test the stop path.
 SIGTERM_ENV = "DAPO_TEST_SIGTERM_STEP"
-# Test hook: "RANK:STEP": that rank raises in the middle of that rollout step (its first update).
+# Test hook: "RANK:STEP": that rank raises in the middle of that rollout step (its first update); step 0: while the
+# run's parts are built, before the learner joins the others in its first collective.
 FAIL_ENV = "DAPO_TEST_FAIL_AT"
 
 
@@ -89,6 +90,10 @@ class TestHooks:
             sigterm_after_step=int(os.environ.get(SIGTERM_ENV, "0") or 0),
             fail_at=tuple(int(x) for x in fail.split(":")) if fail else None,  # type: ignore[arg-type]
         )
+
+    def fail_while_building(self) -> None:
+        if self.fail_at is not None and self.fail_at == (dist.rank(), 0):
+            raise RuntimeError(f"test hook {FAIL_ENV}: rank {dist.rank()} fails while the run is built")
 
 
 class _HookedLearner:
