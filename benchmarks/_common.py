@@ -213,7 +213,7 @@ def child_env(omp_wait: str, threads: int) -> dict[str, str]:
     """This process's environment for a launch of `threads` OpenMP threads per process: no rank variables of a
     surrounding torchrun, and OpenMP's waiting policy as asked. "default" leaves the library's own (GNU OpenMP spins
     a while before it sleeps), as `dapo train` gets it; PASSIVE makes a 2-thread process wake its second thread at
-    every parallel region, which slows it by about a fifth here (BENCHMARKS.md 8 and 10)."""
+    every parallel region, which slows it by 13-15% here (BENCHMARKS.md 8 and 10)."""
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "OMP_WAIT_POLICY")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env["OMP_NUM_THREADS"] = str(threads)

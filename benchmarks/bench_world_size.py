@@ -12,7 +12,7 @@ Launches alternate world 2, world 1, ... for `--rounds` rounds. The target (issu
 
 Both sides run in the environment a user's `dapo train` gets: OpenMP's own waiting policy (GNU OpenMP spins a while
 before it sleeps). `--omp-wait passive` sets OMP_WAIT_POLICY=PASSIVE for both sides instead, and records a separate
-section: threads that sleep at once slow world 1's two-thread matrix products by about a fifth (BENCHMARKS.md 10).
+section: threads that sleep at once slow world 1's two-thread matrix products by about 13% (BENCHMARKS.md 10).
 `--world1-threads 1` gives world 1 one thread, so each of world 2's ranks brings a core of its own, as each GPU
 rank brings its GPU: how far the 2-rank path itself scales, apart from what two threads already take from a core.
 """

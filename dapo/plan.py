@@ -161,7 +161,7 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
     ]
     if m.zero_stage == 3:
         big = s.largest_module_params
-        gen.append(Line("weight sync", big * b / GIB, f"one gathered module at a time: {_b(big)} x {b} B"))
+        gen.append(Line("weight sync", big * b / GIB, f"one gathered parameter at a time: {_b(big)} x {b} B"))
     gen.append(Line("allowance", m.allowance_gib, "CUDA context, NCCL buffers, fragmentation (plan.allowance_gib)"))
 
     # --- training: the learner's states, working set, activations and head; the engine asleep

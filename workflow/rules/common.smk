@@ -237,7 +237,7 @@ def _gpu_plan(p):
         return [f"  no GPU budget or cost: {w}" for w in why], [], []
     b = dtype_bytes(BASE.model.dtype)
     max_len = BASE.data.max_prompt_length + max(r.max_response_length, BASE.resolved_eval_max_tokens())
-    level = getattr(r, "sleep_level", None)
+    from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL  # the level the engine uses, not a setting
     batched, seqs = vllm_batching_defaults(tr.gpu_model, gpu.memory_gib)
     mem = P.MemoryInputs(
         shape=shape, dtype_bytes=b, world_size=tr.world_size, tensor_parallel=r.tensor_parallel_size,
@@ -245,15 +245,14 @@ def _gpu_plan(p):
         max_model_len=max_len, mean_seq_tokens=p["mean_prompt_tokens"] + p["mean_response_tokens"],
         micro_batch_tokens=t.micro_batch_tokens, logprob_chunk_tokens=t.logprob_chunk_size,
         gradient_checkpointing=BASE.model.gradient_checkpointing, sleep_mode=r.enable_sleep_mode,
-        sleep_level=level or 2, allowance_gib=p["allowance_gib"], vllm_batched_tokens=batched, vllm_max_seqs=seqs,
+        sleep_level=ENGINE_SLEEP_LEVEL, allowance_gib=p["allowance_gib"], vllm_batched_tokens=batched, vllm_max_seqs=seqs,
     )
     budget = P.memory_budget(mem)
     lines = [
         f"  per-GPU memory, colocated ({BASE.model.path}: {shape.params / 1e9:.2f}B parameters from {source}, "
         f"{b} B each; {tr.gpu_model} {gpu.memory_gib:g} GiB; {tr.world_size} GPUs, TP {r.tensor_parallel_size} "
-        f"-> {tr.world_size // r.tensor_parallel_size} vLLM replicas; ZeRO-{t.zero_stage}"
-        + ("" if level else "; vLLM sleep level 2 assumed: the rollout config names none")
-        + "):",
+        f"-> {tr.world_size // r.tensor_parallel_size} vLLM replicas; ZeRO-{t.zero_stage}; vLLM sleep level "
+        f"{ENGINE_SLEEP_LEVEL} during updates):",
         P.render_memory(budget),
     ]
     refusals = P.plan_problems(budget)
