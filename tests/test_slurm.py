@@ -4,7 +4,7 @@ job script (requeue, same job id) and a failed row that is not submitted again. 
 except in CI (CI=true), where they must run.
 
 Each test runs `snakemake --profile slurm` on one row of the tiny preset cut to seconds a step (HF engine, a
-20-step tiny world). A requeued SLURM job is held about two minutes before it may start again (its begin time,
+20-step tiny world; the row-05 test runs vLLM replicas on the cached tiny world). A requeued SLURM job is held about two minutes before it may start again (its begin time,
 while the old job credential expires: a job started earlier is killed with "Job credential revoked"), so each
 requeue costs these tests two minutes.
 """
@@ -68,13 +68,22 @@ def world(tmp_path_factory) -> Path:
 class Workflow:
     """`snakemake --profile slurm <row>` in the background, with what it printed and the run it drives."""
 
-    def __init__(self, tmp: Path, world: Path, overrides: list[str], *config: str, **env_extra: str) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        world: Path,
+        overrides: list[str],
+        *config: str,
+        row: str = "00_naive_grpo",
+        base: list[str] = SMALL,
+        **env_extra: str,
+    ) -> None:
         self.results = tmp / "results"
         self.out = tmp / "snakemake.log"
-        self.run_dir = self.results / "tiny" / "runs" / "00_naive_grpo" / "s0"
+        self.run_dir = self.results / "tiny" / "runs" / row / "s0"
         self.uri = f"sqlite:///{self.results / 'tiny' / 'mlflow.db'}"
-        cmd = [SNAKEMAKE, "--profile", "slurm", "row_00_naive_grpo", "--config", f"results={self.results}"]
-        cmd += [f"tiny_world={world}", f"overrides={json.dumps([*SMALL, *overrides])}", *config]
+        cmd = [SNAKEMAKE, "--profile", "slurm", f"row_{row}", "--config", f"results={self.results}"]
+        cmd += [f"tiny_world={world}", f"overrides={json.dumps([*base, *overrides])}", *config]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu", **env_extra}  # jobs inherit it
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.out.open("w"), stderr=subprocess.STDOUT, env=env)
 
@@ -169,6 +178,46 @@ def test_a_two_rank_row_trains_on_both_and_a_preemption_signal_stops_both_at_one
         [sys.executable, "-m", "dapo.cli", "status", str(wf.results / "tiny")], capture_output=True, text=True
     ).stdout
     assert f"{job} COMPLETED, training step 2 task(s)" in status and "2 (resume, done)" in status
+
+
+def test_a_two_task_job_samples_row_05_on_two_vllm_replicas(tiny_world_dir, tmp_path):
+    """Row 05 (dynamic sampling) as a 2-task SLURM job with the vLLM engine, on the cached tiny world (whose policy
+    gets some prompts right and some wrong, so groups are kept): each task starts its own replica under `srun`
+    (vLLM's external launcher on the job's process group), the replicas share every generation batch of one
+    prompt and refill until 2 informative groups are kept at every step, both ranks train on them, and the run
+    finishes. Which half each replica draws, and that the result equals one rank's, is tests/test_trainer_dist.py's
+    (under torchrun, through the same code)."""
+    from mlflow.tracking import MlflowClient
+
+    wf = Workflow(
+        tmp_path,
+        tiny_world_dir,
+        [
+            "resources.train.tasks_per_node=2",
+            "rollout.engine=vllm",
+            "trainer.total_steps=2",
+            "algorithm.gen_batch_size=1",  # one prompt's 4 samples a batch, 2 per replica: every step refills
+            "algorithm.max_num_gen_batches=0",  # until 2 groups are kept
+        ],
+        row="05_dynamic_sampling",
+        base=[x for x in SMALL if x not in WORLD],
+    )
+    job = wf.job_id()
+    assert wf.wait() == 0, wf.text()[-4000:] + wf.train_log()[-4000:]
+    log = wf.train_log()
+    steps = [r for r in sacct(job) if r[1] == "dapo-05_dynamic_sampling-s0"]
+    assert [r[2] for r in steps] == ["2"], sacct(job)  # one training step of 2 tasks
+    assert log.count("rank 0 of 2") == 1 and log.count("rank 1 of 2") == 1
+    run, points = one_run(wf.uri)
+    assert run.info.status == "FINISHED" and run.data.tags[M.TAG_REPLICAS] == "2"
+    history = MlflowClient(wf.uri).get_metric_history
+    batches = {m.step: m.value for m in history(run.info.run_id, M.DS_GEN_BATCHES)}
+    tokens = {m.step: m.value for m in history(run.info.run_id, M.DS_TOKENS_GENERATED)}
+    kept = {m.step: m.value for m in history(run.info.run_id, M.DS_GROUPS_KEPT)}
+    assert sorted(batches) == sorted(tokens) == sorted(kept) == [1, 2]
+    assert all(v > 0 for v in tokens.values()) and all(v >= 2 for v in batches.values())
+    assert all(v == 2 for v in kept.values())  # train_batch_size groups kept at every step, refilled as needed
+    assert points[M.GRAD_UPDATES] == [1, 2] and "done: 2 rollout steps, 4 updates" in log  # 2 mini-batches a step
 
 
 def test_a_one_task_row_stops_before_its_time_limit_and_at_a_signal_then_gives_up(world, tmp_path):
