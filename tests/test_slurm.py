@@ -4,9 +4,9 @@ job script (requeue, same job id) and a failed row that is not submitted again. 
 except in CI (CI=true), where they must run.
 
 Each test runs `snakemake --profile slurm` on one row of the tiny preset cut to seconds a step (HF engine, a
-20-step tiny world; the row-05 test runs vLLM replicas on the cached tiny world). A requeued SLURM job is held about two minutes before it may start again (its begin time,
-while the old job credential expires: a job started earlier is killed with "Job credential revoked"), so each
-requeue costs these tests two minutes.
+20-step tiny world; the row-05 test runs vLLM replicas on the cached tiny world). A requeued SLURM job is held
+about two minutes before it may start again (its begin time, while the old job credential expires: a job started
+earlier is killed with "Job credential revoked"), so each requeue costs these tests two minutes.
 """
 
 from __future__ import annotations
