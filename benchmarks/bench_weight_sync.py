@@ -10,7 +10,8 @@ Two ranks under torchrun (gloo), each with a ZeRO-3 learner (float32) and a vLLM
   what the learner's gather plus vLLM's layer-by-layer loading keep), against the model's bytes and its largest
   tensor (the floor of any tensor-at-a-time stream);
 - RSS peak: the rise of the process's peak resident memory during the sync (Linux `VmHWM`, reset before), which
-  also counts allocator and loader overheads;
+  also counts allocator and loader overheads; measured twice: for the stream alone (the learner's gathers, each
+  tensor dropped at once, no engine) and for the stream into vLLM, so the two sides' shares can be told apart;
 - the sync's wall time.
 """
 
@@ -84,9 +85,16 @@ def worker(model: str, reps: int, out: str) -> None:
     model_bytes = sum(p.ds_numel * 4 for p in learner.engine.module.parameters())
     rows = []
     for _ in range(reps):
-        live = LiveBytes()
         gc.collect()
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        rss0 = _status("VmRSS")
+        for _name, _t in learner.named_parameters_for_sync():  # the learner's side alone
+            pass
+        del _t
+        stream_rise = _status("VmHWM") - rss0
+        live = LiveBytes()
+        gc.collect()
+        Path("/proc/self/clear_refs").write_text("5")
         rss0 = _status("VmRSS")
         t0 = time.perf_counter()
         engine.sync_weights(live.stream(learner.named_parameters_for_sync()))
@@ -97,6 +105,7 @@ def worker(model: str, reps: int, out: str) -> None:
                 "streamed_peak": live.peak,
                 "largest_tensor": live.largest,
                 "rss_peak_rise": _status("VmHWM") - rss0,
+                "stream_rss_peak_rise": stream_rise,
             }
         )
     Path(f"{out}.rank{info.rank}").write_text(json.dumps({"model_bytes": model_bytes, "reps": rows}))
@@ -129,7 +138,16 @@ def main() -> None:
             raise RuntimeError(f"{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
         ranks = [json.loads(Path(f"{out}.rank{r}").read_text()) for r in (0, 1)]
     mib = 2**20
-    header = ["rank", "model MiB", "largest tensor MiB", "streamed peak MiB", "peak / model", "RSS peak rise MiB", "s"]
+    header = [
+        "rank",
+        "model MiB",
+        "largest tensor MiB",
+        "streamed peak MiB",
+        "peak / model",
+        "RSS peak rise, stream alone MiB",
+        "RSS peak rise, into vLLM MiB",
+        "s",
+    ]
     rows = []
     for r, rec in enumerate(ranks):
         m = rec["model_bytes"]
@@ -142,6 +160,7 @@ def main() -> None:
                 f"{median([x['largest_tensor'] for x in rs]) / mib:,.1f}",
                 f"{peak / mib:,.1f}",
                 f"{peak / m:.3f}",
+                f"{median([x['stream_rss_peak_rise'] for x in rs]) / mib:,.1f}",
                 f"{median([x['rss_peak_rise'] for x in rs]) / mib:,.1f}",
                 f"{median([x['seconds'] for x in rs]):.2f}",
             ]

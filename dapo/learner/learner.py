@@ -378,9 +378,12 @@ class Learner(ChunkedForward):
     def named_parameters_for_sync(self) -> Iterator[tuple[str, Tensor]]:
         """(Hugging Face name, full tensor) for every parameter, for the rollout engine's weight sync.
 
-        Under ZeRO-3 each tensor is gathered (a collective: every rank must exhaust the iterator) and is a copy.
-        Otherwise it is the live weight, detached: copy it before the next update if you keep it.
-        Tied weights appear once (under the embedding's name).
+        Under ZeRO-3 each tensor is gathered (a collective: every rank must exhaust the iterator) and is the
+        consumer's own: the gathered buffer itself, which the parameter lets go of when the gather ends (DeepSpeed
+        releases a gathered parameter by pointing it at an empty tensor, so the buffer lives on for as long as the
+        yielded tensor does, and nothing else writes to it). No copy: the learner's side of a sync holds one
+        parameter's bytes at a time, not two. Otherwise it is the live weight, detached: copy it before the next
+        update if you keep it. Tied weights appear once (under the embedding's name).
         """
         import deepspeed
 
@@ -388,9 +391,9 @@ class Learner(ChunkedForward):
             for name, p in self.engine.module.lm.named_parameters():
                 if self.zero_stage == 3:
                     with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
-                        t = p.detach().clone()
+                        t = p.detach()
                     yield name, t
-                    del t  # one gathered copy alive at a time: not this one while the next is gathered
+                    del t  # one gathered buffer alive at a time: not this one while the next is gathered
                 else:
                     yield name, p.detach()
 
