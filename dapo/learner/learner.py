@@ -381,9 +381,10 @@ class Learner(ChunkedForward):
         Under ZeRO-3 each tensor is gathered (a collective: every rank must exhaust the iterator) and is the
         consumer's own: the gathered buffer itself, which the parameter lets go of when the gather ends (DeepSpeed
         releases a gathered parameter by pointing it at an empty tensor, so the buffer lives on for as long as the
-        yielded tensor does, and nothing else writes to it). No copy: the learner's side of a sync holds one
-        parameter's bytes at a time, not two. Otherwise it is the live weight, detached: copy it before the next
-        update if you keep it. Tied weights appear once (under the embedding's name).
+        yielded tensor does, and nothing else writes to it). No copy of it is made, so with NCCL, which gathers
+        into that buffer, the learner's side of a sync holds one parameter at a time (over gloo the gather itself
+        briefly takes twice that: BENCHMARKS.md section 9). Otherwise it is the live weight, detached: copy it
+        before the next update if you keep it. Tied weights appear once (under the embedding's name).
         """
         import deepspeed
 

@@ -245,7 +245,8 @@ def _gpu_plan(p):
         max_model_len=max_len, mean_seq_tokens=p["mean_prompt_tokens"] + p["mean_response_tokens"],
         micro_batch_tokens=t.micro_batch_tokens, logprob_chunk_tokens=t.logprob_chunk_size,
         gradient_checkpointing=BASE.model.gradient_checkpointing, sleep_mode=r.enable_sleep_mode,
-        sleep_level=ENGINE_SLEEP_LEVEL, allowance_gib=p["allowance_gib"], vllm_batched_tokens=batched, vllm_max_seqs=seqs,
+        sleep_level=ENGINE_SLEEP_LEVEL, allowance_gib=p["allowance_gib"], vllm_batched_tokens=batched,
+        vllm_max_seqs=seqs,
     )
     budget = P.memory_budget(mem)
     lines = [
