@@ -214,13 +214,14 @@ def barrier() -> None:
 # ---------------------------------------------------------------------------------------------- failing together
 class FailureWatch:
     """Ends every rank soon after any rank fails (see the module docstring). A context manager; a no-op in one
-    process.
+    process. An exception (not a SystemExit such as a stop signal's) leaving the block is reported to the other
+    ranks on the way out; call `report` yourself to learn whether another rank failed first:
 
         with FailureWatch(on_peer_failure=mark_run_failed) as watch:
             try:
                 train()
             except BaseException as e:
-                watch.report(e)      # the others see "rank R: <error>" within `poll_s` and exit
+                first = watch.report(e)   # the others see "rank R: <error>" within `poll_s` and exit
                 raise
 
     Args:
@@ -254,7 +255,9 @@ class FailureWatch:
                 self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, Exception) and not self._reported:
+            self.report(exc)
         self._stop.set()
 
     def report(self, error: BaseException) -> str | None:

@@ -111,14 +111,11 @@ def _train(cfg, run_dir: Path, progress: str, guard) -> int:  # noqa: ANN001 (Ru
     # one node) ends every rank at once, naming itself, as a failure in the loop does, instead of leaving the
     # others in a collective until the timeout when the launcher does not end them (`srun` without
     # --kill-on-bad-exit).
+    # A stop signal's StartupStop (a SystemExit) is not reported: every rank gets that signal itself.
     dist.init_distributed(timeout_s=cfg.trainer.collective_timeout_s)
-    with dist.FailureWatch() as watch:
-        try:
-            TestHooks.from_env().fail_while_building()
-            components = build_components(cfg, run_dir)
-        except Exception as e:  # not a stop signal's StartupStop (a SystemExit): every rank gets that one itself
-            watch.report(e)
-            raise
+    with dist.FailureWatch():
+        TestHooks.from_env().fail_while_building()
+        components = build_components(cfg, run_dir)
     try:
         return Trainer(cfg, run_dir, components, progress={"auto": None, "bar": True, "log": False}[progress]).run()
     finally:
