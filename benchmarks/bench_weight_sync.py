@@ -27,7 +27,7 @@ import tempfile
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,17 @@ def _status(key: str) -> int:
     return 0
 
 
+def _peak_rss_rise(fn: Callable[[], object]) -> tuple[int, float]:
+    """How far the process's peak resident memory rises above its current one while `fn` runs, and fn's seconds."""
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    rss0 = _status("VmRSS")
+    t0 = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - t0
+    return _status("VmHWM") - rss0, seconds
+
+
 def worker(model: str, reps: int, out: str) -> None:
     import torch
 
@@ -85,26 +96,18 @@ def worker(model: str, reps: int, out: str) -> None:
     model_bytes = sum(p.ds_numel * 4 for p in learner.engine.module.parameters())
     rows = []
     for _ in range(reps):
-        gc.collect()
-        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-        rss0 = _status("VmRSS")
-        for _name, _t in learner.named_parameters_for_sync():  # the learner's side alone
-            pass
-        del _t
-        stream_rise = _status("VmHWM") - rss0
+        # the learner's side alone: every tensor gathered and dropped at once, no engine
+        stream_rise, _ = _peak_rss_rise(lambda: sum(1 for _ in learner.named_parameters_for_sync()))
         live = LiveBytes()
-        gc.collect()
-        Path("/proc/self/clear_refs").write_text("5")
-        rss0 = _status("VmRSS")
-        t0 = time.perf_counter()
-        engine.sync_weights(live.stream(learner.named_parameters_for_sync()))
-        seconds = time.perf_counter() - t0
+        sync_rise, seconds = _peak_rss_rise(
+            lambda live=live: engine.sync_weights(live.stream(learner.named_parameters_for_sync()))
+        )
         rows.append(
             {
                 "seconds": seconds,
                 "streamed_peak": live.peak,
                 "largest_tensor": live.largest,
-                "rss_peak_rise": _status("VmHWM") - rss0,
+                "rss_peak_rise": sync_rise,
                 "stream_rss_peak_rise": stream_rise,
             }
         )

@@ -405,7 +405,7 @@ class Learner(ChunkedForward):
         state: dict[str, Tensor] = {}
         for name, t in self.named_parameters_for_sync():
             if self.dist.is_main:
-                state[name] = t.detach().to("cpu", copy=True)
+                state[name] = t.to("cpu", copy=True)
         return state
 
     def save_hf(self, directory: str | Path) -> None:
