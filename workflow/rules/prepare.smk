@@ -12,9 +12,12 @@ if IS_TINY:
         threads: BASE.resources.prepare.cpus_per_task
         resources:
             **slurm_resources("prepare"),
+        # Only the tiny.* overrides, the ones that define the world (`is_built` compares them): Snakemake reruns a
+        # rule whose command changed and deletes its output first, so any other override (trainer.*, rollout.*)
+        # in this command would throw away a built world's manifest and fail the next build on the leftovers.
         shell:
             "OMP_NUM_THREADS={threads} dapo build-tiny "
-            + q("--preset", PRESET, *OVERRIDES, f"tiny.dir={TINY_DIR}")
+            + q("--preset", PRESET, *(o for o in OVERRIDES if o.startswith("tiny.")), f"tiny.dir={TINY_DIR}")
             + " > {log} 2>&1"
 
 elif not Path(BASE.model.path).exists():
