@@ -52,13 +52,21 @@ class ModelConfig(_Section):
 class TinyWorldConfig(_Section):
     """The CPU stand-in for Qwen2.5-32B + DAPO-Math-17k + AIME (built from code, nothing downloaded)."""
 
+    kind: Literal["arithmetic", "habits"] = Field(
+        "arithmetic",
+        description="Which world: `arithmetic` (the first tiny world: multi-step sums, guessed, verbose or slipped "
+        "solutions) or `habits` (easy arithmetic, and one designed habit per DAPO toggle: verbose working, a "
+        "repetition loop, a misconception fork, a difficulty mix; dapo/tinyworld/habits.py).",
+    )
     seed: int = Field(0, description="Seed for the task generator, tokenizer and base-model training.")
     dir: str = Field(
         "results/tiny_world",
         description="Where the tiny world is built and cached: model/ "
         "(base model + tokenizer), train.jsonl, eval.jsonl, manifest.json.",
     )
-    difficulty: int = Field(4, ge=1, le=8, description="Maximum number of operations per word problem.")
+    difficulty: int = Field(
+        4, ge=1, le=8, description="arithmetic world: maximum number of operations per word problem."
+    )
     n_train: int = Field(4000, gt=0, description="Training prompts for RL.")
     n_eval: int = Field(30, gt=0, description="Eval problems (30, standing in for AIME): `data.eval: tiny`.")
     n_eval_large: int = Field(
@@ -72,29 +80,82 @@ class TinyWorldConfig(_Section):
     num_heads: int = Field(2, gt=0, description="Head size = hidden/heads; vLLM-CPU needs head size 32 or 64.")
     tie_embeddings: bool = Field(False, description="Tied output head (vLLM-CPU needs a re-pack after sync).")
     sft_steps: int = Field(1000, gt=0, description="Supervised steps that make the base model.")
-    sft_corruption: float = Field(0.25, ge=0, le=1, description="Fraction of worked solutions with an error.")
+    sft_corruption: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="Fraction of worked solutions with a slip (one wrong result, carried to the answer); in the "
+        "habits world, of the concise and verbose ones.",
+    )
     sft_guess: float = Field(
         0.3,
         ge=0,
         le=1,
-        description="Fraction of supervised targets that skip the working "
+        description="arithmetic world: fraction of supervised targets that skip the working "
         "(`Answer: N` only): the habit RL trains away (worked solutions score higher).",
     )
     sft_verbose: float = Field(
         0.3,
         ge=0,
         le=1,
-        description="Fraction of supervised targets in the verbose style "
-        "(restates every sentence: 3-4 step problems overrun the 64-token cap).",
+        description="Fraction of supervised targets in the verbose style (restates every sentence: long problems "
+        "overrun the response cap).",
+    )
+    mix_easy: float = Field(
+        0.25, ge=0, le=1, description="habits world: share of one-operation problems (their groups soon all correct)."
+    )
+    mix_fork: float = Field(
+        0.2, ge=0, le=1, description="habits world: share of problems with the misconception fork (`loses half`)."
+    )
+    mix_long: float = Field(
+        0.1, ge=0, le=1, description="habits world: share of 5-6 operation problems (verbose working overruns the cap)."
+    )
+    mix_unsolvable: float = Field(
+        0.15,
+        ge=0,
+        le=1,
+        description="habits world: share of problems with a squaring step the supervised data never shows "
+        "(their groups all wrong). Core problems (2-3 operations) take the rest of the mix.",
+    )
+    sft_loop: float = Field(
+        0.12,
+        ge=0,
+        le=1,
+        description="habits world: fraction of supervised solutions that re-check one line with `again:` 2-3 times.",
+    )
+    sft_loop_slip: float = Field(
+        0.8, ge=0, le=1, description="habits world: fraction of those loops whose re-check slips (a wrong answer)."
+    )
+    sft_fork_right: float = Field(
+        0.15,
+        ge=0,
+        le=1,
+        description="habits world: fraction of supervised solutions that halve at the fork (the rest subtract 2).",
     )
     sft_connectives: float = Field(
         0.0,
         ge=0,
         le=1,
-        description="Probability that a worked line opens with a "
+        description="arithmetic world: probability that a worked line opens with a "
         "connective (so/then/now, uniform): reward-neutral uncertain tokens. 0.75 raised "
         "entropy 0.25 -> 0.36 but not the upper clip fraction (docs/tiny-preset.md).",
     )
+
+    @model_validator(mode="after")
+    def _habits_shares(self) -> TinyWorldConfig:
+        if self.kind == "habits":
+            mix = self.mix_easy + self.mix_fork + self.mix_long + self.mix_unsolvable
+            if mix > 1 + 1e-9:
+                raise ValueError(
+                    f"tiny.mix_easy + mix_fork + mix_long + mix_unsolvable = {mix:g} > 1 (core problems take the "
+                    "rest); lower one of them"
+                )
+            if self.sft_verbose + self.sft_loop > 1 + 1e-9:
+                raise ValueError(
+                    f"tiny.sft_verbose + tiny.sft_loop = {self.sft_verbose + self.sft_loop:g} > 1 (concise solutions "
+                    "take the rest); lower one of them"
+                )
+        return self
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -127,6 +188,13 @@ class RolloutConfig(_Section):
         "transformers `generate` (fallback; faster for very small models).",
     )
     n: int = Field(16, ge=2, description="Responses per prompt (group size G). Paper: 16.")
+    sampling_seed_offset: int = Field(
+        0,
+        ge=0,
+        description="Added to trainer.seed to seed the training rollouts' sampling (0: the seed itself). The data "
+        "order, the evaluations and everything else keep trainer.seed, so a run that sets only this differs from its "
+        "twin in its samples alone: the ablation's placebo row (dapo.designs.placebo_run).",
+    )
     max_response_length: int = Field(20480, gt=0, description="Hard generation cap L_max. Paper: 20480.")
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)

@@ -171,12 +171,35 @@ def design_runs(design: Design, ablations_dir: Path = ABLATIONS_DIR) -> list[Run
     return out
 
 
+# The placebo: the row dynamic sampling builds on, run again under another name with another sampling seed only.
+PLACEBO_PREFIX = "placebo_"
+PLACEBO_SEED_OFFSET = 1000  # rollout.sampling_seed_offset of the placebo: its rollouts draw other samples
+
+
+def placebo_run(ablations_dir: Path = ABLATIONS_DIR) -> RunSpec:
+    """The placebo row: the ladder's second-to-last row (what the last toggle is measured against) with only its
+    rollouts' sampling seed changed (`rollout.sampling_seed_offset`; the data order, the evaluations and every
+    other setting are its twin's). Compared with its twin, every declared statistic should show no clear change:
+    whatever does is what noise alone produces at this number of seeds. Generated from the ladder, not a file."""
+    twin = ladder(ablations_dir)[-2]
+    name = f"{PLACEBO_PREFIX}{twin}"
+    overrides = (f"rollout.sampling_seed_offset={PLACEBO_SEED_OFFSET}", f"{ROW_KEY}={name}")
+    return RunSpec(name, Path(ablations_dir) / f"{twin}.yaml", overrides, "cumulative", None)
+
+
+def placebo_twin(name: str) -> str | None:
+    """`placebo_04_token_level_loss` -> `04_token_level_loss`; any other name -> None."""
+    return name[len(PLACEBO_PREFIX) :] if name.startswith(PLACEBO_PREFIX) and len(name) > len(PLACEBO_PREFIX) else None
+
+
 def all_design_runs(ablations_dir: Path = ABLATIONS_DIR) -> dict[str, RunSpec]:
-    """Every run name any design uses -> its spec (a ladder row appears once, as itself)."""
+    """Every run name any design uses -> its spec (a ladder row appears once, as itself), and the placebo."""
     out: dict[str, RunSpec] = {}
     for design in DESIGNS:
         for spec in design_runs(design, ablations_dir):
             out.setdefault(spec.name, spec)
+    placebo = placebo_run(ablations_dir)
+    out[placebo.name] = placebo
     return out
 
 
