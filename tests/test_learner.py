@@ -373,9 +373,7 @@ def test_update_does_not_depend_on_micro_batches_ranks_or_packing(world, mode):
             assert (got["params"] - ref["params"]).abs().max() < TOL, (w, case)
             assert got["metrics"][M.POLICY_LOSS] == pytest.approx(ref["metrics"][M.POLICY_LOSS], abs=1e-6)
             assert got["metrics"][M.CLIPFRAC_HIGH] == pytest.approx(ref["metrics"][M.CLIPFRAC_HIGH], abs=1e-9)
-            assert got["metrics"][M.CLIPFRAC_HIGH_RARE] == pytest.approx(
-                ref["metrics"][M.CLIPFRAC_HIGH_RARE], abs=1e-9
-            )
+            assert got["metrics"][M.CLIPFRAC_HIGH_RARE] == pytest.approx(ref["metrics"][M.CLIPFRAC_HIGH_RARE], abs=1e-9)
 
 
 def test_the_whole_mini_batch_on_every_rank_gives_the_same_step(world):
