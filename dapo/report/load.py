@@ -169,6 +169,13 @@ def report_metrics(k: int) -> list[str]:
                 M.DS_TOKENS_GENERATED,
                 M.DS_TOKENS_GENERATED_TOTAL,
                 M.TIME_TOTAL,
+                M.ACC_GENERATED,
+                M.ZERO_ADV_GROUP_FRAC,
+                M.HABIT_VERBOSE,
+                M.HABIT_LOOP,
+                M.HABIT_FORK_RIGHT,
+                M.HABIT_SOUND_TRUNCATED,
+                M.HABIT_ACC_LONG,
             ]
             + mech
         )
