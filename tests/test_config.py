@@ -80,7 +80,9 @@ def test_paper_preset_is_the_papers_run():
 
 
 def test_overrides_win_and_parse_as_yaml():
-    c = load_config(ROWS[0], preset="tiny", overrides=["trainer.seed=7", "eval.pass_k=[1,2]", "model.path=x"])
+    c = load_config(
+        ROWS[0], preset="tiny", overrides=["trainer.seed=7", "eval.n=2", "eval.pass_k=[1,2]", "model.path=x"]
+    )
     assert (c.trainer.seed, c.eval.pass_k, c.model.path) == (7, [1, 2], "x")
     assert c.run_name() == "00_naive_grpo-s7"
 
@@ -120,6 +122,44 @@ def test_missing_file_and_cycle(tmp_path: Path):
         load_config(a)
     with pytest.raises(ConfigError, match="known presets: .*tiny"):
         load_config(ROWS[0], preset="nope")
+
+
+def test_a_duplicated_section_or_key_is_refused_with_file_line_and_key(tmp_path: Path):
+    """YAML keeps the last of two equal keys: a row with two `algorithm:` blocks would train with the second only."""
+    row = tmp_path / "row.yaml"
+    row.write_text(f"inherits: {ROWS[1]}\nalgorithm:\n  eps_high: 0.28\nalgorithm:\n  loss_agg: token-mean\n")
+    with pytest.raises(ConfigError, match=r"row\.yaml: line 4: key `algorithm` is given twice \(first on line 2\)"):
+        load_config(row, preset="tiny")
+    row.write_text("trainer:\n  lr: 1.0e-5\n  seed: 1\n  lr: 1.0e-6\n")
+    with pytest.raises(ConfigError, match=r"row\.yaml: line 4: key `trainer.lr` is given twice \(first on line 2\)"):
+        load_config(row)
+    # a parent's duplicate names the parent; `<<` merge keys may still be overridden
+    parent = tmp_path / "parent.yaml"
+    parent.write_text("eval:\n  n: 4\n  n: 8\n")
+    row.write_text("inherits: parent.yaml\n")
+    with pytest.raises(ConfigError, match=r"parent\.yaml: line 3: key `eval.n`"):
+        load_config(row)
+    row.write_text("resources:\n  prepare: &job {nodes: 1, mem_mb: 2000}\n  train:\n    <<: *job\n    mem_mb: 3000\n")
+    assert load_config(row).resources.train.mem_mb == 3000
+
+
+def test_pass_at_k_above_the_samples_per_problem_is_refused_naming_both_keys():
+    with pytest.raises(ConfigError) as e:
+        load_config(ROWS[0], preset="qwen2.5-32b", overrides=["eval.n=16"])
+    msg = str(e.value)
+    assert "eval.pass_k asks for k = [32] > eval.n (16)" in msg
+    assert "eval.n from command line" in msg and "qwen2.5-32b.yaml" in msg  # where each value came from
+    assert load_config(ROWS[0], preset="qwen2.5-32b", overrides=["eval.n=16", "eval.pass_k=[1,16]"]).eval.n == 16
+
+
+def test_a_missing_parent_names_the_inheriting_file_the_key_and_the_path(tmp_path: Path):
+    row = tmp_path / "rows" / "row.yaml"
+    row.parent.mkdir()
+    row.write_text("inherits: ../base/parent.yaml\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(row)
+    assert str(e.value).startswith(f"{row}: `inherits: ../base/parent.yaml`: {tmp_path / 'base' / 'parent.yaml'}: ")
+    assert "file not found" in str(e.value)
 
 
 def test_config_hash_ignores_where_results_go():
