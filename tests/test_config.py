@@ -50,6 +50,70 @@ def test_rows_set_no_scale_keys():
         assert set(own) <= {"inherits", "algorithm", "tracking"}, row.name
 
 
+def _ladder_copy(tmp_path: Path, **extra: str) -> Path:
+    """A copy of the ladder in tmp_path/ablations, with `extra[row]` appended to that row's file."""
+    d = tmp_path / "ablations"
+    d.mkdir()
+    for row in ROWS:
+        (d / row.name).write_text(row.read_text() + extra.get(row.stem, ""))
+    return d
+
+
+def test_our_ladder_is_a_clean_ablation_under_every_preset():
+    from dapo.designs import ladder_problems
+
+    for preset in (None, "tiny", "qwen2.5-32b"):
+        assert ladder_problems(preset=preset) == [], preset
+
+
+def test_a_confounded_ladder_names_each_row_its_extra_keys_and_their_values(tmp_path):
+    """What the released recipe's per-row scripts did (rows that also changed scale), and its cousins."""
+    from dapo.designs import ladder_problems
+
+    d = _ladder_copy(
+        tmp_path,
+        **{
+            "00_naive_grpo": "rollout:\n  n: 4\n",  # the baseline sets scale
+            "03_soft_overlong_punishment": "trainer:\n  lr: 1.0e-4\n",  # a scale key beside the toggle
+            "04_token_level_loss": "  kl_coef: 0.01\n",  # under algorithm: a key no toggle of this row owns
+            "05_dynamic_sampling": "  overlong_buffer_len: 16\n",  # an algorithm key presets own, at tiny's value
+        },
+    )
+    (d / "02_clip_higher.yaml").write_text(  # builds on row 00, not on the row above
+        (d / "02_clip_higher.yaml").read_text().replace("01_overlong_filtering.yaml", "00_naive_grpo.yaml")
+    )
+    found = ladder_problems(d, preset="tiny")
+    assert [p.split(":")[0] for p in found] == [
+        str(d / f"{r}.yaml") for r in [ROWS[0].stem, *(r.stem for r in ROWS[2:])]
+    ]
+    text = "\n".join(found)
+    assert f"{d / '00_naive_grpo.yaml'}: the ladder's first row sets rollout.n = 4: a scale key" in text
+    assert "algorithm.overlong_filter = False (in 01_overlong_filtering.yaml: True): not a key of clip_higher" in text
+    assert "(it inherits 00_naive_grpo.yaml, not the row above, 01_overlong_filtering.yaml)" in text
+    assert f"{d / '03_soft_overlong_punishment.yaml'}: differs from 02_clip_higher.yaml in more than" in text
+    assert "trainer.lr = 0.0001 (in 02_clip_higher.yaml: 5e-05): a scale key" in text
+    assert "algorithm.kl_coef = 0.01 (in 03_soft_overlong_punishment.yaml: 0.0): not a key of token_level_loss" in text
+    # equal to the tiny preset's value, so nothing differs under it; still a key that overrides every other preset
+    assert "algorithm.overlong_buffer_len = 16 (in 04_token_level_loss.yaml: 16): a scale key" in text
+
+
+def test_dapo_config_stops_on_a_confounded_ladder_unless_allowed(tmp_path, capsys):
+    from dapo.cli import main
+
+    d = _ladder_copy(tmp_path, **{"03_soft_overlong_punishment": "trainer:\n  lr: 1.0e-4\n"})
+    row = str(d / "05_dynamic_sampling.yaml")  # any row: it means something only beside the rows above it
+    assert main(["config", "-c", row, "-p", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert f"{d / '03_soft_overlong_punishment.yaml'}: differs from 02_clip_higher.yaml" in err
+    assert "trainer.lr = 0.0001 (in 02_clip_higher.yaml: 5e-05): a scale key" in err
+    assert "--allow-confounded-ladder" in err and "allow_confounded_ladder=true" in err  # the way to run it anyway
+    assert main(["config", "-c", row, "-p", "tiny", "--allow-confounded-ladder"]) == 0
+    out = capsys.readouterr()
+    assert "warning: not a clean ablation" in out.err and "lr: 0.0001" in out.out
+    assert main(["config", "-c", str(ROWS[5]), "-p", "qwen2.5-32b"]) == 0  # our own ladder passes
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_row_values_match_spec_section_3():
     cfg = {p.stem: load_config(p, preset="tiny").algorithm for p in ROWS}
     assert (cfg["00_naive_grpo"].eps_low, cfg["00_naive_grpo"].eps_high) == (0.2, 0.2)

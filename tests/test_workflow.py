@@ -252,6 +252,36 @@ def test_sqlite_on_a_network_file_system_is_refused_under_a_cluster_executor(tmp
     assert check_tracking_store("sqlite:////shared/results/mlflow.db", cluster=False, mounts=mounts) == []
 
 
+def _clone(tmp_path: Path) -> Path:
+    """A user's clone of the repository (package, configs, workflow), whose files a test may edit; run Snakemake in
+    it with `PYTHONPATH=<clone>` so that its own `dapo` (and so its own configs/ablations) is the one imported."""
+    clone = tmp_path / "clone"
+    for part in ("dapo", "configs", "workflow", "slurm"):
+        shutil.copytree(REPO / part, clone / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "Snakefile", clone / "Snakefile")
+    return clone
+
+
+def test_a_confounded_ladder_stops_the_workflow_before_any_job_unless_allowed(tmp_path):
+    """A row that also sets trainer.lr (as the released recipe's per-row scripts differed) would train and report as
+    if it measured one toggle: the dry run stops, naming the row file, the key and both values."""
+    clone = _clone(tmp_path)
+    row = clone / "configs" / "ablations" / "03_soft_overlong_punishment.yaml"
+    row.write_text(row.read_text() + "trainer:\n  lr: 1.0e-4\n")
+    results = tmp_path / "results"
+    run = [SNAKEMAKE, "-n", "all_ablations", "--config", f"results={results}"]
+    env = {**os.environ, "PYTHONPATH": str(clone)}
+    r = subprocess.run(run, cwd=clone, capture_output=True, text=True, timeout=120, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "nothing was submitted" in out and "Job stats" not in out
+    assert f"{row}: differs from 02_clip_higher.yaml in more than soft_overlong_punishment" in out
+    assert "trainer.lr = 0.0001 (in 02_clip_higher.yaml: 5e-05): a scale key" in out
+    assert "allow_confounded_ladder=true" in out and not results.exists()
+    r = subprocess.run([*run, "allow_confounded_ladder=true"], cwd=clone, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "WARNING: not a clean ablation (allow_confounded_ladder)" in r.stderr and _job_stats(r.stdout)["train"] == 6
+
+
 def _job_stats(stdout: str) -> dict[str, int]:
     lines = stdout.split("Job stats:")[1].splitlines()
     stats = {}
