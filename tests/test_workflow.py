@@ -282,6 +282,55 @@ def test_a_confounded_ladder_stops_the_workflow_before_any_job_unless_allowed(tm
     assert "WARNING: not a clean ablation (allow_confounded_ladder)" in r.stderr and _job_stats(r.stdout)["train"] == 6
 
 
+SHELL_TEMPLATES = """
+import json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
+
+with SnakemakeApi(OutputSettings()) as api:
+    wf = api.workflow(
+        resource_settings=ResourceSettings(),
+        config_settings=ConfigSettings(config={"results": sys.argv[1], "preset": sys.argv[2]}),
+        snakefile=Path("Snakefile"),
+        workdir=Path("."),
+    )
+    print(json.dumps({r.name: r.shellcmd for r in wf._workflow.rules if r.shellcmd}))
+"""
+
+
+@pytest.mark.parametrize("preset", ["tiny", "qwen2.5-32b"])  # each has a rule the other has not (its base model)
+def test_every_field_of_every_rules_shell_command_is_quoted(tmp_path, preset):
+    """Each `{...}` of a rule's shell command is quoted with `:q` (a list: each word), so a value's spaces or shell
+    characters can never split it or run; what the rules write in directly goes through `q()`."""
+    import string
+
+    r = subprocess.run(
+        [sys.executable, "-c", SHELL_TEMPLATES, str(tmp_path), preset], cwd=REPO, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    templates = json.loads(r.stdout.splitlines()[-1])
+    assert {"train", "report", "prepare_data"} <= set(templates) and len(templates) >= 6
+    for rule, cmd in templates.items():
+        fields = [(name, spec) for _, name, spec, _ in string.Formatter().parse(cmd) if name is not None]
+        assert fields or rule != "train"
+        for name, spec in fields:
+            assert spec.endswith("q"), f"rule {rule}: {{{name}}} is not quoted ({{{name}:q}}): {cmd}"
+
+
+def test_a_path_with_spaces_and_quotes_stays_one_word_in_the_train_command(tmp_path):
+    import shlex
+
+    results = tmp_path / "my results" / "it's"
+    r = snakemake("-n", "-p", "row_00_naive_grpo", "--config", f"results={results}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = next(ln for ln in r.stdout.splitlines() if "train_job.sh" in ln)
+    words = shlex.split(line.split("Shell command:", 1)[-1])
+    run_dir = str(results.resolve() / "tiny" / "runs" / "00_naive_grpo" / "s0")
+    assert words.count(run_dir) == 2  # the job script's run directory and `dapo train --run-dir`
+    assert f"data.train={results.resolve()}/tiny/data/train.jsonl" in words
+
+
 def _job_stats(stdout: str) -> dict[str, int]:
     lines = stdout.split("Job stats:")[1].splitlines()
     stats = {}

@@ -93,22 +93,23 @@ IS_TINY = BASE.model.path == "tiny"
 
 
 def kernel_env():
-    """The shell prefix that starts a train job: for the tiny preset the CPU kernels the tiny world was built with
+    """`env`'s assignments that start a train job: for the tiny preset the CPU kernels the tiny world was built with
     (dapo.tinyworld.pinned_kernels), so that its numbers do not depend on the vector code a host's CPU would pick
     (checked here by asking for other ATen kernels, not on a second host); nothing for GPU presets."""
     from dapo.tinyworld import pinned_kernels
 
-    return "".join(f"{k}={v} " for k, v in pinned_kernels().items()) if IS_TINY else ""
+    return [f"{k}={v}" for k, v in pinned_kernels().items()] if IS_TINY else []
 
 # The config's own tiny.dir (default results/tiny_world, where the tests cache it too): built once for both.
 TINY_DIR = Path(config.get("tiny_world") or BASE.tiny.dir).resolve()
 
 
 def q(*parts):
-    """Shell-quote a command line's words."""
+    """Shell-quote a command line's words for a rule's shell template (its braces doubled, so that Snakemake's
+    formatting leaves a value's `{` and `}` alone). Values that vary per job go through params and `:q` instead."""
     import shlex
 
-    return " ".join(shlex.quote(str(p)) for p in parts)
+    return " ".join(shlex.quote(str(p)) for p in parts).replace("{", "{{").replace("}", "}}")
 
 
 def run_dir(row, seed):
