@@ -1,4 +1,5 @@
-"""Checks the workflow runs once, on the submitting machine, before any job is submitted: the tracking store.
+"""Checks the workflow runs once, on the submitting machine, before any job is submitted: the tracking store, and
+the training job's SLURM options.
 
 - A tracking server (`http(s)://...`) must answer now. Otherwise every training job would start, wait out
   `tracking.start_timeout_s` and be requeued, each after queueing for its GPUs.
@@ -6,11 +7,15 @@
   unreliable on network file systems (NFS, Lustre, GPFS, ...: see SQLite's "How To Corrupt An SQLite Database
   File", section 2.1), so a database there is refused; on a local file system only jobs on this node can reach it,
   which is worth a warning.
+- A `B:` signal (`--signal=B:USR1@60`) in the training job's SLURM options is refused: it goes to the batch shell
+  only, never to the ranks, and a batch shell killed while Snakemake's job script wraps up a finished row ends the
+  job FAILED, and Snakemake then deletes the row's DONE.json as the output of a failed job.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -98,3 +103,22 @@ def check_tracking_store(uri: str, *, cluster: bool, mounts: str | None = None) 
         f"MLflow writes to the SQLite file {db} on a local ({kind}) file system: only jobs on this node can reach "
         f"it. That suits a one-node cluster; with several nodes, {SERVER_FIX}."
     ]
+
+
+# `--signal=[{R|B}:]<sig_num>[@sig_time]` (sbatch(1)); newer SLURM also takes both letters, `RB:`.
+_SIGNAL_OPTION = re.compile(r"--signal(?:=|\s+)['\"]?(?P<flags>[A-Za-z]+):(?P<rest>[^\s'\"]*)")
+
+
+def batch_signal_problem(slurm_extra: str | None, margin_s: float) -> str | None:
+    """Why the training job's SLURM options (`slurm_extra`) are refused: a `B:` signal; None when they are not."""
+    for m in _SIGNAL_OPTION.finditer(slurm_extra or ""):
+        if "B" in m["flags"].upper():
+            return (
+                f"the train job's slurm_extra asks SLURM for `--signal={m['flags']}:{m['rest']}`: a `B:` signal "
+                "goes to the job's batch shell only, never to the training ranks, so the trainer does not stop to "
+                "checkpoint; and one that lands while Snakemake's job script wraps up a finished row kills it, the "
+                "job ends FAILED and Snakemake deletes the row's DONE.json. The train rule already asks for "
+                f"`--signal=USR1@{int(margin_s)}` (to every rank; the margin is trainer.stop_margin_s): drop the "
+                "option from --set-resources or the profile's set-resources, or write it without `B:`"
+            )
+    return None

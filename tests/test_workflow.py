@@ -282,6 +282,26 @@ def test_a_confounded_ladder_stops_the_workflow_before_any_job_unless_allowed(tm
     assert "WARNING: not a clean ablation (allow_confounded_ladder)" in r.stderr and _job_stats(r.stdout)["train"] == 6
 
 
+def test_a_batch_shell_signal_in_the_train_jobs_options_is_refused_before_any_job(tmp_path):
+    """`--signal=B:USR1@60` reaches only the batch shell: a finished row's job could die wrapping up, and Snakemake
+    would delete its DONE.json. Refused, with the option to use instead."""
+    for extra in ('"--signal=B:USR1@60 --open-mode=append"', '"--signal RB:USR1@90"'):
+        r = snakemake(
+            "-n", "--profile", "slurm", "row_00_naive_grpo", "--config", f"results={tmp_path}",
+            "--set-resources", f"train:slurm_extra={extra}",
+        )  # fmt: skip
+        out = r.stdout + r.stderr
+        assert r.returncode != 0 and "nothing was submitted" in out and "Job stats" not in out, extra
+        assert "a `B:` signal goes to the job's batch shell only" in out
+        assert "`--signal=USR1@60`" in out and "without `B:`" in out  # what to use instead
+    r = snakemake(
+        "-n", "--profile", "slurm", "row_00_naive_grpo", "--config", f"results={tmp_path}",
+        "--set-resources", 'train:slurm_extra="--signal=USR1@90 --open-mode=append"',
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not any(tmp_path.iterdir())
+
+
 SHELL_TEMPLATES = """
 import json, sys
 from pathlib import Path

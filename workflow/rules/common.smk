@@ -208,6 +208,16 @@ def local_launcher(kind):
 RESUBMITS_KEY = "max_resubmits"  # configs/workflow.yaml: resubmissions of a job cut off by SLURM (exit 75)
 
 
+def refuse_batch_signal(slurm_extra):
+    """Stop before any job is submitted when the train rule's slurm_extra (as --set-resources or a profile's
+    set-resources leave it) asks for a `B:` signal (dapo.cluster.batch_signal_problem says why)."""
+    from dapo.cluster import batch_signal_problem
+
+    why = batch_signal_problem(None if slurm_extra is None else str(slurm_extra.raw), BASE.trainer.stop_margin_s)
+    if why:
+        raise WorkflowError(f"nothing was submitted: {why}")
+
+
 def _cpu_plan_lines():
     """The tiny (CPU) preset: what a step samples; no GPU budget, nothing to refuse."""
     r, a, t = BASE.rollout, BASE.algorithm, BASE.trainer

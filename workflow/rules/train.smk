@@ -35,6 +35,9 @@ rule train:
         "{params.srun:q} {params.local:q} dapo train {params.args:q}"
 
 
+refuse_batch_signal(rules.train.rule.resources.get("slurm_extra"))
+
+
 def row_outputs(row):
     return [RESULTS / "runs" / row / f"s{s}" / "DONE.json" for s in SEEDS]
 
