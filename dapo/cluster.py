@@ -1,8 +1,9 @@
 """Checks the workflow runs once, on the submitting machine, before any job is submitted: the tracking store, and
 the training job's SLURM options.
 
-- A tracking server (`http(s)://...`) must answer now. Otherwise every training job would start, wait out
-  `tracking.start_timeout_s` and be requeued, each after queueing for its GPUs.
+- A tracking server (`http(s)://...`) must answer now, and take the credentials in the environment (an
+  authenticated server). Otherwise every training job would start and wait out `tracking.start_timeout_s` (or be
+  refused), each after queueing for its GPUs.
 - An MLflow SQLite file under a cluster executor is written by jobs on other nodes at once. SQLite's locking is
   unreliable on network file systems (NFS, Lustre, GPFS, ...: see SQLite's "How To Corrupt An SQLite Database
   File", section 2.1), so a database there is refused; on a local file system only jobs on this node can reach it,
@@ -44,8 +45,14 @@ NETWORK_FS = frozenset(
     }
 )
 SERVER_FIX = (
-    "start it (e.g. `mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri sqlite:///<a local disk>/mlflow.db`"
-    " on a machine every node can reach) or pass --config tracking_uri=<its URI>"
+    "start an authenticated one on a machine every node can reach, bound to the cluster's internal interface (e.g. "
+    "`mlflow server --app-name basic-auth --host <internal address> --port 5000 --backend-store-uri "
+    "sqlite:///<a local disk>/mlflow.db`, with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD exported where "
+    "Snakemake runs: README, 'On a SLURM cluster') or pass --config tracking_uri=<its URI>"
+)
+CREDENTIALS_FIX = (
+    "export MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (a user of that server) in the shell that runs "
+    "Snakemake: the SLURM jobs inherit them; never write them into a config file, which is logged"
 )
 
 
@@ -82,12 +89,34 @@ def server_answers(uri: str, timeout_s: float = 10.0) -> str | None:
         return str(getattr(e, "reason", e))
 
 
+def credentials_refused(uri: str) -> str | None:
+    """None when the server at `uri` takes the credentials in the environment (or needs none), else why not.
+
+    Its health check answers without credentials, so this asks what a run asks first, through MLflow's own client
+    (which reads MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except MlflowException as e:
+        if e.error_code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+            return f"{e.error_code} for user {user or '(none set)'}"
+    return None
+
+
 def check_tracking_store(uri: str, *, cluster: bool, mounts: str | None = None) -> list[str]:
     """Raise `TrackingStoreError` for a store the run cannot use; return warnings for one it can."""
     if uri.startswith(("http://", "https://")):
         why = server_answers(uri)
         if why is not None:
             raise TrackingStoreError(f"the MLflow tracking server {uri} does not answer ({why}); {SERVER_FIX}.")
+        why = credentials_refused(uri)
+        if why is not None:
+            raise TrackingStoreError(
+                f"the MLflow tracking server {uri} refused the request ({why}); {CREDENTIALS_FIX}."
+            )
         return []
     if not (cluster and uri.startswith("sqlite:///")):
         return []
