@@ -224,7 +224,7 @@ TOGGLE_KEYS: dict[str, frozenset[str]] = {
     "dynamic_sampling": frozenset({"algorithm.dynamic_sampling"}),
 }
 TOGGLE_SECTION = "algorithm"
-# How a user runs a ladder that fails the check on purpose (the report then says the rows are no clean ablation).
+# How a user runs a ladder that fails the check on purpose (the report then says the rows are not a clean ablation).
 ALLOW_FLAG = "--allow-confounded-ladder"  # dapo config
 ALLOW_KEY = "allow_confounded_ladder"  # configs/workflow.yaml
 LADDER_FIX = (
