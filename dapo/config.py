@@ -318,7 +318,9 @@ class EvalConfig(_Section):
     top_p: float = Field(0.7, gt=0, le=1)
     max_tokens: int | None = Field(None, gt=0, description="Generation cap; null: rollout.max_response_length.")
     every: int = Field(5, ge=0, description="Evaluate every N rollout steps (0: only at the end).")
-    pass_k: list[int] = Field(default_factory=lambda: [1, 4, 16, 32])
+    pass_k: list[int] = Field(
+        default_factory=lambda: [1, 4, 16, 32], description="The k of pass@k; each at most eval.n (else refused)."
+    )
     bootstrap: int = Field(1000, ge=0, description="Bootstrap resamples for confidence intervals.")
     confidence: float = Field(0.95, gt=0, lt=1)
 
@@ -431,6 +433,12 @@ class RunConfig(_Section):
                 f"{ranks} ranks (resources.train: nodes x gpus_per_node); each rollout replica takes "
                 "tensor_parallel_size consecutive ranks: pick a divisor"
             )
+        too_big = [k for k in self.eval.pass_k if k > self.eval.n]
+        if too_big:
+            raise ValueError(
+                f"eval.pass_k asks for k = {too_big} > eval.n ({self.eval.n}): pass@k needs at least k samples per "
+                f"problem; raise eval.n to {max(too_big)} or drop those k from eval.pass_k"
+            )
         if a.dual_clip_c is not None and a.dual_clip_c <= 1:
             raise ValueError(f"algorithm.dual_clip_c ({a.dual_clip_c}) must be > 1 (released recipe: 10), or null")
         return self
@@ -470,11 +478,50 @@ class RunConfig(_Section):
 
 
 # ----------------------------------------------------------------------------------------- loading
+def _refuse_duplicate_keys(node: yaml.Node, prefix: str = "") -> None:
+    """Raise ConfigError's text for a key given twice in one mapping, at any depth, with its line.
+
+    YAML keeps the last of two equal keys without a word (a second `algorithm:` block replaces the first) and
+    PyYAML has no option to refuse them, so the composed node tree is walked before it is constructed. `<<` merge
+    keys are left alone: overriding a merged key is what they are for."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key, line = f"{prefix}{key_node.value}", key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(
+                    f"line {line}: key `{key}` is given twice (first on line {seen[key]}); YAML would keep only the "
+                    "last one: merge them into one"
+                )
+            seen[key] = line
+            _refuse_duplicate_keys(value_node, f"{key}.")
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, f"{prefix}{i}.")
+
+
+def _load_unique(text: str) -> Any:
+    """yaml.safe_load, refusing duplicate keys (`_refuse_duplicate_keys`)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = _load_unique(path.read_text()) or {}
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(data, dict):
@@ -514,7 +561,13 @@ def read_chain(path: str | Path, _seen: tuple[Path, ...] = ()) -> list[tuple[Pat
     parent = data.pop("inherits", None)
     chain: list[tuple[Path, dict[str, Any]]] = []
     if parent is not None:
-        chain = read_chain((path.parent / str(parent)), _seen + (path,))
+        looked = path.parent / str(parent)
+        if not looked.is_file():
+            raise ConfigError(
+                f"{path}: `inherits: {parent}`: {looked.resolve()}: file not found (a parent is looked for relative "
+                "to the file that inherits it)"
+            )
+        chain = read_chain(looked, _seen + (path,))
     return chain + [(path, data)]
 
 

@@ -24,7 +24,7 @@ from dapo.report.evidence import evidence_tables
 from dapo.report.figures import FigureResult, make_figures
 from dapo.report.formats import write_table
 from dapo.report.load import Experiment, XAxis, load_experiment
-from dapo.report.marginal import marginal_effects, marginal_table
+from dapo.report.marginal import confounds, marginal_effects, marginal_table
 from dapo.report.mechanisms import cumulative_results, mechanisms_figure, mechanisms_table
 from dapo.report.table1 import build_table1, table1_table
 
@@ -48,14 +48,24 @@ def write_tables(
     returns every missing item's name."""
     out = Path(out_dir)
     t1 = build_table1(exp, confidence)
-    write_table(table1_table(t1), out, "table1")
+    t1_table = table1_table(t1)
     mech = mechanisms_table(cumulative_results(exp, confidence), confidence)
-    write_table(mech, out, "mechanisms")
     v2 = evidence_tables(exp, confidence=confidence)
-    for stem, table in v2.items():
-        write_table(table, out, stem)
     effects, effects_missing = marginal_effects(exp, confidence)
     marg = marginal_table(effects, effects_missing, exp.k, confidence)
+    unclean = confounds(exp)
+    if unclean:  # the runs' own configs say so, whatever the workflow was told
+        note = (
+            "**Not a clean ablation**: these runs differ in more than the toggle they are compared on, so their "
+            "difference is not that toggle's effect alone: " + " | ".join(unclean)
+        )
+        for table in (t1_table, mech, marg, *v2.values()):
+            table.notes.insert(0, note)
+        exp.warnings.append(note.replace("**", ""))
+    write_table(t1_table, out, "table1")
+    write_table(mech, out, "mechanisms")
+    for stem, table in v2.items():
+        write_table(table, out, stem)
     write_table(marg, out, "marginal_effects")
     comp = compute_table(exp, t1, gpus_per_run, cpus_per_run)
     write_table(comp, out, "compute")

@@ -35,11 +35,11 @@ rule design_report:
         design="|".join(DESIGN_RUNS),
     localrule: True
     params:
-        args=lambda wc: q(
+        args=lambda wc: [
             "--experiment", EXPERIMENT, "--tracking-uri", TRACKING_URI, "--out", RESULTS / "report" / wc.design
-        ),
+        ],
     shell:
-        "dapo report {params.args} > {log} 2>&1"
+        "dapo report {params.args:q} > {log:q} 2>&1"
 
 
 rule all_leave_one_out:
