@@ -85,7 +85,7 @@ class TinyWorldConfig(_Section):
         ge=0,
         le=1,
         description="Fraction of worked solutions with a slip (one wrong result, carried to the answer); in the "
-        "habits world, of the concise and verbose ones.",
+        "habits world, of the concise ones (tiny.sft_verbose_slip: of the verbose ones).",
     )
     sft_guess: float = Field(
         0.3,
@@ -116,6 +116,13 @@ class TinyWorldConfig(_Section):
         le=1,
         description="habits world: share of problems with a squaring step the supervised data never shows "
         "(their groups all wrong). Core problems (2-3 operations) take the rest of the mix.",
+    )
+    sft_verbose_slip: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="habits world: fraction of verbose solutions with a slip (tiny.sft_corruption is the concise "
+        "ones'): careful working that is worth keeping where it fits the cap.",
     )
     sft_loop: float = Field(
         0.12,

@@ -27,3 +27,16 @@ class Sample:
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "length"
+
+
+@dataclass
+class GroupOutcome:
+    """What the metrics keep of every generated group, dropped ones included (the groups themselves are not kept:
+    at the paper's scale their tokens would triple what a step holds)."""
+
+    correct: list[bool]
+    rewards: list[float]  # shaped
+    lengths: list[int]  # response tokens
+    truncated: list[bool]
+    tags: list[list[str]]  # per response, the habit tags (empty lists without a tagger)
+    kind: str = ""  # the problem's kind, from the tagger ("" without one)

@@ -60,14 +60,14 @@ def _group(lengths: list[int], truncated: list[bool], correct: list[bool]):
 @pytest.mark.parametrize("overlong_filter, share", [(False, 3 / 10), (True, 0.0)])
 def test_trained_batch_reports_truncated_loss_share_and_zero_advantage_groups(overlong_filter, share):
     from dapo.algos.dynamic_sampling import RefillStats
-    from dapo.trainer.collect import Collected, GroupOutcome
+    from dapo.trainer.collect import Collected, outcome_of
     from dapo.trainer.metrics import rollout_metrics
     from dapo.trainer.rollout_batch import build_batch
 
     # group 0: both wrong (advantages all 0), one truncated (2 of its tokens); group 1: one right, one truncated
     groups = [_group([3, 2], [False, True], [False, False]), _group([4, 1], [False, True], [True, False])]
     batch = build_batch(groups, norm_adv_by_std=True, overlong_filter=overlong_filter)
-    col = Collected(groups, RefillStats(gen_batches=1), [GroupOutcome.of(g) for g in groups])
+    col = Collected(groups, RefillStats(gen_batches=1), [outcome_of(g) for g in groups])
     m = rollout_metrics(col, batch, norm_adv_by_std=True)
     # loss tokens 3 + 2 + 4 + 1 = 10, of them on truncated responses 2 + 1 = 3; the filter zeroes those rows
     assert m[M.TRUNC_LOSS_TOKEN_FRAC] == pytest.approx(share)

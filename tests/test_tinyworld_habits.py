@@ -100,7 +100,7 @@ def test_tags_read_the_markers_of_hand_written_responses(response, truncated, ta
 
 
 def test_the_tagger_turns_a_steps_groups_into_habit_metrics():
-    from dapo.trainer.collect import GroupOutcome
+    from dapo.types import GroupOutcome
 
     fork = GroupOutcome([True, False, False, False], [1, -1, -1, -1], [9, 9, 30, 9], [False] * 4,
                         [[H.FORK_RIGHT], [H.FORK_WRONG], [H.LOOP, H.FORK_WRONG], []], kind=H.FORK)  # fmt: skip

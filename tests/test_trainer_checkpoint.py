@@ -106,7 +106,7 @@ def test_stop_flag_catches_sigterm_and_sigusr1():
 def _refill_state():
     """What collect() hands the checkpoint when a stop comes mid-refill: an accumulator holding real groups."""
     from dapo.algos.dynamic_sampling import RefillAccumulator
-    from dapo.trainer.collect import Group, GroupOutcome
+    from dapo.trainer.collect import Group, outcome_of
     from dapo.types import Problem, Sample
 
     def group(i, correct):
@@ -118,7 +118,7 @@ def _refill_state():
 
     acc = RefillAccumulator(target_groups=3, max_gen_batches=4, at_cap="partial")
     acc.add([group(0, [True, False]), group(1, [True, True])], [True, False], tokens_generated=7)
-    outcomes = [GroupOutcome.of(group(0, [True, False]), "easy"), GroupOutcome.of(group(1, [True, True]))]
+    outcomes = [outcome_of(group(0, [True, False]), "easy"), outcome_of(group(1, [True, True]))]
     return {"acc": acc, "generated": outcomes, "timings": {"generate": 0.5}}
 
 

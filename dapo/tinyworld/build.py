@@ -61,7 +61,16 @@ TINY_LARGE = "tiny-large"
 UNHASHED_KEYS = ("dir", "n_eval_large")
 # tiny.* keys that only one kind of world reads (left out of the other kind's hash)
 ARITHMETIC_ONLY_KEYS = ("difficulty", "sft_guess", "sft_connectives")
-HABITS_ONLY_KEYS = ("mix_easy", "mix_fork", "mix_long", "mix_unsolvable", "sft_loop", "sft_loop_slip", "sft_fork_right")
+HABITS_ONLY_KEYS = (
+    "mix_easy",
+    "mix_fork",
+    "mix_long",
+    "mix_unsolvable",
+    "sft_verbose_slip",
+    "sft_loop",
+    "sft_loop_slip",
+    "sft_fork_right",
+)
 
 # progress(phase, done, total): phases "tasks", "tokenizer", "sft", "measure"
 Progress = Callable[[str, int, int], None]
@@ -262,6 +271,7 @@ def supervised_solutions(tiny: TinyWorldConfig, tasks: list[Task]) -> list[str]:
             loop_slip=tiny.sft_loop_slip,
             fork_right=tiny.sft_fork_right,
             slip=tiny.sft_corruption,
+            verbose_slip=tiny.sft_verbose_slip,
         )
         return ["\n".join(habits.solution_lines(t, h, rng)[0]) for t in tasks]
     for t in tasks:
@@ -471,6 +481,7 @@ def _build(
         pad_id=tokenizer.pad_token_id,
         seed=tiny.seed,
         on_step=lambda step, loss: report("sft", step, tiny.sft_steps),
+        group_by_length=tiny.kind == "habits",  # its solutions run 15-150 tokens: random batches are half padding
     )
 
     # 4. save (model + tokenizer + generation config) so AutoModel / AutoTokenizer / vLLM load it offline

@@ -6,9 +6,9 @@ plateaued at the same accuracy. Here the arithmetic is kept easy (small numbers,
 data) and the base model's errors come from habits the supervised data teaches on purpose, one per toggle, each
 with a marker that `tag_response` can read in any response:
 
-- verbose working (`verbose`): a solution restates every sentence, so long problems overrun the response cap.
-  Soft overlong punishment acts on responses near and over the cap; overlong filtering on truncated but sound
-  working.
+- verbose working (`verbose`): a solution restates every sentence, so long problems overrun the response cap; it
+  is careful (it slips less than concise working), so where it fits it is worth keeping. Soft overlong punishment
+  acts on responses near and over the cap; overlong filtering on truncated but sound working.
 - a repetition loop (`loop`): a solution re-checks a line with `again:` 2-3 times, mostly slipping and carrying
   the slip to a wrong answer. Token-level loss acts on long wrong responses that per-response averaging
   under-penalises.
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from dapo.tinyworld.tasks import NAMES, OBJECTS, Splits, Step, Task
 
 if TYPE_CHECKING:
-    from dapo.trainer.collect import GroupOutcome
+    from dapo.types import GroupOutcome
 
 EASY, CORE, FORK, LONG, UNSOLVABLE = "easy", "core", "fork", "long", "unsolvable"
 KINDS = (EASY, CORE, FORK, LONG, UNSOLVABLE)
@@ -83,7 +83,8 @@ class Habits:
     loop: float  # a concise solution re-checks one line with `again:` 2-3 times
     loop_slip: float  # ... and the first re-check slips (carried forward to a wrong answer)
     fork_right: float  # "loses half of them" is written as x / 2 (else x - 2)
-    slip: float  # a concise or verbose solution has one wrong result (carried forward)
+    slip: float  # a concise solution has one wrong result (carried forward): working in one's head is careless
+    verbose_slip: float = 0.0  # ... a verbose one (restating each sentence is careful: it slips less)
 
 
 def _apply(a: int, op: str, b: int) -> int:
@@ -170,7 +171,8 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
     fork's misconception."""
     u = rng.random()
     style = "verbose" if u < habits.verbose else "loop" if u < habits.verbose + habits.loop else "concise"
-    slip_at = rng.randrange(task.n_ops) if style != "loop" and rng.random() < habits.slip else -1
+    slip = habits.verbose_slip if style == "verbose" else habits.slip
+    slip_at = rng.randrange(task.n_ops) if style != "loop" and rng.random() < slip else -1
     loop_at = rng.randrange(task.n_ops) if style == "loop" else -1
     loop_slips = style == "loop" and rng.random() < habits.loop_slip
     lines = [f"{task.name} has {task.start} {task.obj}."] if style == "verbose" else []

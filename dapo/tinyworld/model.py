@@ -144,10 +144,13 @@ def train_sft(
     pad_id: int,
     seed: int,
     on_step: Callable[[int, float], None] | None = None,
+    group_by_length: bool = False,
 ) -> dict[str, float]:
     """Next-token cross-entropy on the responses, AdamW with warm-up and cosine decay, grad clip 1.0.
 
-    Examples are visited in a seeded random order (cycled when `steps * batch_size` exceeds them).
+    Examples are visited in a seeded random order (cycled when `steps * batch_size` exceeds them). With
+    `group_by_length`, each batch holds examples of similar length (`length_grouped_batches`): a batch is padded to
+    its longest row, and with the habits world's mix of 15- and 150-token solutions a random batch is half padding.
     Returns {"sft_loss_first", "sft_loss_last", "sft_seconds"}.
     """
     import torch
@@ -155,17 +158,25 @@ def train_sft(
     rng = random.Random(f"tinyworld-sft-{seed}")
     order = list(range(len(examples)))
     rng.shuffle(order)
+    lengths = [len(e.prompt_ids) + len(e.response_ids) for e in examples]
+    batches = length_grouped_batches(lengths, batch_size, rng) if group_by_length else []
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warmup = max(1, steps // 20)
     model.train()
     t0, first, recent = time.perf_counter(), float("nan"), []
     pos = 0
     for step in range(steps):
-        if pos + batch_size > len(order):
-            rng.shuffle(order)
-            pos = 0
-        batch = [examples[i] for i in order[pos : pos + batch_size]]
-        pos += batch_size
+        if group_by_length:
+            if pos >= len(batches):
+                batches, pos = length_grouped_batches(lengths, batch_size, rng), 0
+            batch = [examples[i] for i in batches[pos]]
+            pos += 1
+        else:
+            if pos + batch_size > len(order):
+                rng.shuffle(order)
+                pos = 0
+            batch = [examples[i] for i in order[pos : pos + batch_size]]
+            pos += batch_size
         for g in opt.param_groups:
             g["lr"] = sft_lr_at(step, steps, lr, warmup)
         loss = response_loss(model, batch, pad_id)
@@ -184,6 +195,24 @@ def train_sft(
         "sft_loss_last": sum(recent) / max(1, len(recent)),
         "sft_seconds": time.perf_counter() - t0,
     }
+
+
+def length_grouped_batches(
+    lengths: Sequence[int], batch_size: int, rng: random.Random, window: int = 50
+) -> list[list[int]]:
+    """One pass over the examples as batches of similar length, in a random order: the indices are shuffled, cut
+    into windows of `window` batches, sorted by length within each window and cut into batches, and the batches
+    shuffled (the length-grouped sampling of common trainers: little padding, and every example once per pass).
+    A last, short batch is dropped, like the ungrouped order's."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    batches = []
+    span = batch_size * window
+    for start in range(0, len(order), span):
+        chunk = sorted(order[start : start + span], key=lambda i: lengths[i])
+        batches += [chunk[k : k + batch_size] for k in range(0, len(chunk) - batch_size + 1, batch_size)]
+    rng.shuffle(batches)
+    return batches
 
 
 def param_count(model: PreTrainedModel) -> int:

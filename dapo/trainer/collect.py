@@ -33,7 +33,7 @@ from dapo.algos.overlong import soft_overlong_penalty
 from dapo.rollout.base import RolloutEngine
 from dapo.rollout.replicas import ReplicaLayout, map_on_replicas, merge_by_prompt, sampling_seed
 from dapo.trainer.components import HabitTagger, Scorer
-from dapo.types import Problem, Sample
+from dapo.types import GroupOutcome, Problem, Sample
 
 # Seed streams (first key after the run's seed): training rollouts and evaluation never share a seed.
 TRAIN_STREAM, EVAL_STREAM = 0, 1
@@ -61,28 +61,16 @@ class Group:
         return sum(len(s.response_ids) for s in self.samples)
 
 
-@dataclass
-class GroupOutcome:
-    """What the metrics keep of every generated group, dropped ones included (the groups themselves are not kept:
-    at the paper's scale their tokens would triple what a step holds)."""
-
-    correct: list[bool]
-    rewards: list[float]  # shaped
-    lengths: list[int]  # response tokens
-    truncated: list[bool]
-    tags: list[list[str]]  # per response, the habit tags (empty lists without a tagger)
-    kind: str = ""  # the problem's kind, from the tagger ("" without one)
-
-    @classmethod
-    def of(cls, g: Group, kind: str = "") -> GroupOutcome:
-        return cls(
-            correct=list(g.correct),
-            rewards=g.rewards,
-            lengths=[len(x.response_ids) for x in g.samples],
-            truncated=[x.truncated for x in g.samples],
-            tags=[list(t) for t in g.tags] or [[] for _ in g.samples],
-            kind=kind,
-        )
+def outcome_of(g: Group, kind: str = "") -> GroupOutcome:
+    """What the metrics keep of one generated group."""
+    return GroupOutcome(
+        correct=list(g.correct),
+        rewards=g.rewards,
+        lengths=[len(x.response_ids) for x in g.samples],
+        truncated=[x.truncated for x in g.samples],
+        tags=[list(t) for t in g.tags] or [[] for _ in g.samples],
+        kind=kind,
+    )
 
 
 @dataclass(frozen=True)
@@ -287,7 +275,7 @@ def collect(
             tokens_generated=sum(g.num_tokens for g in groups),
             full=True,
         )
-        generated = [GroupOutcome.of(g, kind(g.problem.problem)) for g in groups]
+        generated = [outcome_of(g, kind(g.problem.problem)) for g in groups]
         return Collected(groups, stats, generated, dict(batch.timings))
 
     if resume is not None:
@@ -304,7 +292,7 @@ def collect(
         for k, v in batch.timings.items():
             timings[k] = timings.get(k, 0.0) + v
         groups = batch.groups
-        generated += [GroupOutcome.of(g, kind(g.problem.problem)) for g in groups]
+        generated += [outcome_of(g, kind(g.problem.problem)) for g in groups]
         keep = keep_groups(torch.tensor([g.correct for g in groups], dtype=torch.bool))
         acc.add(groups, keep, sum(g.num_tokens for g in groups))  # may raise RefillCapReached
     kept, stats = acc.result()

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from dapo.learner.batch import PolicyBatch
     from dapo.rewards.score import Score
     from dapo.rollout.base import RolloutEngine
-    from dapo.trainer.collect import GroupOutcome
+    from dapo.types import GroupOutcome
 
 
 class Scorer(Protocol):

@@ -39,11 +39,11 @@ from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats
 from dapo.learner.batch import PolicyBatch
 from dapo.learner.learner import UPDATE_SKIPPED
 from dapo.rollout.base import RolloutEngine
-from dapo.trainer.collect import Collected, Group, GroupOutcome, RolloutSettings, SampleFn, collect
+from dapo.trainer.collect import Collected, Group, RolloutSettings, SampleFn, collect
 from dapo.trainer.components import HabitTagger, PolicyLearner, ReferencePolicy
 from dapo.trainer.metrics import mean_update_stats, rollout_metrics
 from dapo.trainer.rollout_batch import RolloutBatch, build_batch, group_rows, minibatch_plan
-from dapo.types import Problem, Sample
+from dapo.types import GroupOutcome, Problem, Sample
 
 log = logging.getLogger("dapo.train")
 
