@@ -153,7 +153,8 @@ def slurm_resources(kind):
         "cpus_per_task": r.cpus_per_task,
     }
     if r.gpus_per_node:
-        res["gres"] = f"gpu:{r.gpu_model}:{r.gpus_per_node}" if r.gpu_model else f"gpu:{r.gpus_per_node}"
+        gres_type = r.gres_type or r.gpu_model  # the cluster's GRES name; the GPU table's name when not given
+        res["gres"] = f"gpu:{gres_type}:{r.gpus_per_node}" if gres_type else f"gpu:{r.gpus_per_node}"
         res["tasks_per_gpu"] = 0  # the plugin would add --ntasks-per-gpu otherwise; tasks per node say it all
     if kind == "train":
         # The rule runs in the job's batch step and starts the ranks itself (srun_args): the jobstep executor runs
@@ -168,6 +169,9 @@ def slurm_resources(kind):
         # The preemption signal goes to the job steps' tasks, i.e. every rank (never `B:`: that signals only the
         # batch shell, whose death ends the job). A requeued job appends to its SLURM log.
         res["slurm_extra"] = f"--signal=USR1@{int(BASE.trainer.stop_margin_s)} --open-mode=append"
+        # Nodes this job holds, for throttling: `--resources train_nodes=32` lets at most 32 nodes of training
+        # jobs run or queue at once (docs/cluster.md); without a limit, `jobs:` in the profile is the only cap.
+        res["train_nodes"] = r.nodes
     return res
 
 
@@ -216,33 +220,47 @@ def _cpu_plan_lines():
     return [line]
 
 
+def train_concurrency():
+    """Training jobs that may run (or queue) at once: the profile's `jobs:` (--jobs), and `train_nodes` in
+    --resources divided by the nodes one job takes; every run when neither limits (a local run: one at a time)."""
+    runs = len(ROWS) * len(SEEDS)
+    jobs = workflow.resource_settings.nodes or 1  # --jobs (the profile's `jobs:`); unset: a local run
+    limit = workflow.global_resources.get("train_nodes")
+    by_nodes = limit // BASE.resources.train.nodes if isinstance(limit, int) else runs
+    return max(1, min(runs, jobs or runs, by_nodes))
+
+
 def _gpu_plan(p):
-    """Per-GPU memory budget and cost per row (dapo.plan) for a GPU preset: (text lines, refusals, warnings)."""
+    """Per-GPU memory budget and cost per row (dapo.plan, dapo.cost) for a GPU preset: (text lines, refusals,
+    warnings)."""
+    from dapo import cost as C
     from dapo import plan as P
     from dapo.shapes import GPUS, dtype_bytes, gpu_spec, resolve_shape, vllm_batching_defaults
 
     tr, r, t = BASE.resources.train, BASE.rollout, BASE.trainer
-    gpu = gpu_spec(
-        tr.gpu_model,
-        {"memory_gib": p["gpu_memory_gib"], "bf16_tflops": p["gpu_bf16_tflops"], "hbm_tb_s": p["gpu_hbm_tb_s"]},
-    )
+    given = {"memory_gib": p["gpu_memory_gib"], "bf16_tflops": p["gpu_bf16_tflops"], "hbm_tb_s": p["gpu_hbm_tb_s"]}
+    gpu = gpu_spec(tr.gpu_model, given)
+    if gpu is None:
+        # No budget means no check that the run fits: refuse rather than submit 128 GPUs blind.
+        return [], [
+            f"resources.train.gpu_model {tr.gpu_model!r} is not in the GPU table ({', '.join(GPUS)}): name the GPU "
+            "there (the cluster's own GRES name goes in resources.train.gres_type), or give its memory, bf16 peak "
+            "and bandwidth: --config 'plan={gpu_memory_gib: 79.6, gpu_bf16_tflops: 989, gpu_hbm_tb_s: 3.35}'"
+        ], []
     local = tuple(d for d in (Path(BASE.model.path), base_model_path()) if d.is_dir())
-    shape, source = resolve_shape(BASE.model.path, local, p.get("model"))
-    if gpu is None or shape is None:
-        why = [] if gpu else [
-            f"GPU {tr.gpu_model!r} unknown (known: {', '.join(GPUS)}): set plan.gpu_memory_gib, "
-            "plan.gpu_bf16_tflops and plan.gpu_hbm_tb_s in configs/workflow.yaml"
-        ]
-        why += [] if shape else [f"{source}: set plan.model (config.json names: hidden_size, ...)"]
-        return [f"  no GPU budget or cost: {w}" for w in why], [], []
+    shape_keys = {k: v for k, v in BASE.model.config_overrides.items() if k in ("max_position_embeddings",)}
+    shape, source = resolve_shape(BASE.model.path, local, {**shape_keys, **(p.get("model") or {})})
+    if shape is None:
+        return [f"  no GPU budget or cost: {source}: set plan.model (config.json names: hidden_size, ...)"], [], []
     b = dtype_bytes(BASE.model.dtype)
     max_len = BASE.data.max_prompt_length + max(r.max_response_length, BASE.resolved_eval_max_tokens())
     from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL  # the level the engine uses, not a setting
     batched, seqs = vllm_batching_defaults(tr.gpu_model, gpu.memory_gib)
+    growth = p["response_tokens"]
     mem = P.MemoryInputs(
         shape=shape, dtype_bytes=b, world_size=tr.world_size, tensor_parallel=r.tensor_parallel_size,
         zero_stage=t.zero_stage, gpu_memory_gib=gpu.memory_gib, gpu_memory_utilization=r.gpu_memory_utilization,
-        max_model_len=max_len, mean_seq_tokens=p["mean_prompt_tokens"] + p["mean_response_tokens"],
+        max_model_len=max_len, mean_seq_tokens=p["mean_prompt_tokens"] + growth["end"],
         micro_batch_tokens=t.micro_batch_tokens, logprob_chunk_tokens=t.logprob_chunk_size,
         gradient_checkpointing=BASE.model.gradient_checkpointing, sleep_mode=r.enable_sleep_mode,
         sleep_level=ENGINE_SLEEP_LEVEL, allowance_gib=p["allowance_gib"], vllm_batched_tokens=batched,
@@ -257,34 +275,35 @@ def _gpu_plan(p):
         P.render_memory(budget),
     ]
     refusals = P.plan_problems(budget)
+    context = P.context_problem(shape.max_positions, max_len, BASE.model.path)
+    refusals += [context] if context else []
 
-    def cost_inputs(cfg):
-        a = cfg.algorithm
-        return P.CostInputs(
-            shape=shape, dtype_bytes=b, world_size=tr.world_size, tensor_parallel=r.tensor_parallel_size,
-            gpu_bf16_tflops=gpu.bf16_tflops, gpu_hbm_tb_s=gpu.hbm_tb_s, prompts_per_step=cfg.trainer.train_batch_size,
-            n=cfg.rollout.n, mean_prompt_tokens=p["mean_prompt_tokens"], mean_response_tokens=p["mean_response_tokens"],
+    def cost_inputs(row, cfg):
+        a, own = cfg.algorithm, {**growth, **(p.get("rows") or {}).get(row, {})}
+        return C.CostInputs(
+            shape=shape, dtype_bytes=b, world_size=tr.world_size, nodes=tr.nodes,
+            tensor_parallel=r.tensor_parallel_size, gpu_bf16_tflops=gpu.bf16_tflops, gpu_hbm_tb_s=gpu.hbm_tb_s,
+            kv_tokens_per_replica=budget.kv_tokens_per_replica, vllm_max_seqs=seqs,
+            decode_efficiency=p["decode_efficiency"], decode_step_overhead_s=p["decode_step_overhead_ms"] / 1000,
+            prompts_per_step=cfg.trainer.train_batch_size, n=cfg.rollout.n, mean_prompt_tokens=p["mean_prompt_tokens"],
+            response_tokens_start=own["start"], response_tokens_end=own["end"],
             max_response_tokens=cfg.rollout.max_response_length, dynamic_sampling=a.dynamic_sampling,
             gen_batch_prompts=a.gen_batch_size or cfg.trainer.train_batch_size, max_gen_batches=a.max_num_gen_batches,
             informative_fraction=p["informative_fraction"], pack_prompts=cfg.trainer.pack_prompts,
             gradient_checkpointing=cfg.model.gradient_checkpointing, reference_forward=a.kl_coef > 0,
             total_steps=cfg.trainer.total_steps, eval_every=cfg.eval.every, eval_problems=p["eval_problems"],
-            eval_n=cfg.eval.n, eval_mean_response_tokens=p["mean_response_tokens"],
-            eval_max_tokens=cfg.resolved_eval_max_tokens(), gen_tokens_per_s_per_gpu=p["gen_tokens_per_s_per_gpu"],
-            train_mfu=p["train_mfu"], step_overhead_s=p["step_overhead_s"],
+            eval_n=cfg.eval.n, eval_max_tokens=cfg.resolved_eval_max_tokens(), train_mfu=p["train_mfu"],
+            step_overhead_s=p["step_overhead_s"], checkpoint_every=cfg.trainer.checkpoint_every,
+            keep_checkpoints=cfg.trainer.keep_checkpoints, checkpoint_gb_s_per_node=p["checkpoint_gb_s_per_node"],
         )
 
-    rows = {row: cost_inputs(RUN_CFGS[(row, SEEDS[0])]) for row in ROWS}
-    text, warnings = P.render_costs(
+    rows = {row: cost_inputs(row, RUN_CFGS[(row, SEEDS[0])]) for row in ROWS}
+    text, warnings = C.render_costs(
         rows, seeds=len(SEEDS), limit_h=tr.runtime_min / 60, max_resubmits=int(config.get(RESUBMITS_KEY, 5)),
-        restart_h=p["restart_min"] / 60, resubmits_key=RESUBMITS_KEY,
+        restart_h=p["restart_min"] / 60, concurrent_runs=train_concurrency(), stop_margin_s=t.stop_margin_s,
+        resubmits_key=RESUBMITS_KEY,
     )
     lines += ["  cost per row (estimates; the arithmetic and the sources of the defaults: docs/cost.md):", text]
-    if (tr.gpu_model or "").lower() not in ("h100", "h800"):
-        warnings.append(
-            f"plan.gen_tokens_per_s_per_gpu ({p['gen_tokens_per_s_per_gpu']:g}) defaults to an H100 figure: "
-            f"check it for {tr.gpu_model} (docs/cost.md)"
-        )
     return lines, refusals, warnings
 
 
@@ -320,8 +339,8 @@ def print_plan():
     if refusals:
         preset_file = resolve_preset(PRESET)
         raise WorkflowError(
-            f"{preset_file} (or --config overrides): the plan does not fit the GPU (per-GPU budget above); change "
-            "the keys named:\n" + "\n".join(f"  - {x}" for x in refusals)
+            f"{preset_file} (or --config overrides): the plan cannot run as configured (nothing was submitted; the "
+            "per-GPU budget above); change the keys named:\n" + "\n".join(f"  - {x}" for x in refusals)
         )
 
 
