@@ -332,7 +332,10 @@ class ResourcesConfig(_Section):
     evaluates inside its own job (no separate eval job), and refuses to start with a world size other than
     `train`'s."""
 
-    prepare: JobResources = Field(default_factory=JobResources)
+    prepare: JobResources = Field(
+        default_factory=JobResources,
+        description="The tiny world's build job (a hub model and the data are fetched on the submitting machine).",
+    )
     train: JobResources = Field(default_factory=JobResources)
 
 

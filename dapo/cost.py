@@ -307,7 +307,8 @@ def render_costs(
             f"    {row:<28}{f'{fmt_tokens(a.response_tokens)}-{fmt_tokens(b.response_tokens)}':>12}{batches:>12}"
             f"{fmt_tokens(b.gen_tokens):>8}{f'{a.gen_s:.0f}-{b.gen_s:.0f}':>12}"
             f"{f'{a.train_s:.0f}-{b.train_s:.0f}':>12}{f'{step_a:.2f}-{step_b:.2f}':>11}"
-            f"{f'{rc.evals}x{rc.eval_s_total / rc.evals:.0f}s':>11}{rc.hours:7.1f}{rc.gpu_hours:9,.0f}"
+            f"{f'{rc.evals}x{rc.eval_s_total / rc.evals:.0f}s':>11}{rc.hours:7.1f}"
+            f"{f'{rc.gpu_hours:,.0f}' if rc.gpu_hours >= 10 else f'{rc.gpu_hours:.1f}':>9}"
             f"{jobs or 'never':>6}"
         )
         if jobs is None or jobs > allowed:
@@ -337,7 +338,10 @@ def render_costs(
         f"{at_once} run(s) at once (of {runs}; the profile's `jobs:`): {fmt_bytes(at_once * rc0.run_disk_bytes)}, "
         f"{fmt_bytes(runs * rc0.run_disk_bytes)} when every run is kept"
     )
-    lines.append(f"    all rows x {seeds} seed(s): about {total:,.0f} GPU-hours of training jobs")
+    lines.append(
+        f"    all rows x {seeds} seed(s): about {f'{total:,.0f}' if total >= 10 else f'{total:.1f}'} GPU-hours of "
+        "training jobs"
+    )
     if stop_margin_s is not None:
         worst = max(rc.last.batch.seconds for rc in costs.values()) + rc0.checkpoint_s
         if stop_margin_s < worst:

@@ -2,6 +2,7 @@
 # Everything here runs when Snakemake parses the workflow, so a bad config stops the run before any job is
 # submitted, with the file, the key and the fix.
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -220,6 +221,13 @@ def _cpu_plan_lines():
     return [line]
 
 
+def plan_for_preset(plan):
+    """The plan's assumptions for this preset: configs/workflow.yaml's `plan:` with its `presets.<name>` on top (a
+    model's response lengths, say, differ from the 32B run's). Each key given there replaces the whole key."""
+    own = (plan.get("presets") or {}).get(PRESET_NAME) or {}
+    return {**{k: v for k, v in plan.items() if k != "presets"}, **own}  # a preset's key replaces the whole key
+
+
 def train_concurrency():
     """Training jobs that may run (or queue) at once: the profile's `jobs:` (--jobs), and `train_nodes` in
     --resources divided by the nodes one job takes; every run when neither limits (a local run: one at a time)."""
@@ -248,10 +256,12 @@ def _gpu_plan(p):
             "and bandwidth: --config 'plan={gpu_memory_gib: 79.6, gpu_bf16_tflops: 989, gpu_hbm_tb_s: 3.35}'"
         ], []
     local = tuple(d for d in (Path(BASE.model.path), base_model_path()) if d.is_dir())
-    shape_keys = {k: v for k, v in BASE.model.config_overrides.items() if k in ("max_position_embeddings",)}
-    shape, source = resolve_shape(BASE.model.path, local, {**shape_keys, **(p.get("model") or {})})
+    shape, source = resolve_shape(BASE.model.path, local, p.get("model"))
     if shape is None:
         return [f"  no GPU budget or cost: {source}: set plan.model (config.json names: hidden_size, ...)"], [], []
+    context = BASE.model.config_overrides.get("max_position_embeddings")
+    if context:  # what the learner and vLLM will see
+        shape, source = dataclasses.replace(shape, max_positions=int(context)), f"{source} + model.config_overrides"
     b = dtype_bytes(BASE.model.dtype)
     max_len = BASE.data.max_prompt_length + max(r.max_response_length, BASE.resolved_eval_max_tokens())
     from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL  # the level the engine uses, not a setting
@@ -327,7 +337,7 @@ def print_plan():
         lines.append(
             f"  at most {gpu_h:,.0f} GPU-hours in all (SLURM time limits x GPUs, train jobs x (1 + {RESUBMITS_KEY}))"
         )
-        more, refusals, warnings = _gpu_plan(config["plan"])
+        more, refusals, warnings = _gpu_plan(plan_for_preset(config["plan"]))
         lines += more
     else:
         lines += _cpu_plan_lines()
