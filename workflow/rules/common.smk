@@ -86,6 +86,32 @@ BASE = next(iter(RUN_CFGS.values()))
 IS_TINY = BASE.model.path == "tiny"
 
 
+def drop_cpu_defaults():
+    """The CPU-only defaults `make` exports for the tests and the tiny world (DAPO_CPU_DEFAULTS names the ones it set
+    itself: DS_ACCELERATOR=cpu, HF_HUB_OFFLINE=1) leave this process's environment, so that neither the rules nor
+    the SLURM jobs (the profile submits with --export=ALL) of a real model's preset see them: DeepSpeed would run on
+    the CPU, and the base model's download would be refused. A value the user set before `make` is kept."""
+    names = os.environ.pop("DAPO_CPU_DEFAULTS", "").split()
+    return [f"{n}={os.environ.pop(n)}" for n in names if n in os.environ]
+
+
+if not IS_TINY:
+    _dropped = drop_cpu_defaults()
+    if _dropped and workflow.is_main_process:
+        print(f"note: not passed on to the jobs of preset {PRESET_NAME} (make's CPU defaults): {' '.join(_dropped)}",
+              file=sys.stderr)
+
+
+# Training jobs an earlier controller of this results folder left queued or running (it died, or was killed): a
+# rerun waits for each of them (rule attach_train) instead of submitting the run a second time.
+from dapo.cluster import live_train_jobs
+
+LIVE_TRAIN_JOBS = live_train_jobs(RESULTS) if workflow.is_main_process else {}
+for (_run, _seed), (_job, _state) in sorted(LIVE_TRAIN_JOBS.items()):
+    print(f"note: {_run} s{_seed} is SLURM job {_job} ({_state}) from an earlier controller: waiting for it, not "
+          "submitting it again", file=sys.stderr)
+
+
 def kernel_env():
     """The shell prefix that starts a train job: for the tiny preset the CPU kernels the tiny world was built with
     (dapo.tinyworld.pinned_kernels), so that its numbers do not depend on the vector code a host's CPU would pick
@@ -359,11 +385,33 @@ if workflow.is_main_process:
 
 
 onstart:
-    # Once, on the submitting machine, before any job: a tracking store the runs cannot use stops everything here.
-    from dapo.cluster import TrackingStoreError, check_tracking_store
+    # Once, on the submitting machine, before any job: a second controller of this results folder, or a tracking
+    # store the runs cannot use, stops everything here.
+    from dapo.cluster import ControllerLockError, TrackingStoreError, acquire_controller_lock, check_tracking_store
 
+    try:
+        _note = acquire_controller_lock(RESULTS, sys.argv)
+        if _note:
+            print(f"note: {_note}", file=sys.stderr)
+    except ControllerLockError as e:
+        raise WorkflowError(f"nothing was submitted: {e}") from None
     try:
         for _warning in check_tracking_store(TRACKING_URI, cluster=workflow.non_local_exec):
             print(f"warning: {_warning}", file=sys.stderr)
     except TrackingStoreError as e:
+        from dapo.cluster import release_controller_lock
+
+        release_controller_lock(RESULTS)
         raise WorkflowError(f"nothing was submitted: {e}") from None
+
+
+onsuccess:
+    from dapo.cluster import release_controller_lock
+
+    release_controller_lock(RESULTS)
+
+
+onerror:
+    from dapo.cluster import release_controller_lock
+
+    release_controller_lock(RESULTS)
