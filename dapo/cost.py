@@ -335,7 +335,8 @@ def render_costs(
         f"{rc0.checkpoint_s:,.0f} s to write at {c0.checkpoint_gb_s_per_node:g} GB/s per node "
         f"(plan.checkpoint_gb_s_per_node), {rc0.checkpoints} per run; a run keeps "
         f"{min(c0.keep_checkpoints, rc0.checkpoints)} and its final model: {fmt_bytes(rc0.run_disk_bytes)}; "
-        f"{at_once} run(s) at once (of {runs}; the profile's `jobs:`): {fmt_bytes(at_once * rc0.run_disk_bytes)}, "
+        f"{at_once} run(s) at once (of {runs}; the profile's `jobs:`, --resources train_nodes): "
+        f"{fmt_bytes(at_once * rc0.run_disk_bytes)}, "
         f"{fmt_bytes(runs * rc0.run_disk_bytes)} when every run is kept"
     )
     lines.append(

@@ -259,8 +259,8 @@ def train_concurrency():
     --resources divided by the nodes one job takes; every run when neither limits (a local run: one at a time)."""
     runs = len(ROWS) * len(SEEDS)
     jobs = workflow.resource_settings.nodes or 1  # --jobs (the profile's `jobs:`); unset: a local run
-    limit = workflow.global_resources.get("train_nodes")
-    by_nodes = limit // BASE.resources.train.nodes if isinstance(limit, int) else runs
+    limit = getattr(workflow.global_resources.get("train_nodes"), "value", None)  # --resources train_nodes=N
+    by_nodes = int(limit) // BASE.resources.train.nodes if isinstance(limit, (int, float)) else runs
     return max(1, min(runs, jobs or runs, by_nodes))
 
 
