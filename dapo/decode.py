@@ -1,5 +1,5 @@
 """How long a vLLM replica takes to generate a batch: the one decode model behind the dry run's cost
-(`dapo.plan.row_cost`, docs/cost.md) and the stop latency of docs/distributed.md.
+(`dapo.cost.row_cost`, docs/cost.md) and the stop latency of docs/distributed.md.
 
 Synchronous RL waits for the longest response of every generation batch (the DAPO paper, section 3.2). So the
 time of a batch is not its tokens over a throughput: it is a sum over decode steps, each step advancing every
@@ -16,7 +16,7 @@ sequence still running by one token, and each as long as those sequences make it
   than the KV cache holds at once (`concurrency`); and the last wave, which drains step by step until its longest
   response ends, with fewer and fewer sequences running: the long tail.
 
-Plain values in, plain values out: `dapo.plan` fills `Replica` from the preset and the GPU table.
+Plain values in, plain values out: `dapo.cost` fills `Replica` from the preset and the GPU table.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Shapes a plan is sized by: the model's (layers, heads, widths, vocabulary) and the GPU's (memory, bf16 peak,
-memory bandwidth). Plain tables and readers; `dapo.plan` does the arithmetic."""
+memory bandwidth). Plain tables and readers; `dapo.plan`, `dapo.decode` and `dapo.cost` do the arithmetic."""
 
 from __future__ import annotations
 

@@ -188,7 +188,7 @@ def test_paper_plan_dry_run_with_the_slurm_profile(tmp_path):
     for rule in ("base_model", "prepare_data", "tracking_store"):
         block = next(b for b in r.stdout.split("\nrule ") if b.startswith(f"{rule}:"))
         assert "nodes=" not in block and "gres=" not in block, rule
-    # the per-GPU memory budget with its arithmetic, and the cost of every row (dapo.plan; tests/test_plan.py)
+    # the per-GPU memory budget with its arithmetic, and the cost of every row (dapo.plan, dapo.cost: test_plan.py)
     assert "per-GPU memory" in out and "KV cache" in out and "activations" in out and ": fits" in out
     assert "cost per row" in out and all(f"    {row}" in out for row in PAPER_TABLE1)
 
