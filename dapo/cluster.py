@@ -1,18 +1,24 @@
 """What the workflow's controller checks and holds on the submitting machine before any job is submitted: the
-tracking store, the results folder's lock, and the training jobs an earlier controller left queued or running.
+tracking store, the training job's SLURM options, the results folder's lock, and the training jobs an earlier
+controller left queued or running.
 
-- A tracking server (`http(s)://...`) must answer now. Otherwise every training job would start, wait out
-  `tracking.start_timeout_s` and be requeued, each after queueing for its GPUs.
+- A tracking server (`http(s)://...`) must answer now, and take the credentials in the environment (an
+  authenticated server). Otherwise every training job would start and wait out `tracking.start_timeout_s` (or be
+  refused), each after queueing for its GPUs.
 - An MLflow SQLite file under a cluster executor is written by jobs on other nodes at once. SQLite's locking is
   unreliable on network file systems (NFS, Lustre, GPFS, ...: see SQLite's "How To Corrupt An SQLite Database
   File", section 2.1), so a database there is refused; on a local file system only jobs on this node can reach it,
   which is worth a warning.
+- A `B:` signal (`--signal=B:USR1@60`) in the training job's SLURM options is refused: it goes to the batch shell
+  only, never to the ranks, and a batch shell killed while Snakemake's job script wraps up a finished row ends the
+  job FAILED, and Snakemake then deletes the row's DONE.json as the output of a failed job.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -45,8 +51,14 @@ NETWORK_FS = frozenset(
     }
 )
 SERVER_FIX = (
-    "start it (e.g. `mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri sqlite:///<a local disk>/mlflow.db`"
-    " on a machine every node can reach) or pass --config tracking_uri=<its URI>"
+    "start an authenticated one on a machine every node can reach, bound to the cluster's internal interface (e.g. "
+    "`mlflow server --app-name basic-auth --host <internal address> --port 5000 --backend-store-uri "
+    "sqlite:///<a local disk>/mlflow.db`, with MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD exported where "
+    "Snakemake runs: README, 'On a SLURM cluster') or pass --config tracking_uri=<its URI>"
+)
+CREDENTIALS_FIX = (
+    "export MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (a user of that server) in the shell that runs "
+    "Snakemake: the SLURM jobs inherit them; never write them into a config file, which is logged"
 )
 
 
@@ -83,12 +95,34 @@ def server_answers(uri: str, timeout_s: float = 10.0) -> str | None:
         return str(getattr(e, "reason", e))
 
 
+def credentials_refused(uri: str) -> str | None:
+    """None when the server at `uri` takes the credentials in the environment (or needs none), else why not.
+
+    Its health check answers without credentials, so this asks what a run asks first, through MLflow's own client
+    (which reads MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except MlflowException as e:
+        if e.error_code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+            return f"{e.error_code} for user {user or '(none set)'}"
+    return None
+
+
 def check_tracking_store(uri: str, *, cluster: bool, mounts: str | None = None) -> list[str]:
     """Raise `TrackingStoreError` for a store the run cannot use; return warnings for one it can."""
     if uri.startswith(("http://", "https://")):
         why = server_answers(uri)
         if why is not None:
             raise TrackingStoreError(f"the MLflow tracking server {uri} does not answer ({why}); {SERVER_FIX}.")
+        why = credentials_refused(uri)
+        if why is not None:
+            raise TrackingStoreError(
+                f"the MLflow tracking server {uri} refused the request ({why}); {CREDENTIALS_FIX}."
+            )
         return []
     if not (cluster and uri.startswith("sqlite:///")):
         return []
@@ -104,6 +138,25 @@ def check_tracking_store(uri: str, *, cluster: bool, mounts: str | None = None) 
         f"MLflow writes to the SQLite file {db} on a local ({kind}) file system: only jobs on this node can reach "
         f"it. That suits a one-node cluster; with several nodes, {SERVER_FIX}."
     ]
+
+
+# `--signal=[{R|B}:]<sig_num>[@sig_time]` (sbatch(1)); newer SLURM also takes both letters, `RB:`.
+_SIGNAL_OPTION = re.compile(r"--signal(?:=|\s+)['\"]?(?P<flags>[A-Za-z]+):(?P<rest>[^\s'\"]*)")
+
+
+def batch_signal_problem(slurm_extra: str | None, margin_s: float) -> str | None:
+    """Why the training job's SLURM options (`slurm_extra`) are refused: a `B:` signal; None when they are not."""
+    for m in _SIGNAL_OPTION.finditer(slurm_extra or ""):
+        if "B" in m["flags"].upper():
+            return (
+                f"the train job's slurm_extra asks SLURM for `--signal={m['flags']}:{m['rest']}`: a `B:` signal "
+                "goes to the job's batch shell only, never to the training ranks, so the trainer does not stop to "
+                "checkpoint; and one that lands while Snakemake's job script wraps up a finished row kills it, the "
+                "job ends FAILED and Snakemake deletes the row's DONE.json. The train rule already asks for "
+                f"`--signal=USR1@{int(margin_s)}` (to every rank; the margin is trainer.stop_margin_s): drop the "
+                "option from --set-resources or the profile's set-resources, or write it without `B:`"
+            )
+    return None
 
 
 # ------------------------------------------------------------------------------------- the controller's lock

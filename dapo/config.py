@@ -59,13 +59,21 @@ class ModelConfig(_Section):
 class TinyWorldConfig(_Section):
     """The CPU stand-in for Qwen2.5-32B + DAPO-Math-17k + AIME (built from code, nothing downloaded)."""
 
+    kind: Literal["arithmetic", "habits"] = Field(
+        "arithmetic",
+        description="Which world: `arithmetic` (the first tiny world: multi-step sums, guessed, verbose or slipped "
+        "solutions) or `habits` (easy arithmetic, and one designed habit per DAPO toggle: verbose working, a "
+        "repetition loop, a misconception fork, a difficulty mix; dapo/tinyworld/habits.py).",
+    )
     seed: int = Field(0, description="Seed for the task generator, tokenizer and base-model training.")
     dir: str = Field(
         "results/tiny_world",
         description="Where the tiny world is built and cached: model/ "
         "(base model + tokenizer), train.jsonl, eval.jsonl, manifest.json.",
     )
-    difficulty: int = Field(4, ge=1, le=8, description="Maximum number of operations per word problem.")
+    difficulty: int = Field(
+        4, ge=1, le=8, description="arithmetic world: maximum number of operations per word problem."
+    )
     n_train: int = Field(4000, gt=0, description="Training prompts for RL.")
     n_eval: int = Field(30, gt=0, description="Eval problems (30, standing in for AIME): `data.eval: tiny`.")
     n_eval_large: int = Field(
@@ -79,29 +87,82 @@ class TinyWorldConfig(_Section):
     num_heads: int = Field(2, gt=0, description="Head size = hidden/heads; vLLM-CPU needs head size 32 or 64.")
     tie_embeddings: bool = Field(False, description="Tied output head (vLLM-CPU needs a re-pack after sync).")
     sft_steps: int = Field(1000, gt=0, description="Supervised steps that make the base model.")
-    sft_corruption: float = Field(0.25, ge=0, le=1, description="Fraction of worked solutions with an error.")
+    sft_corruption: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="Fraction of worked solutions with a slip (one wrong result, carried to the answer); in the "
+        "habits world, of the concise and verbose ones.",
+    )
     sft_guess: float = Field(
         0.3,
         ge=0,
         le=1,
-        description="Fraction of supervised targets that skip the working "
+        description="arithmetic world: fraction of supervised targets that skip the working "
         "(`Answer: N` only): the habit RL trains away (worked solutions score higher).",
     )
     sft_verbose: float = Field(
         0.3,
         ge=0,
         le=1,
-        description="Fraction of supervised targets in the verbose style "
-        "(restates every sentence: 3-4 step problems overrun the 64-token cap).",
+        description="Fraction of supervised targets in the verbose style (restates every sentence: long problems "
+        "overrun the response cap).",
+    )
+    mix_easy: float = Field(
+        0.25, ge=0, le=1, description="habits world: share of one-operation problems (their groups soon all correct)."
+    )
+    mix_fork: float = Field(
+        0.2, ge=0, le=1, description="habits world: share of problems with the misconception fork (`loses half`)."
+    )
+    mix_long: float = Field(
+        0.1, ge=0, le=1, description="habits world: share of 5-6 operation problems (verbose working overruns the cap)."
+    )
+    mix_unsolvable: float = Field(
+        0.15,
+        ge=0,
+        le=1,
+        description="habits world: share of problems with a squaring step the supervised data never shows "
+        "(their groups all wrong). Core problems (2-3 operations) take the rest of the mix.",
+    )
+    sft_loop: float = Field(
+        0.12,
+        ge=0,
+        le=1,
+        description="habits world: fraction of supervised solutions that re-check one line with `again:` 2-3 times.",
+    )
+    sft_loop_slip: float = Field(
+        0.8, ge=0, le=1, description="habits world: fraction of those loops whose re-check slips (a wrong answer)."
+    )
+    sft_fork_right: float = Field(
+        0.15,
+        ge=0,
+        le=1,
+        description="habits world: fraction of supervised solutions that halve at the fork (the rest subtract 2).",
     )
     sft_connectives: float = Field(
         0.0,
         ge=0,
         le=1,
-        description="Probability that a worked line opens with a "
+        description="arithmetic world: probability that a worked line opens with a "
         "connective (so/then/now, uniform): reward-neutral uncertain tokens. 0.75 raised "
         "entropy 0.25 -> 0.36 but not the upper clip fraction (docs/tiny-preset.md).",
     )
+
+    @model_validator(mode="after")
+    def _habits_shares(self) -> TinyWorldConfig:
+        if self.kind == "habits":
+            mix = self.mix_easy + self.mix_fork + self.mix_long + self.mix_unsolvable
+            if mix > 1 + 1e-9:
+                raise ValueError(
+                    f"tiny.mix_easy + mix_fork + mix_long + mix_unsolvable = {mix:g} > 1 (core problems take the "
+                    "rest); lower one of them"
+                )
+            if self.sft_verbose + self.sft_loop > 1 + 1e-9:
+                raise ValueError(
+                    f"tiny.sft_verbose + tiny.sft_loop = {self.sft_verbose + self.sft_loop:g} > 1 (concise solutions "
+                    "take the rest); lower one of them"
+                )
+        return self
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -134,6 +195,13 @@ class RolloutConfig(_Section):
         "transformers `generate` (fallback; faster for very small models).",
     )
     n: int = Field(16, ge=2, description="Responses per prompt (group size G). Paper: 16.")
+    sampling_seed_offset: int = Field(
+        0,
+        ge=0,
+        description="Added to trainer.seed to seed the training rollouts' sampling (0: the seed itself). The data "
+        "order, the evaluations and everything else keep trainer.seed, so a run that sets only this differs from its "
+        "twin in its samples alone: the ablation's placebo row (dapo.designs.placebo_run).",
+    )
     max_response_length: int = Field(20480, gt=0, description="Hard generation cap L_max. Paper: 20480.")
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -257,7 +325,9 @@ class EvalConfig(_Section):
     top_p: float = Field(0.7, gt=0, le=1)
     max_tokens: int | None = Field(None, gt=0, description="Generation cap; null: rollout.max_response_length.")
     every: int = Field(5, ge=0, description="Evaluate every N rollout steps (0: only at the end).")
-    pass_k: list[int] = Field(default_factory=lambda: [1, 4, 16, 32])
+    pass_k: list[int] = Field(
+        default_factory=lambda: [1, 4, 16, 32], description="The k of pass@k; each at most eval.n (else refused)."
+    )
     bootstrap: int = Field(1000, ge=0, description="Bootstrap resamples for confidence intervals.")
     confidence: float = Field(0.95, gt=0, lt=1)
 
@@ -382,6 +452,12 @@ class RunConfig(_Section):
                 f"{ranks} ranks (resources.train: nodes x gpus_per_node); each rollout replica takes "
                 "tensor_parallel_size consecutive ranks: pick a divisor"
             )
+        too_big = [k for k in self.eval.pass_k if k > self.eval.n]
+        if too_big:
+            raise ValueError(
+                f"eval.pass_k asks for k = {too_big} > eval.n ({self.eval.n}): pass@k needs at least k samples per "
+                f"problem; raise eval.n to {max(too_big)} or drop those k from eval.pass_k"
+            )
         if a.dual_clip_c is not None and a.dual_clip_c <= 1:
             raise ValueError(f"algorithm.dual_clip_c ({a.dual_clip_c}) must be > 1 (released recipe: 10), or null")
         return self
@@ -421,11 +497,50 @@ class RunConfig(_Section):
 
 
 # ----------------------------------------------------------------------------------------- loading
+def _refuse_duplicate_keys(node: yaml.Node, prefix: str = "") -> None:
+    """Raise ConfigError's text for a key given twice in one mapping, at any depth, with its line.
+
+    YAML keeps the last of two equal keys without a word (a second `algorithm:` block replaces the first) and
+    PyYAML has no option to refuse them, so the composed node tree is walked before it is constructed. `<<` merge
+    keys are left alone: overriding a merged key is what they are for."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key, line = f"{prefix}{key_node.value}", key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(
+                    f"line {line}: key `{key}` is given twice (first on line {seen[key]}); YAML would keep only the "
+                    "last one: merge them into one"
+                )
+            seen[key] = line
+            _refuse_duplicate_keys(value_node, f"{key}.")
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, f"{prefix}{i}.")
+
+
+def _load_unique(text: str) -> Any:
+    """yaml.safe_load, refusing duplicate keys (`_refuse_duplicate_keys`)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = _load_unique(path.read_text()) or {}
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(data, dict):
@@ -465,7 +580,13 @@ def read_chain(path: str | Path, _seen: tuple[Path, ...] = ()) -> list[tuple[Pat
     parent = data.pop("inherits", None)
     chain: list[tuple[Path, dict[str, Any]]] = []
     if parent is not None:
-        chain = read_chain((path.parent / str(parent)), _seen + (path,))
+        looked = path.parent / str(parent)
+        if not looked.is_file():
+            raise ConfigError(
+                f"{path}: `inherits: {parent}`: {looked.resolve()}: file not found (a parent is looked for relative "
+                "to the file that inherits it)"
+            )
+        chain = read_chain(looked, _seen + (path,))
     return chain + [(path, data)]
 
 

@@ -20,17 +20,30 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     p.add_argument("--keys", action="store_true", help="List every key with its default and meaning.")
+    p.add_argument(
+        "--allow-confounded-ladder",
+        action="store_true",
+        help="A row of a ladder (configs/ablations/) is checked with every other row: each must differ from the row "
+        "above only in its own toggle's keys and set no scale key. With this flag a failed check is a warning.",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     import yaml
 
     from dapo.config import describe, load_config
+    from dapo.designs import check_ladder, ladder_dir_of
 
     if args.keys:
         print(describe())
         return 0
     cfg = load_config(args.config, preset=args.preset, overrides=args.overrides)
+    ladder = ladder_dir_of(args.config)
+    if ladder is not None:  # a ladder row means something only beside the row above it: check the whole ladder
+        for problem in check_ladder(ladder, args.preset, args.overrides, allow=args.allow_confounded_ladder):
+            print(f"warning: not a clean ablation: {problem}", file=sys.stderr)
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
     print(f"# config hash {cfg.config_hash()}  run name {cfg.run_name()}  updates/step {cfg.trainer.updates_per_step}")
     return 0

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import yaml
 
-from dapo.config import ABLATIONS_DIR, load_config, read_chain
+from dapo.config import ABLATIONS_DIR, PRESETS_DIR, ConfigError, load_config, read_chain, resolve_preset
 
 Design = Literal["cumulative", "leave_one_out", "one_at_a_time"]
 DESIGNS: tuple[Design, ...] = ("cumulative", "leave_one_out", "one_at_a_time")
@@ -74,21 +74,17 @@ def toggle_name(row: str) -> str:
     return rest if head.isdigit() and rest else row
 
 
+def _dotted(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"algorithm": {"eps_high": 0.28}} -> {"algorithm.eps_high": 0.28}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
 def _own_keys(path: Path) -> dict[str, Any]:
     """The dotted keys a row file itself sets (its `inherits:` and `tracking.row` aside)."""
-    own = read_chain(path)[-1][1]
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, d: dict) -> None:
-        for k, v in d.items():
-            key = f"{prefix}{k}"
-            if isinstance(v, dict):
-                walk(key + ".", v)
-            elif key != ROW_KEY:
-                out[key] = v
-
-    walk("", own)
-    return out
+    return {k: v for k, v in _dotted(read_chain(path)[-1][1]).items() if k != ROW_KEY}
 
 
 @cache
@@ -131,10 +127,14 @@ def _ladder_spec(row: str, design: Design, toggle: str | None, ablations_dir: Pa
     return RunSpec(row, Path(ablations_dir) / f"{row}.yaml", (), design, toggle)
 
 
+# Keys that name or place a run rather than say what it computes.
+RUN_KEYS = ("tracking.", "trainer.output_dir")
+
+
 def _computation(spec: RunSpec) -> dict[str, Any]:
     """The resolved config minus where results go and how the run is tagged (what the run computes)."""
     flat = load_config(spec.config, overrides=list(spec.overrides)).flat()
-    return {k: v for k, v in flat.items() if not k.startswith(("tracking.", "trainer.output_dir"))}
+    return {k: v for k, v in flat.items() if not k.startswith(RUN_KEYS)}
 
 
 def design_runs(design: Design, ablations_dir: Path = ABLATIONS_DIR) -> list[RunSpec]:
@@ -171,12 +171,35 @@ def design_runs(design: Design, ablations_dir: Path = ABLATIONS_DIR) -> list[Run
     return out
 
 
+# The placebo: the row dynamic sampling builds on, run again under another name with another sampling seed only.
+PLACEBO_PREFIX = "placebo_"
+PLACEBO_SEED_OFFSET = 1000  # rollout.sampling_seed_offset of the placebo: its rollouts draw other samples
+
+
+def placebo_run(ablations_dir: Path = ABLATIONS_DIR) -> RunSpec:
+    """The placebo row: the ladder's second-to-last row (what the last toggle is measured against) with only its
+    rollouts' sampling seed changed (`rollout.sampling_seed_offset`; the data order, the evaluations and every
+    other setting are its twin's). Compared with its twin, every declared statistic should show no clear change:
+    whatever does is what noise alone produces at this number of seeds. Generated from the ladder, not a file."""
+    twin = ladder(ablations_dir)[-2]
+    name = f"{PLACEBO_PREFIX}{twin}"
+    overrides = (f"rollout.sampling_seed_offset={PLACEBO_SEED_OFFSET}", f"{ROW_KEY}={name}")
+    return RunSpec(name, Path(ablations_dir) / f"{twin}.yaml", overrides, "cumulative", None)
+
+
+def placebo_twin(name: str) -> str | None:
+    """`placebo_04_token_level_loss` -> `04_token_level_loss`; any other name -> None."""
+    return name[len(PLACEBO_PREFIX) :] if name.startswith(PLACEBO_PREFIX) and len(name) > len(PLACEBO_PREFIX) else None
+
+
 def all_design_runs(ablations_dir: Path = ABLATIONS_DIR) -> dict[str, RunSpec]:
-    """Every run name any design uses -> its spec (a ladder row appears once, as itself)."""
+    """Every run name any design uses -> its spec (a ladder row appears once, as itself), and the placebo."""
     out: dict[str, RunSpec] = {}
     for design in DESIGNS:
         for spec in design_runs(design, ablations_dir):
             out.setdefault(spec.name, spec)
+    placebo = placebo_run(ablations_dir)
+    out[placebo.name] = placebo
     return out
 
 
@@ -208,3 +231,141 @@ def run_label(name: str) -> str:
         return name
     design, toggle = parsed
     return f"DAPO - {toggle}" if design == "leave_one_out" else f"GRPO + {toggle}"
+
+
+# --------------------------------------------------------------------------- is a ladder a clean ablation?
+# The keys each of the paper's toggles may set. A row declares its toggle by its name (`02_clip_higher` ->
+# clip_higher); a row named after a toggle not listed here (a user's own) may set any algorithm key that no preset
+# sets. Everything else is either scale (what presets own: model, data, lengths, batch sizes, lr, steps, eval, the
+# algorithm keys a preset sets such as L_cache) or another toggle's, and a row that changes it measures more than
+# its toggle: the released recipe's per-row scripts differed in such keys.
+TOGGLE_KEYS: dict[str, frozenset[str]] = {
+    "overlong_filtering": frozenset({"algorithm.overlong_filter"}),
+    "clip_higher": frozenset({"algorithm.eps_high", "algorithm.eps_low"}),
+    "soft_overlong_punishment": frozenset({"algorithm.overlong_penalty"}),
+    "token_level_loss": frozenset({"algorithm.loss_agg"}),
+    "dynamic_sampling": frozenset({"algorithm.dynamic_sampling"}),
+}
+TOGGLE_SECTION = "algorithm"
+# How a user runs a ladder that fails the check on purpose (the report then says the rows are not a clean ablation).
+ALLOW_FLAG = "--allow-confounded-ladder"  # dapo config
+ALLOW_KEY = "allow_confounded_ladder"  # configs/workflow.yaml
+LADDER_FIX = (
+    "fix: move scale keys into a preset (configs/presets/) or the workflow's `overrides` (every row alike), and each "
+    f"other change into a row of its own; to run this ladder on purpose: `dapo config {ALLOW_FLAG}`, or the "
+    f"workflow's `--config {ALLOW_KEY}=true` (the report then says the rows are not a clean ablation)"
+)
+
+
+def preset_keys(preset: str | Path | None = None) -> frozenset[str]:
+    """Every dotted key a preset sets (each preset in configs/presets/, and `preset`): scale, which no row may set."""
+    files = sorted(PRESETS_DIR.glob("*.yaml")) + ([resolve_preset(preset)] if preset is not None else [])
+    return frozenset(k for f in files for _, d in read_chain(f) for k in _dotted(d))
+
+
+def why_not(key: str, toggle: str | None, scale: frozenset[str]) -> str | None:
+    """Why a step that adds `toggle` (None: the ladder's first row) may not set or change `key`; None if it may."""
+    if key == ROW_KEY:
+        return None
+    section = key.split(".", 1)[0]
+    if key in scale or section not in (TOGGLE_SECTION, "tracking"):
+        return "a scale key (presets own it)"
+    if section != TOGGLE_SECTION:
+        return "not a toggle's key (it says where the run is logged)"
+    declared = TOGGLE_KEYS.get(toggle or "")
+    if declared is not None and key not in declared:
+        return f"not a key of {toggle}"
+    return None
+
+
+def departures(
+    row: dict[str, Any],
+    above: dict[str, Any],
+    toggle: str | None,
+    scale: frozenset[str],
+    also: dict[str, Any] | None = None,
+    skip: tuple[str, ...] = (ROW_KEY,),
+) -> dict[str, tuple[Any, Any, str]]:
+    """Where `row` is not `above` plus `toggle` (flat configs, or a run's MLflow params): key -> (value above,
+    value in the row, why). Compared on the keys both have, `skip` prefixes aside; `also` (the keys the row file
+    sets) adds those it may not set even where they equal the row above's (a scale key set to one preset's
+    value still overrides every other preset's)."""
+    changed = {k for k in row.keys() & above.keys() if row[k] != above[k]}
+    out = {}
+    for k in sorted(changed | set(also or ())):
+        if k.startswith(skip):
+            continue
+        why = why_not(k, toggle, scale)
+        if why is not None:
+            out[k] = (above.get(k), row[k] if k in row else (also or {}).get(k), why)
+    return out
+
+
+def describe_departures(bad: dict[str, tuple[Any, Any, str]], above: str) -> list[str]:
+    return [f"{k} = {new!r} (in {above}: {old!r}): {why}" for k, (old, new, why) in bad.items()]
+
+
+def ladder_problems(
+    ablations_dir: Path = ABLATIONS_DIR, preset: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> list[str]:
+    """What makes the ladder in `ablations_dir` not a clean cumulative ablation under `preset`: per row file, the
+    keys in which it differs from the row above beyond its declared toggle (`TOGGLE_KEYS`), and any scale key it
+    sets, with their values. Empty when each row is the row above plus its toggle. ConfigError for a row that
+    does not load."""
+    ablations_dir = Path(ablations_dir)
+    rows = ladder(ablations_dir)
+    scale = preset_keys(preset)
+    flats = {r: load_config(ablations_dir / f"{r}.yaml", preset=preset, overrides=overrides).flat() for r in rows}
+    out = []
+    for i, row in enumerate(rows):
+        path = ablations_dir / f"{row}.yaml"
+        own = _own_keys(path)
+        if i == 0:
+            bad = {k: (None, v, why) for k, v in own.items() if (why := why_not(k, None, scale))}
+            if bad:
+                lines = [f"{k} = {new!r}: {why}" for k, (_, new, why) in bad.items()]
+                out.append(f"{path}: the ladder's first row sets " + "; ".join(lines))
+            continue
+        above = rows[i - 1]
+        bad = departures(flats[row], flats[above], toggle_name(row), scale, also=own)
+        if not bad:
+            continue
+        declared = TOGGLE_KEYS.get(toggle_name(row))
+        what = f"{toggle_name(row)} ({', '.join(sorted(declared))})" if declared else f"its toggle {toggle_name(row)}"
+        text = f"{path}: differs from {above}.yaml in more than {what}:\n" + "\n".join(
+            f"      {line}" for line in describe_departures(bad, f"{above}.yaml")
+        )
+        parent = read_chain(path)[-2][0] if len(read_chain(path)) > 1 else None
+        if parent != (ablations_dir / f"{above}.yaml").resolve():
+            text += f"\n      (it inherits {parent.name if parent else 'nothing'}, not the row above, {above}.yaml)"
+        out.append(text)
+    return out
+
+
+def check_ladder(
+    ablations_dir: Path = ABLATIONS_DIR,
+    preset: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    allow: bool = False,
+) -> list[str]:
+    """Raise ConfigError naming every row that is not one toggle away from the row above (`ladder_problems`),
+    with the fix; with `allow`, return the problems instead (for a warning)."""
+    problems = ladder_problems(ablations_dir, preset, overrides)
+    if problems and not allow:
+        raise ConfigError(
+            f"the ladder in {ablations_dir} is not a clean ablation: each row may differ from the row above only in "
+            "its own toggle's keys, and no row may set a scale key\n"
+            + "\n".join(f"  {p}" for p in problems)
+            + f"\n  {LADDER_FIX}"
+        )
+    return problems
+
+
+def ladder_dir_of(config: str | Path | None) -> Path | None:
+    """The ladder a config file is a row of (its folder, when it holds two or more `<number>_<toggle>.yaml` rows
+    including this one), else None."""
+    if config is None:
+        return None
+    path = Path(config).resolve()
+    numbered = [p for p in path.parent.glob("*.yaml") if toggle_name(p.stem) != p.stem]
+    return path.parent if path in numbered and len(numbered) >= 2 else None

@@ -68,6 +68,32 @@ class TrackingUnavailable(RuntimeError):
     """A new run could not be created because the tracking store did not answer."""
 
 
+class TrackingRefused(RuntimeError):
+    """The tracking server answered and refused the credentials (HTTP 401) or the permission (HTTP 403): no retry
+    can help, the environment has to change."""
+
+
+# MLflow's error codes for HTTP 401 and 403 (an authenticated server: `mlflow server --app-name basic-auth`).
+AUTH_ERRORS = ("UNAUTHENTICATED", "PERMISSION_DENIED")
+CREDENTIALS_FIX = (
+    "an authenticated MLflow server takes the user and password from MLFLOW_TRACKING_USERNAME and "
+    "MLFLOW_TRACKING_PASSWORD in the environment (a SLURM job inherits the submitting shell's); never from a config "
+    "file, which is logged; a 403 means that user may not write to this experiment (its owner or an admin grants it)"
+)
+
+
+def refused(uri: str, e: Exception, what: str) -> TrackingRefused | None:
+    """A `TrackingRefused` naming the user and the fix when `e` is the server refusing credentials, else None."""
+    code = getattr(e, "error_code", "")
+    if code not in AUTH_ERRORS:
+        return None
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    return TrackingRefused(
+        f"MLflow at {uri} refused to {what} ({code} for user {user or '(none set)'}: {_first_line(e)}). Nothing "
+        f"was trained. {CREDENTIALS_FIX}."
+    )
+
+
 def resolve_uri(uri: str | None, results_dir: str | Path = "results") -> str:
     """The tracking URI: `uri` if given, else $MLFLOW_TRACKING_URI, else `sqlite:///<results_dir>/mlflow.db`
     (absolute path; artifacts go beside it in `<results_dir>/mlartifacts`)."""
@@ -218,12 +244,15 @@ class Tracker:
                     self.experiment_id = exp_id
                     return self.client.create_run(exp_id, run_name=run_name).info.run_id
             except Exception as e:
+                if (no := refused(self.uri, e, f"start a run in experiment {experiment!r}")) is not None:
+                    raise no from e
                 if _is_rejection(e) or time.monotonic() >= deadline:
                     raise TrackingUnavailable(
                         f"MLflow at {self.uri} could not start a run in experiment {experiment!r} "
                         f"({type(e).__name__}: {_first_line(e)}). Nothing was trained. Start the tracking server "
-                        "(mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri ...) or point "
-                        "tracking.uri / MLFLOW_TRACKING_URI at one that answers; tracking.start_timeout_s "
+                        "(on a cluster an authenticated one, bound to the cluster's internal interface: `mlflow "
+                        "server --app-name basic-auth --host <internal address> ...`, README 'On a SLURM cluster') "
+                        "or point tracking.uri / MLFLOW_TRACKING_URI at one that answers; tracking.start_timeout_s "
                         f"({timeout_s:g} s here) is how long a new run waits for it."
                     ) from e
                 log.warning("MLflow at %s unreachable (%s); retrying the run's start", self.uri, type(e).__name__)
@@ -245,6 +274,8 @@ class Tracker:
             with self._store_lock():
                 self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
         except Exception as e:
+            if (no := refused(self.uri, e, f"resume run {self.run_id}")) is not None:
+                raise no from e
             if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
                 raise RuntimeError(
                     f"MLflow run {self.run_id} does not exist at {self.uri}: the run directory was made with "

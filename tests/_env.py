@@ -67,13 +67,29 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
     )
 
 
-def start_mlflow_server(store: Path, port: int) -> subprocess.Popen:
-    """An MLflow tracking server on 127.0.0.1:`port` over a SQLite store in `store`, answering /health."""
+def start_mlflow_server(store: Path, port: int, admin_password: str | None = None) -> subprocess.Popen:
+    """An MLflow tracking server on 127.0.0.1:`port` over a SQLite store in `store`, answering /health.
+
+    With `admin_password`: MLflow's authenticated server (`--app-name basic-auth`, which needs Flask-WTF:
+    mlflow[auth]), its users in `store`/basic_auth.db, the admin `admin`, and READ for every user by default."""
     mlflow_bin = Path(sys.executable).with_name("mlflow")
+    env = dict(os.environ)
+    auth: list[str] = []
+    if admin_password is not None:
+        ini = store / "basic_auth.ini"
+        ini.write_text(
+            "[mlflow]\ndefault_permission = READ\n"
+            f"database_uri = sqlite:///{store / 'basic_auth.db'}\nadmin_username = admin\n"
+            f"admin_password = {admin_password}\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        )
+        env.update(MLFLOW_AUTH_CONFIG_PATH=str(ini), MLFLOW_FLASK_SERVER_SECRET_KEY=os.urandom(16).hex())
+        auth = ["--app-name", "basic-auth"]
     proc = subprocess.Popen(
         [
             str(mlflow_bin),
             "server",
+            *auth,
             "--backend-store-uri",
             f"sqlite:///{store / 'mlflow.db'}",
             "--artifacts-destination",
@@ -86,6 +102,7 @@ def start_mlflow_server(store: Path, port: int) -> subprocess.Popen:
             "1",
         ],
         cwd=store,
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -29,7 +29,8 @@ def _flat(cfg) -> dict:
 
 
 def test_every_budget_has_a_preset():
-    assert PRESETS == ["qwen2.5-1.5b-1gpu", "qwen2.5-32b", "qwen2.5-math-7b", "qwen2.5-math-7b-1node", "tiny"]
+    gpu = ["qwen2.5-1.5b-1gpu", "qwen2.5-32b", "qwen2.5-math-7b", "qwen2.5-math-7b-1node"]
+    assert [p for p in PRESETS if not p.startswith("tiny")] == gpu
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -53,6 +54,70 @@ def test_rows_set_no_scale_keys():
     for row in ROWS:
         own = yaml.safe_load(row.read_text())
         assert set(own) <= {"inherits", "algorithm", "tracking"}, row.name
+
+
+def _ladder_copy(tmp_path: Path, **extra: str) -> Path:
+    """A copy of the ladder in tmp_path/ablations, with `extra[row]` appended to that row's file."""
+    d = tmp_path / "ablations"
+    d.mkdir()
+    for row in ROWS:
+        (d / row.name).write_text(row.read_text() + extra.get(row.stem, ""))
+    return d
+
+
+def test_our_ladder_is_a_clean_ablation_under_every_preset():
+    from dapo.designs import ladder_problems
+
+    for preset in (None, "tiny", "qwen2.5-32b"):
+        assert ladder_problems(preset=preset) == [], preset
+
+
+def test_a_confounded_ladder_names_each_row_its_extra_keys_and_their_values(tmp_path):
+    """What the released recipe's per-row scripts did (rows that also changed scale), and its cousins."""
+    from dapo.designs import ladder_problems
+
+    d = _ladder_copy(
+        tmp_path,
+        **{
+            "00_naive_grpo": "rollout:\n  n: 4\n",  # the baseline sets scale
+            "03_soft_overlong_punishment": "trainer:\n  lr: 1.0e-4\n",  # a scale key beside the toggle
+            "04_token_level_loss": "  kl_coef: 0.01\n",  # under algorithm: a key no toggle of this row owns
+            "05_dynamic_sampling": "  overlong_buffer_len: 16\n",  # an algorithm key presets own, at tiny's value
+        },
+    )
+    (d / "02_clip_higher.yaml").write_text(  # builds on row 00, not on the row above
+        (d / "02_clip_higher.yaml").read_text().replace("01_overlong_filtering.yaml", "00_naive_grpo.yaml")
+    )
+    found = ladder_problems(d, preset="tiny")
+    assert [p.split(":")[0] for p in found] == [
+        str(d / f"{r}.yaml") for r in [ROWS[0].stem, *(r.stem for r in ROWS[2:])]
+    ]
+    text = "\n".join(found)
+    assert f"{d / '00_naive_grpo.yaml'}: the ladder's first row sets rollout.n = 4: a scale key" in text
+    assert "algorithm.overlong_filter = False (in 01_overlong_filtering.yaml: True): not a key of clip_higher" in text
+    assert "(it inherits 00_naive_grpo.yaml, not the row above, 01_overlong_filtering.yaml)" in text
+    assert f"{d / '03_soft_overlong_punishment.yaml'}: differs from 02_clip_higher.yaml in more than" in text
+    assert "trainer.lr = 0.0001 (in 02_clip_higher.yaml: 5e-05): a scale key" in text
+    assert "algorithm.kl_coef = 0.01 (in 03_soft_overlong_punishment.yaml: 0.0): not a key of token_level_loss" in text
+    # equal to the tiny preset's value, so nothing differs under it; still a key that overrides every other preset
+    assert "algorithm.overlong_buffer_len = 16 (in 04_token_level_loss.yaml: 16): a scale key" in text
+
+
+def test_dapo_config_stops_on_a_confounded_ladder_unless_allowed(tmp_path, capsys):
+    from dapo.cli import main
+
+    d = _ladder_copy(tmp_path, **{"03_soft_overlong_punishment": "trainer:\n  lr: 1.0e-4\n"})
+    row = str(d / "05_dynamic_sampling.yaml")  # any row: it means something only beside the rows above it
+    assert main(["config", "-c", row, "-p", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert f"{d / '03_soft_overlong_punishment.yaml'}: differs from 02_clip_higher.yaml" in err
+    assert "trainer.lr = 0.0001 (in 02_clip_higher.yaml: 5e-05): a scale key" in err
+    assert "--allow-confounded-ladder" in err and "allow_confounded_ladder=true" in err  # the way to run it anyway
+    assert main(["config", "-c", row, "-p", "tiny", "--allow-confounded-ladder"]) == 0
+    out = capsys.readouterr()
+    assert "warning: not a clean ablation" in out.err and "lr: 0.0001" in out.out
+    assert main(["config", "-c", str(ROWS[5]), "-p", "qwen2.5-32b"]) == 0  # our own ladder passes
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_row_values_match_spec_section_3():
@@ -151,7 +216,9 @@ def test_one_gpu_smoke_preset_runs_the_real_path_small():
 
 
 def test_overrides_win_and_parse_as_yaml():
-    c = load_config(ROWS[0], preset="tiny", overrides=["trainer.seed=7", "eval.pass_k=[1,2]", "model.path=x"])
+    c = load_config(
+        ROWS[0], preset="tiny", overrides=["trainer.seed=7", "eval.n=2", "eval.pass_k=[1,2]", "model.path=x"]
+    )
     assert (c.trainer.seed, c.eval.pass_k, c.model.path) == (7, [1, 2], "x")
     assert c.run_name() == "00_naive_grpo-s7"
 
@@ -191,6 +258,44 @@ def test_missing_file_and_cycle(tmp_path: Path):
         load_config(a)
     with pytest.raises(ConfigError, match="known presets: .*tiny"):
         load_config(ROWS[0], preset="nope")
+
+
+def test_a_duplicated_section_or_key_is_refused_with_file_line_and_key(tmp_path: Path):
+    """YAML keeps the last of two equal keys: a row with two `algorithm:` blocks would train with the second only."""
+    row = tmp_path / "row.yaml"
+    row.write_text(f"inherits: {ROWS[1]}\nalgorithm:\n  eps_high: 0.28\nalgorithm:\n  loss_agg: token-mean\n")
+    with pytest.raises(ConfigError, match=r"row\.yaml: line 4: key `algorithm` is given twice \(first on line 2\)"):
+        load_config(row, preset="tiny")
+    row.write_text("trainer:\n  lr: 1.0e-5\n  seed: 1\n  lr: 1.0e-6\n")
+    with pytest.raises(ConfigError, match=r"row\.yaml: line 4: key `trainer.lr` is given twice \(first on line 2\)"):
+        load_config(row)
+    # a parent's duplicate names the parent; `<<` merge keys may still be overridden
+    parent = tmp_path / "parent.yaml"
+    parent.write_text("eval:\n  n: 4\n  n: 8\n")
+    row.write_text("inherits: parent.yaml\n")
+    with pytest.raises(ConfigError, match=r"parent\.yaml: line 3: key `eval.n`"):
+        load_config(row)
+    row.write_text("resources:\n  prepare: &job {nodes: 1, mem_mb: 2000}\n  train:\n    <<: *job\n    mem_mb: 3000\n")
+    assert load_config(row).resources.train.mem_mb == 3000
+
+
+def test_pass_at_k_above_the_samples_per_problem_is_refused_naming_both_keys():
+    with pytest.raises(ConfigError) as e:
+        load_config(ROWS[0], preset="qwen2.5-32b", overrides=["eval.n=16"])
+    msg = str(e.value)
+    assert "eval.pass_k asks for k = [32] > eval.n (16)" in msg
+    assert "eval.n from command line" in msg and "qwen2.5-32b.yaml" in msg  # where each value came from
+    assert load_config(ROWS[0], preset="qwen2.5-32b", overrides=["eval.n=16", "eval.pass_k=[1,16]"]).eval.n == 16
+
+
+def test_a_missing_parent_names_the_inheriting_file_the_key_and_the_path(tmp_path: Path):
+    row = tmp_path / "rows" / "row.yaml"
+    row.parent.mkdir()
+    row.write_text("inherits: ../base/parent.yaml\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(row)
+    assert str(e.value).startswith(f"{row}: `inherits: ../base/parent.yaml`: {tmp_path / 'base' / 'parent.yaml'}: ")
+    assert "file not found" in str(e.value)
 
 
 def test_config_hash_ignores_where_results_go():

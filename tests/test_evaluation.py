@@ -173,7 +173,7 @@ def test_dapo_eval_cli_tiny_model_through_vllm(tmp_path: Path, vllm) -> None:
             "model.dtype=float32",
             "eval.n=4",
             "eval.max_tokens=16",
-            "eval.pass_k=[1,2,4,8]",
+            "eval.pass_k=[1,2,4]",  # k <= eval.n, or the config is refused (tests/test_config.py)
             "eval.bootstrap=50",
             f"tracking.uri={uri}",
             "tracking.experiment=eval-test",
@@ -184,7 +184,6 @@ def test_dapo_eval_cli_tiny_model_through_vllm(tmp_path: Path, vllm) -> None:
     assert len(rows) == 5 * 4
     assert all(r["num_tokens"] <= 16 and isinstance(r["text"], str) for r in rows)
     metrics = json.loads((out / "metrics.json").read_text())["metrics"]
-    assert M.eval_pass(8) not in metrics  # k > n skipped
     for name in (M.eval_avg(4), M.eval_pass(1), M.eval_pass(4), M.eval_maj(4)):
         assert 0.0 <= metrics[name] <= 100.0 and math.isfinite(metrics[name])
     # a random model's accuracy equals the fraction of correct rows, whatever it is

@@ -37,6 +37,7 @@ from dapo.learner import (
     response_mask,
 )
 from dapo.learner.batch import collate, collate_packed, plan_packed_micro_batches, rank_loads, split_by_tokens
+from dapo.learner.learner import RARE_TOKEN_PROB
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _learner_worker as W  # noqa: E402
@@ -353,6 +354,11 @@ def test_one_update_equals_the_naive_whole_batch_step(world, mode):
         clipped_upper_old_prob(world["batch"].old_logp, out.clipped_upper, mask), abs=1e-6
     )
     assert m[M.DUAL_CLIPFRAC] > 0 and m[UPDATE_SKIPPED] == 0.0 and m[M.LR] == W.SGD_LR
+    # of the rare tokens (old probability < RARE_TOKEN_PROB) with positive advantage, the share clipped above
+    b = world["batch"]
+    rare = (mask > 0) & (b.old_logp.exp() < RARE_TOKEN_PROB) & (b.advantages[:, None] > 0)
+    assert rare.sum() > 0 and (out.clipped_upper & rare).sum() > 0  # the case occurs in this batch
+    assert m[M.CLIPFRAC_HIGH_RARE] == pytest.approx(float((out.clipped_upper & rare).sum() / rare.sum()), abs=1e-9)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -367,6 +373,7 @@ def test_update_does_not_depend_on_micro_batches_ranks_or_packing(world, mode):
             assert (got["params"] - ref["params"]).abs().max() < TOL, (w, case)
             assert got["metrics"][M.POLICY_LOSS] == pytest.approx(ref["metrics"][M.POLICY_LOSS], abs=1e-6)
             assert got["metrics"][M.CLIPFRAC_HIGH] == pytest.approx(ref["metrics"][M.CLIPFRAC_HIGH], abs=1e-9)
+            assert got["metrics"][M.CLIPFRAC_HIGH_RARE] == pytest.approx(ref["metrics"][M.CLIPFRAC_HIGH_RARE], abs=1e-9)
 
 
 def test_the_whole_mini_batch_on_every_rank_gives_the_same_step(world):

@@ -60,14 +60,14 @@ def _group(lengths: list[int], truncated: list[bool], correct: list[bool]):
 @pytest.mark.parametrize("overlong_filter, share", [(False, 3 / 10), (True, 0.0)])
 def test_trained_batch_reports_truncated_loss_share_and_zero_advantage_groups(overlong_filter, share):
     from dapo.algos.dynamic_sampling import RefillStats
-    from dapo.trainer.collect import Collected
+    from dapo.trainer.collect import Collected, GroupOutcome
     from dapo.trainer.metrics import rollout_metrics
     from dapo.trainer.rollout_batch import build_batch
 
     # group 0: both wrong (advantages all 0), one truncated (2 of its tokens); group 1: one right, one truncated
     groups = [_group([3, 2], [False, True], [False, False]), _group([4, 1], [False, True], [True, False])]
     batch = build_batch(groups, norm_adv_by_std=True, overlong_filter=overlong_filter)
-    col = Collected(groups, RefillStats(gen_batches=1), [[False, False], [True, False]], [g.rewards for g in groups])
+    col = Collected(groups, RefillStats(gen_batches=1), [GroupOutcome.of(g) for g in groups])
     m = rollout_metrics(col, batch, norm_adv_by_std=True)
     # loss tokens 3 + 2 + 4 + 1 = 10, of them on truncated responses 2 + 1 = 3; the filter zeroes those rows
     assert m[M.TRUNC_LOSS_TOKEN_FRAC] == pytest.approx(share)
@@ -117,3 +117,109 @@ def test_accuracy_at_equal_gradient_updates_interpolates_the_eval_curve():
     assert run_statistic(m, a, k=4, common_updates=cu) == pytest.approx(45.0)  # halfway from 80 to 160
     assert run_statistic(m, b, k=4, common_updates=cu) == pytest.approx(60.0)
     assert run_statistic(m, a, k=4, common_updates=200.0) is None  # never extrapolated
+
+
+# ------------------------------------------------------------------------------------- version 2 (issue 25)
+# The digest of each version's declarations, recorded when the version was frozen (docs/evidence.md). Changing a
+# declared statistic without bumping MECHANISMS_VERSION (and recording the new digest here) fails the next test.
+FROZEN = {1: "07cb8363fea8be6d", 2: "be908683ad4a2f08"}
+
+
+def test_declared_statistics_do_not_change_without_a_version_bump():
+    from dapo.report.mechanisms import MECHANISMS_V2, MECHANISMS_VERSION, declarations_digest
+
+    assert declarations_digest(MECHANISMS) == FROZEN[1], "version 1 is frozen: its evidence was run"
+    assert MECHANISMS_VERSION == max(FROZEN)
+    assert declarations_digest(MECHANISMS_V2) == FROZEN[MECHANISMS_VERSION], (
+        "a version-2 declaration changed: bump MECHANISMS_VERSION, record the new digest in FROZEN, say so in "
+        "docs/evidence.md"
+    )
+
+
+def test_version_2_gives_every_toggle_a_condition_and_one_effect_and_the_headline():
+    from dapo.report.mechanisms import HEADLINE, MECHANISMS_V2
+
+    names = {t.name for t in toggles()}
+    known = set(M.all_training_metrics())
+    assert {m.toggle for m in MECHANISMS_V2 if m.role == "condition"} == names
+    effects = [m for m in MECHANISMS_V2 if m.role == "effect"]
+    assert sorted(m.toggle for m in effects) == sorted(names | {HEADLINE})
+    assert all(m.metric in known for m in MECHANISMS_V2)
+    assert all(m.threshold is not None for m in MECHANISMS_V2 if m.role == "condition")
+    # no effect is a quantity its toggle sets by construction (those are wiring checks)
+    wiring = {(m.toggle, m.metric) for m in MECHANISMS_V2 if m.role == "wiring"}
+    assert not wiring & {(m.toggle, m.metric) for m in effects}
+
+
+def test_rise_and_first_third_statistics():
+    from dapo.report.mechanisms import Mechanism
+
+    rise = Mechanism("t", "q", M.ZERO_ADV_GROUP_FRAC, "rise", "all", +1, "", role="condition", threshold=0.0)
+    early = Mechanism("t", "q", M.CLIPFRAC_HIGH_RARE, "mean", "first_third", +1, "", role="condition", threshold=0.1)
+    run = _run({M.ZERO_ADV_GROUP_FRAC: (list(range(1, 10)), [1, 2, 3, 4, 5, 6, 7, 8, 9])})  # T = 9
+    assert run_statistic(rise, run, k=1) == pytest.approx((7 + 8 + 9) / 3 - (1 + 2 + 3) / 3)
+    run = _run({M.CLIPFRAC_HIGH_RARE: (list(range(1, 10)), [0.3, 0.2, 0.1, 0, 0, 0, 0, 0, 0])})
+    assert run_statistic(early, run, k=1) == pytest.approx(0.2)  # steps 1..3
+
+
+def _experiment(rows: dict[str, list[dict]]):
+    from dapo.report.load import Experiment
+
+    runs = []
+    for row, per_seed in rows.items():
+        for seed, hist in enumerate(per_seed):
+            r = _run(hist)
+            r.row, r.seed, r.name = row, seed, f"{row}-s{seed}"
+            runs.append(r)
+    return Experiment("e", "1", "sqlite://", 1, runs)
+
+
+def test_a_condition_is_read_in_the_row_without_the_toggle_and_met_on_the_declared_side():
+    from dapo.report.evidence import condition_results
+
+    steps = list(range(1, 10))
+    exp = _experiment(
+        {
+            "01_overlong_filtering": [{M.CLIPFRAC_HIGH_RARE: (steps, [v] * 9)} for v in (0.15, 0.09)],  # mean 0.12
+            "02_clip_higher": [{M.CLIPFRAC_HIGH_RARE: (steps, [0.0] * 9)}],  # the row with it: not read
+            "04_token_level_loss": [{M.ZERO_ADV_GROUP_FRAC: (steps, [0.5] * 9)}],  # flat: mean met, rise not
+        }
+    )
+    res = {(r.mechanism.toggle, r.mechanism.metric, r.mechanism.statistic): r for r in condition_results(exp)}
+    clip = res[("clip_higher", M.CLIPFRAC_HIGH_RARE, "mean")]
+    assert clip.row == "01_overlong_filtering" and clip.values == pytest.approx([0.15, 0.09]) and clip.met is True
+    assert res[("dynamic_sampling", M.ZERO_ADV_GROUP_FRAC, "mean")].met is True
+    assert res[("dynamic_sampling", M.ZERO_ADV_GROUP_FRAC, "rise")].met is False  # a flat share does not rise
+    assert res[("token_level_loss", M.HABIT_LOOP, "mean")].met is None  # row 03 not run: missing, not "not met"
+
+
+def test_the_placebo_is_its_twin_with_another_sampling_seed_only():
+    from dapo.config import load_config
+    from dapo.designs import PLACEBO_SEED_OFFSET, ladder, placebo_run, placebo_twin
+
+    spec = placebo_run()
+    twin = placebo_twin(spec.name)
+    assert twin == ladder()[-2] and spec.config.stem == twin
+    a = load_config(spec.config, preset="tiny", overrides=list(spec.overrides)).flat()
+    b = load_config(spec.config, preset="tiny").flat()
+    assert {k for k in a if a[k] != b[k]} == {"rollout.sampling_seed_offset", "tracking.row"}
+    assert a["rollout.sampling_seed_offset"] == PLACEBO_SEED_OFFSET and a["tracking.row"] == spec.name
+
+
+def test_the_placebo_table_counts_clear_changes_and_the_conditions_only_mode_hides_every_effect(tmp_path):
+    from dapo.designs import placebo_run
+    from dapo.report.evidence import evidence_tables
+
+    steps = list(range(1, 10))
+    twin, placebo = "04_token_level_loss", placebo_run().name
+    same = [{M.HABIT_LOOP: (steps, [0.10 + 0.01 * s] * 9), M.ZERO_ADV_GROUP_FRAC: (steps, [0.5] * 9)} for s in range(3)]
+    moved = [
+        {M.HABIT_LOOP: (steps, [0.30 + 0.01 * s] * 9), M.ZERO_ADV_GROUP_FRAC: (steps, [0.5] * 9)} for s in range(3)
+    ]
+    tables = evidence_tables(_experiment({twin: same, placebo: moved}))
+    assert set(tables) == {"conditions", "effects", "wiring", "placebo"}
+    clear = [row for row in tables["placebo"].csv_rows if row[-1] == "clear change"]
+    assert [(row[0], row[1]) for row in clear] == [("token_level_loss", "responses in a repetition loop")]
+    assert "1 of" in tables["placebo"].notes[0] and "clean" in tables["placebo"].notes[0]
+    only = evidence_tables(_experiment({twin: same, placebo: moved}), conditions_only=True)
+    assert set(only) == {"conditions"}

@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from _env import free_port, start_mlflow_server, stop_mlflow_server
+from _env import REPO, free_port, start_mlflow_server, stop_mlflow_server
 
+from dapo import metric_names as M
 from dapo.tracking import (
     MAX_PARAM_VAL_LENGTH,
     RUN_FILE,
@@ -236,5 +237,94 @@ def test_restart_and_finish_while_the_server_is_down_lose_nothing(tmp_path: Path
         assert not note.exists() and replay_pending(tmp_path / "run") == []
         runs = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
         assert len(runs) == 1
+    finally:
+        stop_mlflow_server(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_tiny_training_logs_to_an_authenticated_server_with_credentials_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_world_dir: Path
+) -> None:
+    """The cluster setup the README recommends: `mlflow server --app-name basic-auth`, a user created by the admin,
+    credentials only in the environment. The workflow's check and `dapo train` work with them; a request without
+    them is refused, and so is a run: at once, as a final error (exit 2), not as a server to wait for (exit 75)."""
+    import subprocess
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from _env import child_env
+    from mlflow.server import get_app_client
+    from mlflow.tracking import MlflowClient
+
+    from dapo.cluster import TrackingStoreError, check_tracking_store
+    from dapo.tracking import TrackingRefused
+
+    store = tmp_path / "server"
+    store.mkdir()
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    alice = {"MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": "alice-secret-4711"}
+    proc = start_mlflow_server(store, port, admin_password="admin-secret-0815")
+    try:
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "admin-secret-0815")
+        get_app_client("basic-auth", tracking_uri=uri).create_user(
+            alice["MLFLOW_TRACKING_USERNAME"], "alice-secret-4711"
+        )
+        monkeypatch.delenv("MLFLOW_TRACKING_USERNAME")
+        monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD")
+
+        # without credentials: the API refuses, the workflow's check stops (naming the variables), a run stops at once
+        with pytest.raises(urllib.error.HTTPError) as http:
+            urllib.request.urlopen(f"{uri}/api/2.0/mlflow/experiments/search?max_results=1", timeout=30)
+        assert http.value.code == 401
+        with pytest.raises(TrackingStoreError, match="MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"):
+            check_tracking_store(uri, cluster=True)
+        t0 = time.monotonic()
+        with pytest.raises(TrackingRefused, match="UNAUTHENTICATED for user \\(none set\\).*MLFLOW_TRACKING_PASSWORD"):
+            Tracker(uri, "auth", "r", spool_dir=tmp_path / "spool", start_timeout_s=120)
+        assert time.monotonic() - t0 < 60  # refused, not retried for start_timeout_s
+
+        # with alice's credentials in the environment: the check passes and a tiny training lands in the server
+        for k, v in alice.items():
+            monkeypatch.setenv(k, v)
+        assert check_tracking_store(uri, cluster=True) == []
+        run_dir = tmp_path / "run"
+        argv = [sys.executable, "-m", "dapo.cli", "train", "--config", "configs/ablations/00_naive_grpo.yaml"]
+        argv += ["--preset", "tiny", "--run-dir", str(run_dir), "--progress", "log", f"tiny.dir={tiny_world_dir}"]
+        argv += [
+            "data.eval=tiny",
+            "trainer.total_steps=1",
+            "trainer.train_batch_size=2",
+            "trainer.mini_batch_size=1",
+            "trainer.checkpoint_every=0",
+            "rollout.engine=hf",
+            "rollout.n=2",
+            "rollout.max_response_length=16",
+            "algorithm.overlong_buffer_len=8",
+            "eval.every=0",
+            "eval.bootstrap=10",
+            f"tracking.uri={uri}",
+            "tracking.experiment=auth",
+        ]
+        r = subprocess.run(argv, cwd=REPO, env=child_env(**alice), capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        client = MlflowClient(uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("auth").experiment_id])
+        assert run.info.status == "FINISHED" and run.data.tags[M.TAG_ROW] == "00_naive_grpo"
+        assert M.eval_avg(1) in run.data.metrics and client.get_metric_history(run.info.run_id, M.REWARD_MEAN)
+        assert "alice-secret" not in json.dumps(run.data.params) + r.stdout + r.stderr  # nothing logs the password
+
+        # a wrong password: `dapo train` stops with the config-error code (2), which the job script never requeues
+        from dapo.config import ConfigError, load_config
+        from dapo.trainer.cli import _exit_code_of, _open_run
+
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "guess")
+        cfg = load_config(preset="tiny", overrides=[f"tracking.uri={uri}", "tracking.experiment=auth"])
+        with pytest.raises(ConfigError, match="refused to start a run.*UNAUTHENTICATED for user alice") as err:
+            _open_run(cfg, tmp_path / "run-refused")
+        assert _exit_code_of(err.value) == 2
     finally:
         stop_mlflow_server(proc)

@@ -106,7 +106,7 @@ def test_stop_flag_catches_sigterm_and_sigusr1():
 def _refill_state():
     """What collect() hands the checkpoint when a stop comes mid-refill: an accumulator holding real groups."""
     from dapo.algos.dynamic_sampling import RefillAccumulator
-    from dapo.trainer.collect import Group
+    from dapo.trainer.collect import Group, GroupOutcome
     from dapo.types import Problem, Sample
 
     def group(i, correct):
@@ -118,12 +118,8 @@ def _refill_state():
 
     acc = RefillAccumulator(target_groups=3, max_gen_batches=4, at_cap="partial")
     acc.add([group(0, [True, False]), group(1, [True, True])], [True, False], tokens_generated=7)
-    return {
-        "acc": acc,
-        "all_correct": [[True, False], [True, True]],
-        "all_rewards": [[1.0, -1.5]],
-        "timings": {"generate": 0.5},
-    }
+    outcomes = [GroupOutcome.of(group(0, [True, False]), "easy"), GroupOutcome.of(group(1, [True, True]))]
+    return {"acc": acc, "generated": outcomes, "timings": {"generate": 0.5}}
 
 
 def _partial_step():
@@ -145,7 +141,7 @@ def _partial_step():
         loss_mask=torch.tensor([[1.0, 1.0], [0.0, 0.0]]),
         old_logprobs=torch.tensor([[-0.5, -0.25], [-1.0, 0.0]]),
     )
-    collected = Collected(groups, RefillStats(gen_batches=1, groups_kept=1), [[True, False]], [[1.0, -1.5]])
+    collected = Collected(groups, RefillStats(gen_batches=1, groups_kept=1), _refill_state()["generated"])
     return PartialStep(collected=collected, batch=batch, updates_done=1, update_stats=[{"actor/pg_loss": 0.25}])
 
 
@@ -183,7 +179,10 @@ def test_a_refill_cut_off_between_generation_batches_resumes_where_it_stopped(tm
     acc, kept = back["acc"], back["acc"].state_dict()["kept"]
     assert acc.stats == refill["acc"].stats and kept == refill["acc"].state_dict()["kept"]
     assert (
-        kept[0].problem.answer == "0" and back["all_rewards"] == [[1.0, -1.5]] and back["timings"] == {"generate": 0.5}
+        kept[0].problem.answer == "0"
+        and back["generated"] == refill["generated"]
+        and back["generated"][0].lengths == [2, 1]
+        and back["timings"] == {"generate": 0.5}
     )
     acc.add(kept, [True], tokens_generated=1)  # the restored accumulator goes on where the stopped one was
     assert acc.stats.gen_batches == 2 and acc.stats.groups_kept == 2

@@ -249,7 +249,10 @@ def test_a_second_controller_of_a_results_folder_is_refused_and_a_dead_ones_lock
     from dapo.cluster import CONTROLLER_LOCK, ControllerLockError, acquire_controller_lock, release_controller_lock
 
     # a live controller on this machine (a process whose command line names snakemake)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "snakemake"])
+    other = subprocess.Popen(
+        [sys.executable, "-c", "print(flush=True); import time; time.sleep(60)", "snakemake"], stdout=subprocess.PIPE
+    )
+    other.stdout.readline()  # its command line is its own from here on (not pytest's, as right after the fork)
     try:
         (tmp_path / CONTROLLER_LOCK).write_text(
             json.dumps({"host": __import__("socket").gethostname(), "pid": other.pid})
@@ -329,6 +332,105 @@ def test_sqlite_on_a_network_file_system_is_refused_under_a_cluster_executor(tmp
     (warning,) = check_tracking_store("sqlite:////home/u/mlflow.db", cluster=True, mounts=mounts)
     assert "only jobs on this node" in warning
     assert check_tracking_store("sqlite:////shared/results/mlflow.db", cluster=False, mounts=mounts) == []
+
+
+def _clone(tmp_path: Path) -> Path:
+    """A user's clone of the repository (package, configs, workflow), whose files a test may edit; run Snakemake in
+    it with `PYTHONPATH=<clone>` so that its own `dapo` (and so its own configs/ablations) is the one imported."""
+    clone = tmp_path / "clone"
+    for part in ("dapo", "configs", "workflow", "slurm"):
+        shutil.copytree(REPO / part, clone / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "Snakefile", clone / "Snakefile")
+    return clone
+
+
+def test_a_confounded_ladder_stops_the_workflow_before_any_job_unless_allowed(tmp_path):
+    """A row that also sets trainer.lr (as the released recipe's per-row scripts differed) would train and report as
+    if it measured one toggle: the dry run stops, naming the row file, the key and both values."""
+    clone = _clone(tmp_path)
+    row = clone / "configs" / "ablations" / "03_soft_overlong_punishment.yaml"
+    row.write_text(row.read_text() + "trainer:\n  lr: 1.0e-4\n")
+    results = tmp_path / "results"
+    run = [SNAKEMAKE, "-n", "all_ablations", "--config", f"results={results}"]
+    env = {**os.environ, "PYTHONPATH": str(clone)}
+    r = subprocess.run(run, cwd=clone, capture_output=True, text=True, timeout=120, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "nothing was submitted" in out and "Job stats" not in out
+    assert f"{row}: differs from 02_clip_higher.yaml in more than soft_overlong_punishment" in out
+    assert "trainer.lr = 0.0001 (in 02_clip_higher.yaml: 5e-05): a scale key" in out
+    assert "allow_confounded_ladder=true" in out and not results.exists()
+    r = subprocess.run([*run, "allow_confounded_ladder=true"], cwd=clone, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "WARNING: not a clean ablation (allow_confounded_ladder)" in r.stderr and _job_stats(r.stdout)["train"] == 6
+
+
+def test_a_batch_shell_signal_in_the_train_jobs_options_is_refused_before_any_job(tmp_path):
+    """`--signal=B:USR1@60` reaches only the batch shell: a finished row's job could die wrapping up, and Snakemake
+    would delete its DONE.json. Refused, with the option to use instead."""
+    for extra in ('"--signal=B:USR1@60 --open-mode=append"', '"--signal RB:USR1@90"'):
+        r = snakemake(
+            "-n", "--profile", "slurm", "row_00_naive_grpo", "--config", f"results={tmp_path}",
+            "--set-resources", f"train:slurm_extra={extra}",
+        )  # fmt: skip
+        out = r.stdout + r.stderr
+        assert r.returncode != 0 and "nothing was submitted" in out and "Job stats" not in out, extra
+        assert "a `B:` signal goes to the job's batch shell only" in out
+        assert "`--signal=USR1@60`" in out and "without `B:`" in out  # what to use instead
+    r = snakemake(
+        "-n", "--profile", "slurm", "row_00_naive_grpo", "--config", f"results={tmp_path}",
+        "--set-resources", 'train:slurm_extra="--signal=USR1@90 --open-mode=append"',
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not any(tmp_path.iterdir())
+
+
+SHELL_TEMPLATES = """
+import json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
+
+with SnakemakeApi(OutputSettings()) as api:
+    wf = api.workflow(
+        resource_settings=ResourceSettings(),
+        config_settings=ConfigSettings(config={"results": sys.argv[1], "preset": sys.argv[2]}),
+        snakefile=Path("Snakefile"),
+        workdir=Path("."),
+    )
+    print(json.dumps({r.name: r.shellcmd for r in wf._workflow.rules if r.shellcmd}))
+"""
+
+
+@pytest.mark.parametrize("preset", ["tiny", "qwen2.5-32b"])  # each has a rule the other has not (its base model)
+def test_every_field_of_every_rules_shell_command_is_quoted(tmp_path, preset):
+    """Each `{...}` of a rule's shell command is quoted with `:q` (a list: each word), so a value's spaces or shell
+    characters can never split it or run; what the rules write in directly goes through `q()`."""
+    import string
+
+    r = subprocess.run(
+        [sys.executable, "-c", SHELL_TEMPLATES, str(tmp_path), preset], cwd=REPO, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    templates = json.loads(r.stdout.splitlines()[-1])
+    assert {"train", "report", "prepare_data"} <= set(templates) and len(templates) >= 6
+    for rule, cmd in templates.items():
+        fields = [(name, spec) for _, name, spec, _ in string.Formatter().parse(cmd) if name is not None]
+        assert fields or rule != "train"
+        for name, spec in fields:
+            assert spec.endswith("q"), f"rule {rule}: {{{name}}} is not quoted ({{{name}:q}}): {cmd}"
+
+
+def test_a_path_with_spaces_and_quotes_stays_one_word_in_the_train_command(tmp_path):
+    import shlex
+
+    results = tmp_path / "my results" / "it's"
+    r = snakemake("-n", "-p", "row_00_naive_grpo", "--config", f"results={results}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = next(ln for ln in r.stdout.splitlines() if "train_job.sh" in ln)
+    words = shlex.split(line.split("Shell command:", 1)[-1])
+    run_dir = str(results.resolve() / "tiny" / "runs" / "00_naive_grpo" / "s0")
+    assert words.count(run_dir) == 2  # the job script's run directory and `dapo train --run-dir`
+    assert f"data.train={results.resolve()}/tiny/data/train.jsonl" in words
 
 
 def _job_stats(stdout: str) -> dict[str, int]:

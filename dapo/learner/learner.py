@@ -51,8 +51,13 @@ SUMMED_METRICS: tuple[str, ...] = (
     M.APPROX_KL,
     M.ENTROPY,
     M.KL_REF,
+    M.CLIPFRAC_HIGH_RARE,
+    "rare_positive_tokens",  # the denominator of CLIPFRAC_HIGH_RARE (not logged)
 )
 _CKPT_TAG = "learner"
+# A token is rare below this old-policy probability: the paper's Fig 3a finds the upper-clipped tokens' mean
+# probability below 0.2, and such a token with positive advantage is what clip-higher lets rise (section 3.1).
+RARE_TOKEN_PROB = 0.2
 
 
 @dataclass(frozen=True)
@@ -254,6 +259,7 @@ class Learner(ChunkedForward):
             return torch.where(where, x.detach().double(), torch.zeros((), dtype=torch.float64, device=dev)).sum()
 
         upper = out.clipped_upper & m
+        rare_pos = m & (old.exp() < RARE_TOKEN_PROB) & (batch.advantages[r].to(dev) > 0)
         zero = torch.zeros((), dtype=torch.float64, device=dev)
         part = {
             M.POLICY_LOSS: loss.detach().double(),
@@ -264,6 +270,8 @@ class Learner(ChunkedForward):
             M.APPROX_KL: msum(torch.expm1(log_r) - log_r),
             M.ENTROPY: msum(entropy),
             M.KL_REF: msum(out.kl) if out.kl is not None else zero,
+            M.CLIPFRAC_HIGH_RARE: msum(upper.double(), rare_pos),
+            "rare_positive_tokens": msum(rare_pos.double()),
         }
         return loss, part
 
@@ -306,6 +314,7 @@ class Learner(ChunkedForward):
         out = {M.POLICY_LOSS: s[M.POLICY_LOSS]}  # already the mini-batch loss (the aggregation's weights)
         out.update({name: frac(s[name], num_tokens) for name in per_token})
         out[M.CLIP_HIGH_PROB] = frac(s[M.CLIP_HIGH_PROB], s[M.CLIPFRAC_HIGH])  # mean over upper-clipped tokens
+        out[M.CLIPFRAC_HIGH_RARE] = frac(s[M.CLIPFRAC_HIGH_RARE], s["rare_positive_tokens"])
         out.update(
             {
                 M.GRAD_NORM: grad_norm,

@@ -45,6 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="CPUs each run used, for CPU-hours when a run had no GPU (default: tag/param, else 1).",
     )
     p.add_argument(
+        "--conditions-only",
+        action="store_true",
+        help="Development mode: print and write only the version-2 conditions (does each toggle have something to "
+        "act on, read in the row without it), hiding Table 1 and every effect, so a world can be tuned on its "
+        "conditions without seeing the effects.",
+    )
+    p.add_argument(
         "--engine",
         choices=("notebook", "python"),
         default="notebook",
@@ -75,6 +82,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"dapo report: {e}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
+    if args.conditions_only:
+        from dapo.report.pipeline import write_conditions
+
+        path = write_conditions(exp, out)
+        print(path.read_text())
+        return 0
     engine = args.engine
     if engine == "notebook":
         from dapo.report.notebooks import ANALYSIS_DIR

@@ -36,10 +36,15 @@ class FigureSpec:
     rows: tuple[str, ...] | None  # None: every row present
     panels: tuple[Panel, ...]
     ncols: int | None = None  # panels per line (None: all on one line)
+    needs: str | None = None  # drawn only when some run logged this metric (the habits world's figures)
 
 
 def _const(s: str) -> Callable[[int], str]:
     return lambda k: s
+
+
+def _panel(metric: str, ylabel: str) -> Panel:
+    return Panel((_const(metric),), _const(ylabel))
 
 
 AVG = Panel((M.eval_avg,), lambda k: f"eval avg@{k} (%)")
@@ -90,6 +95,71 @@ FIGURES: tuple[FigureSpec, ...] = (
         (AVG,),
     ),
     FigureSpec("response_length", lambda k: "Mean response length over training, every row", None, (LEN,)),
+    # The habits world (tiny.kind: habits): the same comparisons on the habit each toggle acts on, and the accuracy
+    # of every generated response before the filter (fresh prompts every step: a learning-speed curve).
+    FigureSpec(
+        "fig2_clip_higher_fork",
+        lambda k: (
+            f"Fig 2, habits world: the rare right operation at the fork, without / with clip-higher ({R01} vs {R02})"
+        ),
+        (R01, R02),
+        (
+            _panel(M.HABIT_FORK_RIGHT, "fork problems' responses that halve"),
+            _panel(M.CLIPFRAC_HIGH_RARE, "rare positive tokens clipped above"),
+            ENT,
+        ),
+        needs=M.HABIT_FORK_RIGHT,
+    ),
+    FigureSpec(
+        "fig4_token_level_loss_loop",
+        lambda k: f"Fig 4, habits world: the repetition loop without / with token-level loss ({R03} vs {R04})",
+        (R03, R04),
+        (
+            _panel(M.HABIT_LOOP, "responses with an again: loop"),
+            _panel(M.LEN_WRONG_OVER_RIGHT, "length of wrong / right responses"),
+            LEN,
+        ),
+        needs=M.HABIT_LOOP,
+    ),
+    FigureSpec(
+        "fig5_overlong_filtering_long",
+        lambda k: f"Fig 5, habits world: long problems without / with overlong filtering ({R00} vs {R01})",
+        (R00, R01),
+        (
+            _panel(M.HABIT_ACC_LONG, "accuracy on long problems"),
+            _panel(M.HABIT_SOUND_TRUNCATED, "cut off with sound working"),
+            _panel(M.RESP_TRUNC_FRAC, "responses truncated"),
+        ),
+        needs=M.HABIT_ACC_LONG,
+    ),
+    FigureSpec(
+        "fig6_dynamic_sampling_accuracy",
+        lambda k: (
+            f"Fig 6, habits world: accuracy of every generated response without / with dynamic sampling ({R04} "
+            f"vs {R05})"
+        ),
+        (R04, R05),
+        (
+            _panel(M.ACC_GENERATED, "accuracy before the filter"),
+            _panel(M.ZERO_ADV_GROUP_FRAC, "groups with zero advantage"),
+        ),
+        needs=M.ACC_GENERATED,
+    ),
+    FigureSpec(
+        "habits",
+        lambda k: "Habits world, every row: the habits and the accuracy before the filter",
+        None,
+        (
+            _panel(M.ACC_GENERATED, "accuracy before the filter"),
+            _panel(M.HABIT_VERBOSE, "verbose responses"),
+            _panel(M.HABIT_LOOP, "again: loops"),
+            _panel(M.HABIT_FORK_RIGHT, "fork: right operation"),
+            _panel(M.RESP_TRUNC_FRAC, "truncated"),
+            _panel(M.ZERO_ADV_GROUP_FRAC, "zero-advantage groups"),
+        ),
+        ncols=3,
+        needs=M.HABIT_LOOP,
+    ),
 )
 
 
@@ -220,4 +290,5 @@ def make_figures(
     """Every figure of docs/algorithm.md section 6 (and response length per row) into out_dir, PNG and PDF."""
     if x_axis not in ("updates", "rollout"):
         raise ValueError(f"x_axis must be 'updates' or 'rollout', got {x_axis!r}")
-    return [draw_figure(exp, spec, out_dir, x_axis) for spec in specs]
+    logged = {name for run in exp.runs for name in run.history}
+    return [draw_figure(exp, spec, out_dir, x_axis) for spec in specs if spec.needs is None or spec.needs in logged]

@@ -149,10 +149,10 @@ def resolve_tracking_uri(uri: str | None) -> str:
 
 def report_metrics(k: int) -> list[str]:
     """Every metric the report reads, for eval size k (Table 1, the figures and the mechanisms table)."""
-    from dapo.report.mechanisms import MECHANISMS
+    from dapo.report.mechanisms import MECHANISMS, MECHANISMS_V2
 
     ev = [M.eval_avg(k), M.eval_pass(k), M.eval_maj(k)]
-    mech = [m.metric_name(k) for m in MECHANISMS]
+    mech = [m.metric_name(k) for m in MECHANISMS + MECHANISMS_V2]
     return list(
         dict.fromkeys(
             ev
@@ -169,6 +169,13 @@ def report_metrics(k: int) -> list[str]:
                 M.DS_TOKENS_GENERATED,
                 M.DS_TOKENS_GENERATED_TOTAL,
                 M.TIME_TOTAL,
+                M.ACC_GENERATED,
+                M.ZERO_ADV_GROUP_FRAC,
+                M.HABIT_VERBOSE,
+                M.HABIT_LOOP,
+                M.HABIT_FORK_RIGHT,
+                M.HABIT_SOUND_TRUNCATED,
+                M.HABIT_ACC_LONG,
             ]
             + mech
         )

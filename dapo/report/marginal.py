@@ -14,7 +14,16 @@ from dataclasses import dataclass
 
 from dapo import metric_names as M
 from dapo.algos.evalstats import Interval
-from dapo.designs import DESIGNS, Design, marginal_pairs, toggles
+from dapo.designs import (
+    DESIGNS,
+    RUN_KEYS,
+    Design,
+    departures,
+    describe_departures,
+    marginal_pairs,
+    preset_keys,
+    toggles,
+)
 from dapo.report.formats import Table, fmt
 from dapo.report.load import Experiment
 from dapo.report.table1 import difference_interval, evals_of, fmt_interval
@@ -55,6 +64,25 @@ def marginal_effects(exp: Experiment, confidence: float = 0.95) -> tuple[list[Ef
             effects.append(Effect(toggle, design, with_run, without_run, iv))
         missing += [f"{design}: no final eval for {row}" for row in sorted(absent)]
     return effects, missing
+
+
+def confounds(exp: Experiment) -> list[str]:
+    """Where two runs that a design compares differ in more than the toggle between them, from their MLflow params
+    (the config each trained with): the check `dapo config` and the workflow make before training
+    (`dapo.designs.check_ladder`), made again on what ran, so a ladder run with allow_confounded_ladder, or rows
+    trained at different times with different overrides, is named. One line per pair of runs that differ so."""
+    out, scale = [], preset_keys()
+    skip = (*RUN_KEYS, "trainer.seed")  # seeds are the replicates, not a row's definition
+    for design in DESIGNS:
+        for toggle, with_run, without_run in marginal_pairs(design):
+            a, b = exp.runs_of(without_run), exp.runs_of(with_run)
+            if not a or not b:
+                continue
+            bad = departures(b[0].params, a[0].params, toggle, scale, skip=skip)
+            line = f"{with_run} vs {without_run} ({toggle}): " + "; ".join(describe_departures(bad, without_run))
+            if bad and line not in out:
+                out.append(line)
+    return out
 
 
 def marginal_table(effects: list[Effect], missing: list[str], k: int, confidence: float = 0.95) -> Table:

@@ -31,8 +31,9 @@ from dapo.algos.evalstats import Interval, welch_interval
 from dapo.report.formats import Table
 from dapo.report.load import Experiment, RunData
 
-Statistic = Literal["mean", "successive_diff_sd", "at_common_updates"]
-Window = Literal["all", "last_third"]
+Statistic = Literal["mean", "successive_diff_sd", "at_common_updates", "rise"]
+Window = Literal["all", "last_third", "first_third"]
+Role = Literal["mechanism", "condition", "effect", "wiring"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,13 @@ class Mechanism:
     expected_sign: int  # +1 / -1: the sign the paper expects for (row with the toggle) - (row above)
     source: str  # where the paper makes the claim
     primary: bool = False  # the toggle's headline quantity (one per toggle)
+    # Version 2 (MECHANISMS_V2) only. `role`: a condition is read in the row *without* the toggle (the row above)
+    # and is met when its statistic, times `expected_sign`, reaches `threshold` times the sign (a mean over seeds);
+    # an effect compares the row with the toggle against the row above like a version-1 mechanism; a wiring check
+    # is an effect that holds by construction (evidence that the toggle is wired, not that the paper is right).
+    role: Role = "mechanism"
+    threshold: float | None = None
+    rows: tuple[str, str] | None = None  # (with, without) rows when not the toggle's own pair (the headline)
 
     def metric_name(self, k: int) -> str:
         return M.eval_avg(k) if self.metric is None else self.metric
@@ -53,12 +61,22 @@ class Mechanism:
         return "eval avg@k" if self.metric is None else self.metric
 
     def statistic_label(self) -> str:
-        window = {"all": "all steps", "last_third": "last third of steps"}[self.window]
+        window = {"all": "all steps", "last_third": "last third of steps", "first_third": "first third of steps"}[
+            self.window
+        ]
         return {
             "mean": f"mean over {window}",
             "successive_diff_sd": f"s.d. of step-to-step change, {window}",
             "at_common_updates": "at equal gradient updates (last common)",
+            "rise": "mean over the last third minus mean over the first third",
         }[self.statistic]
+
+    def condition_label(self) -> str:
+        """`>= 0.1` / `<= 0.1` / `> 0` for a condition (the side `expected_sign` says)."""
+        t = self.threshold if self.threshold is not None else 0.0
+        if self.statistic == "rise":
+            return "> 0" if self.expected_sign > 0 else "< 0"
+        return f"{'>=' if self.expected_sign > 0 else '<='} {t:g}"
 
 
 # The declarations. Changing one after evidence has been run is changing the hypothesis: say so in docs/evidence.md.
@@ -169,6 +187,225 @@ MECHANISMS: tuple[Mechanism, ...] = (
     ),
 )
 
+# Version 2 (issue 25), declared before any confirmatory run, for the habits world (`tiny.kind: habits`), where each
+# toggle's condition is built into the base model (dapo/tinyworld/habits.py). For each toggle: the condition it
+# acts under, read in the row without it (`condition`: met or not); the effect that follows if the paper is right,
+# which is not true by construction (`effect`: with - without, Welch's interval over seeds); and the quantities the
+# toggle moves by construction (`wiring`), kept apart because they prove only that the toggle is wired. One more
+# effect is the headline: full DAPO against naive GRPO on the area under the accuracy curve. Changing any of these
+# is a new version: bump MECHANISMS_VERSION and record the new digest (tests/test_mechanisms.py checks both).
+MECHANISMS_VERSION = 2
+HEADLINE = "dapo_vs_grpo"  # the toggle field of the headline effect (row 05 against row 00)
+MECHANISMS_V2: tuple[Mechanism, ...] = (
+    # --- conditions (the row without the toggle)
+    Mechanism(
+        "overlong_filtering",
+        "responses cut off by the cap with sound working so far",
+        M.HABIT_SOUND_TRUNCATED,
+        "mean",
+        "all",
+        +1,
+        "section 3.4 (truncation penalises sound reasoning)",
+        role="condition",
+        threshold=0.05,
+    ),
+    Mechanism(
+        "clip_higher",
+        "rare tokens with positive advantage clipped at the upper bound",
+        M.CLIPFRAC_HIGH_RARE,
+        "mean",
+        "first_third",
+        +1,
+        "section 3.1, Fig 3a (the upper clip caps rare tokens' rise)",
+        role="condition",
+        threshold=0.10,
+    ),
+    Mechanism(
+        "soft_overlong_punishment",
+        "fraction of responses truncated",
+        M.RESP_TRUNC_FRAC,
+        "mean",
+        "last_third",
+        +1,
+        "section 3.4 (many responses reach the cap)",
+        role="condition",
+        threshold=0.10,
+    ),
+    Mechanism(
+        "token_level_loss",
+        "responses in a repetition loop",
+        M.HABIT_LOOP,
+        "mean",
+        "all",
+        +1,
+        "Fig 4 (long low-quality patterns)",
+        role="condition",
+        threshold=0.06,
+    ),
+    Mechanism(
+        "token_level_loss",
+        "length of wrong responses over right ones",
+        M.LEN_WRONG_OVER_RIGHT,
+        "mean",
+        "all",
+        +1,
+        "section 3.3 (per-sample averaging under-weights long responses)",
+        role="condition",
+        threshold=1.5,
+    ),
+    Mechanism(
+        "dynamic_sampling",
+        "groups with zero advantage, before the filter",
+        M.ZERO_ADV_GROUP_FRAC,
+        "mean",
+        "all",
+        +1,
+        "section 3.2, Fig 3b (many groups all correct or all wrong)",
+        role="condition",
+        threshold=0.35,
+    ),
+    Mechanism(
+        "dynamic_sampling",
+        "rise of groups with zero advantage over training",
+        M.ZERO_ADV_GROUP_FRAC,
+        "rise",
+        "all",
+        +1,
+        "Fig 3b (the all-correct share climbs)",
+        role="condition",
+        threshold=0.0,
+    ),
+    # --- effects (row with the toggle - the row above)
+    Mechanism(
+        "overlong_filtering",
+        "accuracy on long problems (training, before any filter)",
+        M.HABIT_ACC_LONG,
+        "mean",
+        "all",
+        +1,
+        "Fig 5 (filtering truncated samples stabilises and improves training)",
+        primary=True,
+        role="effect",
+    ),
+    Mechanism(
+        "clip_higher",
+        "adoption of the rare right operation at the fork",
+        M.HABIT_FORK_RIGHT,
+        "mean",
+        "all",
+        +1,
+        "section 3.1, Figs 2, 3a (low-probability exploration tokens can rise)",
+        primary=True,
+        role="effect",
+    ),
+    Mechanism(
+        "soft_overlong_punishment",
+        "fraction of responses truncated",
+        M.RESP_TRUNC_FRAC,
+        "mean",
+        "last_third",
+        -1,
+        "section 3.4, Eq. 13 (length penalty near the cap)",
+        primary=True,
+        role="effect",
+    ),
+    Mechanism(
+        "token_level_loss",
+        "responses in a repetition loop",
+        M.HABIT_LOOP,
+        "mean",
+        "last_third",
+        -1,
+        "section 3.3, Fig 4 (token-level loss penalises long low-quality patterns)",
+        primary=True,
+        role="effect",
+    ),
+    Mechanism(
+        "dynamic_sampling",
+        "accuracy of every generated response (area under the curve)",
+        M.ACC_GENERATED,
+        "mean",
+        "all",
+        +1,
+        "section 3.2, Fig 6 (faster learning at equal updates)",
+        primary=True,
+        role="effect",
+    ),
+    Mechanism(
+        HEADLINE,
+        "accuracy of every generated response (area under the curve)",
+        M.ACC_GENERATED,
+        "mean",
+        "all",
+        +1,
+        "Table 1 (DAPO above naive GRPO)",
+        role="effect",
+        rows=("05_dynamic_sampling", "00_naive_grpo"),
+    ),
+    # --- wiring checks (true by construction: the toggle is wired)
+    Mechanism(
+        "overlong_filtering",
+        "share of the loss's tokens on truncated responses",
+        M.TRUNC_LOSS_TOKEN_FRAC,
+        "mean",
+        "all",
+        -1,
+        "section 3.4 (truncated samples masked out of the loss)",
+        role="wiring",
+    ),
+    Mechanism(
+        "clip_higher",
+        "fraction of tokens clipped at the upper bound",
+        M.CLIPFRAC_HIGH,
+        "mean",
+        "all",
+        -1,
+        "section 3.1 (the raised bound binds less often)",
+        role="wiring",
+    ),
+    Mechanism(
+        "soft_overlong_punishment",
+        "mean length penalty",
+        M.OVERLONG_PENALTY_MEAN,
+        "mean",
+        "all",
+        -1,
+        "Eq. 13 (the penalty is applied)",
+        role="wiring",
+    ),
+    Mechanism(
+        "dynamic_sampling",
+        "share of trained groups with zero advantage",
+        M.ZERO_ADV_TRAINED_FRAC,
+        "mean",
+        "all",
+        -1,
+        "section 3.2 (groups without gradient are filtered out)",
+        role="wiring",
+    ),
+    Mechanism(
+        "dynamic_sampling",
+        "tokens generated per rollout step (the cost)",
+        M.DS_TOKENS_GENERATED,
+        "mean",
+        "all",
+        +1,
+        "section 3.2 (dropped groups cost generation)",
+        role="wiring",
+    ),
+)
+
+
+def declarations_digest(declarations: tuple[Mechanism, ...]) -> str:
+    """A short hash of a set of declarations (every field): a declared statistic cannot change unnoticed."""
+    import dataclasses
+    import hashlib
+    import json
+
+    text = json.dumps([dataclasses.asdict(m) for m in declarations], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 AS_PAPER, AGAINST, UNCLEAR, NO_INTERVAL, MISSING, NOT_JUDGED = (
     "as the paper",
     "against the paper",
@@ -199,8 +436,17 @@ def run_statistic(m: Mechanism, run: RunData, k: int, common_updates: float | No
             return None
         return float(np.interp(common_updates, x, s.values))
     keep = s.steps >= 1  # training steps (an eval logged at step 0 is the base model)
+    last = _last_step(run, s.steps)
+    if m.statistic == "rise":
+        late = keep & (s.steps > 2 * last / 3) & np.isfinite(s.values)
+        early = keep & (s.steps <= last / 3) & np.isfinite(s.values)
+        if not late.any() or not early.any():
+            return None
+        return float(s.values[late].mean() - s.values[early].mean())
     if m.window == "last_third":
-        keep &= s.steps > 2 * _last_step(run, s.steps) / 3
+        keep &= s.steps > 2 * last / 3
+    elif m.window == "first_third":
+        keep &= s.steps <= last / 3
     values = s.values[keep]
     values = values[np.isfinite(values)]
     if m.statistic == "mean":

@@ -2,7 +2,9 @@
 --engine python`, so both paths write the same files.
 
     out/table1.{md,csv,tex}     Table 1 (ours beside the paper's)
-    out/mechanisms.{md,csv,tex} what each toggle moved, against the paper's expected sign (declared statistics)
+    out/mechanisms.{md,csv,tex} what each toggle moved, against the paper's expected sign (declared statistics, v1)
+    out/conditions, effects, wiring, placebo.{md,csv,tex}  version 2 (dapo.report.evidence): each toggle's condition
+                                in the row without it, its effect, what it moves by construction, and the placebo
     out/marginal_effects.{md,csv,tex}  each toggle's effect under the cumulative, leave-one-out, one-at-a-time designs
     out/compute.{md,csv,tex}    tokens, wall-clock, GPU-hours (or CPU-hours) per row
     out/figures/*.{png,pdf}     the paper's figures and the mechanisms' intervals; out/figures.json lists each with
@@ -18,14 +20,15 @@ import sys
 from pathlib import Path
 
 from dapo.report.compute import compute_table
+from dapo.report.evidence import evidence_tables
 from dapo.report.figures import FigureResult, make_figures
 from dapo.report.formats import write_table
 from dapo.report.load import Experiment, XAxis, load_experiment
-from dapo.report.marginal import marginal_effects, marginal_table
+from dapo.report.marginal import confounds, marginal_effects, marginal_table
 from dapo.report.mechanisms import cumulative_results, mechanisms_figure, mechanisms_table
 from dapo.report.table1 import build_table1, table1_table
 
-TABLES = ("table1", "mechanisms", "marginal_effects", "compute")
+TABLES = ("table1", "conditions", "effects", "wiring", "placebo", "mechanisms", "marginal_effects", "compute")
 
 
 def warn(lines: list[str]) -> None:
@@ -45,18 +48,40 @@ def write_tables(
     returns every missing item's name."""
     out = Path(out_dir)
     t1 = build_table1(exp, confidence)
-    write_table(table1_table(t1), out, "table1")
+    t1_table = table1_table(t1)
     mech = mechanisms_table(cumulative_results(exp, confidence), confidence)
-    write_table(mech, out, "mechanisms")
+    v2 = evidence_tables(exp, confidence=confidence)
     effects, effects_missing = marginal_effects(exp, confidence)
     marg = marginal_table(effects, effects_missing, exp.k, confidence)
+    unclean = confounds(exp)
+    if unclean:  # the runs' own configs say so, whatever the workflow was told
+        note = (
+            "**Not a clean ablation**: these runs differ in more than the toggle they are compared on, so their "
+            "difference is not that toggle's effect alone: " + " | ".join(unclean)
+        )
+        for table in (t1_table, mech, marg, *v2.values()):
+            table.notes.insert(0, note)
+        exp.warnings.append(note.replace("**", ""))
+    write_table(t1_table, out, "table1")
+    write_table(mech, out, "mechanisms")
+    for stem, table in v2.items():
+        write_table(table, out, stem)
     write_table(marg, out, "marginal_effects")
     comp = compute_table(exp, t1, gpus_per_run, cpus_per_run)
     write_table(comp, out, "compute")
     (out / "warnings.json").write_text(json.dumps(exp.warnings, indent=1))
-    missing = t1.missing + mech.missing + marg.missing + comp.missing
+    missing = t1.missing + mech.missing + [m for t in v2.values() for m in t.missing] + marg.missing + comp.missing
     warn(exp.warnings + [f"missing: {m}" for m in missing])
     return missing
+
+
+def write_conditions(exp: Experiment, out_dir: str | Path) -> Path:
+    """The development mode: the version-2 conditions alone (conditions.md/.csv/.tex), no effect, no Table 1."""
+    out = Path(out_dir)
+    table = evidence_tables(exp, conditions_only=True)["conditions"]
+    write_table(table, out, "conditions")
+    warn(exp.warnings + [f"missing: {m}" for m in table.missing])
+    return out / "conditions.md"
 
 
 def write_figures(exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates") -> list[FigureResult]:

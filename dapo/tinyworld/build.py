@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dapo.tinyworld.tasks import Task, make_large_eval, make_splits, solution_lines
+from dapo.tinyworld import habits
+from dapo.tinyworld.tasks import Splits, Task, make_large_eval, make_splits, solution_lines
 
 if TYPE_CHECKING:
     from dapo.config import RunConfig, TinyWorldConfig
@@ -48,6 +49,7 @@ VOCAB_SIZE = 1024  # an upper bound: the BPE saturates near 500 on this task's t
 MAX_POSITIONS = 512
 TOKENIZER_CORPUS = 4000  # problems whose prompts and solutions train the BPE
 GROUP_PROMPTS = 64  # train prompts sampled to measure all-correct / all-wrong group fractions
+HABITS_GROUP_PROMPTS = 256  # ... in the habits world, whose profile (tags by kind) needs more
 # Samples per problem of the build-end measurement on the AIME-sized split (at least): with the tiny preset's one
 # sample per problem (it evaluates on the large split), 30 samples would say little, and pass@n nothing.
 MEASURE_MIN_N = 16
@@ -57,6 +59,9 @@ TINY = "tiny"
 TINY_LARGE = "tiny-large"
 # tiny.* keys the built world does not depend on (left out of its hash; see world_hash)
 UNHASHED_KEYS = ("dir", "n_eval_large")
+# tiny.* keys that only one kind of world reads (left out of the other kind's hash)
+ARITHMETIC_ONLY_KEYS = ("difficulty", "sft_guess", "sft_connectives")
+HABITS_ONLY_KEYS = ("mix_easy", "mix_fork", "mix_long", "mix_unsolvable", "sft_loop", "sft_loop_slip", "sft_fork_right")
 
 # progress(phase, done, total): phases "tasks", "tokenizer", "sft", "measure"
 Progress = Callable[[str, int, int], None]
@@ -88,7 +93,7 @@ def tiny_paths(root: str | Path) -> TinyPaths:
 def world_hash(tiny: TinyWorldConfig) -> str:
     """What the built world depends on: every `tiny.*` key but `dir`, and the build recipe version."""
     d = tiny.model_dump(mode="json")
-    for key in UNHASHED_KEYS:
+    for key in UNHASHED_KEYS + (HABITS_ONLY_KEYS + ("kind",) if tiny.kind == "arithmetic" else ARITHMETIC_ONLY_KEYS):
         d.pop(key, None)
     if not d.get("sft_connectives"):  # added after build 3 and a no-op at 0: worlds built before it stay valid
         d.pop("sft_connectives", None)
@@ -200,11 +205,14 @@ def ensure_large_eval(cfg: RunConfig) -> Path:
     with _lock(root):
         if path.is_file():
             return path
-        splits = make_splits(tiny.seed, tiny.difficulty, tiny.n_train, tiny.n_eval, tiny.sft_steps * SFT_BATCH)
+        splits = world_splits(tiny)
         exclude = {t.text for t in splits.train + splits.eval + splits.sft}
-        tasks = make_large_eval(tiny.seed, tiny.difficulty, tiny.n_eval_large, exclude)
+        if tiny.kind == "habits":
+            tasks = habits.make_large_eval(tiny.seed, habits_mix(tiny), tiny.n_eval_large, exclude)
+        else:
+            tasks = make_large_eval(tiny.seed, tiny.difficulty, tiny.n_eval_large, exclude)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        _write_jsonl(tmp, tasks, "tiny-eval-large")
+        _write_jsonl(tmp, tasks, "tiny-eval-large", kinds=tiny.kind == "habits")
         os.replace(tmp, path)
     return path
 
@@ -231,11 +239,49 @@ def resolve_model_path(cfg: RunConfig) -> str:
     return cfg.model.path
 
 
-def _write_jsonl(path: Path, tasks: list[Task], prefix: str) -> None:
+def habits_mix(tiny: TinyWorldConfig) -> habits.Mix:
+    return habits.Mix(easy=tiny.mix_easy, fork=tiny.mix_fork, long=tiny.mix_long, unsolvable=tiny.mix_unsolvable)
+
+
+def world_splits(tiny: TinyWorldConfig) -> Splits:
+    """The world's RL train prompts, AIME-sized eval problems and supervised problems (pure in `tiny`)."""
+    n_sft = tiny.sft_steps * SFT_BATCH
+    if tiny.kind == "habits":
+        return habits.make_splits(tiny.seed, habits_mix(tiny), tiny.n_train, tiny.n_eval, n_sft)
+    return make_splits(tiny.seed, tiny.difficulty, tiny.n_train, tiny.n_eval, n_sft)
+
+
+def supervised_solutions(tiny: TinyWorldConfig, tasks: list[Task]) -> list[str]:
+    """The supervised phase's response for each task, written with the world's habits (seeded by tiny.seed)."""
+    rng = random.Random(f"tinyworld-solutions-{tiny.seed}")
+    out = []
+    if tiny.kind == "habits":
+        h = habits.Habits(
+            verbose=tiny.sft_verbose,
+            loop=tiny.sft_loop,
+            loop_slip=tiny.sft_loop_slip,
+            fork_right=tiny.sft_fork_right,
+            slip=tiny.sft_corruption,
+        )
+        return ["\n".join(habits.solution_lines(t, h, rng)[0]) for t in tasks]
+    for t in tasks:
+        u, corrupt = rng.random(), rng.random() < tiny.sft_corruption
+        guess, verbose = u < tiny.sft_guess, tiny.sft_guess <= u < tiny.sft_guess + tiny.sft_verbose
+        lines, _ = solution_lines(
+            t, verbose=verbose, corrupt=corrupt, guess=guess, connectives=tiny.sft_connectives, rng=rng
+        )
+        out.append("\n".join(lines))
+    return out
+
+
+def _write_jsonl(path: Path, tasks: list[Task], prefix: str, *, kinds: bool = False) -> None:
+    """One problem per line (id, problem, answer, n_ops; with `kinds`, the habits world's problem kind too)."""
     width = len(str(max(1, len(tasks) - 1)))
     with path.open("w") as fh:
         for i, t in enumerate(tasks):
             row = {"id": f"{prefix}-{i:0{width}d}", "problem": t.text, "answer": str(t.answer), "n_ops": t.n_ops}
+            if kinds:
+                row["kind"] = habits.problem_kind(t.text)
             fh.write(json.dumps(row) + "\n")
 
 
@@ -374,21 +420,10 @@ def _build(
     # 1. tasks: disjoint train / eval, and fresh problems with worked solutions for the supervised phase
     report("tasks", 0, 1)
     n_sft = tiny.sft_steps * SFT_BATCH
-    splits = make_splits(tiny.seed, tiny.difficulty, tiny.n_train, tiny.n_eval, n_sft)
-    rng = random.Random(f"tinyworld-solutions-{tiny.seed}")
-    solutions = []
-    for t in splits.sft:
-        u, corrupt = rng.random(), rng.random() < tiny.sft_corruption
-        guess, verbose = u < tiny.sft_guess, tiny.sft_guess <= u < tiny.sft_guess + tiny.sft_verbose
-        solutions.append(
-            "\n".join(
-                solution_lines(
-                    t, verbose=verbose, corrupt=corrupt, guess=guess, connectives=tiny.sft_connectives, rng=rng
-                )[0]
-            )
-        )
-    _write_jsonl(out.train, splits.train, "tiny-train")
-    _write_jsonl(out.eval, splits.eval, "tiny-eval")
+    splits = world_splits(tiny)
+    solutions = supervised_solutions(tiny, splits.sft)
+    _write_jsonl(out.train, splits.train, "tiny-train", kinds=tiny.kind == "habits")
+    _write_jsonl(out.eval, splits.eval, "tiny-eval", kinds=tiny.kind == "habits")
     report("tasks", 1, 1)
 
     # 2. tokenizer: trained on the texts the model will see (chat roles, DAPO template, problems, solutions)
@@ -459,7 +494,7 @@ def _build(
         seed=tiny.seed,
     )
     report("measure", 1, 2)
-    group_tasks = splits.train[:GROUP_PROMPTS]
+    group_tasks = splits.train[: HABITS_GROUP_PROMPTS if tiny.kind == "habits" else GROUP_PROMPTS]
     gr = measure(
         model,
         tokenizer,
@@ -470,6 +505,7 @@ def _build(
         temperature=group_temperature,
         top_p=group_top_p,
         seed=tiny.seed + 1,
+        habit_problems=[t.text for t in group_tasks] if tiny.kind == "habits" else None,
     )
     report("measure", 2, 2)
 
@@ -509,6 +545,7 @@ def _build(
             "all_correct_fraction": round(gr["all_correct_fraction"], 4),
             "all_wrong_fraction": round(gr["all_wrong_fraction"], 4),
             "truncated_fraction": round(gr["truncated_fraction"], 4),
+            **({"habits": gr["habits"]} if "habits" in gr else {}),
         },
     }
     out.manifest.write_text(json.dumps(manifest, indent=2) + "\n")

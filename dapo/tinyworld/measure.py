@@ -11,8 +11,9 @@ verifiers agree with it on integers.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dapo.tinyworld.tasks import is_correct
 
@@ -79,18 +80,51 @@ def measure(
     temperature: float,
     top_p: float,
     seed: int,
-) -> dict[str, float]:
-    """avg@n and pass@n in percent, truncation fraction, all-correct / all-wrong group fractions."""
+    habit_problems: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """avg@n and pass@n in percent, truncation fraction, all-correct / all-wrong group fractions; with
+    `habit_problems` (the problems' texts, habits world), also `habits`: each habit tag's share of the samples,
+    accuracy by problem kind and the zero-advantage share of the groups (`habits_profile`)."""
     samples = sample(
         model, tokenizer, prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
     )
     correct = [[is_correct(text, a) for text, _ in group] for group, a in zip(samples, answers, strict=True)]
     total = len(prompts) * n
+    extra = {} if habit_problems is None else {"habits": habits_profile(habit_problems, samples, correct)}
     return {
+        **extra,
         "avg": 100.0 * sum(map(sum, correct)) / total,
         "pass": 100.0 * sum(any(c) for c in correct) / len(prompts),
         "truncated_fraction": sum(t for group in samples for _, t in group) / total,
         "all_correct_fraction": sum(all(c) for c in correct) / len(prompts),
         "all_wrong_fraction": sum(not any(c) for c in correct) / len(prompts),
         "mean_response_chars": sum(len(text) for group in samples for text, _ in group) / total,
+    }
+
+
+def habits_profile(
+    problems: Sequence[str], samples: Sequence[Sequence[tuple[str, bool]]], correct: Sequence[Sequence[bool]]
+) -> dict[str, Any]:
+    """Where a habits-world model stands: each tag's share of all samples (`fork_*` of the fork problems' samples),
+    accuracy by problem kind, and the share of groups whose samples all score the same."""
+    from dapo.tinyworld import habits
+
+    tags = [
+        [habits.tag_response(p, text, trunc) for text, trunc in group]
+        for p, group in zip(problems, samples, strict=True)
+    ]
+    flat = [t for group in tags for t in group]
+    kinds = [habits.problem_kind(p) for p in problems]
+    fork = [t for k, group in zip(kinds, tags, strict=True) for t in group if k == habits.FORK]
+    share = {}
+    for tag in habits.TAGS:
+        pool = fork if tag in (habits.FORK_RIGHT, habits.FORK_WRONG) else flat
+        share[tag] = round(sum(tag in t for t in pool) / max(1, len(pool)), 4)
+    acc: dict[str, list[bool]] = defaultdict(list)
+    for k, c in zip(kinds, correct, strict=True):
+        acc[k] += list(c)
+    return {
+        "tag_share": share,
+        "accuracy_by_kind": {k: round(sum(v) / len(v), 4) for k, v in sorted(acc.items())},
+        "zero_adv_group_fraction": round(sum(len(set(c)) == 1 for c in correct) / max(1, len(correct)), 4),
     }

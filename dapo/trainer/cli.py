@@ -138,8 +138,10 @@ def _deliver_spools(run_dir: Path) -> None:
 
 def _open_run(cfg, run_dir: Path) -> bool:  # noqa: ANN001
     """Create the MLflow run (or find the one recorded in the run directory) before anything is logged, so a
-    restart at any later moment resumes it. False when a new run could not be created (exit 75: retry later)."""
-    from dapo.tracking import Tracker, TrackingUnavailable
+    restart at any later moment resumes it. False when a new run could not be created (exit 75: retry later);
+    ConfigError (exit 2) when the server refused the credentials in the environment."""
+    from dapo.config import ConfigError
+    from dapo.tracking import Tracker, TrackingRefused, TrackingUnavailable
 
     try:
         Tracker(
@@ -153,6 +155,8 @@ def _open_run(cfg, run_dir: Path) -> bool:  # noqa: ANN001
     except TrackingUnavailable as e:
         log.error("%s", e)
         return False
+    except TrackingRefused as e:  # wrong or missing credentials: final (exit 2), a requeue would be refused again
+        raise ConfigError(str(e)) from None
     return True
 
 

@@ -32,7 +32,7 @@ from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats, keep_gro
 from dapo.algos.overlong import soft_overlong_penalty
 from dapo.rollout.base import RolloutEngine
 from dapo.rollout.replicas import ReplicaLayout, map_on_replicas, merge_by_prompt, sampling_seed
-from dapo.trainer.components import Scorer
+from dapo.trainer.components import HabitTagger, Scorer
 from dapo.types import Problem, Sample
 
 # Seed streams (first key after the run's seed): training rollouts and evaluation never share a seed.
@@ -49,6 +49,7 @@ class Group:
     scores: list[float]  # +1 / -1 correctness score
     correct: list[bool]
     penalties: list[float]  # R_length * factor (all 0 when the soft punishment is off)
+    tags: list[list[str]] = field(default_factory=list)  # per response: its habit tags (a `HabitTagger`'s), or none
 
     @property
     def rewards(self) -> list[float]:
@@ -58,6 +59,30 @@ class Group:
     @property
     def num_tokens(self) -> int:
         return sum(len(s.response_ids) for s in self.samples)
+
+
+@dataclass
+class GroupOutcome:
+    """What the metrics keep of every generated group, dropped ones included (the groups themselves are not kept:
+    at the paper's scale their tokens would triple what a step holds)."""
+
+    correct: list[bool]
+    rewards: list[float]  # shaped
+    lengths: list[int]  # response tokens
+    truncated: list[bool]
+    tags: list[list[str]]  # per response, the habit tags (empty lists without a tagger)
+    kind: str = ""  # the problem's kind, from the tagger ("" without one)
+
+    @classmethod
+    def of(cls, g: Group, kind: str = "") -> GroupOutcome:
+        return cls(
+            correct=list(g.correct),
+            rewards=g.rewards,
+            lengths=[len(x.response_ids) for x in g.samples],
+            truncated=[x.truncated for x in g.samples],
+            tags=[list(t) for t in g.tags] or [[] for _ in g.samples],
+            kind=kind,
+        )
 
 
 @dataclass(frozen=True)
@@ -97,9 +122,16 @@ class Collected:
 
     groups: list[Group]
     stats: RefillStats
-    all_correct: list[list[bool]]  # correctness of every generated group, before filtering
-    all_rewards: list[list[float]]  # shaped rewards of every generated group
+    generated: list[GroupOutcome]  # every generated group, before filtering
     timings: dict[str, float] = field(default_factory=dict)  # "generate", "score": summed over batches
+
+    @property
+    def all_correct(self) -> list[list[bool]]:
+        return [o.correct for o in self.generated]
+
+    @property
+    def all_rewards(self) -> list[list[float]]:
+        return [o.rewards for o in self.generated]
 
 
 class StopDuringRefill(Exception):  # noqa: N818 (a control-flow signal, not an error)
@@ -116,6 +148,7 @@ def make_groups(
     outs: Sequence[list[Sample]],
     scores: Sequence[Any],
     s: RolloutSettings,
+    tagger: HabitTagger | None = None,
 ) -> list[Group]:
     """Groups from generated samples and their scores (`dapo.rewards.Score`, flat, prompt by prompt), with the
     soft overlong penalty added when it is on."""
@@ -138,6 +171,7 @@ def make_groups(
                 scores=[float(x.score) for x in sc],
                 correct=[bool(x.correct) for x in sc],
                 penalties=[float(p) for p in pens[k : k + g]],
+                tags=[list(tagger.tags(pb.problem, x.text, x.truncated)) for x in samples] if tagger else [],
             )
         )
         k += g
@@ -154,6 +188,7 @@ def join_groups(pieces: Sequence[Group]) -> Group:
         scores=[x for g in pieces for x in g.scores],
         correct=[x for g in pieces for x in g.correct],
         penalties=[x for g in pieces for x in g.penalties],
+        tags=[x for g in pieces for x in g.tags],
     )
 
 
@@ -166,12 +201,20 @@ class ReplicaSampler:
         layout: the job's replicas.
         s: rollout settings.
         seed: the run's seed; replica k samples batch b of step t with `sampling_seed(seed, TRAIN_STREAM, t, b, k)`.
+        tagger: tags each response with its habits (the tiny habits world), where the replica scores it.
     """
 
     def __init__(
-        self, engine: RolloutEngine, scorer: Scorer, layout: ReplicaLayout, s: RolloutSettings, seed: int
+        self,
+        engine: RolloutEngine,
+        scorer: Scorer,
+        layout: ReplicaLayout,
+        s: RolloutSettings,
+        seed: int,
+        tagger: HabitTagger | None = None,
     ) -> None:
         self.engine, self.scorer, self.layout, self.s, self.seed = engine, scorer, layout, s, seed
+        self.tagger = tagger
 
     def for_step(self, step: int) -> SampleFn:
         """The sampling function of rollout step `step` (1-based), for `collect`."""
@@ -205,8 +248,8 @@ class ReplicaSampler:
         texts = [smp.text for group in outs for smp in group]
         answers = [pb.answer for pb, group in zip(problems, outs, strict=True) for _ in group]
         scores = self.scorer(texts, answers)
-        t2 = time.perf_counter()
-        return Sampled(make_groups(problems, prompts, outs, scores, s), {"generate": t1 - t0, "score": t2 - t1})
+        groups = make_groups(problems, prompts, outs, scores, s, self.tagger)
+        return Sampled(groups, {"generate": t1 - t0, "score": time.perf_counter() - t1})
 
 
 def collect(
@@ -216,6 +259,7 @@ def collect(
     *,
     should_stop: Callable[[], bool] = lambda: False,
     resume: dict[str, Any] | None = None,
+    kind: Callable[[str], str] = lambda problem: "",
 ) -> Collected:
     """One rollout step's groups, refilling when dynamic sampling is on.
 
@@ -227,6 +271,7 @@ def collect(
         should_stop: polled before each refill batch (on every rank: make it collective); when True, raises
             `StopDuringRefill` with the state.
         resume: a `StopDuringRefill.state` to continue from (after a restart).
+        kind: problem text -> its kind, for the metrics of every generated group (`HabitTagger.kind`).
 
     Raises:
         RefillCapReached: at the cap with at_refill_cap="fail" (its `.stats` has the counts).
@@ -242,28 +287,25 @@ def collect(
             tokens_generated=sum(g.num_tokens for g in groups),
             full=True,
         )
-        return Collected(groups, stats, [g.correct for g in groups], [g.rewards for g in groups], dict(batch.timings))
+        generated = [GroupOutcome.of(g, kind(g.problem.problem)) for g in groups]
+        return Collected(groups, stats, generated, dict(batch.timings))
 
     if resume is not None:
-        acc, all_correct, all_rewards = resume["acc"], resume["all_correct"], resume["all_rewards"]
-        timings = dict(resume["timings"])
+        acc, generated, timings = resume["acc"], resume["generated"], dict(resume["timings"])
     else:
         acc = RefillAccumulator(s.train_batch_size, s.max_num_gen_batches, s.at_refill_cap)  # type: ignore[arg-type]
-        all_correct, all_rewards, timings = [], [], {}
+        generated, timings = [], {}
     gen_size = s.gen_batch_size or s.train_batch_size
     while not acc.done:
         if acc.stats.gen_batches > 0 and should_stop():
-            raise StopDuringRefill(
-                {"acc": acc, "all_correct": all_correct, "all_rewards": all_rewards, "timings": timings}
-            )
+            raise StopDuringRefill({"acc": acc, "generated": generated, "timings": timings})
         problems, prompts = next_batch(gen_size)
         batch = sample(problems, prompts, acc.stats.gen_batches)
         for k, v in batch.timings.items():
             timings[k] = timings.get(k, 0.0) + v
         groups = batch.groups
-        all_correct += [g.correct for g in groups]
-        all_rewards += [g.rewards for g in groups]
+        generated += [GroupOutcome.of(g, kind(g.problem.problem)) for g in groups]
         keep = keep_groups(torch.tensor([g.correct for g in groups], dtype=torch.bool))
         acc.add(groups, keep, sum(g.num_tokens for g in groups))  # may raise RefillCapReached
     kept, stats = acc.result()
-    return Collected(kept, stats, all_correct, all_rewards, timings)
+    return Collected(kept, stats, generated, timings)

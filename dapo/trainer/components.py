@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from dapo.learner.batch import PolicyBatch
     from dapo.rewards.score import Score
     from dapo.rollout.base import RolloutEngine
+    from dapo.trainer.collect import GroupOutcome
 
 
 class Scorer(Protocol):
@@ -71,6 +72,17 @@ class ReferencePolicy(Protocol):
     rows (collective, like the learner's)."""
 
     def compute_logprobs(self, batch: PolicyBatch) -> Tensor: ...
+
+
+class HabitTagger(Protocol):
+    """What a world knows about its own responses (the tiny habits world: `dapo.tinyworld.habits.Tagger`): each
+    response's habit tags, each problem's kind, and the step's habit metrics over every generated group."""
+
+    def tags(self, problem: str, response: str, truncated: bool) -> tuple[str, ...]: ...
+
+    def kind(self, problem: str) -> str: ...
+
+    def metrics(self, generated: Sequence[GroupOutcome]) -> dict[str, float]: ...
 
 
 class MetricsTracker(Protocol):
@@ -136,6 +148,7 @@ class Components:
     reference: ReferencePolicy | None = None  # the KL term's frozen policy (algorithm.kl_coef > 0)
     tensor_parallel_size: int = 1  # ranks per rollout replica
     cleanup: Callable[[], None] | None = None  # after the engine is closed (e.g. the reward pool)
+    tagger: HabitTagger | None = None  # the world's habit tags and metrics (the tiny habits world), or None
 
     def close(self) -> None:
         """Close the engine (after the run's last collective: vLLM's shutdown ends the process group)."""

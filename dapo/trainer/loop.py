@@ -181,7 +181,14 @@ class Trainer:
         )
         self.layout = ReplicaLayout.of_this_process(components.tensor_parallel_size)
         self.learner = _HookedLearner(components.learner, self.hooks)
-        self.sampler = ReplicaSampler(components.engine, components.scorer, self.layout, self.settings.rollout, t.seed)
+        self.sampler = ReplicaSampler(
+            components.engine,
+            components.scorer,
+            self.layout,
+            self.settings.rollout,
+            t.seed + r.sampling_seed_offset,
+            components.tagger,
+        )
         self.order = PromptOrder(len(components.problems), t.seed)
         self.counters = Counters()
         self.elapsed_before = 0.0  # wall time of earlier attempts (resume)
@@ -326,6 +333,7 @@ class Trainer:
                 self.settings,
                 n,
                 reference=self.c.reference,
+                tagger=self.c.tagger,
                 should_stop=self._stop_requested,
                 resume=resume,
             )

@@ -2,8 +2,9 @@
 
 Which population each metric describes:
 - reward, accuracy, advantages, response lengths, entropy: the groups that trained this step;
-- all-correct / all-wrong fractions (Fig 3b) and groups with all-zero advantages: every generated group, before
-  the dynamic-sampling filter (with the filter, the trained groups are never all-correct by construction);
+- all-correct / all-wrong fractions (Fig 3b), groups with all-zero advantages, the accuracy of every generated
+  response and how much longer the wrong ones are: every generated group, before the dynamic-sampling filter (with
+  the filter, the trained groups are never all-correct by construction);
 - dynamic sampling counts and tokens: every generation batch of the step, dropped groups included.
 """
 
@@ -71,6 +72,13 @@ def _mechanism_metrics(batch: RolloutBatch) -> dict[str, float]:
 
 def _generated_metrics(col: Collected, norm_adv_by_std: bool) -> dict[str, float]:
     out: dict[str, float] = {}
+    correct = [c for o in col.generated for c in o.correct]
+    lengths = [n for o in col.generated for n in o.lengths]
+    out[M.ACC_GENERATED] = sum(correct) / len(correct) if correct else math.nan
+    right = [n for n, c in zip(lengths, correct, strict=True) if c]
+    wrong = [n for n, c in zip(lengths, correct, strict=True) if not c]
+    if right and wrong:
+        out[M.LEN_WRONG_OVER_RIGHT] = (sum(wrong) / len(wrong)) / (sum(right) / len(right))
     all_correct = torch.tensor(col.all_correct, dtype=torch.bool)
     out[M.ALL_CORRECT_FRAC], out[M.ALL_WRONG_FRAC] = group_outcome_fractions(all_correct)
     all_adv = group_advantages(torch.tensor(col.all_rewards, dtype=torch.float64), norm_by_std=norm_adv_by_std)

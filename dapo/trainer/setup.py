@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from dapo import metric_names as M
 from dapo.config import REPO_ROOT, RunConfig
-from dapo.trainer.components import Components, EvalSet, MetricsTracker
+from dapo.trainer.components import Components, EvalSet, HabitTagger, MetricsTracker
 from dapo.types import Problem
 
 if TYPE_CHECKING:
@@ -145,6 +145,7 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
         )
 
     return Components(
+        tagger=habit_tagger(cfg),
         engine=engine,
         learner=learner,
         problems=problems,
@@ -156,6 +157,15 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
         cleanup=shutdown_pools,
         reference=reference,
     )
+
+
+def habit_tagger(cfg: RunConfig) -> HabitTagger | None:
+    """The habits world's tagger when a run trains on it (its train split and its model), else None."""
+    if cfg.tiny.kind == "habits" and cfg.data.train == "tiny" and cfg.model.path == "tiny":
+        from dapo.tinyworld.habits import Tagger
+
+        return Tagger()
+    return None
 
 
 def make_learner(cfg: RunConfig, path: str) -> Learner:

@@ -39,8 +39,8 @@ from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats
 from dapo.learner.batch import PolicyBatch
 from dapo.learner.learner import UPDATE_SKIPPED
 from dapo.rollout.base import RolloutEngine
-from dapo.trainer.collect import Collected, Group, RolloutSettings, SampleFn, collect
-from dapo.trainer.components import PolicyLearner, ReferencePolicy
+from dapo.trainer.collect import Collected, Group, GroupOutcome, RolloutSettings, SampleFn, collect
+from dapo.trainer.components import HabitTagger, PolicyLearner, ReferencePolicy
 from dapo.trainer.metrics import mean_update_stats, rollout_metrics
 from dapo.trainer.rollout_batch import RolloutBatch, build_batch, group_rows, minibatch_plan
 from dapo.types import Problem, Sample
@@ -52,6 +52,7 @@ UPDATE_KEYS = (
     M.POLICY_LOSS,
     M.CLIPFRAC_LOW,
     M.CLIPFRAC_HIGH,
+    M.CLIPFRAC_HIGH_RARE,
     M.CLIP_HIGH_PROB,
     M.DUAL_CLIPFRAC,
     M.APPROX_KL,
@@ -101,7 +102,17 @@ class PartialStep:
 
 
 # Everything a PartialStep holds, for a checkpoint loader that allows only named types.
-PARTIAL_STEP_TYPES = (PartialStep, Collected, Group, RolloutBatch, Problem, Sample, RefillAccumulator, RefillStats)
+PARTIAL_STEP_TYPES = (
+    PartialStep,
+    Collected,
+    Group,
+    GroupOutcome,
+    RolloutBatch,
+    Problem,
+    Sample,
+    RefillAccumulator,
+    RefillStats,
+)
 
 
 class StopMidStep(Exception):  # noqa: N818 (a control-flow signal, not an error)
@@ -131,6 +142,7 @@ def rollout_step(
     counters: Counters,
     *,
     reference: ReferencePolicy | None = None,
+    tagger: HabitTagger | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     resume: PartialStep | None = None,
 ) -> dict[str, float]:
@@ -144,6 +156,7 @@ def rollout_step(
         s: the step's settings.
         counters: updated in place.
         reference: the frozen policy of the KL term, when `kl_coef > 0`.
+        tagger: the world's habit tags and metrics (the tiny habits world), counted over every generated group.
         should_stop: collective poll of the stop flag, between phases.
         resume: what a stopped run saved mid-step.
 
@@ -160,7 +173,12 @@ def rollout_step(
         learner.offload_states()
         engine.wake_up()
         col = collect(
-            sample, next_prompts, s.rollout, should_stop=should_stop, resume=resume.refill if resume else None
+            sample,
+            next_prompts,
+            s.rollout,
+            should_stop=should_stop,
+            resume=resume.refill if resume else None,
+            kind=tagger.kind if tagger else lambda problem: "",
         )
         engine.sleep()
         learner.reload_states()
@@ -220,6 +238,8 @@ def rollout_step(
     counters.step = step
     counters.tokens_total += col.stats.tokens_generated
     m = rollout_metrics(col, batch, norm_adv_by_std=s.norm_adv_by_std)
+    if tagger is not None:
+        m.update(tagger.metrics(col.generated))
     m.update(mean_update_stats([x for x in stats if not x.get(UPDATE_SKIPPED)], UPDATE_KEYS))
     m.update(mean_update_stats(stats, [UPDATE_SKIPPED]))  # the fraction of this step's updates skipped
     lr = learner.lr

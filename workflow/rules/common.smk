@@ -11,7 +11,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from dapo.config import ABLATIONS_DIR, ConfigError, load_config, resolve_preset
-from dapo.designs import all_design_runs
+from dapo.designs import ALLOW_KEY, all_design_runs, check_ladder
 from dapo.metric_names import PAPER_TABLE1
 
 RESUME_EXIT_CODE = 75  # dapo train's "resume me" code (SLURM time limit, preemption): docs/failure-modes.md
@@ -28,6 +28,7 @@ def _typed(value):
 
 
 config["plan"] = _typed(config.get("plan") or {})
+config[ALLOW_KEY] = _typed(config.get(ALLOW_KEY, False))
 validate(config, schema="../schemas/config.schema.yaml")
 
 # Rules call the `dapo` CLI: make the environment Snakemake runs in (the project's venv) the one they find,
@@ -54,9 +55,15 @@ TRACKING_URI = (
 EXPERIMENT = config.get("experiment") or f"dapo-{PRESET_NAME}"
 
 
-# Every run a design trains, by run name: the ladder's rows and the leave-one-out / one-at-a-time runs
-# (dapo_minus_<toggle>, grpo_plus_<toggle>), each a ladder row file plus overrides (dapo/designs.py).
-RUN_SPECS = all_design_runs()
+# The ladder must be a clean ablation (each row the row above plus its own toggle, no scale key in a row) before
+# anything runs from it, unless allow_confounded_ladder says a different ladder is meant (dapo/designs.py).
+try:
+    LADDER_PROBLEMS = check_ladder(ABLATIONS_DIR, PRESET, OVERRIDES, allow=bool(config.get(ALLOW_KEY)))
+    # Every run a design trains, by run name: the ladder's rows and the leave-one-out / one-at-a-time runs
+    # (dapo_minus_<toggle>, grpo_plus_<toggle>), each a ladder row file plus overrides (dapo/designs.py).
+    RUN_SPECS = all_design_runs()
+except (ConfigError, ValueError) as e:
+    raise WorkflowError(f"nothing was submitted: {e}") from None
 
 
 def run_config(name):
@@ -113,22 +120,23 @@ for (_run, _seed), (_job, _state) in sorted(LIVE_TRAIN_JOBS.items()):
 
 
 def kernel_env():
-    """The shell prefix that starts a train job: for the tiny preset the CPU kernels the tiny world was built with
+    """`env`'s assignments that start a train job: for the tiny preset the CPU kernels the tiny world was built with
     (dapo.tinyworld.pinned_kernels), so that its numbers do not depend on the vector code a host's CPU would pick
     (checked here by asking for other ATen kernels, not on a second host); nothing for GPU presets."""
     from dapo.tinyworld import pinned_kernels
 
-    return "".join(f"{k}={v} " for k, v in pinned_kernels().items()) if IS_TINY else ""
+    return [f"{k}={v}" for k, v in pinned_kernels().items()] if IS_TINY else []
 
 # The config's own tiny.dir (default results/tiny_world, where the tests cache it too): built once for both.
 TINY_DIR = Path(config.get("tiny_world") or BASE.tiny.dir).resolve()
 
 
 def q(*parts):
-    """Shell-quote a command line's words."""
+    """Shell-quote a command line's words for a rule's shell template (its braces doubled, so that Snakemake's
+    formatting leaves a value's `{` and `}` alone). Values that vary per job go through params and `:q` instead."""
     import shlex
 
-    return " ".join(shlex.quote(str(p)) for p in parts)
+    return " ".join(shlex.quote(str(p)) for p in parts).replace("{", "{{").replace("}", "}}")
 
 
 def run_dir(row, seed):
@@ -229,6 +237,16 @@ def local_launcher(kind):
 
 
 RESUBMITS_KEY = "max_resubmits"  # configs/workflow.yaml: resubmissions of a job cut off by SLURM (exit 75)
+
+
+def refuse_batch_signal(slurm_extra):
+    """Stop before any job is submitted when the train rule's slurm_extra (as --set-resources or a profile's
+    set-resources leave it) asks for a `B:` signal (dapo.cluster.batch_signal_problem says why)."""
+    from dapo.cluster import batch_signal_problem
+
+    why = batch_signal_problem(None if slurm_extra is None else str(slurm_extra.raw), BASE.trainer.stop_margin_s)
+    if why:
+        raise WorkflowError(f"nothing was submitted: {why}")
 
 
 def _cpu_plan_lines():
@@ -370,6 +388,7 @@ def print_plan():
     for row in ROWS:
         label = PAPER_TABLE1.get(row, (row, None))
         lines.append(f"  {row:<28} {label[0]:<28} paper AIME avg@32: {label[1]}")
+    warnings += [f"not a clean ablation ({ALLOW_KEY}): {p}" for p in LADDER_PROBLEMS]
     lines += [f"WARNING: {w}" for w in warnings]
     print("\n".join(lines), file=sys.stderr)
     if refusals:

@@ -2,14 +2,17 @@
 #   snakemake --cores all all_leave_one_out     full DAPO, and full DAPO without each toggle
 #   snakemake --cores all all_one_at_a_time     naive GRPO, and naive GRPO with each toggle
 #   snakemake --cores all all_designs           the three designs, and one report over all of them
+#   snakemake --cores all all_evidence          the ladder and its placebo row, and their report (the evidence run)
 # A design run is trained (and evaluated, inside its job) by the same train rule as a ladder row (its config file and
 # overrides come from common.smk's run_config / run_overrides); a design run that computes what a ladder row
 # computes is that row, so it is trained once. Each target ends with a report in results/<preset>/report/<design>/.
 
-from dapo.designs import design_runs
+from dapo.designs import design_runs, placebo_run
 
 DESIGN_RUNS = {d: [spec.name for spec in design_runs(d)] for d in ("leave_one_out", "one_at_a_time")}
 DESIGN_RUNS["designs"] = sorted(set(ROWS) | {n for d in ("leave_one_out", "one_at_a_time") for n in DESIGN_RUNS[d]})
+# the cumulative ladder and the placebo (the row dynamic sampling builds on, another sampling seed only)
+DESIGN_RUNS["evidence"] = sorted(set(ROWS) | {placebo_run().name})
 
 # Resolve and validate the design runs' configs now too, before anything is scheduled.
 RUN_CFGS.update({(name, seed): _resolve(name, seed) for name in RUN_SPECS for seed in SEEDS})
@@ -32,11 +35,11 @@ rule design_report:
         design="|".join(DESIGN_RUNS),
     localrule: True
     params:
-        args=lambda wc: q(
+        args=lambda wc: [
             "--experiment", EXPERIMENT, "--tracking-uri", TRACKING_URI, "--out", RESULTS / "report" / wc.design
-        ),
+        ],
     shell:
-        "dapo report {params.args} > {log} 2>&1"
+        "dapo report {params.args:q} > {log:q} 2>&1"
 
 
 rule all_leave_one_out:
@@ -57,4 +60,12 @@ rule all_designs:
     """The cumulative ladder and both other designs, every seed; then one report with every marginal effect."""
     input:
         design_report("designs"),
+    localrule: True
+
+
+rule all_evidence:
+    """The cumulative ladder and the placebo row (the ladder's second-to-last row with another sampling seed), every
+    seed; then their report, whose version-2 mechanisms table counts what changed between the placebo and its twin."""
+    input:
+        design_report("evidence"),
     localrule: True

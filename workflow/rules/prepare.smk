@@ -16,9 +16,9 @@ if IS_TINY:
         # rule whose command changed and deletes its output first, so any other override (trainer.*, rollout.*)
         # in this command would throw away a built world's manifest and fail the next build on the leftovers.
         shell:
-            "OMP_NUM_THREADS={threads} dapo build-tiny "
+            "OMP_NUM_THREADS={threads:q} dapo build-tiny "
             + q("--preset", PRESET, *(o for o in OVERRIDES if o.startswith("tiny.")), f"tiny.dir={TINY_DIR}")
-            + " > {log} 2>&1"
+            + " > {log:q} 2>&1"
 
 elif not Path(BASE.model.path).exists():
 
@@ -31,7 +31,7 @@ elif not Path(BASE.model.path).exists():
             RESULTS / "logs" / "base_model.log",
         localrule: True
         shell:
-            "hf download " + q(BASE.model.path, "--local-dir", base_model_path()) + " > {log} 2>&1"
+            "hf download " + q(BASE.model.path, "--local-dir", base_model_path()) + " > {log:q} 2>&1"
 
 
 rule prepare_data:
@@ -48,7 +48,7 @@ rule prepare_data:
     shell:
         "dapo prepare-data "
         + q("--preset", PRESET, "--out", RESULTS / "data", *OVERRIDES, f"tiny.dir={TINY_DIR}")
-        + " > {log} 2>&1"
+        + " > {log:q} 2>&1"
 
 
 rule tracking_store:
@@ -62,4 +62,4 @@ rule tracking_store:
     shell:
         "python -c 'import sys, mlflow; mlflow.set_tracking_uri(sys.argv[1]); mlflow.set_experiment(sys.argv[2])' "
         + q(TRACKING_URI, EXPERIMENT)
-        + " > {log} 2>&1"
+        + " > {log:q} 2>&1"

@@ -20,6 +20,6 @@ rule report:
         # jobs, attempts and state beside the tables (status.md says when records are still missing)
         "dapo status "
         + q(RESULTS / "runs", "--replay", "--out", REPORT_DIR / "status.md")
-        + " > {log} 2>&1 && dapo report "
+        + " > {log:q} 2>&1 && dapo report "
         + q("--experiment", EXPERIMENT, "--tracking-uri", TRACKING_URI, "--out", REPORT_DIR)
-        + " >> {log} 2>&1"
+        + " >> {log:q} 2>&1"

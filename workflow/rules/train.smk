@@ -17,10 +17,10 @@ rule train:
         RESULTS / "logs" / "train" / "{row}-s{seed}.log",
     params:
         run_dir=lambda wc: run_dir(wc.row, wc.seed),
-        args=lambda wc: q(
+        args=lambda wc: [
             "--config", run_config(wc.row), "--preset", PRESET,
             "--run-dir", run_dir(wc.row, wc.seed), "--progress", "log", *run_overrides(wc.row, int(wc.seed)),
-        ),
+        ],
         srun=lambda wc: srun_args(wc.row, wc.seed),
         local=local_launcher("train"),
         max_resubmits=config.get("max_resubmits", 5),
@@ -30,8 +30,12 @@ rule train:
     resources:
         **slurm_resources("train"),
     shell:
-        "{params.kernels}bash workflow/scripts/train_job.sh {params.run_dir:q} {log:q} {params.max_resubmits} {params.srun:q} "
-        "{params.local:q} dapo train {params.args}"
+        # every field quoted (`:q`; a list: each word), so no value's spaces or shell characters can split or run
+        "env {params.kernels:q} bash workflow/scripts/train_job.sh {params.run_dir:q} {log:q} {params.max_resubmits:q} "
+        "{params.srun:q} {params.local:q} dapo train {params.args:q}"
+
+
+refuse_batch_signal(rules.train.rule.resources.get("slurm_extra"))
 
 
 if LIVE_TRAIN_JOBS:
@@ -55,7 +59,7 @@ if LIVE_TRAIN_JOBS:
             poll=config.get("attach_poll_s", 60),
         localrule: True
         shell:
-            "bash workflow/scripts/wait_job.sh {params.job} {params.run_dir:q} {params.poll} > {log:q} 2>&1"
+            "bash workflow/scripts/wait_job.sh {params.job:q} {params.run_dir:q} {params.poll:q} > {log:q} 2>&1"
 
 
 def row_outputs(row):

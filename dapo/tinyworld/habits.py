@@ -1,0 +1,376 @@
+"""The habits world (`tiny.kind: habits`): a tiny world built so that each DAPO toggle has the condition it acts on.
+
+The first tiny world (`tiny.kind: arithmetic`, `tasks.py`) showed what the toggles do by construction and little
+more: its remaining errors were arithmetic a 1M-parameter model does not know, which RL cannot fix, so every row
+plateaued at the same accuracy. Here the arithmetic is kept easy (small numbers, few slips in the supervised
+data) and the base model's errors come from habits the supervised data teaches on purpose, one per toggle, each
+with a marker that `tag_response` can read in any response:
+
+- verbose working (`verbose`): a solution restates every sentence, so long problems overrun the response cap.
+  Soft overlong punishment acts on responses near and over the cap; overlong filtering on truncated but sound
+  working.
+- a repetition loop (`loop`): a solution re-checks a line with `again:` 2-3 times, mostly slipping and carrying
+  the slip to a wrong answer. Token-level loss acts on long wrong responses that per-response averaging
+  under-penalises.
+- a misconception fork (`fork_right` / `fork_wrong`): the supervised data writes `x - 2` for "loses half of them"
+  most of the time and the right `x / 2` rarely. Clip-higher acts on such a rare token with positive advantage,
+  where the upper clip binds.
+- a difficulty mix (problem kinds): one-operation problems (soon all correct) and a squaring step never shown
+  (always wrong). Dynamic sampling acts on groups whose responses all score the same.
+
+Problem kinds (`problem_kind`, read from the problem text): `easy` (one operation), `core` (2-3), `fork` (2-3, one
+of them "loses half of them"), `long` (5-6 operations: concise working fits the cap, verbose working does not)
+and `unsolvable` (contains "squares them", an operation the supervised data never shows).
+
+Everything is a pure function of a `random.Random`, so a seed reproduces the same problems and solutions.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dapo.tinyworld.tasks import NAMES, OBJECTS, Splits, Step, Task
+
+if TYPE_CHECKING:
+    from dapo.trainer.collect import GroupOutcome
+
+EASY, CORE, FORK, LONG, UNSOLVABLE = "easy", "core", "fork", "long", "unsolvable"
+KINDS = (EASY, CORE, FORK, LONG, UNSOLVABLE)
+# operations per problem, by kind
+N_OPS = {EASY: (1, 1), CORE: (2, 3), FORK: (2, 3), LONG: (5, 6), UNSOLVABLE: (2, 3)}
+
+_ADD = ["buys {k} more", "finds {k} more", "gets {k} more"]
+_SUB = ["gives away {k}", "loses {k}", "sells {k}"]
+FORK_PHRASE = "loses half of them"  # right: x / 2; the supervised data's misconception: x - 2
+SQUARE_PHRASE = "squares them"  # x * x: never in the supervised data
+START_MAX = 12
+ADD_MAX = 9
+VALUE_MAX = 40  # every intermediate value stays in 1..VALUE_MAX (squares aside)
+AGAIN = "again:"
+
+# Response tags (`tag_response`) and the problem-kind tag prefix.
+VERBOSE, LOOP, SOUND_TRUNCATED = "verbose", "loop", "sound_truncated"
+FORK_RIGHT, FORK_WRONG = "fork_right", "fork_wrong"
+TAGS = (VERBOSE, LOOP, FORK_RIGHT, FORK_WRONG, SOUND_TRUNCATED)
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Shares of the problem kinds among RL prompts and eval problems (core takes the rest)."""
+
+    easy: float
+    fork: float
+    long: float
+    unsolvable: float
+
+    def kinds(self) -> tuple[tuple[str, float], ...]:
+        core = 1.0 - self.easy - self.fork - self.long - self.unsolvable
+        if core < -1e-9:
+            raise ValueError(f"tiny.mix_* shares add up to more than 1 ({1 - core:.3f}); lower one of them")
+        shares = (self.easy, max(0.0, core), self.fork, self.long, self.unsolvable)
+        return tuple(zip((EASY, CORE, FORK, LONG, UNSOLVABLE), shares, strict=True))
+
+
+@dataclass(frozen=True)
+class Habits:
+    """How the supervised solutions are written (each a probability)."""
+
+    verbose: float  # a solution restates every sentence
+    loop: float  # a concise solution re-checks one line with `again:` 2-3 times
+    loop_slip: float  # ... and the first re-check slips (carried forward to a wrong answer)
+    fork_right: float  # "loses half of them" is written as x / 2 (else x - 2)
+    slip: float  # a concise or verbose solution has one wrong result (carried forward)
+
+
+def _apply(a: int, op: str, b: int) -> int:
+    return {"+": a + b, "-": a - b, "*": a * b, "/": a // 2 if b == 2 else a // b}[op]
+
+
+def make_task(rng: random.Random, kind: str) -> Task:
+    """A random problem of `kind`; every intermediate value stays a positive integer <= VALUE_MAX (a square may
+    exceed it, and nothing follows a square but additions and subtractions)."""
+    name, pronoun = rng.choice(NAMES)
+    obj = rng.choice(OBJECTS)
+    lo, hi = N_OPS[kind]
+    n_ops = rng.randint(lo, hi)
+    special = {FORK: rng.randrange(n_ops), UNSOLVABLE: rng.randrange(n_ops)}.get(kind, -1)
+    for _ in range(1000):
+        start = rng.randint(2, START_MAX)
+        cur, steps, ok = start, [], True
+        for i in range(n_ops):
+            if i == special and kind == FORK:
+                if cur % 2 or cur < 6:  # x / 2 and x - 2 must differ (not 4), and x must be even
+                    ok = False
+                    break
+                steps.append(Step("/", 2, FORK_PHRASE))
+            elif i == special and kind == UNSOLVABLE:
+                if cur > 9:
+                    ok = False
+                    break
+                steps.append(Step("*", cur, SQUARE_PHRASE))
+            else:
+                steps.append(_random_step(rng, cur, plain_only=kind in (FORK, UNSOLVABLE) or cur > VALUE_MAX))
+            cur = _apply(cur, steps[-1].op, steps[-1].b)
+        if ok and cur > 0:
+            break
+    else:  # pragma: no cover - the draw above succeeds within a few tries
+        raise RuntimeError(f"could not draw a {kind} problem")
+    sentences = [f"{name} has {start} {obj}."] + [f"{pronoun} {s.phrase}." for s in steps]
+    text = " ".join(sentences + [f"How many {obj} does {name} have now?"])
+    return Task(name, pronoun, obj, start, tuple(steps), text, cur)
+
+
+def _random_step(rng: random.Random, cur: int, *, plain_only: bool) -> Step:
+    """One of buy / give away / double / triple / halve that keeps the value in 1..VALUE_MAX. `plain_only`: no
+    halving and no "- 2" (a fork problem's markers must be its fork's alone), and no doubling past a square."""
+    kinds = ["+", "+", "-", "-"]
+    if not plain_only and cur * 2 <= VALUE_MAX:
+        kinds.append("*")
+    if not plain_only and cur % 2 == 0 and cur >= 4:
+        kinds.append("/")
+    if cur > VALUE_MAX:
+        kinds = ["-"]
+    while True:
+        op = rng.choice(kinds)
+        if op == "+" and cur + 1 <= VALUE_MAX:
+            b = rng.randint(1, min(ADD_MAX, VALUE_MAX - cur))
+            return Step("+", b, rng.choice(_ADD).format(k=b))
+        if op == "-" and cur > 1:
+            choices = [k for k in range(1, min(ADD_MAX, cur - 1) + 1) if not (plain_only and k == 2)]
+            if not choices:
+                continue
+            b = rng.choice(choices)
+            return Step("-", b, rng.choice(_SUB).format(k=b))
+        if op == "*":
+            b = 3 if cur * 3 <= VALUE_MAX and rng.random() < 0.4 else 2
+            return Step("*", b, {2: "doubles them", 3: "triples them"}[b])
+        if op == "/":
+            return Step("/", 2, "halves them")
+
+
+def problem_kind(text: str) -> str:
+    """The kind of a habits-world problem, read from its text (so any consumer can tell, with no metadata)."""
+    if SQUARE_PHRASE in text:
+        return UNSOLVABLE
+    if FORK_PHRASE in text:
+        return FORK
+    n_ops = max(0, text.count(".") - 1)  # one sentence for the start, one per operation; the question ends in "?"
+    if n_ops <= 1:
+        return EASY
+    return LONG if n_ops >= N_OPS[LONG][0] else CORE
+
+
+def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list[str], str]:
+    """A supervised solution of `task` written with the habits' probabilities: (lines ending in `Answer: N`, the
+    style: "concise", "verbose" or "loop"). Its answer is wrong when it slips, loops with a slip, or takes the
+    fork's misconception."""
+    u = rng.random()
+    style = "verbose" if u < habits.verbose else "loop" if u < habits.verbose + habits.loop else "concise"
+    slip_at = rng.randrange(task.n_ops) if style != "loop" and rng.random() < habits.slip else -1
+    loop_at = rng.randrange(task.n_ops) if style == "loop" else -1
+    loop_slips = style == "loop" and rng.random() < habits.loop_slip
+    lines = [f"{task.name} has {task.start} {task.obj}."] if style == "verbose" else []
+    cur = task.start
+    for i, s in enumerate(task.steps):
+        op, b = s.op, s.b
+        if s.phrase == FORK_PHRASE and rng.random() >= habits.fork_right:
+            op, b = "-", 2
+        r = _apply(cur, op, b)
+        if i == slip_at:
+            r = max(0, r + rng.choice([-2, -1, 1, 2]))
+        eq = f"{cur} {op} {b} = {r}"
+        if style == "verbose":
+            lines.append(f"{task.pronoun} {s.phrase}: {eq}, so {task.name} has {r} {task.obj}.")
+        else:
+            lines.append(eq)
+        if i == loop_at:
+            if loop_slips:
+                r = max(0, r + rng.choice([-2, -1, 1, 2]))
+            lines += [f"{AGAIN} {cur} {op} {b} = {r}"] * rng.randint(2, 3)
+        cur = r
+    if style == "verbose":
+        lines.append(f"{task.name} has {cur} {task.obj} now.")
+    lines.append(f"Answer: {cur}")
+    return lines, style
+
+
+def make_splits(seed: int, mix: Mix, n_train: int, n_eval: int, n_sft: int) -> Splits:
+    """Disjoint (by text) RL train prompts, eval problems and supervised problems. Train and eval follow `mix`
+    (eval exactly, by largest remainder; train by draw). The supervised problems never contain the squaring step
+    (the unsolvable kind), and otherwise follow the mix renormalised."""
+    rng = random.Random(f"tinyworld-habits-{seed}")
+    shares = mix.kinds()
+    seen: set[str] = set()
+    eval_tasks = [_fresh(rng, k, seen) for k in _exact_kinds(shares, n_eval)]
+    eval_texts = set(seen)
+    train = [_fresh(rng, _draw_kind(rng, shares), seen) for _ in range(n_train)]
+    sft_shares = tuple((k, w) for k, w in shares if k != UNSOLVABLE)
+    sft = [_fresh(rng, _draw_kind(rng, sft_shares), set(eval_texts), remember=False) for _ in range(n_sft)]
+    return Splits(train=train, eval=eval_tasks, sft=sft)
+
+
+def make_large_eval(seed: int, mix: Mix, n: int, exclude: set[str]) -> list[Task]:
+    """The large held-out eval split (`data.eval: tiny-large`): `n` problems in the mix's exact shares, from their
+    own random stream, sharing no text with `exclude`. The first m problems of each kind do not depend on n."""
+    rng = random.Random(f"tinyworld-habits-eval-large-{seed}")
+    seen = set(exclude)
+    return [_fresh(rng, k, seen) for k in _exact_kinds(mix.kinds(), n)]
+
+
+def _fresh(rng: random.Random, kind: str, seen: set[str], *, remember: bool = True) -> Task:
+    for _ in range(10_000):
+        t = make_task(rng, kind)
+        if t.text not in seen:
+            if remember:
+                seen.add(t.text)
+            return t
+    raise RuntimeError(f"could not find a new {kind} problem; lower the split sizes")
+
+
+def _draw_kind(rng: random.Random, shares: Sequence[tuple[str, float]]) -> str:
+    total = sum(w for _, w in shares)
+    u = rng.random() * total
+    for k, w in shares:
+        u -= w
+        if u < 0:
+            return k
+    return shares[-1][0]
+
+
+def _exact_kinds(shares: Sequence[tuple[str, float]], n: int) -> list[str]:
+    """n kinds in the shares' proportions (largest remainder), grouped by kind in KINDS order."""
+    raw = [(k, w * n) for k, w in shares]
+    counts = {k: int(x) for k, x in raw}
+    for k, _ in sorted(raw, key=lambda kx: kx[1] - int(kx[1]), reverse=True)[: n - sum(counts.values())]:
+        counts[k] += 1
+    return [k for k, _ in shares for _ in range(counts[k])]
+
+
+# ------------------------------------------------------------------------------------------------ response tags
+_EQ_RE = re.compile(r"(-?\d+) ([-+*/]) (-?\d+) = (-?\d+)")
+
+
+def tag_response(problem: str, response: str, truncated: bool) -> tuple[str, ...]:
+    """The habit markers of one response to a habits-world problem (a subset of TAGS):
+
+    - `verbose`: its first line restates the problem's opening sentence ("Mia has 7 apples.");
+    - `loop`: a line starts with `again:`;
+    - `fork_right` / `fork_wrong` (fork problems only): it writes `x / 2 = ...` / `x - 2 = ...` (a fork problem
+      has no other halving and no other "- 2", so these are the fork's line);
+    - `sound_truncated`: it hit the cap, it completed at least one operation line, and every operation line it
+      completed is right and follows the problem's operations in order: sound working that the cap cut off.
+    """
+    lines = response.strip().splitlines()
+    tags = []
+    if lines and re.fullmatch(r"[A-Z][a-z]+ has \d+ [a-z]+\.", lines[0].strip()):
+        tags.append(VERBOSE)
+    if any(line.lstrip().startswith(AGAIN) for line in lines):
+        tags.append(LOOP)
+    if FORK_PHRASE in problem:
+        eqs = [m.groups() for m in _EQ_RE.finditer(response)]
+        if any(op == "/" and b == "2" for _, op, b, _ in eqs):
+            tags.append(FORK_RIGHT)
+        elif any(op == "-" and b == "2" for _, op, b, _ in eqs):
+            tags.append(FORK_WRONG)
+    if truncated and _sound_prefix(problem, lines):
+        tags.append(SOUND_TRUNCATED)
+    return tuple(tags)
+
+
+def _problem_steps(problem: str) -> tuple[int, list[tuple[str, int | None]]] | None:
+    """(start, [(op, operand or None for a square)]) parsed back from a problem's text."""
+    m = re.match(r"[A-Z][a-z]+ has (\d+) [a-z]+\.", problem)
+    if not m:
+        return None
+    steps: list[tuple[str, int | None]] = []
+    for sentence in problem.split(". ")[1:]:
+        s = sentence.rstrip(".")
+        if "?" in s:
+            break
+        k = re.search(r"(\d+)", s)
+        if FORK_PHRASE in s or "halves them" in s:
+            steps.append(("/", 2))
+        elif SQUARE_PHRASE in s:
+            steps.append(("*", None))
+        elif "doubles" in s:
+            steps.append(("*", 2))
+        elif "triples" in s:
+            steps.append(("*", 3))
+        elif k and any(w in s for w in ("buys", "finds", "gets")):
+            steps.append(("+", int(k.group(1))))
+        elif k:
+            steps.append(("-", int(k.group(1))))
+    return int(m.group(1)), steps
+
+
+def _sound_prefix(problem: str, lines: list[str]) -> bool:
+    """Every complete operation line (the last line may be cut mid-way) is right and follows the problem."""
+    parsed = _problem_steps(problem)
+    if parsed is None:
+        return False
+    cur, steps = parsed
+    i = 0
+    for line in lines[:-1]:
+        if line.lstrip().startswith(AGAIN):
+            return False
+        m = _EQ_RE.search(line)
+        if not m:
+            continue
+        a, op, b, r = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+        if i >= len(steps):
+            return False
+        want_op, want_b = steps[i]
+        if a != cur or op != want_op or b != (a if want_b is None else want_b) or r != _apply(a, op, b):
+            return False
+        cur, i = r, i + 1
+    return i > 0  # at least one complete operation line: a cut-off opening is not working
+
+
+class Tagger:
+    """The habits world's `dapo.trainer.components.HabitTagger`: tags every generated response, and turns a rollout
+    step's generated groups (dropped ones included) into `habit/*` metrics (names in `dapo.metric_names`):
+
+    - the share of responses with each tag (`habit/verbose`, ...); for `fork_right` / `fork_wrong`, of the fork
+      problems' responses (how far the right operation has been adopted);
+    - the accuracy on each kind of problem in the step (`habit/accuracy_easy`, ...).
+    """
+
+    def tags(self, problem: str, response: str, truncated: bool) -> tuple[str, ...]:
+        return tag_response(problem, response, truncated)
+
+    def kind(self, problem: str) -> str:
+        return problem_kind(problem)
+
+    def metrics(self, generated: Sequence[GroupOutcome]) -> dict[str, float]:
+        from dapo import metric_names as M
+
+        share = {
+            VERBOSE: M.HABIT_VERBOSE,
+            LOOP: M.HABIT_LOOP,
+            SOUND_TRUNCATED: M.HABIT_SOUND_TRUNCATED,
+            FORK_RIGHT: M.HABIT_FORK_RIGHT,
+            FORK_WRONG: M.HABIT_FORK_WRONG,
+        }
+        accuracy = {
+            EASY: M.HABIT_ACC_EASY,
+            CORE: M.HABIT_ACC_CORE,
+            FORK: M.HABIT_ACC_FORK,
+            LONG: M.HABIT_ACC_LONG,
+            UNSOLVABLE: M.HABIT_ACC_UNSOLVABLE,
+        }
+        out: dict[str, float] = {}
+        every = [t for o in generated for t in o.tags]
+        fork = [t for o in generated if o.kind == FORK for t in o.tags]
+        for tag, name in share.items():
+            pool = fork if tag in (FORK_RIGHT, FORK_WRONG) else every
+            if pool:
+                out[name] = sum(tag in t for t in pool) / len(pool)
+        for kind, name in accuracy.items():
+            correct = [c for o in generated if o.kind == kind for c in o.correct]
+            if correct:
+                out[name] = sum(correct) / len(correct)
+        return out

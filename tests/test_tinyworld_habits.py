@@ -1,0 +1,121 @@
+"""The habits world (dapo/tinyworld/habits.py): problems of each kind, solutions written with each habit, and the
+tags that count the habits in any response, checked on hand-written examples."""
+
+import random
+from collections import Counter
+
+import pytest
+
+from dapo import metric_names as M
+from dapo.tinyworld import habits as H
+
+MIX = H.Mix(easy=0.25, fork=0.2, long=0.1, unsolvable=0.15)
+PLAIN = H.Habits(verbose=0.0, loop=0.0, loop_slip=0.0, fork_right=1.0, slip=0.0)
+
+
+def _ops(task):
+    return [(s.op, s.b) for s in task.steps]
+
+
+def test_each_kind_has_its_operations_and_only_its_own_markers():
+    rng = random.Random(0)
+    for kind in H.KINDS:
+        for _ in range(300):
+            t = H.make_task(rng, kind)
+            assert H.problem_kind(t.text) == kind, t.text
+            lo, hi = H.N_OPS[kind]
+            assert lo <= t.n_ops <= hi
+            ops = _ops(t)
+            # the fork's markers are the fork's alone: one halving (the fork) and no other "- 2"
+            if kind == H.FORK:
+                assert ops.count(("/", 2)) == 1 and ("-", 2) not in ops and t.text.count(H.FORK_PHRASE) == 1
+            assert (H.SQUARE_PHRASE in t.text) == (kind == H.UNSOLVABLE)
+            assert t.answer > 0
+
+
+def test_splits_are_seeded_disjoint_and_keep_the_squaring_step_out_of_the_supervised_data():
+    a, b, c = (H.make_splits(s, MIX, 400, 40, 600) for s in (3, 3, 4))
+    assert [t.text for t in a.train] == [t.text for t in b.train] and a.train != c.train
+    train, ev = {t.text for t in a.train}, {t.text for t in a.eval}
+    assert not train & ev and not ev & {t.text for t in a.sft}
+    assert not any(H.SQUARE_PHRASE in t.text for t in a.sft)
+    # the eval split has the mix's shares exactly (40 problems: 10 easy, 12 core, 8 fork, 4 long, 6 unsolvable)
+    assert Counter(H.problem_kind(t.text) for t in a.eval) == {
+        "easy": 10,
+        "core": 12,
+        "fork": 8,
+        "long": 4,
+        "unsolvable": 6,
+    }
+    large = H.make_large_eval(3, MIX, 40, train | ev)
+    assert not {t.text for t in large} & (train | ev)
+    assert [t.text for t in H.make_large_eval(3, MIX, 20, train | ev)][:5] == [t.text for t in large][:5]
+
+
+def test_a_plain_solution_is_right_and_each_habit_writes_what_it_says():
+    rng = random.Random(1)
+    tasks = [H.make_task(rng, k) for k in (H.CORE, H.FORK, H.LONG) for _ in range(50)]
+    for t in tasks:
+        lines, style = H.solution_lines(t, PLAIN, rng)
+        assert style == "concise" and lines[-1] == f"Answer: {t.answer}"
+        assert H.tag_response(t.text, "\n".join(lines), truncated=False) == (
+            (H.FORK_RIGHT,) if H.FORK_PHRASE in t.text else ()
+        )
+    fork = next(t for t in tasks if H.FORK_PHRASE in t.text)
+    wrong, _ = H.solution_lines(fork, H.Habits(0, 0, 0, fork_right=0.0, slip=0), rng)
+    assert wrong[-1] != f"Answer: {fork.answer}" and H.tag_response(fork.text, "\n".join(wrong), False) == (
+        H.FORK_WRONG,
+    )
+    verbose, style = H.solution_lines(tasks[0], H.Habits(1.0, 0, 0, 1.0, 0), rng)
+    assert style == "verbose" and verbose[0].endswith(f"has {tasks[0].start} {tasks[0].obj}.")
+    assert verbose[-1] == f"Answer: {tasks[0].answer}" and H.VERBOSE in H.tag_response(
+        tasks[0].text, "\n".join(verbose), False
+    )
+    loop, style = H.solution_lines(tasks[0], H.Habits(0, 1.0, loop_slip=1.0, fork_right=1.0, slip=0), rng)
+    agains = [ln for ln in loop if ln.startswith(H.AGAIN)]
+    assert style == "loop" and 2 <= len(agains) <= 3 and len(set(agains)) == 1  # one slipped re-check, repeated
+    assert loop[-1] != f"Answer: {tasks[0].answer}"  # the slip is carried to the answer
+    assert H.LOOP in H.tag_response(tasks[0].text, "\n".join(loop), False)
+
+
+MIA = "Mia has 6 apples. She buys 4 more. She loses half of them. She gives away 3. How many apples does Mia have now?"
+
+
+@pytest.mark.parametrize(
+    "response, truncated, tags",
+    [
+        ("6 + 4 = 10\n10 / 2 = 5\n5 - 3 = 2\nAnswer: 2", False, (H.FORK_RIGHT,)),
+        ("6 + 4 = 10\n10 - 2 = 8\n8 - 3 = 5\nAnswer: 5", False, (H.FORK_WRONG,)),
+        ("Mia has 6 apples.\nShe buys 4 more: 6 + 4 = 10, so Mia has 10 apples.\nShe loses half", True,
+         (H.VERBOSE, H.SOUND_TRUNCATED)),
+        # cut off after a wrong line: not sound
+        ("Mia has 6 apples.\nShe buys 4 more: 6 + 4 = 11, so Mia has 11 apples.\nShe loses half", True, (H.VERBOSE,)),
+        # cut off before any operation line was complete: not working yet
+        ("Mia has 6 apples.\nShe buys 4", True, (H.VERBOSE,)),
+        ("6 + 4 = 10\nagain: 6 + 4 = 11\nagain: 6 + 4 = 11\n11 - 2 = 9", True, (H.LOOP, H.FORK_WRONG)),
+    ],
+)  # fmt: skip
+def test_tags_read_the_markers_of_hand_written_responses(response, truncated, tags):
+    assert H.tag_response(MIA, response, truncated) == tags
+
+
+def test_the_tagger_turns_a_steps_groups_into_habit_metrics():
+    from dapo.trainer.collect import GroupOutcome
+
+    fork = GroupOutcome([True, False, False, False], [1, -1, -1, -1], [9, 9, 30, 9], [False] * 4,
+                        [[H.FORK_RIGHT], [H.FORK_WRONG], [H.LOOP, H.FORK_WRONG], []], kind=H.FORK)  # fmt: skip
+    easy = GroupOutcome([True, True], [1, 1], [5, 20], [False, False], [[], [H.VERBOSE]], kind=H.EASY)
+    m = H.Tagger().metrics([fork, easy])
+    assert m[M.HABIT_FORK_RIGHT] == 1 / 4 and m[M.HABIT_FORK_WRONG] == 2 / 4  # of the fork problem's responses
+    assert m[M.HABIT_LOOP] == 1 / 6 and m[M.HABIT_VERBOSE] == 1 / 6 and m[M.HABIT_SOUND_TRUNCATED] == 0
+    assert m[M.HABIT_ACC_FORK] == 1 / 4 and m[M.HABIT_ACC_EASY] == 1.0 and M.HABIT_ACC_LONG not in m
+    assert set(m) <= set(M.all_training_metrics())
+
+
+def test_the_habits_world_config_refuses_shares_above_one():
+    from dapo.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="mix_long"):
+        load_config(preset="tiny", overrides=["tiny.kind=habits", "tiny.mix_easy=0.6", "tiny.mix_long=0.5"])
+    with pytest.raises(ConfigError, match="sft_loop"):
+        load_config(preset="tiny", overrides=["tiny.kind=habits", "tiny.sft_verbose=0.9", "tiny.sft_loop=0.2"])
