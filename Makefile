@@ -4,8 +4,18 @@
 SHELL := /bin/bash
 VENV ?= .venv
 export PATH := $(abspath $(VENV))/bin:$(PATH)
-export HF_HUB_OFFLINE ?= 1
-export DS_ACCELERATOR ?= cpu
+# CPU-only defaults for the tests and the tiny ablation. DAPO_CPU_DEFAULTS names the ones set here (not those the
+# user exported before `make`): the workflow keeps exactly those out of the jobs of any other preset, which the
+# SLURM profile would otherwise copy into every GPU job (--export=ALL; workflow/rules/common.smk).
+ifeq ($(origin HF_HUB_OFFLINE),undefined)
+export HF_HUB_OFFLINE := 1
+DAPO_CPU_DEFAULTS += HF_HUB_OFFLINE
+endif
+ifeq ($(origin DS_ACCELERATOR),undefined)
+export DS_ACCELERATOR := cpu
+DAPO_CPU_DEFAULTS += DS_ACCELERATOR
+endif
+export DAPO_CPU_DEFAULTS
 
 .PHONY: setup ablation test services stop-services lint
 setup:

@@ -1,5 +1,6 @@
-"""Checks the workflow runs once, on the submitting machine, before any job is submitted: the tracking store, and
-the training job's SLURM options.
+"""What the workflow's controller checks and holds on the submitting machine before any job is submitted: the
+tracking store, the training job's SLURM options, the results folder's lock, and the training jobs an earlier
+controller left queued or running.
 
 - A tracking server (`http(s)://...`) must answer now, and take the credentials in the environment (an
   authenticated server). Otherwise every training job would start and wait out `tracking.start_timeout_s` (or be
@@ -15,8 +16,13 @@ the training job's SLURM options.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
+import socket
+import subprocess
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -151,3 +157,110 @@ def batch_signal_problem(slurm_extra: str | None, margin_s: float) -> str | None
                 "option from --set-resources or the profile's set-resources, or write it without `B:`"
             )
     return None
+
+
+# ------------------------------------------------------------------------------------- the controller's lock
+CONTROLLER_LOCK = ".controller.json"
+
+
+class ControllerLockError(RuntimeError):
+    """Another controller holds the results folder; the message names it and what to do."""
+
+
+def _alive_here(pid: int) -> bool:
+    """Whether process `pid` on this host is a running Snakemake (a recycled pid running something else is not)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"snakemake" in cmdline
+
+
+def acquire_controller_lock(results: Path, argv: list[str]) -> str | None:
+    """Take `results`/.controller.json for this process (host, pid, start, command), or raise
+    `ControllerLockError` when another controller holds it. Snakemake's own lock covers one working directory; this
+    one covers the results folder, whichever clone or `--nolock` a second controller comes from: two controllers
+    would submit the same rows twice. A lock whose process is gone (same host) is taken over; the note says so."""
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / CONTROLLER_LOCK
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "argv": argv}
+    note = None
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                holder = {}
+            host, pid = holder.get("host"), int(holder.get("pid") or 0)
+            since = time.strftime("%Y-%m-%d %H:%M", time.localtime(holder.get("started") or 0))
+            if host == me["host"] and pid and not _alive_here(pid):
+                path.unlink(missing_ok=True)
+                note = f"took over {path}: its controller (pid {pid}, started {since}) is gone"
+                continue
+            where = "this machine" if host == me["host"] else f"host {host}"
+            raise ControllerLockError(
+                f"another Snakemake controller (pid {pid} on {where}, started {since}) drives {results}: a second "
+                f"one would submit the same rows again. Wait for it to end, or watch it with `dapo status {results}`; "
+                f"if that controller is gone (its machine rebooted), delete {path} and run again"
+            ) from None
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        return note
+    raise ControllerLockError(f"{path}: could not be taken")
+
+
+def release_controller_lock(results: Path) -> None:
+    """Remove the lock if this process holds it (a controller never removes another's)."""
+    path = results / CONTROLLER_LOCK
+    try:
+        holder = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return
+    if holder.get("host") == socket.gethostname() and holder.get("pid") == os.getpid():
+        path.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- jobs an earlier controller left
+TRAIN_COMMENT = "rule_train_wildcards_"  # the SLURM plugin's job comment: rule_<rule>_wildcards_<row>_<seed>
+
+
+def parse_train_jobs(squeue_out: str) -> dict[tuple[str, int], tuple[str, str]]:
+    """(run name, seed) -> (job id, state) from `squeue -h -o %i|%T|%k` (job id, state, comment) lines of train jobs."""
+    found: dict[tuple[str, int], tuple[str, str]] = {}
+    for line in squeue_out.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) != 3 or not parts[2].startswith(TRAIN_COMMENT):
+            continue
+        name, _, seed = parts[2][len(TRAIN_COMMENT) :].strip().rpartition("_")
+        if name and seed.isdigit():
+            found[(name, int(seed))] = (parts[0], parts[1])
+    return found
+
+
+def live_train_jobs(results: Path) -> dict[tuple[str, int], tuple[str, str]]:
+    """Training jobs still queued or running for the runs under `results` (the run name, seed -> job id, state),
+    e.g. those a controller that died left behind. SLURM names a job by its controller's run (a random id), so the
+    train jobs are found by the comment the SLURM plugin gives them (rule and wildcards) and kept when the batch
+    script SLURM stored for them reads this results folder's files. Empty without SLURM."""
+    if shutil.which("squeue") is None:
+        return {}
+    try:
+        out = subprocess.run(
+            ["squeue", "--me", "-h", "-o", "%i|%T|%k"], capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    mine: dict[tuple[str, int], tuple[str, str]] = {}
+    marker = f"{results.resolve()}/"
+    for key, (job, state) in parse_train_jobs(out).items():
+        try:
+            script = subprocess.run(
+                ["scontrol", "write", "batch_script", job, "-"], capture_output=True, text=True, timeout=60
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if marker in script:
+            mine[key] = (job, state)
+    return mine

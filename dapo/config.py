@@ -47,6 +47,13 @@ class ModelConfig(_Section):
         "auto", description="Learner and engine dtype. `auto`: bfloat16 where the hardware has it, else float32."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (large models).")
+    config_overrides: dict[str, bool | int | float | str | None] = Field(
+        default_factory=dict,
+        description="config.json values to change before the learner and the rollout engine load the model "
+        "(transformers config kwargs; vLLM hf_overrides), e.g. {max_position_embeddings: 32768}: Qwen2.5-Math "
+        "ships a 4,096-token context that the DAPO recipes raise (verl: override_config; NeMo RL: "
+        "hf_config_overrides). A key the model's config does not have is refused when the model loads.",
+    )
 
 
 class TinyWorldConfig(_Section):
@@ -362,7 +369,16 @@ class JobResources(_Section):
 
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(0, ge=0, description="0: a CPU job (the tiny world).")
-    gpu_model: str | None = Field(None, description="e.g. h100; becomes --gres=gpu:<model>:<gpus_per_node>.")
+    gpu_model: str | None = Field(
+        None,
+        description="The GPU, by its name in the dry run's GPU table (dapo/shapes.py: h100, h200, a100-80, ...): "
+        "sizes the memory budget and the cost. A GPU job with an unknown name is refused before submission.",
+    )
+    gres_type: str | None = Field(
+        None,
+        description="The GPU type as the cluster's GRES names it (`--gres=gpu:<gres_type>:<gpus_per_node>`, e.g. "
+        "nvidia_h100_80gb_hbm3; `sinfo -o %G` lists them). null: gpu_model's name.",
+    )
     tasks_per_node: int | None = Field(
         None, ge=1, description="Processes (ranks) per node. null: one per GPU, or 1 on a CPU node."
     )
@@ -393,7 +409,10 @@ class ResourcesConfig(_Section):
     evaluates inside its own job (no separate eval job), and refuses to start with a world size other than
     `train`'s."""
 
-    prepare: JobResources = Field(default_factory=JobResources)
+    prepare: JobResources = Field(
+        default_factory=JobResources,
+        description="The tiny world's build job (a hub model and the data are fetched on the submitting machine).",
+    )
     train: JobResources = Field(default_factory=JobResources)
 
 

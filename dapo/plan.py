@@ -1,27 +1,24 @@
-"""What a run needs per GPU, and what it will cost, before anything is scheduled.
+"""What a run needs per GPU before anything is scheduled: the memory budget of the colocated design.
 
-The colocated design: every GPU holds one tensor-parallel shard of a vLLM engine and one ZeRO shard of the
-learner. The engine sleeps while the learner updates (its weights and KV cache leave the GPU), and the learner's
-sharded states stay resident while the engine generates. Two estimates, both plain arithmetic:
+Every GPU holds one tensor-parallel shard of a vLLM engine and one ZeRO shard of the learner. The engine sleeps
+while the learner updates (its weights and KV cache leave the GPU), and the learner's sharded states stay resident
+while the engine generates. `memory_budget`: per-GPU memory in each phase, every line with its formula;
+`plan_problems` says why a plan does not fit and which config key to change (the workflow refuses such a plan
+before submitting a job); `context_problem` refuses sequences longer than the model's context. What a run costs
+in time, GPU-hours and disk is `dapo.cost`.
 
-- `memory_budget`: per-GPU memory in each phase, every line with its formula; `plan_problems` says why a plan
-  does not fit and which config key to change (the workflow refuses such a plan before submitting a job).
-- `row_cost`: tokens per rollout step (dynamic sampling's extra generation batches included), hours per step
-  and per row at stated per-GPU throughputs, GPU-hours, and how many SLURM jobs (time limit each) a row needs.
-
-Plain values in, dataclasses out: no Snakemake, torch or config objects. The workflow's dry run prints both
-(`print_plan` in workflow/rules/common.smk); docs/cost.md works the paper's preset through by hand, with the
-sources of the default throughputs. These are estimates of the order of magnitude, not measurements.
+Plain values in, dataclasses out: no Snakemake, torch or config objects. The workflow's dry run prints the budget
+(`print_plan` in workflow/rules/common.smk); docs/cost.md works the paper's preset through by hand.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dapo.shapes import ModelShape, PlanError
+from dapo.decode import kv_bytes_per_token_per_gpu
+from dapo.shapes import ModelShape
 
 GIB = 1024**3
 # DeepSpeed's default reduce_bucket_size (elements): the gradient bucket it reduce-scatters at once.
@@ -135,7 +132,7 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
     vllm_act = (m.vllm_batched_tokens * act_tok * b + m.vllm_max_seqs * s.vocab * 4 * 2) / GIB
     kv = pool - weights - vllm_act
     kv_heads_gpu = max(1, s.kv_heads // tp)  # vLLM replicates KV heads when TP exceeds them
-    kv_tok = s.layers * kv_heads_gpu * s.d_head * 2 * b
+    kv_tok = kv_bytes_per_token_per_gpu(s, b, tp)
     kv_tokens = max(0, int(kv * GIB // kv_tok))
     states, states_how = zero_state_bytes_per_param(b, m.zero_stage, w)
     gen = [
@@ -283,219 +280,15 @@ def render_memory(budget: MemoryBudget) -> str:
     return "\n".join(rows)
 
 
-# ----------------------------------------------------------------------------------------------- cost
-def _binom_cdf_below(k: int, n: int, p: float) -> float:
-    """P(X < k) for X ~ Binomial(n, p)."""
-    if k <= 0:
-        return 0.0
-    if p <= 0.0 or k > n:
-        return 1.0
-    if p >= 1.0:
-        return 0.0  # X = n >= k
-    lp, lq = math.log(p), math.log1p(-p)
-    base = math.lgamma(n + 1)
-    return min(
-        1.0, sum(math.exp(base - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * lp + (n - j) * lq) for j in range(k))
+def context_problem(max_positions: int, max_model_len: int, model: str) -> str | None:
+    """Why sequences of `max_model_len` tokens do not fit the model's context (config.json's
+    max_position_embeddings, after model.config_overrides), with the key to change; None when they fit or the
+    context is unknown (0). vLLM refuses such an engine at start-up; the plan refuses it before submission."""
+    if not max_positions or max_model_len <= max_positions:
+        return None
+    return (
+        f"{model} has a context of {max_positions:,} tokens (max_position_embeddings), shorter than "
+        f"data.max_prompt_length + rollout.max_response_length (or eval.max_tokens) = {max_model_len:,}: set "
+        f"model.config_overrides.max_position_embeddings to at least {max_model_len:,} (the DAPO recipes raise "
+        "Qwen2.5-Math's 4,096 to 32,768), or lower rollout.max_response_length"
     )
-
-
-def expected_gen_batches(needed: int, batch_prompts: int, informative: float, cap: int) -> float:
-    """Expected number of generation batches dynamic sampling draws in one rollout step.
-
-    Each batch samples `batch_prompts` prompts; a prompt's group is kept (0 < #correct < G) with probability
-    `informative`, independently. Sampling stops once `needed` groups are kept, or after `cap` batches (0: no
-    cap). E[K] = sum_{k>=0} P(K > k) = sum_k P(Binomial(k x batch_prompts, informative) < needed)."""
-    if not 0.0 <= informative <= 1.0:
-        raise PlanError(f"plan.informative_fraction must be in [0, 1], got {informative}")
-    if informative == 0.0:
-        if cap <= 0:
-            raise PlanError(
-                "plan.informative_fraction is 0 and algorithm.max_num_gen_batches is 0 (no cap): dynamic sampling "
-                "would never stop"
-            )
-        return float(cap)
-    expected, k = 0.0, 0
-    while cap <= 0 or k < cap:
-        p_more = _binom_cdf_below(needed, k * batch_prompts, informative)
-        if p_more < 1e-12:
-            break
-        expected += p_more
-        k += 1
-    return expected
-
-
-def evals_per_run(total_steps: int, every: int) -> int:
-    """Evaluations inside one training run: before the first step and every `every` steps, plus one at the end
-    when the last step is not a multiple (every = 0: at the end only), as the trainer does."""
-    if every <= 0:
-        return 1
-    return 1 + total_steps // every + (1 if total_steps % every else 0)
-
-
-@dataclass(frozen=True)
-class CostInputs:
-    """One ablation row's run, as plain values: its shape and layout, the preset's batch and lengths, and the
-    stated throughputs the estimate rests on."""
-
-    shape: ModelShape
-    dtype_bytes: int
-    world_size: int
-    tensor_parallel: int
-    gpu_bf16_tflops: float
-    gpu_hbm_tb_s: float
-    prompts_per_step: int  # trainer.train_batch_size: the groups that train
-    n: int  # responses per prompt
-    mean_prompt_tokens: float
-    mean_response_tokens: float
-    max_response_tokens: int
-    dynamic_sampling: bool
-    gen_batch_prompts: int  # algorithm.gen_batch_size (or the train batch)
-    max_gen_batches: int  # algorithm.max_num_gen_batches (0: no cap)
-    informative_fraction: float
-    pack_prompts: bool
-    gradient_checkpointing: bool
-    reference_forward: bool  # kl_coef > 0: one more forward per token
-    total_steps: int
-    eval_every: int
-    eval_problems: int
-    eval_n: int
-    eval_mean_response_tokens: float
-    eval_max_tokens: int
-    gen_tokens_per_s_per_gpu: float
-    train_mfu: float  # fraction of the bf16 peak the learner sustains on what it computes (recompute included)
-    step_overhead_s: float  # weight sync, sleep / wake, scoring, per rollout step
-
-
-@dataclass(frozen=True)
-class RowCost:
-    gen_batches: float  # expected generation batches per step (1 without dynamic sampling)
-    gen_prompts: float
-    gen_tokens: float  # response tokens generated per step, dropped groups included
-    train_tokens: float  # tokens through the learner per step (prompts and responses)
-    gen_s: float
-    gen_floor_s: float  # a batch lasts at least its longest response at one decode step per weight read
-    train_s: float
-    step_s: float
-    evals: int
-    eval_s: float  # one evaluation
-    eval_floor_s: float
-    hours: float  # the training job's work: steps and evaluations
-    gpu_hours: float
-
-
-def forward_flops_per_token(s: ModelShape, mean_context: float) -> float:
-    """2 x the matmul parameters, plus attention's QK^T and AV over `mean_context` earlier tokens."""
-    return 2 * s.matmul_params + 4 * s.layers * s.q_dim * mean_context
-
-
-def decode_floor_s(s: ModelShape, dtype_b: int, tp: int, max_tokens: int, hbm_tb_s: float) -> float:
-    """The shortest a generation batch can take: its longest response needs `max_tokens` decode steps, and each
-    step reads the GPU's weight shard from memory at least once."""
-    return max_tokens * s.params * dtype_b / tp / (hbm_tb_s * 1e12)
-
-
-def eval_seconds(c: CostInputs, gpus: int) -> tuple[float, float]:
-    """One evaluation on `gpus` GPUs, and its floor (the longest response): (seconds, floor seconds)."""
-    tokens = c.eval_problems * c.eval_n * c.eval_mean_response_tokens
-    floor = decode_floor_s(c.shape, c.dtype_bytes, c.tensor_parallel, c.eval_max_tokens, c.gpu_hbm_tb_s)
-    return max(tokens / (gpus * c.gen_tokens_per_s_per_gpu), floor), floor
-
-
-def row_cost(c: CostInputs) -> RowCost:
-    """Expected tokens and time per rollout step and per row (see docs/cost.md for the arithmetic)."""
-    s, w = c.shape, c.world_size
-    if c.dynamic_sampling:
-        k = expected_gen_batches(c.prompts_per_step, c.gen_batch_prompts, c.informative_fraction, c.max_gen_batches)
-        prompts = k * c.gen_batch_prompts
-    else:
-        k, prompts = 1.0, float(c.prompts_per_step)
-    gen_tokens = prompts * c.n * c.mean_response_tokens
-    floor = decode_floor_s(s, c.dtype_bytes, c.tensor_parallel, c.max_response_tokens, c.gpu_hbm_tb_s)
-    # each generation batch waits for its own longest response
-    gen = max(gen_tokens / (w * c.gen_tokens_per_s_per_gpu), math.ceil(k) * floor)
-
-    seq = c.mean_prompt_tokens + c.mean_response_tokens
-    per_group = c.mean_prompt_tokens + c.n * c.mean_response_tokens if c.pack_prompts else c.n * seq
-    train_tokens = c.prompts_per_step * per_group
-    # update: forward + backward (2x) + the recompute of checkpointed layers; old log-probs: one forward;
-    # the reference policy's log-probs: one more when the KL term is on
-    passes = 3 + (1 if c.gradient_checkpointing else 0) + 1 + (1 if c.reference_forward else 0)
-    flops = train_tokens * passes * forward_flops_per_token(s, seq / 2)
-    train = flops / (w * c.gpu_bf16_tflops * 1e12 * c.train_mfu)
-    step = gen + train + c.step_overhead_s
-
-    evals = evals_per_run(c.total_steps, c.eval_every)
-    one_eval, eval_floor = eval_seconds(c, w)
-    hours = (c.total_steps * step + evals * one_eval) / 3600
-    return RowCost(
-        k, prompts, gen_tokens, train_tokens, gen, floor, train, step, evals, one_eval, eval_floor, hours, hours * w
-    )
-
-
-def jobs_needed(hours: float, limit_h: float, restart_h: float, step_h: float) -> int | None:
-    """SLURM jobs a run of `hours` needs under a time limit: each job loses its start-up (`restart_h`: loading
-    the model, the checkpoint and the engine) and the step it is cut off in. None: no job gets a step done."""
-    usable = limit_h - restart_h - step_h
-    return max(1, math.ceil(hours / usable)) if usable > 0 else None
-
-
-def fmt_tokens(n: float) -> str:
-    """A token count, short: 32.8M, 4.2K."""
-    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K" if n >= 1e3 else f"{n:.0f}"
-
-
-def render_costs(
-    rows: Mapping[str, CostInputs],
-    *,
-    seeds: int,
-    limit_h: float,
-    max_resubmits: int,
-    restart_h: float,
-    resubmits_key: str = "max_resubmits",
-) -> tuple[str, list[str]]:
-    """The cost table (one line per row) and the warnings: rows that cannot finish within the time limit x
-    (1 + resubmissions)."""
-    costs = {row: row_cost(c) for row, c in rows.items()}
-    c0 = next(iter(rows.values()))
-    lines = [
-        f"    assumed: responses {c0.mean_response_tokens:,.0f} tokens on average (plan.mean_response_tokens), prompts "
-        f"{c0.mean_prompt_tokens:,.0f}; vLLM {c0.gen_tokens_per_s_per_gpu:,.0f} tokens/s per GPU "
-        f"(plan.gen_tokens_per_s_per_gpu); learner at {c0.train_mfu:.0%} of {c0.gpu_bf16_tflops:g} TFLOP/s "
-        f"(plan.train_mfu); {c0.step_overhead_s:g} s per step for sync and scoring; dynamic sampling keeps "
-        f"{c0.informative_fraction:.0%} of groups (plan.informative_fraction)",
-        f"    {'row':<28}{'gen batches':>12}{'generated':>11}{'trained':>9}{'gen s':>7}{'train s':>8}"
-        f"{'h/step':>7}{'evals':>10}{'h/row':>7}{'GPU-h':>9}{'jobs':>6}",
-    ]
-    warnings: list[str] = []
-    allowed = 1 + max_resubmits
-    for row, rc in costs.items():
-        c = rows[row]
-        jobs = jobs_needed(rc.hours, limit_h, restart_h, rc.step_s / 3600)
-        batches = f"{rc.gen_batches:.2f}x{c.gen_batch_prompts}" if c.dynamic_sampling else "1"
-        lines.append(
-            f"    {row:<28}{batches:>12}{fmt_tokens(rc.gen_tokens):>11}{fmt_tokens(rc.train_tokens):>9}{rc.gen_s:7.0f}"
-            f"{rc.train_s:8.0f}{rc.step_s / 3600:7.2f}{f'{rc.evals}x{rc.eval_s:.0f}s':>10}{rc.hours:7.1f}"
-            f"{rc.gpu_hours:9,.0f}{jobs or 'never':>6}"
-        )
-        if jobs is None or jobs > allowed:
-            warnings.append(
-                f"row {row} needs about {rc.hours:.0f} h of training ({jobs or 'no number of'} "
-                f"jobs of {limit_h:g} h less {restart_h:.2f} h start-up and one {rc.step_s / 3600:.2f} h step each), "
-                f"more than the time limit x (1 + {resubmits_key}) = {limit_h:g} h x {allowed} allows: raise "
-                f"resources.train.runtime_min or {resubmits_key}, or lower trainer.total_steps"
-            )
-    rc0 = next(iter(costs.values()))
-    binds = []
-    if any(rc.gen_s <= math.ceil(rc.gen_batches) * rc.gen_floor_s for rc in costs.values()):
-        binds.append("rollout steps")
-    if any(rc.eval_s <= rc.eval_floor_s for rc in costs.values()):
-        binds.append("evaluations")
-    lines.append(
-        f"    a generation batch lasts at least its longest response: {c0.max_response_tokens:,} decode steps x one "
-        f"read of the {c0.shape.params * c0.dtype_bytes / c0.tensor_parallel / 1e9:.1f} GB weight shard at "
-        f"{c0.gpu_hbm_tb_s:g} TB/s = {rc0.gen_floor_s:.0f} s"
-        + (f" (this bound sets the time of the {' and '.join(binds)})" if binds else "")
-    )
-    total = sum(rc.gpu_hours for rc in costs.values()) * seeds
-    lines.append(f"    all rows x {seeds} seed(s): about {total:,.0f} GPU-hours of training jobs")
-    return "\n".join(lines), warnings

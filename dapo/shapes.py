@@ -1,5 +1,5 @@
 """Shapes a plan is sized by: the model's (layers, heads, widths, vocabulary) and the GPU's (memory, bf16 peak,
-memory bandwidth). Plain tables and readers; `dapo.plan` does the arithmetic."""
+memory bandwidth). Plain tables and readers; `dapo.plan`, `dapo.decode` and `dapo.cost` do the arithmetic."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ class ModelShape:
     tied: bool
     head_dim: int = 0  # 0: hidden // heads
     qkv_bias: bool = False
+    max_positions: int = 0  # config.json's max_position_embeddings (0: unknown); model.config_overrides may raise it
 
     @property
     def d_head(self) -> int:
@@ -68,12 +69,19 @@ class ModelShape:
         return max(self.layer_params, self.embedding_params)
 
 
-# Shapes of known hub models (their config.json), so a dry run needs no download. Overridable (`plan.model`).
+# Shapes of known hub models (their config.json on huggingface.co/<id>), so a dry run needs no download.
+# Overridable (`plan.model`). The Qwen2.5-Math models ship a 4,096-token context (max_position_embeddings), which
+# the DAPO recipes raise to 32,768 (model.config_overrides); Qwen3-32B is here for docs/cost.md's NeMo RL check.
 KNOWN_MODELS: dict[str, ModelShape] = {
-    "Qwen/Qwen2.5-7B": ModelShape(3584, 28, 28, 4, 18944, 152064, tied=False, qkv_bias=True),
-    "Qwen/Qwen2.5-14B": ModelShape(5120, 48, 40, 8, 13824, 152064, tied=False, qkv_bias=True),
-    "Qwen/Qwen2.5-32B": ModelShape(5120, 64, 40, 8, 27648, 152064, tied=False, qkv_bias=True),
-    "Qwen/Qwen2.5-72B": ModelShape(8192, 80, 64, 8, 29568, 152064, tied=False, qkv_bias=True),
+    "Qwen/Qwen2.5-0.5B": ModelShape(896, 24, 14, 2, 4864, 151936, tied=True, qkv_bias=True, max_positions=32768),
+    "Qwen/Qwen2.5-1.5B": ModelShape(1536, 28, 12, 2, 8960, 151936, tied=True, qkv_bias=True, max_positions=131072),
+    "Qwen/Qwen2.5-Math-1.5B": ModelShape(1536, 28, 12, 2, 8960, 151936, tied=True, qkv_bias=True, max_positions=4096),
+    "Qwen/Qwen2.5-7B": ModelShape(3584, 28, 28, 4, 18944, 152064, tied=False, qkv_bias=True, max_positions=131072),
+    "Qwen/Qwen2.5-Math-7B": ModelShape(3584, 28, 28, 4, 18944, 152064, tied=False, qkv_bias=True, max_positions=4096),
+    "Qwen/Qwen2.5-14B": ModelShape(5120, 48, 40, 8, 13824, 152064, tied=False, qkv_bias=True, max_positions=131072),
+    "Qwen/Qwen2.5-32B": ModelShape(5120, 64, 40, 8, 27648, 152064, tied=False, qkv_bias=True, max_positions=131072),
+    "Qwen/Qwen2.5-72B": ModelShape(8192, 80, 64, 8, 29568, 152064, tied=False, qkv_bias=True, max_positions=131072),
+    "Qwen/Qwen3-32B": ModelShape(5120, 64, 64, 8, 25600, 151936, tied=False, head_dim=128, max_positions=40960),
 }
 
 # config.json key -> ModelShape field (the names `plan.model` overrides use too)
@@ -87,6 +95,7 @@ HF_KEYS = {
     "tie_word_embeddings": "tied",
     "head_dim": "head_dim",
     "attention_bias": "qkv_bias",
+    "max_position_embeddings": "max_positions",
 }
 
 
@@ -107,6 +116,7 @@ def shape_from_hf_config(cfg: Mapping[str, Any]) -> ModelShape:
         tied=bool(cfg.get("tie_word_embeddings", False)),
         head_dim=int(cfg.get("head_dim") or 0),
         qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+        max_positions=int(cfg.get("max_position_embeddings") or 0),
     )
 
 
@@ -159,6 +169,7 @@ GPUS: dict[str, GpuSpec] = {
     "a100": GpuSpec(40.0, 312.0, 1.555),
     "a100-40": GpuSpec(40.0, 312.0, 1.555),
     "a100-80": GpuSpec(80.0, 312.0, 2.039),
+    "a800": GpuSpec(80.0, 312.0, 2.039),  # the A100 80GB's export variant: same memory, peak and bandwidth
     "l40s": GpuSpec(45.0, 362.0, 0.864),
     "b200": GpuSpec(179.1, 2250.0, 8.0),
 }

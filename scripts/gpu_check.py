@@ -17,9 +17,16 @@ world (`dapo build-tiny`). Two parts, each printed as a table and written to DIR
    (SIGKILL) after the second checkpoint, then the same command again, which must resume from step 2 (checkpoints
    of partitioned states and CUDA random states) and finish with an evaluation in DONE.json.
 
-What it cannot check on one GPU: vLLM (its CUDA build, sleep mode, tensor parallel), NCCL between ranks (one GPU
-cannot hold two NCCL ranks), and ZeRO's partitioning across ranks; docs/distributed.md says what differs there.
-Exit code 0 when every check passed, 1 otherwise.
+3. **The one-GPU preset end to end, when vLLM is installed** (`configs/presets/qwen2.5-1.5b-1gpu.yaml`: Qwen2.5-1.5B
+   on the DAPO data): row 05 through vLLM's CUDA build with sleep mode, the ZeRO-3 weight stream into the engine
+   after every step, checkpoints, killed (SIGKILL) after its second checkpoint and resumed from it, and the final
+   AIME evaluation in DONE.json. It needs the model and both datasets: online, or in the Hugging Face cache
+   (`HF_HUB_OFFLINE=0 python scripts/gpu_check.py` fetches them), or as local copies (`--smoke-overrides
+   model.path=/models/Qwen2.5-1.5B data.train=/data/dapo-math-17k.parquet data.eval=/data/aime-2024.parquet`).
+
+What it cannot check on one GPU: tensor parallel, NCCL between ranks (one GPU cannot hold two NCCL ranks), and
+ZeRO's partitioning across ranks; docs/distributed.md says what differs there. Exit code 0 when every check passed,
+1 otherwise.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ SYNC_MODELS = {  # name -> random Qwen2 shape; untied: the head is its own tenso
     "untied-h1024-l12-v32k": dict(vocab=32000, hidden=1024, layers=12, heads=16, tie=False),
 }
 ROW00, ROW05 = "configs/ablations/00_naive_grpo.yaml", "configs/ablations/05_dynamic_sampling.yaml"
+SMOKE_PRESET = "qwen2.5-1.5b-1gpu"  # checkpoint_every 2: the kill after the second checkpoint is at step 4
 TRAIN_SETTINGS = {  # name -> overrides of the tiny preset (model.dtype=auto: bfloat16 on GPUs that have it)
     "row05-zero3-bf16": (ROW05, ["model.dtype=auto", "trainer.zero_stage=3"]),
     "row00-zero0-bf16": (ROW00, ["model.dtype=auto", "trainer.zero_stage=0"]),
@@ -220,6 +228,34 @@ def train_check(name: str, config: str, overrides: list[str], out: Path, world: 
     }
 
 
+def smoke_check(out: Path, overrides: list[str]) -> dict:
+    """The one-GPU preset's row 05 through vLLM: killed after its second checkpoint, then resumed to the end."""
+    from dapo.config import load_config
+
+    run_dir = out / "smoke"
+    common = [
+        "-c", ROW05, "-p", SMOKE_PRESET, "--run-dir", str(run_dir), "--progress", "log",
+        f"tracking.uri=sqlite:///{out / 'mlflow.db'}", *overrides,
+    ]  # fmt: skip
+    steps = load_config(ROW05, preset=SMOKE_PRESET, overrides=overrides).trainer.total_steps
+    log = out / "smoke.log"
+    t0 = time.perf_counter()
+    rc1, _ = dapo_train(common, log, env={"DAPO_TEST_KILL_AT": "checkpoint.published:2"})
+    rc2, text = dapo_train(common, log)
+    done_file = run_dir / "DONE.json"
+    done = json.loads(done_file.read_text()) if done_file.is_file() else {}
+    avg = {k: v for k, v in done.get("eval", {}).items() if "avg_at" in k and "_ci_" not in k}
+    resumed = "at rollout step 4" in text
+    return {
+        "exit_codes": [rc1, rc2],
+        "resumed_at_step_4": resumed,
+        "final_step": done.get("step"),
+        "eval": avg,
+        "seconds": time.perf_counter() - t0,
+        "ok": rc1 == -9 and rc2 == 0 and resumed and done.get("step") == steps and bool(avg),
+    }
+
+
 def in_subprocess(kind: str, model: Path) -> dict:
     p = subprocess.run(
         [sys.executable, __file__, "--worker", f"{kind}:{model}"], cwd=ROOT, capture_output=True, text=True
@@ -237,6 +273,8 @@ def main() -> int:
     ap.add_argument("--skip-train", action="store_true", help="only the weight-sync and offload checks")
     ap.add_argument("--train", nargs="*", choices=list(TRAIN_SETTINGS), help="these training settings only")
     ap.add_argument("--cpu", action="store_true", help="run on a CPU anyway (a trial of this script; no GPU figures)")
+    ap.add_argument("--skip-smoke", action="store_true", help=f"not the {SMOKE_PRESET} run (vLLM, real model)")
+    ap.add_argument("--smoke-overrides", nargs="*", default=[], help="section.key=value for that run (local copies)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:  # one check in its own process (one process group per process)
@@ -266,6 +304,7 @@ def main() -> int:
         "sync": {},
         "offload": {},
         "train": {},
+        "smoke": {},
     }
     print(
         f"{report['gpu']}: torch {report['torch']}, CUDA {report['cuda']}, NCCL {report['nccl']}, "
@@ -309,8 +348,21 @@ def main() -> int:
                 f"{r['nonfinite_skipped']}, eval avg@1 {r['eval_avg']}, {r['seconds']:.0f} s -> "
                 f"{'ok' if r['ok'] else 'FAILED (log: ' + str(args.out / (name + '.log')) + ')'}"
             )
+    if not args.skip_smoke:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            print(f"smoke {SMOKE_PRESET}: skipped (vLLM is not installed)")
+        else:
+            r = report["smoke"][SMOKE_PRESET] = smoke_check(args.out, args.smoke_overrides)
+            print(
+                f"smoke {SMOKE_PRESET} (vLLM, sleep mode, ZeRO-3 stream, kill and resume, evaluation): exit codes "
+                f"{r['exit_codes']}, resumed at step 4: {r['resumed_at_step_4']}, final step {r['final_step']}, "
+                f"eval {r['eval']}, {r['seconds']:.0f} s -> "
+                f"{'ok' if r['ok'] else 'FAILED (log: ' + str(args.out / 'smoke.log') + ')'}"
+            )
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
-    ok = all(r["ok"] for part in ("sync", "offload", "train") for r in report[part].values())
+    ok = all(r["ok"] for part in ("sync", "offload", "train", "smoke") for r in report[part].values())
     print("gpu_check:", "all checks passed" if ok else "FAILED")
     return 0 if ok else 1
 

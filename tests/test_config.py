@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dapo.config import ABLATIONS_DIR, ConfigError, load_config, read_chain
+from dapo.config import ABLATIONS_DIR, PRESETS_DIR, ConfigError, load_config, read_chain
 
 ROWS = sorted(ABLATIONS_DIR.glob("*.yaml"))
+PRESETS = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
 
 
 def test_six_rows_in_paper_order():
@@ -27,7 +28,12 @@ def _flat(cfg) -> dict:
     return cfg.flat()
 
 
-@pytest.mark.parametrize("preset", ["tiny", "qwen2.5-32b"])
+def test_every_budget_has_a_preset():
+    gpu = ["qwen2.5-1.5b-1gpu", "qwen2.5-32b", "qwen2.5-math-7b", "qwen2.5-math-7b-1node"]
+    assert [p for p in PRESETS if not p.startswith("tiny")] == gpu
+
+
+@pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("i", range(1, 6))
 def test_each_row_differs_from_the_row_above_in_exactly_its_declared_keys(preset, i):
     """The released recipe's per-row scripts differed in more than the toggle; ours may not."""
@@ -141,6 +147,72 @@ def test_paper_preset_is_the_papers_run():
     assert (c.eval.n, c.eval.top_p, c.eval.every) == (32, 0.7, 5)
     # the released recipe's dual-clip bound, in every row (a row-independent setting is no confound)
     assert {load_config(row, preset="qwen2.5-32b").algorithm.dual_clip_c for row in ROWS} == {10.0}
+    assert c.resources.model_fields_set == {"train"}  # no unused job kinds (resources.prepare is the tiny world's)
+
+
+def test_verl_7b_preset_is_the_published_recipe():
+    """recipe/dapo/test_dapo_7b_math.sh in volcengine/verl, value by value (the preset's comments cite each)."""
+    c = load_config(ROWS[4], preset="qwen2.5-math-7b")
+    assert (c.model.path, c.model.dtype, c.model.config_overrides) == (
+        "Qwen/Qwen2.5-Math-7B",
+        "bfloat16",
+        {"max_position_embeddings": 32768},
+    )
+    assert (c.data.max_prompt_length, c.rollout.max_response_length, c.rollout.n) == (2048, 8192, 16)
+    assert (c.rollout.temperature, c.rollout.top_p, c.rollout.tensor_parallel_size) == (1.0, 1.0, 4)
+    assert c.rollout.gpu_memory_utilization == 0.8
+    a = c.algorithm
+    assert (a.eps_low, a.eps_high, a.dual_clip_c, a.loss_agg) == (0.2, 0.28, 10.0, "token-mean")
+    assert (a.overlong_penalty, a.overlong_buffer_len, a.overlong_penalty_factor) == (True, 4096, 1.0)
+    t = c.trainer
+    assert (t.total_steps, t.train_batch_size, t.mini_batch_size, t.updates_per_step) == (200, 512, 32, 16)
+    assert (t.lr, t.weight_decay, t.grad_clip, t.warmup_steps, t.micro_batch_tokens) == (1e-6, 0.1, 1.0, 10, 20480)
+    assert (t.checkpoint_every, c.eval.every, c.eval.n, c.eval.top_p, c.eval.temperature) == (10, 10, 32, 0.7, 1.0)
+    r = c.resources.train
+    assert (r.nodes, r.gpus_per_node, r.world_size, r.gpu_model) == (8, 8, 64, "h100")
+    assert c.resources.model_fields_set == {"train"}  # no unused job kinds (resources.prepare is the tiny world's)
+
+
+def test_one_node_7b_preset_keeps_the_algorithm_and_scales_the_batch():
+    """The recipe's algorithm on 8 GPUs: the same clip, lengths, lr and 16 updates per step; a quarter of the
+    batch, 300 steps, evaluation every 20 (configs/presets/qwen2.5-math-7b-1node.yaml says why)."""
+    full = load_config(ROWS[5], preset="qwen2.5-math-7b")
+    one = load_config(ROWS[5], preset="qwen2.5-math-7b-1node")
+    changed = {k for k, v in one.flat().items() if full.flat()[k] != v}
+    assert changed == {
+        "rollout.tensor_parallel_size",
+        "rollout.gpu_memory_utilization",
+        "algorithm.gen_batch_size",
+        "trainer.total_steps",
+        "trainer.train_batch_size",
+        "trainer.mini_batch_size",
+        "eval.every",
+        "tracking.preset",
+        "resources.train.nodes",
+    }
+    assert (one.trainer.train_batch_size, one.trainer.mini_batch_size, one.trainer.total_steps) == (128, 8, 300)
+    assert one.trainer.updates_per_step == full.trainer.updates_per_step == 16
+    assert (one.algorithm.gen_batch_size, one.eval.every, one.rollout.tensor_parallel_size) == (384, 20, 2)
+    assert (one.resources.train.world_size, one.rollout.gpu_memory_utilization) == (8, 0.7)
+
+
+def test_one_gpu_smoke_preset_runs_the_real_path_small():
+    c = load_config(ROWS[5], preset="qwen2.5-1.5b-1gpu")
+    assert (c.model.path, c.rollout.engine, c.rollout.enable_sleep_mode, c.trainer.zero_stage) == (
+        "Qwen/Qwen2.5-1.5B",
+        "vllm",
+        True,
+        3,
+    )
+    assert (c.resources.train.world_size, c.resources.train.runtime_min) == (1, 60)
+    t = c.trainer
+    assert (t.total_steps, t.checkpoint_every, t.train_batch_size, t.mini_batch_size) == (10, 2, 16, 8)
+    assert (c.rollout.max_response_length, c.eval.n, c.eval.every, c.data.eval) == (
+        1024,
+        4,
+        5,
+        "BytedTsinghua-SIA/AIME-2024",
+    )
 
 
 def test_overrides_win_and_parse_as_yaml():
@@ -234,7 +306,7 @@ def test_config_hash_ignores_where_results_go():
 
 
 # ------------------------------------------------------------------ the other designs, from the same ladder
-@pytest.mark.parametrize("preset", ["tiny", "qwen2.5-32b"])
+@pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("design", ["leave_one_out", "one_at_a_time"])
 def test_each_design_run_differs_from_its_reference_in_exactly_its_toggles_keys(preset, design):
     """Leave-one-out: full DAPO with one toggle's keys reverted to the row above it; one-at-a-time: naive GRPO with

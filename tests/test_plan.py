@@ -1,26 +1,28 @@
-"""dapo.plan: the per-GPU memory budget and the cost estimate, checked against numbers worked out by hand for a
-small made-up architecture (the arithmetic is in the comments), and the refusals a user sees."""
+"""dapo.plan, dapo.decode and dapo.cost: the per-GPU memory budget, the decode model and the cost estimate, checked
+against numbers worked out by hand for a small made-up architecture (the arithmetic is in the comments), and the
+refusals a user sees."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 
-from dapo.plan import (
-    GIB,
+from dapo.cost import (
     CostInputs,
-    MemoryInputs,
+    checkpoint_bytes,
+    checkpoints_per_run,
     evals_per_run,
     expected_gen_batches,
+    fmt_bytes,
     jobs_needed,
-    memory_budget,
-    plan_problems,
     render_costs,
-    render_memory,
     row_cost,
 )
+from dapo.decode import LengthModel, Replica, batch_seconds, decode_step_s, kv_bytes_per_token_per_gpu
+from dapo.plan import GIB, MemoryInputs, context_problem, memory_budget, plan_problems, render_memory
 from dapo.shapes import KNOWN_MODELS, ModelShape, PlanError, gpu_spec, resolve_shape
 
 # hidden 64, 2 layers, 4 heads of 16 (q 64), 2 KV heads (kv 32), MLP 128, vocabulary 1000, untied head
@@ -206,13 +208,19 @@ def toy_cost(**kw) -> CostInputs:
         shape=TOY,
         dtype_bytes=2,
         world_size=8,
+        nodes=2,
         tensor_parallel=2,
         gpu_bf16_tflops=1e-6,  # 1 MFLOP/s per GPU, so the toy's training takes seconds
-        gpu_hbm_tb_s=1e-9,  # 1 KB/s, so the decode floor shows
+        gpu_hbm_tb_s=1.0,  # decoding takes no time unless a test says so
+        kv_tokens_per_replica=1_000_000,
+        vllm_max_seqs=1024,
+        decode_efficiency=1.0,
+        decode_step_overhead_s=0.0,
         prompts_per_step=4,
         n=2,
         mean_prompt_tokens=10,
-        mean_response_tokens=30,
+        response_tokens_start=30,
+        response_tokens_end=30,
         max_response_tokens=64,
         dynamic_sampling=False,
         gen_batch_prompts=6,
@@ -225,57 +233,176 @@ def toy_cost(**kw) -> CostInputs:
         eval_every=5,
         eval_problems=3,
         eval_n=2,
-        eval_mean_response_tokens=30,
         eval_max_tokens=64,
-        gen_tokens_per_s_per_gpu=0.5,
         train_mfu=0.5,
         step_overhead_s=1.0,
+        checkpoint_every=5,
+        keep_checkpoints=1,
+        checkpoint_gb_s_per_node=1e-9,  # 1 byte/s per node, so the checkpoint time shows
     )
     return CostInputs(**{**base, **kw})
 
 
+# the toy replica: TP 2, 1 KB/s and 1 kFLOP/s per GPU, so that each step's seconds are its bytes or FLOPs / 1000
+def toy_replica(**kw) -> Replica:
+    base = dict(
+        shape=TOY,
+        dtype_bytes=2,
+        tensor_parallel=2,
+        hbm_tb_s=1e-9,
+        bf16_tflops=1e-9,
+        efficiency=1.0,
+        step_overhead_s=0.0,
+        kv_tokens=10_000,
+        max_seqs=8,
+    )
+    return Replica(**{**base, **kw})
+
+
+def test_a_decode_step_reads_the_weight_shard_and_the_kv_cache_or_computes_whichever_is_slower():
+    # KV per token per GPU: 2 layers x (2 KV heads / TP 2) x 16 x 2 (K, V) x 2 B = 128 B
+    assert kv_bytes_per_token_per_gpu(TOY, 2, 2) == 128
+    r = toy_replica(efficiency=0.5, step_overhead_s=0.25)
+    # one sequence, empty context: memory 202,048 x 2 B / TP 2 = 202,048 B > compute 2 x 137,984 / 2 = 137,984 FLOPs;
+    # 202.048 s at 1 KB/s, / efficiency 0.5, + 0.25 s
+    assert decode_step_s(r, 1, 0) == pytest.approx(202.048 / 0.5 + 0.25)
+    # 4 sequences at context 100: memory 202,048 + 4 x 100 x 128 = 253,248 B; compute 4 x (2 x 137,984 + 4 x 2
+    # layers x 64 x 100) / 2 = 654,336 FLOPs: compute-bound
+    assert decode_step_s(r, 4, 100) == pytest.approx(654.336 / 0.5 + 0.25)
+    # the per-sequence rate falls as the batch grows, the replica's throughput rises
+    fast = toy_replica(bf16_tflops=1.0)  # memory-bound everywhere
+    assert 1 / decode_step_s(fast, 1, 100) > 1 / decode_step_s(fast, 64, 100)
+    assert 64 / decode_step_s(fast, 64, 100) > 1 / decode_step_s(fast, 1, 100)
+
+
+def test_response_lengths_are_exponential_with_the_cap_as_a_ceiling():
+    # scale 100 cut at 100: mean 100 (1 - 1/e) = 63.21, and 1/e of the responses reach the cap
+    lengths = LengthModel.of(100 * (1 - math.exp(-1)), 100)
+    assert lengths.scale == pytest.approx(100, rel=1e-6) and lengths.truncated == pytest.approx(math.exp(-1))
+    assert lengths.survival(50) == pytest.approx(math.exp(-0.5)) and lengths.survival(100) == 0
+    # the longest of n: scale x H_n (ln n + 0.5772 + 1 / 2n), cut at the cap
+    wide = LengthModel.of(100 * (1 - math.exp(-10)), 1000)
+    assert wide.expected_longest(10) == pytest.approx(100 * (math.log(10) + 0.5772157 + 0.05), rel=1e-5)
+    assert lengths.expected_longest(10) == 100
+    # a mean at the cap: every response runs to it
+    full = LengthModel.of(64, 64)
+    assert full.truncated == 1 and full.expected_longest(3) == 64 and full.mean == 64
+
+
+def test_a_generation_batch_waits_for_its_longest_response():
+    r = toy_replica()
+    # 2 sequences of 10-token prompts, every response 4 tokens (the cap): both run at once (KV room for 714);
+    # prefill 2 x 10 x 2 x 137,984 / TP 2 FLOPs = 2,759.68 s; then 4 decode steps of 2 sequences at context
+    # 12 (the chunk's middle): 2 x (275,968 + 4 x 2 x 64 x 12) / 2 = 282,112 FLOPs, 282.112 s each
+    b = batch_seconds(r, 2, 10, LengthModel.of(4, 4))
+    assert (b.concurrency, b.longest, b.tokens, b.queue_s) == (2, 4, 8, 0)
+    assert b.prefill_s == pytest.approx(2759.68) and b.drain_s == pytest.approx(4 * 282.112)
+    # 4 sequences with room for 28 KV tokens: 2 at once (28 / (10 + 4)); the other 2 wait, and run their 8 tokens
+    # at the full replica's rate: 2 x 4 x step(2 sequences, context 14 = 283,136 FLOPs) / 2; then the last wave
+    q = batch_seconds(toy_replica(kv_tokens=28), 4, 10, LengthModel.of(4, 4))
+    assert q.concurrency == 2 and q.queue_s == pytest.approx(2 * 4 * 283.136 / 2)
+    assert q.drain_s == pytest.approx(4 * 282.112) and q.prefill_s == pytest.approx(2 * 2759.68)
+    # the long tail, at the paper's preset (Qwen2.5-32B, TP 4 on H100s, half their bandwidth): 768 responses per
+    # replica, 4,000 tokens on average, cut at 20,480; 180 fit the KV cache at once. The batch lasts a quarter
+    # longer than its tokens at the full replica's rate, because the last wave runs on with fewer and fewer
+    # sequences until its longest response reaches the cap (0.6% of responses do)
+    paper = Replica(KNOWN_MODELS["Qwen/Qwen2.5-32B"], 2, 4, 3.35, 989.0, 0.5, 0.0, 757_972, 1024)
+    lengths = LengthModel.of(4000, 20480)
+    tail = batch_seconds(paper, 768, 200, lengths)
+    at_full_rate = 768 * lengths.mean * decode_step_s(paper, tail.concurrency, 200 + lengths.mean) / tail.concurrency
+    assert tail.concurrency == pytest.approx(757_972 / 4200) and tail.longest == 20480
+    assert tail.seconds > 1.2 * at_full_rate
+
+
 def test_cost_arithmetic_by_hand():
     c = row_cost(toy_cost())
-    assert c.gen_batches == 1 and c.gen_prompts == 4
-    assert c.gen_tokens == 4 * 2 * 30  # 240 response tokens
-    # the decode floor: 64 steps x the GPU's weight shard 202,048 x 2 B / TP 2 at 1 KB/s = 12,931 s
-    assert c.gen_floor_s == pytest.approx(64 * 202_048 / 1e3)
-    assert c.gen_s == pytest.approx(max(240 / (8 * 0.5), 64 * 202.048))  # the floor binds: 12,931 s
-    assert c.train_tokens == 4 * 2 * (10 + 30)  # 320
+    s = c.first
+    assert c.gen_batches == 1 and s.gen_tokens == pytest.approx(4 * 2 * 30, rel=1e-6)  # 240 response tokens
+    assert s.train_tokens == pytest.approx(4 * 2 * (10 + 30), rel=1e-6)  # 320
     # forward per token: 2 x 137,984 matmul params + 4 x 2 layers x 64 x 20 (mean context) = 286,208 FLOPs;
     # 5 passes (forward, backward 2x, recompute, old log-probs), over 8 GPUs at 0.5 x 1 MFLOP/s
-    assert c.train_s == pytest.approx(320 * 5 * 286_208 / (8 * 1e6 * 0.5))
-    assert c.step_s == pytest.approx(c.gen_s + c.train_s + 1.0)
-    assert c.evals == 3 and c.eval_s == pytest.approx(64 * 202.048)  # 180 tokens would take 45 s: the floor
-    assert c.hours == pytest.approx((10 * c.step_s + 3 * c.eval_s) / 3600)
+    assert s.train_s == pytest.approx(320 * 5 * 286_208 / (8 * 1e6 * 0.5), rel=1e-6)
+    # generation: one batch of 4 prompts x 2 over the 4 replicas, 2 sequences each, lengths of mean 30 cut at 64
+    one = batch_seconds(row_inputs := toy_cost().replica(), 2, 10, LengthModel.of(30, 64))
+    assert row_inputs.tensor_parallel == 2 and s.gen_s == pytest.approx(one.seconds)
+    assert s.step_s(1.0) == pytest.approx(s.gen_s + s.train_s + 1.0)
+    # constant lengths: 10 steps, 3 evaluations (0, 5, 10), 2 checkpoints of 202,048 x (2 + 12) B written by
+    # 2 nodes at 1 B/s each
+    assert (c.evals, c.checkpoints) == (3, 2)
+    assert c.checkpoint_bytes == 202_048 * 14 and c.checkpoint_s == pytest.approx(202_048 * 14 / 2)
+    assert c.hours == pytest.approx((10 * s.step_s(1.0) + 3 * s.eval_s + 2 * c.checkpoint_s) / 3600)
     assert c.gpu_hours == pytest.approx(8 * c.hours)
+    # a run keeps 1 checkpoint and its final model (202,048 x 2 B)
+    assert c.run_disk_bytes == 202_048 * 14 + 202_048 * 2
+
+
+def test_growing_responses_cost_between_their_first_and_last_length():
+    grow = row_cost(toy_cost(response_tokens_start=10, response_tokens_end=50))
+    short = row_cost(toy_cost(response_tokens_start=10, response_tokens_end=10))
+    long = row_cost(toy_cost(response_tokens_start=50, response_tokens_end=50))
+    middle = row_cost(toy_cost(response_tokens_start=30, response_tokens_end=30))
+    assert grow.first.response_tokens == 10 and grow.last.response_tokens == 50
+    assert short.hours < grow.hours < long.hours
+    # training is nearly linear in the length (the attention term adds a little curvature): the run costs about as
+    # much as one at its middle length
+    assert grow.hours == pytest.approx(middle.hours, rel=0.02)
+
+
+def test_checkpoints_of_the_paper_preset():
+    """Qwen2.5-32B in bf16 with AdamW: 32.76B x (2 + 12) B = 458.7 GB per checkpoint (the issue's ~450 GB)."""
+    shape = KNOWN_MODELS["Qwen/Qwen2.5-32B"]
+    assert checkpoint_bytes(shape, 2) == pytest.approx(458.7e9, rel=1e-3)
+    assert checkpoint_bytes(shape, 4) == shape.params * 12  # fp32: weights and two moments
+    assert checkpoints_per_run(400, 5) == 80 and checkpoints_per_run(7, 0) == 1
 
 
 def test_cost_of_dynamic_sampling_packing_and_a_reference_model():
-    fast = dict(gpu_hbm_tb_s=1.0)  # no decode floor
-    plain = row_cost(toy_cost(**fast))
-    ds = row_cost(toy_cost(dynamic_sampling=True, informative_fraction=0.25, **fast))
+    plain = row_cost(toy_cost())
+    ds = row_cost(toy_cost(dynamic_sampling=True, informative_fraction=0.25))
     # 4 groups needed from batches of 6 prompts kept with p 1/4: E[K] = sum_k P(Bin(6k, 1/4) < 4)
     assert ds.gen_batches == pytest.approx(expected_gen_batches(4, 6, 0.25, 0))
-    assert ds.gen_tokens == pytest.approx(ds.gen_batches * 6 * 2 * 30)
-    assert ds.train_tokens == plain.train_tokens  # the kept groups train, the rest only cost generation
-    packed = row_cost(toy_cost(pack_prompts=True, **fast))
-    assert packed.train_tokens == 4 * (10 + 2 * 30)  # one prompt per group
-    with_ref = row_cost(toy_cost(reference_forward=True, **fast))
-    assert with_ref.train_s == pytest.approx(plain.train_s * 6 / 5)
+    assert ds.first.gen_tokens == pytest.approx(ds.gen_batches * 6 * 2 * 30, rel=1e-6)
+    assert ds.first.train_tokens == plain.first.train_tokens  # the kept groups train, the rest only cost generation
+    packed = row_cost(toy_cost(pack_prompts=True))
+    assert packed.first.train_tokens == pytest.approx(4 * (10 + 2 * 30), rel=1e-6)  # one prompt per group
+    with_ref = row_cost(toy_cost(reference_forward=True))
+    assert with_ref.first.train_s == pytest.approx(plain.first.train_s * 6 / 5)
 
 
 def test_a_row_that_cannot_finish_within_its_resubmissions_is_warned_about():
     assert jobs_needed(67.8, limit_h=48, restart_h=1 / 6, step_h=0.16) == 2
-    # 10 steps of an hour (generation and training take no time at these throughputs)
-    c = toy_cost(gpu_hbm_tb_s=1.0, gen_tokens_per_s_per_gpu=1e9, gpu_bf16_tflops=1.0, step_overhead_s=3600.0)
-    text, warnings = render_costs({"00_naive_grpo": c}, seeds=1, limit_h=4.5, max_resubmits=1, restart_h=0.5)
+    # 10 steps of an hour (generation, training and checkpoints take no time at these rates)
+    c = toy_cost(gpu_bf16_tflops=1.0, step_overhead_s=3600.0, eval_every=0, checkpoint_gb_s_per_node=1e6)
+    kw = dict(seeds=1, limit_h=4.5, restart_h=0.5, concurrent_runs=1)
+    text, warnings = render_costs({"00_naive_grpo": c}, max_resubmits=1, **kw)
     # each 4.5 h job does 4.5 - 0.5 (start-up) - 1 (the step cut off) = 3 h of work: 10 h need 4 jobs, 1 + 1 allowed
     assert "00_naive_grpo" in text
     (w,) = warnings
     assert "00_naive_grpo" in w and "4 jobs" in w and "max_resubmits" in w and "resources.train.runtime_min" in w
-    _, none = render_costs({"00_naive_grpo": c}, seeds=1, limit_h=4.5, max_resubmits=3, restart_h=0.5)
+    _, none = render_costs({"00_naive_grpo": c}, max_resubmits=3, **kw)
     assert none == []
+
+
+def test_a_stop_margin_shorter_than_a_batch_and_a_checkpoint_is_warned_about_and_disk_counts_runs_at_once():
+    c = toy_cost(checkpoint_gb_s_per_node=1e-9)  # a checkpoint takes 202,048 x 14 / 2 s
+    kw = dict(seeds=2, limit_h=1e9, max_resubmits=0, restart_h=0.0)
+    rows = {"00_naive_grpo": c, "01_overlong_filtering": c}
+    text, warnings = render_costs(rows, concurrent_runs=3, stop_margin_s=60, **kw)
+    (w,) = warnings
+    assert "trainer.stop_margin_s (60 s)" in w and "checkpoint write" in w
+    # 2 rows x 2 seeds, 3 at once: each keeps a checkpoint and its final model, 202,048 x 16 B = 3.2 MB
+    assert "3 run(s) at once (of 4" in text and fmt_bytes(3 * 202_048 * 16) in text
+    assert render_costs(rows, concurrent_runs=3, stop_margin_s=1e9, **kw)[1] == []
+
+
+def test_a_sequence_longer_than_the_models_context_is_refused_with_the_override_key():
+    """Qwen2.5-Math-7B ships a 4,096-token context; the 7B presets ask for 2,048 + 8,192."""
+    shape = KNOWN_MODELS["Qwen/Qwen2.5-Math-7B"]
+    problem = context_problem(shape.max_positions, 2048 + 8192, "Qwen/Qwen2.5-Math-7B")
+    assert "4,096" in problem and "10,240" in problem and "model.config_overrides.max_position_embeddings" in problem
+    raised, _ = resolve_shape("Qwen/Qwen2.5-Math-7B", (), {"max_position_embeddings": 32768})
+    assert context_problem(raised.max_positions, 2048 + 8192, "Qwen/Qwen2.5-Math-7B") is None
+    assert context_problem(0, 10**6, "unknown") is None  # an unknown context is not refused
 
 
 # ------------------------------------------------------------------------------------- shapes and GPUs

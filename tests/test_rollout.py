@@ -407,3 +407,32 @@ def test_colocation_keeps_nothing_of_the_engine_during_training() -> None:
     assert phases["training"].engine == () and "kv_cache" in phases["generation"].engine
     assert phases["generation"].learner == ()  # offloaded while the engine samples
     assert gpu_residency(zero_stage=0)[0].learner  # ZeRO 0 cannot offload: its states stay
+
+
+# ------------------------------------------------------------------------------- model.config_overrides
+@pytest.mark.slow
+def test_config_overrides_reach_the_learner_and_both_engines(tmp_path: Path, vllm) -> None:
+    """`model.config_overrides` (Qwen2.5-Math-7B's 4K context raised to 32K, as the DAPO recipes do) is applied
+    before the learner and the engines build the model: this model ships max_position_embeddings 1,024, and a
+    vLLM engine for 1,536-token sequences starts only with the override, which every side then reports."""
+    from dapo.learner import Learner, LossSpec
+    from dapo.learner.model import apply_config_overrides
+
+    model = str(build_tiny_qwen2(tmp_path / "model", tie=True))
+    raised = {"max_position_embeddings": 2048}
+    with pytest.raises(Exception, match="max_model_len"):  # vLLM derives 1,024 from the config and refuses
+        make_engine("vllm", model, dtype="float32", max_model_len=1536, seed=0)
+    engine = make_engine("vllm", model, dtype="float32", max_model_len=1536, seed=0, config_overrides=raised)
+    try:
+        assert engine.llm.llm_engine.model_config.hf_config.max_position_embeddings == 2048
+        prompt = engine.tokenizer.encode("12 + 30 = ?")
+        (group,) = engine.generate([prompt], 2, max_tokens=8, seed=1)
+        assert len(group) == 2 and all(s.response_ids for s in group)
+    finally:
+        engine.close()
+    hf = make_engine("hf", model, dtype="float32", max_model_len=1536, seed=0, config_overrides=raised)
+    assert hf.model.config.max_position_embeddings == 2048
+    learner = Learner(model, loss=LossSpec(), lr=1e-3, zero_stage=0, dtype="float32", config_overrides=raised)
+    assert learner.engine.module.lm.config.max_position_embeddings == 2048
+    with pytest.raises(ValueError, match=r"max_positon_embeddings.*config\.json names"):  # a typo is refused
+        apply_config_overrides(load_hf(Path(model)).config, {"max_positon_embeddings": 2048}, model)

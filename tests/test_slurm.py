@@ -76,16 +76,28 @@ class Workflow:
         *config: str,
         row: str = "00_naive_grpo",
         base: list[str] = SMALL,
+        preset: str = "tiny",
+        log_name: str = "snakemake.log",
         **env_extra: str,
     ) -> None:
         self.results = tmp / "results"
-        self.out = tmp / "snakemake.log"
-        self.run_dir = self.results / "tiny" / "runs" / row / "s0"
-        self.uri = f"sqlite:///{self.results / 'tiny' / 'mlflow.db'}"
-        cmd = [SNAKEMAKE, "--profile", "slurm", f"row_{row}", "--config", f"results={self.results}"]
-        cmd += [f"tiny_world={world}", f"overrides={json.dumps([*base, *overrides])}", *config]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu", **env_extra}  # jobs inherit it
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.out.open("w"), stderr=subprocess.STDOUT, env=env)
+        self.out = tmp / log_name
+        folder = Path(preset).stem  # the workflow's results/<preset>/
+        self.run_dir = self.results / folder / "runs" / row / "s0"
+        self.uri = f"sqlite:///{self.results / folder / 'mlflow.db'}"
+        self.cmd = [SNAKEMAKE, "--profile", "slurm", f"row_{row}", "--config", f"results={self.results}"]
+        self.cmd += [f"preset={preset}", f"tiny_world={world}", f"overrides={json.dumps([*base, *overrides])}", *config]
+        # what `make` exports, and names as its own CPU defaults (Makefile): the jobs inherit it
+        self.env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "DS_ACCELERATOR": "cpu",
+            "DAPO_CPU_DEFAULTS": "HF_HUB_OFFLINE DS_ACCELERATOR",
+            **env_extra,
+        }
+        self.proc = subprocess.Popen(
+            self.cmd, cwd=REPO, stdout=self.out.open("w"), stderr=subprocess.STDOUT, env=self.env
+        )
 
     def text(self) -> str:
         return self.out.read_text(errors="replace")
@@ -272,5 +284,56 @@ def test_a_row_that_fails_for_good_is_not_submitted_again(world, tmp_path):
     assert [a["verdict"] for a in wf.attempts()] == ["failed"]
     assert len(re.findall(r"has been submitted with SLURM jobid \d+ \(log: [^)]*rule_train", wf.text())) == 1
     assert "non-finite updates in a row" in wf.train_log()
+    # the tiny preset runs on CPUs: make's CPU defaults reach its job
+    assert "== environment: DS_ACCELERATOR=cpu HF_HUB_OFFLINE=1" in wf.train_log()
     (slurm_log,) = (wf.run_dir / "slurm").glob("*.log")  # the job's own SLURM log, kept beside the run's
     assert "dapo train failed (exit 1)" in slurm_log.read_text()
+
+
+def test_makes_cpu_defaults_stay_out_of_a_real_model_presets_job(world, tmp_path):
+    """`make` exports DS_ACCELERATOR=cpu and HF_HUB_OFFLINE=1 for the tests and the tiny world, and the profile
+    submits with --export=ALL: a preset with a real model (here the tiny world's model and data as local files, so
+    that it runs on this CPU cluster) gets neither in its SLURM job, and trains without them."""
+    preset = tmp_path / "local-model.yaml"
+    preset.write_text(
+        f"inherits: {REPO / 'configs' / 'presets' / 'tiny.yaml'}\n"
+        f"model: {{path: {world / 'model'}}}\n"
+        f"data: {{train: {world / 'train.jsonl'}, eval: {world / 'eval.jsonl'}}}\n"
+        "tracking: {preset: local-model}\n"
+    )
+    wf = Workflow(tmp_path, world, ["trainer.total_steps=1"], preset=str(preset))
+    assert wf.wait() == 0, wf.text()[-4000:] + wf.train_log()[-3000:]
+    assert "not passed on to the jobs of preset local-model (make's CPU defaults)" in wf.text()
+    assert "== environment: DS_ACCELERATOR=<unset> HF_HUB_OFFLINE=<unset>" in wf.train_log()
+    assert json.loads((wf.run_dir / "DONE.json").read_text())["step"] == 1
+
+
+def test_a_second_controller_is_refused_and_a_rerun_waits_for_the_job_a_dead_one_left(world, tmp_path):
+    """One controller per results folder: a second one (--nolock: Snakemake's own lock covers only its working
+    directory) is refused before it submits anything. A controller that dies (SIGKILL: the login node rebooted)
+    leaves its lock and its SLURM job; the rerun takes the lock over, finds the job by its train comment and this
+    folder's files in its batch script, and waits for it instead of submitting the row again."""
+    overrides = ["trainer.total_steps=6", "trainer.checkpoint_every=0"]
+    first = Workflow(tmp_path, world, overrides, "attach_poll_s=2")
+    job = first.job_id()
+    first.until(lambda: (first.results / "tiny" / ".controller.json").is_file())
+
+    second = subprocess.run(
+        [*first.cmd, "--nolock"], cwd=REPO, capture_output=True, text=True, env=first.env, timeout=300
+    )
+    out = second.stdout + second.stderr
+    assert second.returncode != 0 and "another Snakemake controller" in out and "nothing was submitted" in out
+    assert "has been submitted with SLURM jobid" not in out
+    assert f"00_naive_grpo s0 is SLURM job {job}" in out  # it had found the first controller's job
+
+    first.proc.kill()  # the controller dies; its SLURM job goes on
+    first.proc.wait()
+    unlock = subprocess.run([*first.cmd, "--unlock"], cwd=REPO, capture_output=True, text=True, env=first.env)
+    assert unlock.returncode == 0, unlock.stderr[-2000:]
+    rerun = Workflow(tmp_path, world, overrides, "attach_poll_s=2", log_name="rerun.log")
+    assert rerun.wait() == 0, rerun.text()[-4000:] + rerun.train_log()[-3000:]
+    text = rerun.text()
+    assert "took over" in text and f"00_naive_grpo s0 is SLURM job {job}" in text and "attach_train" in text
+    assert "has been submitted with SLURM jobid" not in text  # no second job for the row
+    assert [a["job"] for a in rerun.attempts()] == [job] and (rerun.run_dir / "DONE.json").is_file()
+    assert not (rerun.results / "tiny" / ".controller.json").exists()  # released when the rerun ended

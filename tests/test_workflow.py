@@ -188,7 +188,7 @@ def test_paper_plan_dry_run_with_the_slurm_profile(tmp_path):
     for rule in ("base_model", "prepare_data", "tracking_store"):
         block = next(b for b in r.stdout.split("\nrule ") if b.startswith(f"{rule}:"))
         assert "nodes=" not in block and "gres=" not in block, rule
-    # the per-GPU memory budget with its arithmetic, and the cost of every row (dapo.plan; tests/test_plan.py)
+    # the per-GPU memory budget with its arithmetic, and the cost of every row (dapo.plan, dapo.cost: test_plan.py)
     assert "per-GPU memory" in out and "KV cache" in out and "activations" in out and ": fits" in out
     assert "cost per row" in out and all(f"    {row}" in out for row in PAPER_TABLE1)
 
@@ -208,6 +208,88 @@ def test_paper_plan_that_does_not_fit_the_gpu_is_refused(tmp_path):
     assert r.returncode != 0
     assert "DOES NOT FIT" in r.stderr and "trainer.micro_batch_tokens" in r.stderr
     assert "rollout.gpu_memory_utilization" in r.stderr and "Job stats" not in r.stdout
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-math-7b", "qwen2.5-math-7b-1node", "qwen2.5-1.5b-1gpu"])
+def test_every_budgets_preset_dry_runs_to_a_plan_that_fits(tmp_path, preset):
+    r = snakemake("-n", "--profile", "slurm", "all_ablations", "--config", f"preset={preset}", f"results={tmp_path}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert ": fits" in out and "cost per row" in out and "WARNING" not in out
+    assert _job_stats(r.stdout)["train"] == 6
+
+
+def test_an_unknown_gpu_stops_the_submission_with_the_fix(tmp_path):
+    """A cluster that calls its H100s nvidia_h100_80gb_hbm3: named as the GPU, the plan cannot size anything and
+    refuses; named as the GRES type beside gpu_model h100, the job asks SLURM for that GRES and the budget runs."""
+    run = ["-n", "--profile", "slurm", "all_ablations", "--config", "preset=qwen2.5-32b", f"results={tmp_path}"]
+    r = snakemake(*run, 'overrides=["resources.train.gpu_model=nvidia_h100_80gb_hbm3"]')
+    err = r.stdout + r.stderr
+    assert (
+        r.returncode != 0 and "'nvidia_h100_80gb_hbm3' is not in the GPU table" in err and "Job stats" not in r.stdout
+    )
+    assert "resources.train.gres_type" in err and "gpu_memory_gib" in err and "gpu_hbm_tb_s" in err
+    r = snakemake(*run, 'overrides=["resources.train.gres_type=nvidia_h100_80gb_hbm3"]')
+    assert r.returncode == 0, r.stderr[-3000:]
+    train = next(b for b in r.stdout.split("\nrule ") if b.startswith("train:"))
+    assert "gres=gpu:nvidia_h100_80gb_hbm3:8" in train and ": fits" in r.stderr
+
+
+def test_qwen_math_context_must_be_raised_for_the_7b_recipe(tmp_path):
+    """Qwen2.5-Math-7B ships a 4,096-token context; the recipe's 2,048 + 8,192 needs the override the preset sets."""
+    r = snakemake(
+        "-n", "--profile", "slurm", "all_ablations", "--config", "preset=qwen2.5-math-7b", f"results={tmp_path}",
+        'overrides=["model.config_overrides.max_position_embeddings=4096"]',
+    )  # fmt: skip
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "model.config_overrides.max_position_embeddings to at least 10,240" in out
+
+
+def test_a_second_controller_of_a_results_folder_is_refused_and_a_dead_ones_lock_taken_over(tmp_path):
+    from dapo.cluster import CONTROLLER_LOCK, ControllerLockError, acquire_controller_lock, release_controller_lock
+
+    # a live controller on this machine (a process whose command line names snakemake)
+    other = subprocess.Popen(
+        [sys.executable, "-c", "print(flush=True); import time; time.sleep(60)", "snakemake"], stdout=subprocess.PIPE
+    )
+    other.stdout.readline()  # its command line is its own from here on (not pytest's, as right after the fork)
+    try:
+        (tmp_path / CONTROLLER_LOCK).write_text(
+            json.dumps({"host": __import__("socket").gethostname(), "pid": other.pid})
+        )
+        with pytest.raises(ControllerLockError, match=rf"pid {other.pid} on this machine.*delete .*{CONTROLLER_LOCK}"):
+            acquire_controller_lock(tmp_path, ["snakemake"])
+    finally:
+        other.kill()
+        other.wait()
+    # gone: taken over, with a note; released by its holder only
+    assert "took over" in acquire_controller_lock(tmp_path, ["snakemake"])
+    assert json.loads((tmp_path / CONTROLLER_LOCK).read_text())["pid"] == os.getpid()
+    release_controller_lock(tmp_path)
+    assert not (tmp_path / CONTROLLER_LOCK).exists()
+    # on another host nothing can be checked from here: refused, naming that host
+    (tmp_path / CONTROLLER_LOCK).write_text(json.dumps({"host": "login2", "pid": 1}))
+    with pytest.raises(ControllerLockError, match="host login2"):
+        acquire_controller_lock(tmp_path, ["snakemake"])
+    release_controller_lock(tmp_path)  # not ours: kept
+    assert (tmp_path / CONTROLLER_LOCK).exists()
+
+
+def test_train_jobs_are_found_by_the_slurm_plugins_comment():
+    from dapo.cluster import parse_train_jobs
+
+    out = "\n".join(
+        [
+            "101|RUNNING|rule_train_wildcards_05_dynamic_sampling_2",
+            "102|PENDING|rule_train_wildcards_dapo_minus_clip_higher_0",
+            "103|RUNNING|rule_report",
+            "104|PENDING|something else",
+        ]
+    )
+    assert parse_train_jobs(out) == {
+        ("05_dynamic_sampling", 2): ("101", "RUNNING"),
+        ("dapo_minus_clip_higher", 0): ("102", "PENDING"),
+    }
 
 
 def test_a_one_task_train_job_still_runs_in_the_batch_step(tmp_path):

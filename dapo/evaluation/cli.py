@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
         cpu_kv_cache_gib=cfg.rollout.cpu_kv_cache_gib,
         enable_sleep_mode=False,
+        config_overrides=cfg.model.config_overrides,
     )
     try:
         result = evaluate(engine, problems, prompts, eval_settings(cfg), sample_seed=cfg.trainer.seed)

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -89,6 +90,7 @@ class Learner(ChunkedForward):
         gradient_checkpointing: bool = False,
         optimizer: str = "adamw",
         pack_prompts: bool = False,
+        config_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         import deepspeed
 
@@ -106,7 +108,7 @@ class Learner(ChunkedForward):
         self.grad_clip = grad_clip
         ds_clip = 0.0 if self._own_step else grad_clip
         ds_config = deepspeed_config(zero_stage, self.dtype == torch.bfloat16, ds_clip, self.dist.world_size)
-        policy = load_policy(model_path, self.dtype, gradient_checkpointing, ds_config)
+        policy = load_policy(model_path, self.dtype, gradient_checkpointing, ds_config, config_overrides)
         if pack_prompts:
             check_packable(policy.lm)
         self._torch_opt = make_optimizer(policy.parameters(), optimizer, lr, weight_decay, betas)

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import logging
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -134,12 +135,33 @@ def prepare_deepspeed() -> None:
         ds_torch_comm.build_shm_op = lambda: None
 
 
+def apply_config_overrides(config: Any, overrides: Mapping[str, Any] | None, where: str) -> Any:
+    """Set `overrides` (config.json names) on a transformers config before the model is built from it: the
+    learner's and the HF engine's side of `model.config_overrides` (vLLM takes the same mapping as hf_overrides).
+    A key the config does not have is refused, naming `where` (the model) and the key: a typo would otherwise be
+    kept as a stray attribute that changes nothing."""
+    unknown = sorted(k for k in (overrides or {}) if not hasattr(config, k))
+    if unknown:
+        raise ValueError(
+            f"model.config_overrides: {where} has no config key(s) {unknown} (config.json names, e.g. "
+            "max_position_embeddings)"
+        )
+    for key, value in (overrides or {}).items():
+        setattr(config, key, value)
+    return config
+
+
 def load_policy(
-    model_path: str, dtype: torch.dtype, gradient_checkpointing: bool, ds_config: dict[str, Any]
+    model_path: str,
+    dtype: torch.dtype,
+    gradient_checkpointing: bool,
+    ds_config: dict[str, Any],
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> PolicyModule:
-    """The HF model at `model_path` in `dtype`, with every dropout set to 0 (the first update on freshly
-    computed old log-probs must see ratio 1), wrapped for DeepSpeed. A model whose config transforms the logits
-    after the head is refused before any weight is loaded (`check_plain_logits`).
+    """The HF model at `model_path` in `dtype`, with `config_overrides` applied to its config (e.g. a longer
+    max_position_embeddings) and every dropout set to 0 (the first update on freshly computed old log-probs must
+    see ratio 1), wrapped for DeepSpeed. A model whose config transforms the logits after the head is refused
+    before any weight is loaded (`check_plain_logits`).
 
     Under ZeRO-3, transformers' `HfDeepSpeedConfig` makes `from_pretrained` build the model already partitioned
     (zero.Init), so no rank ever holds the whole model. That needs the `accelerate` package; without it every rank
@@ -161,7 +183,7 @@ def load_policy(
         # batch-size check ("2 != 1 * 1 * 1"). This adopts the torch process group that already exists.
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)
         zero_init = HfDeepSpeedConfig(ds_config)
-    config = AutoConfig.from_pretrained(model_path)
+    config = apply_config_overrides(AutoConfig.from_pretrained(model_path), config_overrides, model_path)
     check_plain_logits(config, f"{model_path}/config.json")
     for key, value in config.to_dict().items():
         if "dropout" in key and isinstance(value, float):

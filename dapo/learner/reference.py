@@ -18,6 +18,9 @@ Every rank calls `compute_logprobs` (ZeRO-3 gathers collectively), with its own 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -41,6 +44,7 @@ class ReferencePolicy(ChunkedForward):
         logprob_chunk_size: int = 1024,
         temperature: float = 1.0,
         pack_prompts: bool = False,
+        config_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         import deepspeed
 
@@ -53,7 +57,7 @@ class ReferencePolicy(ChunkedForward):
         # Stages 1 and 2 partition optimizer state and gradients only; without either they would be stage 0.
         self.zero_stage = 3 if zero_stage == 3 else 0
         ds_config = deepspeed_config(self.zero_stage, self.dtype == torch.bfloat16, 1.0, self.dist.world_size)
-        policy = load_policy(model_path, self.dtype, False, ds_config)
+        policy = load_policy(model_path, self.dtype, False, ds_config, config_overrides)
         policy.requires_grad_(False)
         if pack_prompts:
             check_packable(policy.lm)

@@ -14,7 +14,7 @@ freed, and the same sequence runs.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
@@ -107,6 +107,7 @@ def make_engine(
     gpu_memory_utilization: float = 0.6,
     cpu_kv_cache_gib: int = 1,
     enable_sleep_mode: bool = True,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> RolloutEngine:
     """Build this rank's rollout engine (every rank of a training job builds one, at the same time).
 
@@ -119,6 +120,8 @@ def make_engine(
         tensor_parallel_size: ranks per replica (`dapo.rollout.replicas`); vLLM only.
         gpu_memory_utilization, enable_sleep_mode: vLLM on GPUs only.
         cpu_kv_cache_gib: vLLM's KV cache on CPUs (VLLM_CPU_KVCACHE_SPACE).
+        config_overrides: config.json values to change before the model loads (`model.config_overrides`; vLLM's
+            hf_overrides, transformers config kwargs), e.g. {"max_position_embeddings": 32768}.
     """
     if kind == "vllm":
         from dapo.rollout.vllm_engine import VLLMEngine
@@ -132,6 +135,7 @@ def make_engine(
             gpu_memory_utilization=gpu_memory_utilization,
             cpu_kv_cache_gib=cpu_kv_cache_gib,
             enable_sleep_mode=enable_sleep_mode,
+            config_overrides=config_overrides,
         )
     if kind == "hf":
         if tensor_parallel_size != 1:
@@ -141,7 +145,9 @@ def make_engine(
             )
         from dapo.rollout.hf_engine import HFEngine
 
-        return HFEngine(model_path, dtype=dtype, max_model_len=max_model_len, seed=seed)
+        return HFEngine(
+            model_path, dtype=dtype, max_model_len=max_model_len, seed=seed, config_overrides=config_overrides
+        )
     raise ValueError(f"unknown rollout engine {kind!r}; choose `vllm` or `hf` (config key rollout.engine)")
 
 

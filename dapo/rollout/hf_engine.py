@@ -11,7 +11,8 @@ which vLLM's raw log-probs are not; the learner recomputes old log-probs itself,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -32,6 +33,7 @@ class HFEngine(RolloutEngine):
         seed: seeds torch's generator once; a `generate` call without a seed continues the stream.
         max_batch_sequences: sequences decoded at once (prompts are chunked so P_chunk * n <= this).
         score_budget_bytes: memory for the per-step scores kept during one chunk (at least one prompt's n).
+        config_overrides: config.json values set before the model is built (`model.config_overrides`).
     """
 
     def __init__(
@@ -43,12 +45,16 @@ class HFEngine(RolloutEngine):
         seed: int = 0,
         max_batch_sequences: int = 512,
         score_budget_bytes: int = 2 << 30,
+        config_overrides: Mapping[str, Any] | None = None,
     ) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        from dapo.learner.model import apply_config_overrides
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[dtype_name(dtype)])
+        config = apply_config_overrides(AutoConfig.from_pretrained(model_path), config_overrides, model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=_DTYPES[dtype_name(dtype)])
         self.model.to(self.device).eval()
         self.max_model_len = max_model_len
         self.max_batch_sequences = max_batch_sequences

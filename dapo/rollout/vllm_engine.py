@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -80,6 +80,7 @@ class VLLMEngine(RolloutEngine):
         gpu_memory_utilization: float = 0.6,
         cpu_kv_cache_gib: int = 1,
         enable_sleep_mode: bool = True,
+        config_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         on_gpu = torch.cuda.is_available()
         world = dist.world_size()
@@ -89,6 +90,8 @@ class VLLMEngine(RolloutEngine):
             max_model_len=max_model_len,
             seed=seed,
             tensor_parallel_size=tensor_parallel_size,
+            # vLLM applies these to the model's config before it derives its context length from it
+            hf_overrides=dict(config_overrides or {}),
         )
         if world > 1:
             kwargs.update(distributed_executor_backend="external_launcher")

@@ -128,6 +128,7 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
         gpu_memory_utilization=r.gpu_memory_utilization,
         cpu_kv_cache_gib=r.cpu_kv_cache_gib,
         enable_sleep_mode=r.enable_sleep_mode,
+        config_overrides=cfg.model.config_overrides,
     )
 
     def scorer(texts: list[str], answers: list[str]) -> list[Score]:
@@ -194,6 +195,7 @@ def make_learner(cfg: RunConfig, path: str) -> Learner:
         logprob_chunk_size=t.logprob_chunk_size,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         pack_prompts=t.pack_prompts,
+        config_overrides=cfg.model.config_overrides,
     )
 
 
@@ -212,6 +214,7 @@ def make_reference(cfg: RunConfig, path: str) -> ReferencePolicy:
         logprob_chunk_size=t.logprob_chunk_size,
         temperature=cfg.rollout.temperature,
         pack_prompts=t.pack_prompts,
+        config_overrides=cfg.model.config_overrides,
     )
 
 

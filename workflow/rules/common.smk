@@ -2,6 +2,7 @@
 # Everything here runs when Snakemake parses the workflow, so a bad config stops the run before any job is
 # submitted, with the file, the key and the fix.
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -92,6 +93,32 @@ BASE = next(iter(RUN_CFGS.values()))
 IS_TINY = BASE.model.path == "tiny"
 
 
+def drop_cpu_defaults():
+    """The CPU-only defaults `make` exports for the tests and the tiny world (DAPO_CPU_DEFAULTS names the ones it set
+    itself: DS_ACCELERATOR=cpu, HF_HUB_OFFLINE=1) leave this process's environment, so that neither the rules nor
+    the SLURM jobs (the profile submits with --export=ALL) of a real model's preset see them: DeepSpeed would run on
+    the CPU, and the base model's download would be refused. A value the user set before `make` is kept."""
+    names = os.environ.pop("DAPO_CPU_DEFAULTS", "").split()
+    return [f"{n}={os.environ.pop(n)}" for n in names if n in os.environ]
+
+
+if not IS_TINY:
+    _dropped = drop_cpu_defaults()
+    if _dropped and workflow.is_main_process:
+        print(f"note: not passed on to the jobs of preset {PRESET_NAME} (make's CPU defaults): {' '.join(_dropped)}",
+              file=sys.stderr)
+
+
+# Training jobs an earlier controller of this results folder left queued or running (it died, or was killed): a
+# rerun waits for each of them (rule attach_train) instead of submitting the run a second time.
+from dapo.cluster import live_train_jobs
+
+LIVE_TRAIN_JOBS = live_train_jobs(RESULTS) if workflow.is_main_process else {}
+for (_run, _seed), (_job, _state) in sorted(LIVE_TRAIN_JOBS.items()):
+    print(f"note: {_run} s{_seed} is SLURM job {_job} ({_state}) from an earlier controller: waiting for it, not "
+          "submitting it again", file=sys.stderr)
+
+
 def kernel_env():
     """`env`'s assignments that start a train job: for the tiny preset the CPU kernels the tiny world was built with
     (dapo.tinyworld.pinned_kernels), so that its numbers do not depend on the vector code a host's CPU would pick
@@ -161,7 +188,8 @@ def slurm_resources(kind):
         "cpus_per_task": r.cpus_per_task,
     }
     if r.gpus_per_node:
-        res["gres"] = f"gpu:{r.gpu_model}:{r.gpus_per_node}" if r.gpu_model else f"gpu:{r.gpus_per_node}"
+        gres_type = r.gres_type or r.gpu_model  # the cluster's GRES name; the GPU table's name when not given
+        res["gres"] = f"gpu:{gres_type}:{r.gpus_per_node}" if gres_type else f"gpu:{r.gpus_per_node}"
         res["tasks_per_gpu"] = 0  # the plugin would add --ntasks-per-gpu otherwise; tasks per node say it all
     if kind == "train":
         # The rule runs in the job's batch step and starts the ranks itself (srun_args): the jobstep executor runs
@@ -176,6 +204,9 @@ def slurm_resources(kind):
         # The preemption signal goes to the job steps' tasks, i.e. every rank (never `B:`: that signals only the
         # batch shell, whose death ends the job). A requeued job appends to its SLURM log.
         res["slurm_extra"] = f"--signal=USR1@{int(BASE.trainer.stop_margin_s)} --open-mode=append"
+        # Nodes this job holds, for throttling: `--resources train_nodes=32` lets at most 32 nodes of training
+        # jobs run or queue at once (docs/cluster.md); without a limit, `jobs:` in the profile is the only cap.
+        res["train_nodes"] = r.nodes
     return res
 
 
@@ -234,33 +265,56 @@ def _cpu_plan_lines():
     return [line]
 
 
+def plan_for_preset(plan):
+    """The plan's assumptions for this preset: configs/workflow.yaml's `plan:` with its `presets.<name>` on top (a
+    model's response lengths, say, differ from the 32B run's). Each key given there replaces the whole key."""
+    own = (plan.get("presets") or {}).get(PRESET_NAME) or {}
+    return {**{k: v for k, v in plan.items() if k != "presets"}, **own}  # a preset's key replaces the whole key
+
+
+def train_concurrency():
+    """Training jobs that may run (or queue) at once: the profile's `jobs:` (--jobs), and `train_nodes` in
+    --resources divided by the nodes one job takes; every run when neither limits (a local run: one at a time)."""
+    runs = len(ROWS) * len(SEEDS)
+    jobs = workflow.resource_settings.nodes or 1  # --jobs (the profile's `jobs:`); unset: a local run
+    limit = getattr(workflow.global_resources.get("train_nodes"), "value", None)  # --resources train_nodes=N
+    by_nodes = int(limit) // BASE.resources.train.nodes if isinstance(limit, (int, float)) else runs
+    return max(1, min(runs, jobs or runs, by_nodes))
+
+
 def _gpu_plan(p):
-    """Per-GPU memory budget and cost per row (dapo.plan) for a GPU preset: (text lines, refusals, warnings)."""
+    """Per-GPU memory budget and cost per row (dapo.plan, dapo.cost) for a GPU preset: (text lines, refusals,
+    warnings)."""
+    from dapo import cost as C
     from dapo import plan as P
     from dapo.shapes import GPUS, dtype_bytes, gpu_spec, resolve_shape, vllm_batching_defaults
 
     tr, r, t = BASE.resources.train, BASE.rollout, BASE.trainer
-    gpu = gpu_spec(
-        tr.gpu_model,
-        {"memory_gib": p["gpu_memory_gib"], "bf16_tflops": p["gpu_bf16_tflops"], "hbm_tb_s": p["gpu_hbm_tb_s"]},
-    )
+    given = {"memory_gib": p["gpu_memory_gib"], "bf16_tflops": p["gpu_bf16_tflops"], "hbm_tb_s": p["gpu_hbm_tb_s"]}
+    gpu = gpu_spec(tr.gpu_model, given)
+    if gpu is None:
+        # No budget means no check that the run fits: refuse rather than submit 128 GPUs blind.
+        return [], [
+            f"resources.train.gpu_model {tr.gpu_model!r} is not in the GPU table ({', '.join(GPUS)}): name the GPU "
+            "there (the cluster's own GRES name goes in resources.train.gres_type), or give its memory, bf16 peak "
+            "and bandwidth: --config 'plan={gpu_memory_gib: 79.6, gpu_bf16_tflops: 989, gpu_hbm_tb_s: 3.35}'"
+        ], []
     local = tuple(d for d in (Path(BASE.model.path), base_model_path()) if d.is_dir())
     shape, source = resolve_shape(BASE.model.path, local, p.get("model"))
-    if gpu is None or shape is None:
-        why = [] if gpu else [
-            f"GPU {tr.gpu_model!r} unknown (known: {', '.join(GPUS)}): set plan.gpu_memory_gib, "
-            "plan.gpu_bf16_tflops and plan.gpu_hbm_tb_s in configs/workflow.yaml"
-        ]
-        why += [] if shape else [f"{source}: set plan.model (config.json names: hidden_size, ...)"]
-        return [f"  no GPU budget or cost: {w}" for w in why], [], []
+    if shape is None:
+        return [f"  no GPU budget or cost: {source}: set plan.model (config.json names: hidden_size, ...)"], [], []
+    context = BASE.model.config_overrides.get("max_position_embeddings")
+    if context:  # what the learner and vLLM will see
+        shape, source = dataclasses.replace(shape, max_positions=int(context)), f"{source} + model.config_overrides"
     b = dtype_bytes(BASE.model.dtype)
     max_len = BASE.data.max_prompt_length + max(r.max_response_length, BASE.resolved_eval_max_tokens())
     from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL  # the level the engine uses, not a setting
     batched, seqs = vllm_batching_defaults(tr.gpu_model, gpu.memory_gib)
+    growth = p["response_tokens"]
     mem = P.MemoryInputs(
         shape=shape, dtype_bytes=b, world_size=tr.world_size, tensor_parallel=r.tensor_parallel_size,
         zero_stage=t.zero_stage, gpu_memory_gib=gpu.memory_gib, gpu_memory_utilization=r.gpu_memory_utilization,
-        max_model_len=max_len, mean_seq_tokens=p["mean_prompt_tokens"] + p["mean_response_tokens"],
+        max_model_len=max_len, mean_seq_tokens=p["mean_prompt_tokens"] + growth["end"],
         micro_batch_tokens=t.micro_batch_tokens, logprob_chunk_tokens=t.logprob_chunk_size,
         gradient_checkpointing=BASE.model.gradient_checkpointing, sleep_mode=r.enable_sleep_mode,
         sleep_level=ENGINE_SLEEP_LEVEL, allowance_gib=p["allowance_gib"], vllm_batched_tokens=batched,
@@ -275,34 +329,35 @@ def _gpu_plan(p):
         P.render_memory(budget),
     ]
     refusals = P.plan_problems(budget)
+    context = P.context_problem(shape.max_positions, max_len, BASE.model.path)
+    refusals += [context] if context else []
 
-    def cost_inputs(cfg):
-        a = cfg.algorithm
-        return P.CostInputs(
-            shape=shape, dtype_bytes=b, world_size=tr.world_size, tensor_parallel=r.tensor_parallel_size,
-            gpu_bf16_tflops=gpu.bf16_tflops, gpu_hbm_tb_s=gpu.hbm_tb_s, prompts_per_step=cfg.trainer.train_batch_size,
-            n=cfg.rollout.n, mean_prompt_tokens=p["mean_prompt_tokens"], mean_response_tokens=p["mean_response_tokens"],
+    def cost_inputs(row, cfg):
+        a, own = cfg.algorithm, {**growth, **(p.get("rows") or {}).get(row, {})}
+        return C.CostInputs(
+            shape=shape, dtype_bytes=b, world_size=tr.world_size, nodes=tr.nodes,
+            tensor_parallel=r.tensor_parallel_size, gpu_bf16_tflops=gpu.bf16_tflops, gpu_hbm_tb_s=gpu.hbm_tb_s,
+            kv_tokens_per_replica=budget.kv_tokens_per_replica, vllm_max_seqs=seqs,
+            decode_efficiency=p["decode_efficiency"], decode_step_overhead_s=p["decode_step_overhead_ms"] / 1000,
+            prompts_per_step=cfg.trainer.train_batch_size, n=cfg.rollout.n, mean_prompt_tokens=p["mean_prompt_tokens"],
+            response_tokens_start=own["start"], response_tokens_end=own["end"],
             max_response_tokens=cfg.rollout.max_response_length, dynamic_sampling=a.dynamic_sampling,
             gen_batch_prompts=a.gen_batch_size or cfg.trainer.train_batch_size, max_gen_batches=a.max_num_gen_batches,
             informative_fraction=p["informative_fraction"], pack_prompts=cfg.trainer.pack_prompts,
             gradient_checkpointing=cfg.model.gradient_checkpointing, reference_forward=a.kl_coef > 0,
             total_steps=cfg.trainer.total_steps, eval_every=cfg.eval.every, eval_problems=p["eval_problems"],
-            eval_n=cfg.eval.n, eval_mean_response_tokens=p["mean_response_tokens"],
-            eval_max_tokens=cfg.resolved_eval_max_tokens(), gen_tokens_per_s_per_gpu=p["gen_tokens_per_s_per_gpu"],
-            train_mfu=p["train_mfu"], step_overhead_s=p["step_overhead_s"],
+            eval_n=cfg.eval.n, eval_max_tokens=cfg.resolved_eval_max_tokens(), train_mfu=p["train_mfu"],
+            step_overhead_s=p["step_overhead_s"], checkpoint_every=cfg.trainer.checkpoint_every,
+            keep_checkpoints=cfg.trainer.keep_checkpoints, checkpoint_gb_s_per_node=p["checkpoint_gb_s_per_node"],
         )
 
-    rows = {row: cost_inputs(RUN_CFGS[(row, SEEDS[0])]) for row in ROWS}
-    text, warnings = P.render_costs(
+    rows = {row: cost_inputs(row, RUN_CFGS[(row, SEEDS[0])]) for row in ROWS}
+    text, warnings = C.render_costs(
         rows, seeds=len(SEEDS), limit_h=tr.runtime_min / 60, max_resubmits=int(config.get(RESUBMITS_KEY, 5)),
-        restart_h=p["restart_min"] / 60, resubmits_key=RESUBMITS_KEY,
+        restart_h=p["restart_min"] / 60, concurrent_runs=train_concurrency(), stop_margin_s=t.stop_margin_s,
+        resubmits_key=RESUBMITS_KEY,
     )
     lines += ["  cost per row (estimates; the arithmetic and the sources of the defaults: docs/cost.md):", text]
-    if (tr.gpu_model or "").lower() not in ("h100", "h800"):
-        warnings.append(
-            f"plan.gen_tokens_per_s_per_gpu ({p['gen_tokens_per_s_per_gpu']:g}) defaults to an H100 figure: "
-            f"check it for {tr.gpu_model} (docs/cost.md)"
-        )
     return lines, refusals, warnings
 
 
@@ -326,7 +381,7 @@ def print_plan():
         lines.append(
             f"  at most {gpu_h:,.0f} GPU-hours in all (SLURM time limits x GPUs, train jobs x (1 + {RESUBMITS_KEY}))"
         )
-        more, refusals, warnings = _gpu_plan(config["plan"])
+        more, refusals, warnings = _gpu_plan(plan_for_preset(config["plan"]))
         lines += more
     else:
         lines += _cpu_plan_lines()
@@ -339,8 +394,8 @@ def print_plan():
     if refusals:
         preset_file = resolve_preset(PRESET)
         raise WorkflowError(
-            f"{preset_file} (or --config overrides): the plan does not fit the GPU (per-GPU budget above); change "
-            "the keys named:\n" + "\n".join(f"  - {x}" for x in refusals)
+            f"{preset_file} (or --config overrides): the plan cannot run as configured (nothing was submitted; the "
+            "per-GPU budget above); change the keys named:\n" + "\n".join(f"  - {x}" for x in refusals)
         )
 
 
@@ -349,11 +404,33 @@ if workflow.is_main_process:
 
 
 onstart:
-    # Once, on the submitting machine, before any job: a tracking store the runs cannot use stops everything here.
-    from dapo.cluster import TrackingStoreError, check_tracking_store
+    # Once, on the submitting machine, before any job: a second controller of this results folder, or a tracking
+    # store the runs cannot use, stops everything here.
+    from dapo.cluster import ControllerLockError, TrackingStoreError, acquire_controller_lock, check_tracking_store
 
+    try:
+        _note = acquire_controller_lock(RESULTS, sys.argv)
+        if _note:
+            print(f"note: {_note}", file=sys.stderr)
+    except ControllerLockError as e:
+        raise WorkflowError(f"nothing was submitted: {e}") from None
     try:
         for _warning in check_tracking_store(TRACKING_URI, cluster=workflow.non_local_exec):
             print(f"warning: {_warning}", file=sys.stderr)
     except TrackingStoreError as e:
+        from dapo.cluster import release_controller_lock
+
+        release_controller_lock(RESULTS)
         raise WorkflowError(f"nothing was submitted: {e}") from None
+
+
+onsuccess:
+    from dapo.cluster import release_controller_lock
+
+    release_controller_lock(RESULTS)
+
+
+onerror:
+    from dapo.cluster import release_controller_lock
+
+    release_controller_lock(RESULTS)

@@ -38,6 +38,30 @@ rule train:
 refuse_batch_signal(rules.train.rule.resources.get("slurm_extra"))
 
 
+if LIVE_TRAIN_JOBS:
+    import re as _re
+
+    ruleorder: attach_train > train
+
+    rule attach_train:
+        """A run an earlier controller left queued or running as a SLURM job (dapo.cluster.live_train_jobs): wait
+        for that job on this machine, instead of submitting the run a second time. Its own job script resubmits it
+        as usual; when the job ends, the run is done (DONE.json) or this rule fails with what the run left."""
+        output:
+            done=RESULTS / "runs" / "{run}" / "DONE.json",
+        log:
+            RESULTS / "logs" / "attach" / "{run}.log",
+        wildcard_constraints:
+            run="|".join(_re.escape(f"{name}/s{seed}") for name, seed in LIVE_TRAIN_JOBS),
+        params:
+            job=lambda wc: LIVE_TRAIN_JOBS[(wc.run.split("/s")[0], int(wc.run.rsplit("/s", 1)[1]))][0],
+            run_dir=lambda wc: RESULTS / "runs" / wc.run,
+            poll=config.get("attach_poll_s", 60),
+        localrule: True
+        shell:
+            "bash workflow/scripts/wait_job.sh {params.job:q} {params.run_dir:q} {params.poll:q} > {log:q} 2>&1"
+
+
 def row_outputs(row):
     return [RESULTS / "runs" / row / f"s{s}" / "DONE.json" for s in SEEDS]
 

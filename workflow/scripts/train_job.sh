@@ -48,6 +48,12 @@ else
 fi
 echo "== attempt $attempt, $(date -u +%FT%TZ)${job:+, SLURM job $job}: ${launcher[*]} $*" \
   | tee -a "$run_dir/train.log" >> "$log"
+# what decides where the ranks run and what they may download, as this job sees it (make's CPU defaults must not
+# reach a GPU preset's job: workflow/rules/common.smk; NCCL settings: docs/cluster.md)
+env_line="== environment:"
+for v in DS_ACCELERATOR HF_HUB_OFFLINE CUDA_VISIBLE_DEVICES; do env_line+=" $v=${!v-<unset>}"; done
+env_line+=" $(env | grep -E '^NCCL_' | sort | tr '\n' ' ')"
+echo "$env_line" | tee -a "$run_dir/train.log" >> "$log"
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-${OMP_NUM_THREADS:-1}}
 
 exec 3>> "$log"

@@ -1,0 +1,152 @@
+"""How long a vLLM replica takes to generate a batch: the one decode model behind the dry run's cost
+(`dapo.cost.row_cost`, docs/cost.md) and the stop latency of docs/distributed.md.
+
+Synchronous RL waits for the longest response of every generation batch (the DAPO paper, section 3.2). So the
+time of a batch is not its tokens over a throughput: it is a sum over decode steps, each step advancing every
+sequence still running by one token, and each as long as those sequences make it. Three parts, plain arithmetic:
+
+- `LengthModel`: response lengths in a batch, exponential with the generation cap as a ceiling and a given mean
+  (what the cap cuts off is the share that hits it); the expected longest of n.
+- `decode_step_s`: one decode step of a replica with `running` sequences at context `context`: it reads the weight
+  shard and every running sequence's KV cache once (memory-bound at small batches and long contexts) or computes
+  (compute-bound at large batches), at a share of the GPU's bandwidth and peak, plus a fixed cost per step
+  (scheduling, sampling, the tensor-parallel all-reduces). The per-sequence rate, 1 / step, falls as the batch
+  grows; the replica's throughput, running / step, rises until the KV reads dominate.
+- `batch_seconds`: a batch of n sequences on one replica: the prefill; a queue phase while more sequences wait
+  than the KV cache holds at once (`concurrency`); and the last wave, which drains step by step until its longest
+  response ends, with fewer and fewer sequences running: the long tail.
+
+Plain values in, plain values out: `dapo.cost` fills `Replica` from the preset and the GPU table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dapo.shapes import ModelShape
+
+EULER_GAMMA = 0.5772156649
+TAIL_CHUNK = 32  # decode steps summed at once in the drain (the running count changes slowly within a chunk)
+
+
+def kv_bytes_per_token_per_gpu(shape: ModelShape, dtype_bytes: int, tensor_parallel: int) -> int:
+    """KV cache bytes one token takes on one GPU: layers x KV heads on this GPU x head size x 2 (K and V) x bytes.
+    vLLM replicates KV heads when tensor parallel exceeds them."""
+    return shape.layers * max(1, shape.kv_heads // tensor_parallel) * shape.d_head * 2 * dtype_bytes
+
+
+@dataclass(frozen=True)
+class LengthModel:
+    """Response lengths: exponential with mean `scale`, cut at `cap` (a response that reaches the cap stops there).
+
+    Build it with `LengthModel.of(mean, cap)`, which finds the scale whose capped mean is `mean`."""
+
+    scale: float  # the exponential's mean before the cap (inf: every response runs to the cap)
+    cap: int
+
+    @classmethod
+    def of(cls, mean: float, cap: int) -> LengthModel:
+        if not 0 < mean:
+            raise ValueError(f"mean response length must be > 0, got {mean}")
+        if mean >= 0.999 * cap:
+            return cls(math.inf, cap)
+        lo, hi = mean, 1e3 * cap  # capped mean scale * (1 - exp(-cap / scale)) rises with scale from ~0 to cap
+        for _ in range(200):
+            mid = math.sqrt(lo * hi)
+            if mid * -math.expm1(-cap / mid) < mean:
+                lo = mid
+            else:
+                hi = mid
+        return cls(hi, cap)
+
+    @property
+    def mean(self) -> float:
+        return self.cap if math.isinf(self.scale) else self.scale * -math.expm1(-self.cap / self.scale)
+
+    @property
+    def truncated(self) -> float:
+        """Share of responses that hit the cap."""
+        return 1.0 if math.isinf(self.scale) else math.exp(-self.cap / self.scale)
+
+    def survival(self, s: float) -> float:
+        """P(length > s)."""
+        if s >= self.cap:
+            return 0.0
+        return 1.0 if math.isinf(self.scale) else math.exp(-s / self.scale)
+
+    def expected_longest(self, n: float) -> float:
+        """Expected longest of n responses: scale x H_n for an exponential (H_n, the n-th harmonic number), cut at
+        the cap."""
+        if math.isinf(self.scale):
+            return float(self.cap)
+        n = max(1.0, n)
+        harmonic = math.log(n) + EULER_GAMMA + 1 / (2 * n)
+        return min(float(self.cap), self.scale * harmonic)
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One vLLM replica: `tensor_parallel` GPUs sharing one model, with its KV cache and batching limits."""
+
+    shape: ModelShape
+    dtype_bytes: int
+    tensor_parallel: int
+    hbm_tb_s: float  # per GPU
+    bf16_tflops: float  # per GPU, dense peak
+    efficiency: float  # share of the bandwidth and of the peak a decode step reaches
+    step_overhead_s: float  # per decode step: scheduling, sampling, tensor-parallel all-reduces
+    kv_tokens: int  # tokens the replica's KV cache holds
+    max_seqs: int  # vLLM's max_num_seqs
+
+
+def decode_step_s(r: Replica, running: float, context: float) -> float:
+    """Seconds of one decode step with `running` sequences whose context (prompt + generated so far) is `context`:
+    max(memory: the weight shard + their KV cache read once; compute: 2 x matmul parameters + attention per
+    token, over the GPU's peak) / efficiency, plus the fixed per-step cost. Per GPU of the replica."""
+    s, tp = r.shape, r.tensor_parallel
+    weight_bytes = s.params * r.dtype_bytes / tp
+    kv_bytes = running * context * kv_bytes_per_token_per_gpu(s, r.dtype_bytes, tp)
+    memory = (weight_bytes + kv_bytes) / (r.hbm_tb_s * 1e12)
+    flops = running * (2 * s.matmul_params + 4 * s.layers * s.q_dim * context) / tp
+    compute = flops / (r.bf16_tflops * 1e12)
+    return max(memory, compute) / r.efficiency + r.step_overhead_s
+
+
+def concurrency(r: Replica, n: float, prompt: float, mean_response: float) -> float:
+    """Sequences a replica runs at once: all n, unless vLLM's max_num_seqs or the KV cache (at the mean context)
+    holds fewer."""
+    kv_limit = r.kv_tokens / max(1.0, prompt + mean_response)
+    return max(1.0, min(n, float(r.max_seqs), kv_limit))
+
+
+@dataclass(frozen=True)
+class BatchTime:
+    prefill_s: float
+    queue_s: float  # sequences waiting for a slot: the replica runs full
+    drain_s: float  # the last wave, until its longest response ends
+    concurrency: float
+    longest: float  # expected longest response of the last wave (tokens)
+    tokens: float  # response tokens generated
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_s + self.queue_s + self.drain_s
+
+
+def batch_seconds(r: Replica, n: float, prompt: float, lengths: LengthModel) -> BatchTime:
+    """A generation batch of `n` sequences (prompt length `prompt`) on one replica; see the module docstring."""
+    s, tp = r.shape, r.tensor_parallel
+    n = max(1.0, n)
+    m = lengths.mean
+    prefill = n * prompt * 2 * s.matmul_params / tp / (r.bf16_tflops * 1e12 * r.efficiency)
+    c = concurrency(r, n, prompt, m)
+    queue = (n - c) * m * decode_step_s(r, c, prompt + m) / c if n > c else 0.0
+    longest = lengths.expected_longest(c)
+    drain, step = 0.0, 0.0
+    while step < longest:
+        width = min(TAIL_CHUNK, longest - step)
+        mid = step + width / 2
+        drain += width * decode_step_s(r, max(1.0, c * lengths.survival(mid)), prompt + mid)
+        step += width
+    return BatchTime(prefill, queue, drain, c, longest, n * m)
