@@ -66,6 +66,13 @@ class TinyWorldConfig(_Section):
         "repetition loop, a misconception fork, a difficulty mix; dapo/tinyworld/habits.py).",
     )
     seed: int = Field(0, description="Seed for the task generator, tokenizer and base-model training.")
+    kernels: Literal["avx2", "x86"] = Field(
+        "x86",
+        description="CPU kernels the build (and the workflow's tiny runs) pin on x86-64: `x86` gives the same weights "
+        "on Intel and AMD CPUs, with or without AVX-512 (MKL_CBWR=COMPATIBLE; about twice the supervised phase's "
+        "CPU time); `avx2` is the faster pin of build 4, whose worlds differ between Intel and AMD CPUs (MKL "
+        "dispatches by vendor).",
+    )
     dir: str = Field(
         "results/tiny_world",
         description="Where the tiny world is built and cached: model/ "

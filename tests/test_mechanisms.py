@@ -136,6 +136,32 @@ def test_declared_statistics_do_not_change_without_a_version_bump():
     )
 
 
+def test_docs_declare_the_same_version_2_statistics_as_the_code():
+    """docs/evidence.md, section 7, lists version 2's declarations: role, toggle, metric, statistic and the
+    threshold or direction, in the code's order, with the digest the test above freezes."""
+    from dapo.report.mechanisms import MECHANISMS_V2, declarations_digest
+
+    text = DOC.read_text()
+    declared = []
+    for ln in text.splitlines():
+        cells = [c.strip() for c in ln.strip().strip("|").split("|")]
+        if ln.startswith("| ") and len(cells) == 5 and cells[0] in ("condition", "effect", "wiring"):
+            metric = re.search(r"`([^`]+)`", cells[2]).group(1)
+            declared.append((cells[0], cells[1].split(" (")[0], metric, cells[3], cells[4]))
+    want = [
+        (
+            m.role,
+            m.toggle,
+            m.metric_label(),
+            m.statistic_label(),
+            m.condition_label() if m.role == "condition" else ("+" if m.expected_sign > 0 else "−"),
+        )
+        for m in MECHANISMS_V2
+    ]
+    assert declared == want
+    assert f"digest `{declarations_digest(MECHANISMS_V2)}`" in text
+
+
 def test_version_2_gives_every_toggle_a_condition_and_one_effect_and_the_headline():
     from dapo.report.mechanisms import HEADLINE, MECHANISMS_V2
 

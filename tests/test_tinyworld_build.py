@@ -128,7 +128,7 @@ def test_large_eval_split_is_drawn_beside_the_world_without_rebuilding_it(small)
         load_config(preset="tiny", overrides=["data.train=tiny-large"])
 
 
-@pytest.mark.skipif(not build.pinned_kernels(), reason="kernels are pinned on x86-64 only")
+@pytest.mark.skipif(not build.pinned_kernels("avx2"), reason="kernels are pinned on x86-64 only")
 def test_every_host_builds_the_same_world_whatever_kernels_it_would_pick(tmp_path, monkeypatch):
     """PyTorch picks its vector kernels by the host CPU (AVX2, AVX-512), and the supervised phase turns their
     rounding differences into another base model. A host that would pick other kernels is stood in for by the
@@ -144,8 +144,45 @@ def test_every_host_builds_the_same_world_whatever_kernels_it_would_pick(tmp_pat
     pinned = digest("default", "scalar-host"), digest("avx512", "avx512-host")
     assert pinned[0] == pinned[1]
     assert read_manifest(tmp_path / "scalar-host")["kernels"]["cpu_capability"] == "AVX2"
-    monkeypatch.setattr(build, "PINNED_KERNELS", {})
+    monkeypatch.setitem(build.KERNEL_PINS, "avx2", {})
     assert digest("default", "scalar-host-unpinned") != pinned[0]
+
+
+@pytest.fixture(scope="module")
+def mkl_as_intel(tmp_path_factory) -> str:
+    """tests/native/mkl_as_intel.c compiled: preloaded, MKL takes its Intel code paths on any x86 host."""
+    import subprocess
+    from pathlib import Path
+
+    out = tmp_path_factory.mktemp("native") / "mkl_as_intel.so"
+    src = Path(__file__).parent / "native" / "mkl_as_intel.c"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(out), str(src), "-ldl"], check=True)
+    return str(out)
+
+
+@pytest.mark.skipif(not build.pinned_kernels("x86"), reason="kernels are pinned on x86-64 only")
+def test_the_x86_pins_build_the_same_world_on_intel_and_amd_and_avx2_does_not(tmp_path, monkeypatch, mkl_as_intel):
+    """MKL picks its code paths by CPU vendor even under its AVX2 reproducibility branch, so Intel and AMD hosts
+    built different default worlds; its COMPATIBLE branch (`tiny.kernels: x86`) gives both the same weights. The
+    other vendor is stood in for by a preloaded library that tells MKL it runs on Intel (on an Intel host, it
+    changes nothing, and the avx2 pair below agrees: the assertion that they differ then names that)."""
+
+    def digest(kernels: str, intel: bool) -> str:
+        if intel:
+            monkeypatch.setenv("LD_PRELOAD", mkl_as_intel)
+        else:
+            monkeypatch.delenv("LD_PRELOAD", raising=False)
+        root = tmp_path / f"{kernels}-{'intel' if intel else 'host'}"
+        cfg = load_config(preset="tiny", overrides=SMALL + [f"tiny.dir={root}", f"tiny.kernels={kernels}"])
+        m = read_manifest(ensure_tiny_world(cfg))
+        assert m["kernels"]["MKL_CBWR"] == {"x86": "COMPATIBLE", "avx2": "AVX2"}[kernels]
+        return m["weights_sha256"]
+
+    assert digest("x86", intel=False) == digest("x86", intel=True)
+    assert digest("avx2", intel=False) != digest("avx2", intel=True), (
+        "MKL took the same paths with and without the Intel stand-in: an Intel host, or an MKL that no longer "
+        "dispatches by vendor (then `avx2` is enough)"
+    )
 
 
 def test_refuses_to_overwrite_a_directory_that_is_not_a_tiny_world(tmp_path):

@@ -8,8 +8,8 @@
 
 `ensure_tiny_world(cfg)` builds it when missing (or built from another tiny config) and returns `<tiny.dir>`;
 `resolve_model_path(cfg)` turns `model.path: tiny` into `<tiny.dir>/model`, `resolve_source(cfg, split)` turns
-`data.train` / `data.eval` (`tiny`, `tiny-large`) into file paths. `pinned_kernels()` is the environment that
-pins the CPU kernels of the build and of the workflow's tiny runs. Nothing heavy is imported here.
+`data.train` / `data.eval` (`tiny`, `tiny-large`) into file paths. `pinned_kernels(tiny.kernels)` is the environment
+that pins the CPU kernels of the build and of the workflow's tiny runs. Nothing heavy is imported here.
 """
 
 from __future__ import annotations

@@ -8,12 +8,15 @@ seconds, and a world built before the split existed stays valid. A build is writ
 directory and renamed into place under a file lock, so two processes asking for the same world never see a
 half-written one.
 
-The build runs in a child process with pinned CPU kernels (`PINNED_KERNELS`): PyTorch, MKL and oneDNN pick their
-vector code by the CPU they run on, and the supervised phase amplifies the rounding differences that follow into
-a different base model (measured: the same config built with AVX2 and with AVX-512 kernels gave base avg@16 of
-32.7 and 24.8). Pinned to AVX2, which every x86-64 server of the last decade has, the world does not depend on the
-kernels the host would pick, nor on which process asks for it (the tests, `dapo build-tiny`, `dapo train`); checked
-here by asking for other ATen kernels (tests/test_tinyworld_build.py), not on an Intel host.
+The build runs in a child process with pinned CPU kernels (`KERNEL_PINS`, chosen by `tiny.kernels`): PyTorch, MKL
+and oneDNN pick their vector code by the CPU they run on, and the supervised phase amplifies the rounding
+differences that follow into a different base model (measured: the same config built with AVX2 and with AVX-512
+kernels gave base avg@16 of 32.7 and 24.8). `avx2` pins all three to their AVX2 code: the world no longer depends
+on the kernels an AMD host would pick, nor on which process asks for it, but MKL still takes another code path on
+an Intel CPU (it dispatches by vendor), so an Intel host builds another world. `x86` adds MKL's `COMPATIBLE`
+reproducibility branch, the one MKL documents for results that agree across x86 processors: the same weights on
+Intel and AMD, with or without AVX-512, at about twice the supervised phase's CPU time (docs/evidence.md, "The
+same world on Intel and AMD").
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
     from dapo.config import RunConfig, TinyWorldConfig
 
 # Bump when the task generator, tokenizer, training recipe or build environment changes: old caches are rebuilt.
-# 4: built in a child process with PINNED_KERNELS (3 used whatever kernels the host CPU offered).
+# 4: built in a child process with pinned kernels (3 used whatever kernels the host CPU offered).
 BUILD_VERSION = 4
 SFT_BATCH = 32  # sequences per supervised step
 SFT_LR = 3e-3  # trained a 1.1M-parameter prototype to 30% avg@16 in 5 CPU-minutes
@@ -75,11 +78,15 @@ HABITS_ONLY_KEYS = (
 # progress(phase, done, total): phases "tasks", "tokenizer", "sft", "measure"
 Progress = Callable[[str, int, int], None]
 
-# Environment of the build's child process on x86-64, and of the workflow's tiny runs (workflow/rules/train.smk):
-# PyTorch's own kernels (ATen), MKL's BLAS (conditional numerical reproducibility) and oneDNN all use their AVX2
-# code, whatever the host offers beyond it. vLLM's CPU kernels need no pin: its AVX2 and AVX-512 builds sampled
-# the same tokens with the same log-probs from the tiny model. Elsewhere (aarch64) nothing is pinned.
-PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# Environment of the build's child process on x86-64, and of the workflow's tiny runs (workflow/rules/train.smk),
+# by `tiny.kernels`. PyTorch's own kernels (ATen) and oneDNN use their AVX2 code whatever the host offers beyond it;
+# MKL's BLAS follows its conditional numerical reproducibility branch: `AVX2` still differs between Intel and AMD
+# CPUs (MKL checks the vendor), `COMPATIBLE` does not. vLLM's CPU kernels need no pin: its AVX2 and AVX-512 builds
+# sampled the same tokens with the same log-probs from the tiny model. Elsewhere (aarch64) nothing is pinned.
+KERNEL_PINS = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "x86": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+}
 # the child's stdout lines that carry progress and errors to the parent (anything else is passed through)
 _PROTOCOL = "@dapo-build "
 _CHILD = "import sys; from dapo.tinyworld.build import _child_main; sys.exit(_child_main(sys.argv[1:]))"
@@ -106,6 +113,8 @@ def world_hash(tiny: TinyWorldConfig) -> str:
         d.pop(key, None)
     if not d.get("sft_connectives"):  # added after build 3 and a no-op at 0: worlds built before it stay valid
         d.pop("sft_connectives", None)
+    if d.get("kernels") == "avx2":  # the pins of build 4, before the key: worlds built then stay valid
+        d.pop("kernels")
     d["build_version"] = BUILD_VERSION
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -295,9 +304,10 @@ def _write_jsonl(path: Path, tasks: list[Task], prefix: str, *, kinds: bool = Fa
             fh.write(json.dumps(row) + "\n")
 
 
-def pinned_kernels() -> dict[str, str]:
-    """The environment that pins the build's CPU kernels on this machine (empty where nothing is pinned)."""
-    return dict(PINNED_KERNELS) if platform.machine().lower() in ("x86_64", "amd64") else {}
+def pinned_kernels(kernels: str) -> dict[str, str]:
+    """The environment that pins a `tiny.kernels` setting's CPU kernels on this machine (empty where nothing is
+    pinned)."""
+    return dict(KERNEL_PINS[kernels]) if platform.machine().lower() in ("x86_64", "amd64") else {}
 
 
 def weights_digest(model_dir: str | Path) -> str:
@@ -343,7 +353,7 @@ def build_tiny_world(
         },
     }
     threads_env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    env = {**os.environ, **pinned_kernels(), **threads_env}
+    env = {**os.environ, **pinned_kernels(tiny.kernels), **threads_env}
     error: dict[str, str] | None = None
     with subprocess.Popen(
         [sys.executable, "-c", _CHILD, json.dumps(request)],
@@ -530,7 +540,7 @@ def _build(
         "build_seconds": round(time.perf_counter() - t0, 1),
         "build_cpu_seconds": round(time.process_time() - c0, 1),
         "threads": threads,
-        "kernels": {**pinned_kernels(), "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+        "kernels": {**pinned_kernels(tiny.kernels), "cpu_capability": torch.backends.cpu.get_cpu_capability()},
         "weights_sha256": weights_digest(out.model),
         "param_count": param_count(model),
         "vocab_size": len(tokenizer),
