@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dapo.fsio import atomic_write
 from dapo.killpoint import kill_point
 
 log = logging.getLogger(__name__)
@@ -131,20 +132,6 @@ def read_run_file(spool_dir: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("run_id") else None
 
 
-def _write_durably(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class Tracker:
     """One MLflow run.
 
@@ -209,7 +196,7 @@ class Tracker:
             self._floor = None
             self._check_exists()
         if record_run:
-            _write_durably(
+            atomic_write(
                 self.spool_dir / RUN_FILE,
                 json.dumps({"run_id": self.run_id, "uri": self.uri, "experiment": experiment, "run_name": run_name}),
             )
@@ -402,9 +389,8 @@ class Tracker:
         sent = self._send(recs)
         kill_point("tracking.replayed")
         rest = recs[sent:]
-        tmp = self.spool_path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rest))
-        tmp.replace(self.spool_path)  # atomic: a crash mid-replay leaves the old or the new spool, never half
+        # a crash mid-replay leaves the old or the new spool, never half of one
+        atomic_write(self.spool_path, "".join(json.dumps(r) + "\n" for r in rest))
         if sent:
             log.info("replayed %d spooled MLflow records of run %s", sent, self.run_id)
         return not rest

@@ -9,6 +9,7 @@ import math
 import os
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -463,3 +464,26 @@ def test_every_logged_name_comes_from_metric_names_and_the_docs_are_current(tmp_
     logged = set(metrics_of(tr))
     assert logged <= set(M.all_training_metrics())
     assert metrics_doc(["--check"]) == 0, "docs/metrics.md is stale: python -m dapo.trainer.metrics_doc"
+
+
+def test_the_completion_marker_is_on_disk_before_the_run_reports_done(tmp_path, monkeypatch):
+    """DONE.json tells the workflow a row is finished (it is the rule's output), so it must survive a power loss
+    right after the run exits 0: the file's bytes and the rename that publishes it are both fsynced."""
+    import dapo.fsio
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(dapo.fsio.os, "fsync", recording_fsync)
+    tr = make(tmp_path)
+    assert tr.run() == 0
+    run = tmp_path / "run"
+    done_tmp = [p for p in synced if Path(p).name.startswith(".DONE.json.tmp")]
+    assert done_tmp, synced  # the content, under its temporary name, before the rename
+    last_done = max(i for i, p in enumerate(synced) if Path(p).name.startswith(".DONE.json.tmp"))
+    assert str(run) in synced[last_done + 1 :]  # then the folder that holds the rename
+    assert not list(run.glob(".*.tmp-*"))

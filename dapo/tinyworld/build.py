@@ -231,7 +231,7 @@ def ensure_large_eval(cfg: RunConfig) -> Path:
             tasks = make_large_eval(tiny.seed, tiny.difficulty, tiny.n_eval_large, exclude)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         _write_jsonl(tmp, tasks, "tiny-eval-large", kinds=tiny.kind == "habits")
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # a cache, drawn again in seconds if lost: not fsynced
     return path
 
 

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dapo.fsio import fsync_dir
 from dapo.killpoint import kill_point
 
 _NAME = re.compile(r"^step_(\d{6,})(?:\.(\d+))?$")
@@ -91,15 +92,7 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(Path(dirpath))
 
 
 # ------------------------------------------------------------------------------------------------ RNG
@@ -269,7 +262,7 @@ def save_checkpoint(
         _fsync_tree(tmp)
         kill_point("checkpoint.written")
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         kill_point("checkpoint.published")
         prune(run_dir, keep)
         kill_point("checkpoint.pruned")

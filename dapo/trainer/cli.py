@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from dapo.config_cli import add_config_arguments
+from dapo.fsio import atomic_write
 from dapo.trainer import RESUME_EXIT_CODE
 
 log = logging.getLogger("dapo.train")
@@ -165,8 +166,6 @@ def _write_exit(run_dir: Path, code: int | None) -> None:
         return
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = run_dir / f".{EXIT_FILE}.tmp"
-        tmp.write_text(json.dumps({"code": code, "time": time.time(), "pid": os.getpid()}))
-        os.replace(tmp, run_dir / EXIT_FILE)
+        atomic_write(run_dir / EXIT_FILE, json.dumps({"code": code, "time": time.time(), "pid": os.getpid()}))
     except OSError as e:  # a full disk must not hide the real exit code
         log.warning("could not write %s: %s", run_dir / EXIT_FILE, e)

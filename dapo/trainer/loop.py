@@ -40,6 +40,7 @@ from dapo import metric_names as M
 from dapo.algos.dynamic_sampling import RefillCapReached
 from dapo.config import RunConfig
 from dapo.evaluation.evaluate import evaluate_on_replicas, write_samples
+from dapo.fsio import atomic_write
 from dapo.learner.batch import PolicyBatch
 from dapo.rollout.replicas import ReplicaLayout, sampling_seed
 from dapo.trainer import FAILURE_EXIT_CODE, RESUME_EXIT_CODE
@@ -460,8 +461,8 @@ class Trainer:
             "final_model": str(final),
             "eval": self.last_eval or {},
         }
-        _atomic_write(self.run_dir / "metrics.json", json.dumps(summary, indent=1, sort_keys=True))
-        _atomic_write(self.run_dir / "DONE.json", json.dumps(summary, indent=1, sort_keys=True))
+        atomic_write(self.run_dir / "metrics.json", json.dumps(summary, indent=1, sort_keys=True))
+        atomic_write(self.run_dir / "DONE.json", json.dumps(summary, indent=1, sort_keys=True))
         self.tracker.log_artifact(self.run_dir / "metrics.json")
         self._mark("finished", "FINISHED")
         self._note(f"done: {n.step} rollout steps, {n.grad_updates} updates; model in {final}")
@@ -484,9 +485,3 @@ def _finite(metrics: dict[str, float]) -> dict[str, float]:
     """MLflow charts break on NaN: leave out points that have no value this step (e.g. Fig 3a with nothing
     clipped)."""
     return {k: float(v) for k, v in metrics.items() if v is not None and np.isfinite(float(v))}
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
