@@ -89,8 +89,8 @@ class TinyWorldConfig(_Section):
         description="Problems in the large eval split (`data.eval: tiny-large`), drawn apart from the "
         "world: changing it writes a new split file in seconds and keeps the base model.",
     )
-    hidden_size: int = Field(128, gt=0)
-    num_layers: int = Field(4, gt=0)
+    hidden_size: int = Field(128, gt=0, description="Width of the tiny Qwen2 base model (about 1M parameters at 128).")
+    num_layers: int = Field(4, gt=0, description="Decoder layers of the tiny Qwen2 base model.")
     num_heads: int = Field(2, gt=0, description="Head size = hidden/heads; vLLM-CPU needs head size 32 or 64.")
     tie_embeddings: bool = Field(False, description="Tied output head (vLLM-CPU needs a re-pack after sync).")
     sft_steps: int = Field(1000, gt=0, description="Supervised steps that make the base model.")
@@ -217,9 +217,11 @@ class RolloutConfig(_Section):
         "twin in its samples alone: the ablation's placebo row (dapo.designs.placebo_run).",
     )
     max_response_length: int = Field(20480, gt=0, description="Hard generation cap L_max. Paper: 20480.")
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    tensor_parallel_size: int = Field(1, ge=1)
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts (the paper: 1.0).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of the rollouts (the paper: 1.0, no cut).")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="vLLM tensor-parallel width of one rollout replica (ranks per replica)."
+    )
     gpu_memory_utilization: float = Field(0.6, gt=0, le=1, description="vLLM's share of GPU memory (colocated).")
     cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU machines.")
     enable_sleep_mode: bool = Field(True, description="Free the engine's GPU memory during updates (GPU only).")
@@ -288,20 +290,22 @@ class TrainerConfig(_Section):
         "of the tokens (tiny preset: learner ~2x faster); needs sdpa/eager attention. Its mask "
         "takes rows x L^2 memory: keep micro_batch_tokens small (tiny preset: 4096).",
     )
-    lr: float = Field(1e-6, gt=0)
-    weight_decay: float = Field(0.1, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = Field(1.0, gt=0)
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate after the warm-up (the paper: 1e-6).")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (the paper: 0.1).")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas (the paper: 0.9, 0.999).")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the gradient's global norm to this (the paper: 1.0).")
     warmup_steps: int = Field(
         20,
         ge=0,
         description="Linear lr warm-up, counted in rollout steps (paper: 20; released script: 10), then constant.",
     )
-    zero_stage: Literal[0, 1, 2, 3] = 2
-    seed: int = 0
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        2, description="DeepSpeed ZeRO stage of the learner (3 shards the weights too: the 32B preset's)."
+    )
+    seed: int = Field(0, description="Training seed: prompt order, sampling and initialisation of anything random.")
     output_dir: str = Field("results/runs/run", description="Run directory: checkpoints, logs, samples.")
     checkpoint_every: int = Field(10, ge=0, description="Rollout steps between checkpoints (0: only at the end).")
-    keep_checkpoints: int = Field(2, gt=0)
+    keep_checkpoints: int = Field(2, gt=0, description="Checkpoints kept on disk; older ones are deleted.")
     max_consecutive_nonfinite: int = Field(3, gt=0, description="Skipped non-finite steps in a row before failing.")
     collective_timeout_s: int = Field(
         3600,
@@ -335,15 +339,15 @@ class TrainerConfig(_Section):
 # ------------------------------------------------------------------------------------------------ eval
 class EvalConfig(_Section):
     n: int = Field(32, gt=0, description="Samples per problem (avg@n). Paper: 32.")
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(0.7, gt=0, le=1)
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the evaluation (the paper: 1.0).")
+    top_p: float = Field(0.7, gt=0, le=1, description="Nucleus sampling of the evaluation (the paper: 0.7).")
     max_tokens: int | None = Field(None, gt=0, description="Generation cap; null: rollout.max_response_length.")
     every: int = Field(5, ge=0, description="Evaluate every N rollout steps (0: only at the end).")
     pass_k: list[int] = Field(
         default_factory=lambda: [1, 4, 16, 32], description="The k of pass@k; each at most eval.n (else refused)."
     )
     bootstrap: int = Field(1000, ge=0, description="Bootstrap resamples for confidence intervals.")
-    confidence: float = Field(0.95, gt=0, lt=1)
+    confidence: float = Field(0.95, gt=0, lt=1, description="Level of every interval the evaluation reports.")
 
 
 # -------------------------------------------------------------------------------------------- tracking
@@ -374,7 +378,7 @@ class JobResources(_Section):
     """What one job asks of SLURM. The training job starts one process (rank) per GPU across its nodes (srun), or
     `tasks_per_node` processes per node on CPU nodes."""
 
-    nodes: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1, description="Nodes of the job (`--nodes`).")
     gpus_per_node: int = Field(0, ge=0, description="0: a CPU job (the tiny world).")
     gpu_model: str | None = Field(
         None,
@@ -389,7 +393,7 @@ class JobResources(_Section):
     tasks_per_node: int | None = Field(
         None, ge=1, description="Processes (ranks) per node. null: one per GPU, or 1 on a CPU node."
     )
-    cpus_per_task: int = Field(2, ge=1)
+    cpus_per_task: int = Field(2, ge=1, description="CPU cores per process (`--cpus-per-task`).")
     mem_mb: int = Field(8000, gt=0, description="Memory per node (MB).")
     runtime_min: int = Field(60, gt=0, description="SLURM time limit; a job cut off resumes from its checkpoint.")
 

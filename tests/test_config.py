@@ -350,3 +350,22 @@ def test_a_key_set_by_two_rows_is_refused(tmp_path):
     (tmp_path / "03_again.yaml").write_text("inherits: 02_clip_higher.yaml\nalgorithm:\n  eps_high: 0.3\n")
     with pytest.raises(ValueError, match=r"eps_high.*already set by 02_clip_higher"):
         toggles(tmp_path)
+
+
+def test_every_config_key_says_what_it_is():
+    """`dapo train --help`, the config reference and a wrong value's error all read a key's description: a key
+    without one leaves a user guessing."""
+    from pydantic import BaseModel
+
+    from dapo.config import RunConfig
+
+    def missing(model: type[BaseModel], prefix: str) -> list[str]:
+        out = []
+        for name, f in model.model_fields.items():
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+                out += missing(f.annotation, f"{prefix}{name}.")
+            elif not f.description:
+                out.append(prefix + name)
+        return out
+
+    assert missing(RunConfig, "") == []
