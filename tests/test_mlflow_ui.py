@@ -46,7 +46,7 @@ def _need_browser(in_ci: bool) -> None:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
     """A synthetic 6 rows x 2 seeds experiment in a SQLite store."""
-    from dapo.report.synthetic import build_synthetic_experiment
+    from _synthetic_experiment import build_synthetic_experiment
 
     d = tmp_path_factory.mktemp("mlflow_ui")
     uri = f"sqlite:///{d}/mlflow.db"

@@ -36,7 +36,7 @@ STEPS = 10
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from dapo.report.synthetic import build_synthetic_experiment
+    from _synthetic_experiment import build_synthetic_experiment
 
     d = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{d}/mlflow.db"
@@ -287,7 +287,7 @@ def _samples(per_problem: list[int]) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def evidence_report(store, tmp_path_factory):
-    from dapo.report.synthetic import build_synthetic_experiment
+    from _synthetic_experiment import build_synthetic_experiment
 
     rows = {R[0]: ROW_A, R[1]: ROW_B, R[5]: ROW_B, "dapo_minus_clip_higher": ROW_A}
     samples = {row: [_samples(seed) for seed in seeds] for row, seeds in rows.items()}

@@ -8,5 +8,5 @@ or `dapo report --experiment dapo-ablation`, which executes the analysis noteboo
 same functions; `dapo compare A B` puts two rows side by side. Modules: `load` (MLflow -> RunData, with each run's
 final-eval samples), `table1`, `mechanisms` (the declared statistics), `marginal` (effects under each design),
 `compute`, `figures`, `compare`, `formats` (Markdown, CSV, LaTeX), `pipeline` (the steps), `notebooks`
-(papermill), `synthetic` (a made-up experiment for tests and demos).
+(papermill).
 """

@@ -1,8 +1,8 @@
 """A synthetic MLflow experiment shaped like a real ablation (same tags, params and metric names as the trainer
-logs), with made-up curves whose final values are given. The report's tests use it, and so can you to try
-`dapo report` or the MLflow UI without training anything:
+logs), with made-up curves whose final values are given: test plumbing for the report's and the MLflow UI's
+tests (it lived in the package until it was seen to have no user there). To try `dapo report` on it:
 
-    python -m dapo.report.synthetic --tracking-uri sqlite:///results/demo.db --experiment demo
+    python tests/_synthetic_experiment.py --tracking-uri sqlite:///results/demo.db --experiment demo
     dapo report --experiment demo --tracking-uri sqlite:///results/demo.db --out results/demo_report
 """
 
@@ -125,7 +125,7 @@ def build_synthetic_experiment(
                     run.info.run_id,
                     metrics=metrics[i : i + 900],
                     params=[Param(a, str(b)) for a, b in params.items()] if i == 0 else [],
-                    tags=[RunTag("mlflow.source.name", "dapo.report.synthetic")] if i == 0 else [],
+                    tags=[RunTag("mlflow.source.name", "tests/_synthetic_experiment.py")] if i == 0 else [],
                 )
             if correct is not None:
                 _log_samples(client, run.info.run_id, np.asarray(correct, dtype=bool))
