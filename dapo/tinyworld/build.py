@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 # Bump when the task generator, tokenizer, training recipe or build environment changes: old caches are rebuilt.
 # 4: built in a child process with pinned kernels (3 used whatever kernels the host CPU offered).
 BUILD_VERSION = 4
+# Bump when only the habits world's recipe changes (its worlds are rebuilt, the arithmetic world's kept).
+# 2: supervised loss normalised by a constant under length-grouped batches.
+HABITS_RECIPE = 2
 SFT_BATCH = 32  # sequences per supervised step
 SFT_LR = 3e-3  # trained a 1.1M-parameter prototype to 30% avg@16 in 5 CPU-minutes
 VOCAB_SIZE = 1024  # an upper bound: the BPE saturates near 500 on this task's text
@@ -116,6 +119,8 @@ def world_hash(tiny: TinyWorldConfig) -> str:
     if d.get("kernels") == "avx2":  # the pins of build 4, before the key: worlds built then stay valid
         d.pop("kernels")
     d["build_version"] = BUILD_VERSION
+    if tiny.kind == "habits":
+        d["habits_recipe"] = HABITS_RECIPE
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

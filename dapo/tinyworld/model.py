@@ -104,8 +104,11 @@ def _batch(examples: Sequence[SFTExample], pad_id: int) -> tuple[list[int], torc
     return examples[0].prompt_ids[:P], ids, mask, labels
 
 
-def response_loss(model: PreTrainedModel, examples: Sequence[SFTExample], pad_id: int) -> torch.Tensor:
-    """Mean next-token cross-entropy over the response tokens of a batch.
+def response_loss(
+    model: PreTrainedModel, examples: Sequence[SFTExample], pad_id: int, per_batch_tokens: float | None = None
+) -> torch.Tensor:
+    """Mean next-token cross-entropy over the response tokens of a batch; with `per_batch_tokens`, their sum
+    divided by that constant instead, so that every token weighs the same whichever batch it is in.
 
     The shared prompt prefix runs once (batch 1) and its key/value cache is broadcast to the batch: with the
     DAPO template that prefix is about a third of every sequence, and the loss and gradients are the same as a
@@ -121,9 +124,10 @@ def response_loss(model: PreTrainedModel, examples: Sequence[SFTExample], pad_id
             layer.keys = layer.keys.expand(len(examples), -1, -1, -1)
             layer.values = layer.values.expand(len(examples), -1, -1, -1)
     logits = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=cache is not None).logits
-    return torch.nn.functional.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
-    )
+    flat = (logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+    if per_batch_tokens is None:
+        return torch.nn.functional.cross_entropy(*flat, ignore_index=-100)
+    return torch.nn.functional.cross_entropy(*flat, ignore_index=-100, reduction="sum") / per_batch_tokens
 
 
 def sft_lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
@@ -151,7 +155,10 @@ def train_sft(
     Examples are visited in a seeded random order (cycled when `steps * batch_size` exceeds them). With
     `group_by_length`, each batch holds examples of similar length (`length_grouped_batches`): a batch is padded to
     its longest row, and with the habits world's mix of 15- and 150-token solutions a random batch is half padding.
-    Returns {"sft_loss_first", "sft_loss_last", "sft_seconds"}.
+    The loss is then a sum over tokens divided by a constant (a batch's mean token count), not each batch's own
+    mean: a mean per batch would weigh a token of a short batch several times one of a long batch, and so teach
+    the short habits' first tokens more strongly than the long ones' (a world built that way chose its verbose
+    habit a third as often as its data did). Returns {"sft_loss_first", "sft_loss_last", "sft_seconds"}.
     """
     import torch
 
@@ -160,6 +167,7 @@ def train_sft(
     rng.shuffle(order)
     lengths = [len(e.prompt_ids) + len(e.response_ids) for e in examples]
     batches = length_grouped_batches(lengths, batch_size, rng) if group_by_length else []
+    per_batch = batch_size * sum(len(e.response_ids) for e in examples) / len(examples) if group_by_length else None
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warmup = max(1, steps // 20)
     model.train()
@@ -179,12 +187,14 @@ def train_sft(
             pos += batch_size
         for g in opt.param_groups:
             g["lr"] = sft_lr_at(step, steps, lr, warmup)
-        loss = response_loss(model, batch, pad_id)
+        loss = response_loss(model, batch, pad_id, per_batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        value = float(loss.detach())
+        value = float(loss.detach())  # reported per token, whatever the normalisation
+        if per_batch is not None:
+            value *= per_batch / sum(len(e.response_ids) for e in batch)
         first = value if step == 0 else first
         recent = (recent + [value])[-20:]
         if on_step is not None:
