@@ -54,6 +54,7 @@ class Comparison:
     results: list = field(default_factory=list)  # the MechanismResult behind each line of `mechanisms`
     figure: list[Path] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    confidence: float = 0.95  # of every interval above
 
 
 def resolve_row(exp: Experiment, name: str) -> str:
@@ -162,7 +163,16 @@ def compare(
     write_table(curve, out, f"{stem}_curve")
     write_table(mech, out, f"{stem}_mechanisms")
     return Comparison(
-        row_a, row_b, exp.k, curve, final, mech, results, fig.paths, miss_a + miss_b + fig.missing + mech.missing
+        row_a,
+        row_b,
+        exp.k,
+        curve,
+        final,
+        mech,
+        results,
+        fig.paths,
+        miss_a + miss_b + fig.missing + mech.missing,
+        confidence,
     )
 
 
@@ -224,7 +234,7 @@ def _compact(c: Comparison) -> Table:
     ]
     return Table(
         title=c.mechanisms.title,
-        columns=["Mechanism (* primary)", "Statistic", "A", "B", "B - A [95% CI]", "Paper", "Verdict"],
+        columns=["Mechanism (* primary)", "Statistic", "A", "B", f"B - A [{c.confidence:.0%} CI]", "Paper", "Verdict"],
         cells=cells,
         csv_columns=[],
         csv_rows=[],

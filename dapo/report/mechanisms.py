@@ -7,8 +7,8 @@ toggle) - (row above), and where in the paper the claim is. The first declaratio
 quantity, the one the evidence goal counts. Every declared statistic is reported, whichever way it comes out.
 
 Per run, the statistic is one number; per row, its mean over seeds; the difference between the row that adds the
-toggle and the row above has Welch's 95% interval over seeds (the seed is the unit that is replicated: steps
-within a run are not independent). A verdict says whether the interval excludes zero, and on which side.
+toggle and the row above has Welch's interval over seeds, 95% by default (the seed is the unit that is replicated:
+steps within a run are not independent). A verdict says whether the interval excludes zero, and on which side.
 
 Statistics:
 - `mean`: the mean of the metric's per-step values in the window;
@@ -631,7 +631,9 @@ def mechanisms_table(results: list[MechanismResult], confidence: float = 0.95, t
     )
 
 
-def mechanisms_figure(results: list[MechanismResult], out_dir: str | Path, name: str = "mechanisms") -> list[Path]:
+def mechanisms_figure(
+    results: list[MechanismResult], out_dir: str | Path, name: str = "mechanisms", confidence: float = 0.95
+) -> list[Path]:
     """One small panel per mechanism: Δ and its interval against 0, the paper's expected side shaded."""
     import matplotlib
 
@@ -662,7 +664,8 @@ def mechanisms_figure(results: list[MechanismResult], out_dir: str | Path, name:
             f"{m.toggle}{' *' if m.primary else ''}\n{m.quantity}", rotation=0, ha="right", va="center", fontsize=6.5
         )
     fig.suptitle(
-        "Mechanisms: Δ (with - without the toggle), 95% interval over seeds; green: the paper's side", fontsize=9
+        f"Mechanisms: Δ (with - without the toggle), {confidence:.0%} interval over seeds; green: the paper's side",
+        fontsize=9,
     )
     fig.tight_layout(rect=(0.25, 0, 1, 0.97))
     out = Path(out_dir)

@@ -88,12 +88,13 @@ def write_figures(exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates
     """Every figure (PNG and PDF) into out_dir/figures, and out_dir/figures.json as their manifest."""
     out = Path(out_dir)
     results = make_figures(exp, out / "figures", x_axis)
-    mech = cumulative_results(exp)
+    confidence = 0.95
+    mech = cumulative_results(exp, confidence)
     results.append(
         FigureResult(
             "mechanisms",
-            "Mechanisms: each toggle's Δ on its declared quantities, 95% interval over seeds",
-            mechanisms_figure(mech, out / "figures"),
+            f"Mechanisms: each toggle's Δ on its declared quantities, {confidence:.0%} interval over seeds",
+            mechanisms_figure(mech, out / "figures", confidence=confidence),
             [f"{r.mechanism.toggle} / {r.mechanism.quantity}" for r in mech if r.interval is None],
         )
     )
