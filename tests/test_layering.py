@@ -60,15 +60,57 @@ def imports(path: Path) -> set[str]:
                 target = node.module or ""
             if target.split(".")[0] != "dapo":
                 continue
-            # `from dapo import metric_names` imports the module dapo.metric_names
-            found |= {f"{target}.{a.name}" for a in node.names} if target == "dapo" else {target}
+            # `from dapo import metric_names` and `from dapo.tinyworld import habits` import those modules
+            for a in node.names:
+                sub = REPO.joinpath(*target.split("."), a.name)
+                is_module = target == "dapo" or sub.with_suffix(".py").is_file() or (sub / "__init__.py").is_file()
+                found.add(f"{target}.{a.name}" if is_module else target)
     return found
 
 
-def edges() -> dict[tuple[str, str], list[str]]:
+def module_graph(package: Path | None = None) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (an imported name resolved to the module that defines it)."""
+    package = package or REPO / "dapo"
+    paths = sorted(package.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        src = module_name(path)
+        graph[src] = set()
+        for target in imports(path):
+            while target not in modules and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in modules and target not in (src, "dapo"):
+                graph[src].add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of the graph (its modules in order, the first repeated at the end), or None."""
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if state.get(node) == 1:
+            return [*path[path.index(node) :], node]
+        if state.get(node) == 2:
+            return None
+        state[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if found := visit(dep, [*path, node]):
+                return found
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if found := visit(node, []):
+            return found
+    return None
+
+
+def edges(package: Path | None = None) -> dict[tuple[str, str], list[str]]:
     """(importing part, imported part) -> the files with such an import."""
     out: dict[tuple[str, str], list[str]] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted((package or PACKAGE).rglob("*.py")):
         src = part_of(module_name(path))
         for target in imports(path):
             dst = part_of(target)
@@ -123,3 +165,29 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path, monkeypa
     src.write_text("from ..types import Problem\n\ndef f():\n    from dapo.tinyworld import build\n")
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     assert imports(src) == {"dapo.types", "dapo.tinyworld"}
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """Inside a package too: a circle (an engine and the interface it implements, a loader and what it loads)
+    works only as long as one side imports late, and breaks when someone moves an import to the top."""
+    cycle = find_cycle(module_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_a_planted_circle_and_a_planted_forbidden_import_fail_the_checks(tmp_path, monkeypatch):
+    """The checks can fail: a package with two modules that import each other (one inside a function, one
+    through `from package import module`) has a circle, and a learner module that imports the trainer is an
+    edge the table forbids."""
+    root = tmp_path / "dapo"
+    for pkg in ("rollout", "learner", "trainer"):
+        (root / pkg).mkdir(parents=True)
+        (root / pkg / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "rollout" / "base.py").write_text("def make():\n    from dapo.rollout import engine\n")
+    (root / "rollout" / "engine.py").write_text("from dapo.rollout.base import make\n")
+    (root / "learner" / "loss.py").write_text("from dapo.trainer import loop\n")
+    (root / "trainer" / "loop.py").write_text("")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert find_cycle(module_graph(root)) == ["dapo.rollout.base", "dapo.rollout.engine", "dapo.rollout.base"]
+    planted = edges(root)
+    assert ("learner", "trainer") in planted and "trainer" not in allowed_edges()["learner"]

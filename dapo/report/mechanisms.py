@@ -29,7 +29,7 @@ import numpy as np
 from dapo import metric_names as M
 from dapo.algos.evalstats import Interval, welch_interval
 from dapo.report.formats import Table
-from dapo.report.load import Experiment, RunData
+from dapo.report.runs import Experiment, RunData
 
 Statistic = Literal["mean", "successive_diff_sd", "at_common_updates", "rise"]
 Window = Literal["all", "last_third", "first_third"]
