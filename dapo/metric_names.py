@@ -123,6 +123,7 @@ TAG_STATUS = "dapo.status"  # running | finished | failed | preempted
 TAG_GPUS = "dapo.gpus"  # GPUs the run held (world size on GPU machines, 0 on CPU): compute table
 TAG_CPUS = "dapo.cpus"  # CPU threads the run used (for CPU-hours when it held no GPU)
 TAG_REPLICAS = "dapo.rollout_replicas"  # rollout engine replicas (world size / tensor parallel size)
+TAG_REFUSED_RECORDS = "dapo.refused_records"  # records the tracking store refused (named in the run's log)
 TAG_CPU_KERNELS = "dapo.cpu_kernels"  # PyTorch's CPU kernels (AVX2, AVX512, ...); the workflow pins tiny runs to AVX2
 
 # The latest evaluation's samples (one JSON object per sample), an artifact of the training run: the trainer logs

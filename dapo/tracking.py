@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dapo import metric_names as M
 from dapo.fsio import atomic_write
 from dapo.killpoint import kill_point
 
@@ -176,6 +177,7 @@ class Tracker:
         self.finish_timeout_s = finish_timeout_s
         self._next_try = 0.0
         self.dropped_points = 0  # points at or below a step the run already held (a resumed run's recompute)
+        self.refused: list[str] = []  # records the store refused, one line each (a run tag counts them at finish)
         self.spool_dir = Path(spool_dir) if spool_dir is not None else Path("results") / "mlflow_spool"
         self.spool_dir.mkdir(parents=True, exist_ok=True)
         if run_id is None:
@@ -325,6 +327,15 @@ class Tracker:
         """Deliver everything (retrying for `finish_timeout_s`), then mark the run FINISHED / FAILED / KILLED
         (None: leave its status). The status travels behind the points, so it is set only once they landed.
         Returns True when delivered; otherwise the spool stays with a note beside it (see `replay_pending`)."""
+        if self.refused:
+            self._submit([{"kind": "tag", "key": M.TAG_REFUSED_RECORDS, "value": str(len(self.refused))}])
+            log.warning(
+                "MLflow refused %d record(s) of run %s (tag %s): %s",
+                len(self.refused),
+                self.run_id,
+                M.TAG_REFUSED_RECORDS,
+                "; ".join(self.refused[:20]) + (" ..." if len(self.refused) > 20 else ""),
+            )
         if status is not None:
             self._submit([{"kind": "status", "status": status}])
         deadline = time.monotonic() + self.finish_timeout_s
@@ -409,17 +420,33 @@ class Tracker:
                 if kind in ("artifact", "status"):
                     break
             try:
-                self._write(kind, recs[i:j])
+                self._write_isolating(kind, recs[i:j])
             except Exception as e:
-                if _is_rejection(e):
-                    # the store answered and refused (e.g. a changed param on resume): retrying cannot help
-                    log.warning("MLflow refused %d %s record(s): %s", j - i, kind, _first_line(e))
-                else:
-                    log.warning("MLflow unreachable (%s); spooling to %s", type(e).__name__, self.spool_path)
-                    self._next_try = time.monotonic() + self.retry_interval_s
-                    return i
+                log.warning("MLflow unreachable (%s); spooling to %s", type(e).__name__, self.spool_path)
+                self._next_try = time.monotonic() + self.retry_interval_s
+                return i
             i = j
         return i
+
+    def _write_isolating(self, kind: str, recs: list[dict[str, Any]]) -> None:
+        """Write a batch; when the store refuses it (it answered: retrying cannot help, e.g. a param changed on
+        resume), write its halves apart, down to single records, so that a refused record loses only itself. Each
+        refused record is named in `refused`; a failure to reach the store propagates (the caller spools)."""
+        try:
+            self._write(kind, recs)
+        except Exception as e:
+            if not _is_rejection(e):
+                raise
+            if len(recs) > 1:
+                half = len(recs) // 2
+                self._write_isolating(kind, recs[:half])
+                self._write_isolating(kind, recs[half:])
+                return
+            what = f"{kind} {recs[0].get('key', recs[0].get('path', ''))}".strip()
+            if kind == "metric":
+                what += f" at step {recs[0]['step']}"
+            self.refused.append(what)
+            log.warning("MLflow refused %s: %s", what, _first_line(e))
 
     def _learn_floor(self) -> dict[str, int]:
         """Per metric key, the highest step this run already holds in the store."""

@@ -328,3 +328,19 @@ def test_a_tiny_training_logs_to_an_authenticated_server_with_credentials_from_t
         assert _exit_code_of(err.value) == 2
     finally:
         stop_mlflow_server(proc)
+
+
+def test_a_refused_record_loses_only_itself_and_the_run_names_it(tmp_path: Path) -> None:
+    """A param the store refuses (here: changed on resume) used to take its whole batch down with it; now the
+    rest of the batch is written, and the refused record is counted in a run tag and named in the log."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tr = Tracker(uri, "exp", "r", spool_dir=tmp_path / "spool")
+    tr.log_params({"trainer.lr": 1e-6})
+    tr.log_params({"a.x": 1, "b.y": 2, "trainer.lr": 2e-6, "c.z": 3, "d.w": 4})  # one batch, one bad record
+    tr.finish("FINISHED")
+    run = tr.client.get_run(tr.run_id)
+    kept = {k: run.data.params[k] for k in ("a.x", "b.y", "c.z", "d.w")}
+    assert kept == {"a.x": "1", "b.y": "2", "c.z": "3", "d.w": "4"}
+    assert run.data.params["trainer.lr"] == "1e-06"
+    assert tr.refused == ["param trainer.lr"]
+    assert run.data.tags[M.TAG_REFUSED_RECORDS] == "1" and run.info.status == "FINISHED"
