@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -178,6 +179,8 @@ class Tracker:
         self._next_try = 0.0
         self.dropped_points = 0  # points at or below a step the run already held (a resumed run's recompute)
         self.refused: list[str] = []  # records the store refused, one line each (a run tag counts them at finish)
+        # one writer at a time: the training loop logs while a watcher thread may mark the run failed and finish it
+        self._lock = threading.RLock()
         self.spool_dir = Path(spool_dir) if spool_dir is not None else Path("results") / "mlflow_spool"
         self.spool_dir.mkdir(parents=True, exist_ok=True)
         if run_id is None:
@@ -327,6 +330,11 @@ class Tracker:
         """Deliver everything (retrying for `finish_timeout_s`), then mark the run FINISHED / FAILED / KILLED
         (None: leave its status). The status travels behind the points, so it is set only once they landed.
         Returns True when delivered; otherwise the spool stays with a note beside it (see `replay_pending`)."""
+        with self._lock:  # a watcher thread may finish the run while the loop logs
+            return self._finish(status)
+
+    # ---------------------------------------------------------------------------------------- internals
+    def _finish(self, status: str | None) -> bool:
         if self.refused:
             self._submit([{"kind": "tag", "key": M.TAG_REFUSED_RECORDS, "value": str(len(self.refused))}])
             log.warning(
@@ -356,20 +364,20 @@ class Tracker:
         self.spool_path.with_suffix(UNDELIVERED).unlink(missing_ok=True)
         return True
 
-    # ---------------------------------------------------------------------------------------- internals
     def _spooled(self) -> bool:
         return self.spool_path.is_file() and self.spool_path.stat().st_size > 0
 
     def _submit(self, recs: list[dict[str, Any]]) -> None:
-        if time.monotonic() < self._next_try:  # the store failed recently: do not wait on it again yet
-            self._append(recs)
-            return
-        if self._spooled() and not self._replay():
-            self._append(recs)  # keep order: nothing overtakes records that are still waiting
-            return
-        sent = self._send(recs)
-        if sent < len(recs):
-            self._append(recs[sent:])
+        with self._lock:
+            if time.monotonic() < self._next_try:  # the store failed recently: do not wait on it again yet
+                self._append(recs)
+                return
+            if self._spooled() and not self._replay():
+                self._append(recs)  # keep order: nothing overtakes records that are still waiting
+                return
+            sent = self._send(recs)
+            if sent < len(recs):
+                self._append(recs[sent:])
 
     def _append(self, recs: list[dict[str, Any]]) -> None:
         if not recs:

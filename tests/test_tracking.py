@@ -344,3 +344,33 @@ def test_a_refused_record_loses_only_itself_and_the_run_names_it(tmp_path: Path)
     assert run.data.params["trainer.lr"] == "1e-06"
     assert tr.refused == ["param trainer.lr"]
     assert run.data.tags[M.TAG_REFUSED_RECORDS] == "1" and run.info.status == "FINISHED"
+
+
+def test_a_watcher_thread_finishing_the_run_waits_for_the_loops_write(tmp_path: Path) -> None:
+    """A peer's failure is noticed on a watcher thread, which marks the run failed and finishes it while the
+    training loop may be writing: the finish waits for that write instead of interleaving with it."""
+    import threading
+
+    tr = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "exp", "r", spool_dir=tmp_path / "spool")
+    entered, release = threading.Event(), threading.Event()
+    real_write = tr._write
+
+    def slow_write(kind, recs):
+        if kind == "metric" and not release.is_set():
+            entered.set()
+            release.wait(10)
+        real_write(kind, recs)
+
+    tr._write = slow_write
+    loop = threading.Thread(target=tr.log_metrics, args=({"reward/mean": 1.0}, 1))
+    loop.start()
+    assert entered.wait(10)
+    watcher = threading.Thread(target=tr.finish, args=("FAILED",))
+    watcher.start()
+    watcher.join(0.5)
+    assert watcher.is_alive()  # held back while the loop's write is under way
+    release.set()
+    loop.join(10)
+    watcher.join(10)
+    run = tr.client.get_run(tr.run_id)
+    assert run.info.status == "FAILED" and run.data.metrics["reward/mean"] == 1.0
