@@ -23,6 +23,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from dapo.types import LossAggMode
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRESETS_DIR = REPO_ROOT / "configs" / "presets"
 ABLATIONS_DIR = REPO_ROOT / "configs" / "ablations"
@@ -228,7 +230,6 @@ class RolloutConfig(_Section):
 
 
 # ------------------------------------------------------------------------------------------- algorithm
-LossAgg = Literal["seq-mean-token-mean", "token-mean", "group-token-mean", "seq-mean-token-sum"]
 
 
 class AlgorithmConfig(_Section):
@@ -248,7 +249,7 @@ class AlgorithmConfig(_Section):
         "initial model a second time as a frozen reference (partitioned at ZeRO-3; docs/algorithm.md section 9).",
     )
     norm_adv_by_std: bool = Field(True, description="Divide advantages by the group std (GRPO). False: Dr. GRPO.")
-    loss_agg: LossAgg = Field(
+    loss_agg: LossAggMode = Field(
         "seq-mean-token-mean",
         description="Loss aggregation. GRPO: seq-mean-token-mean; "
         "DAPO token-level loss: token-mean (released code) or group-token-mean (Eq. 12).",

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
+
+# How a loss is aggregated over a mini-batch's tokens (dapo.algos.aggregation has the formulas): the one list,
+# read by the config's schema and the algorithm alike.
+LossAggMode = Literal["seq-mean-token-mean", "token-mean", "group-token-mean", "seq-mean-token-sum"]
+LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,12 @@ Data-parallel engines that *average* gradients over W ranks need the loss multip
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
-LossAggMode = Literal["seq-mean-token-mean", "token-mean", "group-token-mean", "seq-mean-token-sum"]
-MODES: tuple[str, ...] = ("seq-mean-token-mean", "token-mean", "group-token-mean", "seq-mean-token-sum")
+from dapo.types import LOSS_AGG_MODES, LossAggMode
+
+MODES = LOSS_AGG_MODES
 
 
 def local_counts(mask: Tensor) -> dict[str, int]:
