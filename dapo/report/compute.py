@@ -4,9 +4,9 @@ Per row (mean over its seeds): tokens generated, counting those of groups that d
 (DS_TOKENS_GENERATED_TOTAL, else the sum of the per-step DS_TOKENS_GENERATED); wall-clock (TIME_TOTAL, else the
 run's MLflow start/end times); GPU-hours = GPUs per run x wall-clock; and accuracy (the final avg@k) per GPU-hour.
 
-GPUs per run: `gpus_per_run` (the CLI / notebook parameter) wins; else a run tag or param among
-`load.GPU_KEYS`; else 0. A run on 0 GPUs is costed in CPU-hours instead (CPUs from `cpus_per_run`, a tag or
-param among `load.CPU_KEYS`, else 1, said in a note).
+GPUs per run: `gpus_per_run` (the CLI / notebook parameter) wins; else the run's tag `dapo.gpus` (the trainer
+writes it); else 0. A run on 0 GPUs is costed in CPU-hours instead (CPUs from `cpus_per_run`, else the tag
+`dapo.cpus`, else 1, said in a note).
 """
 
 from __future__ import annotations

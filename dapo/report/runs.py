@@ -14,9 +14,9 @@ from dapo import metric_names as M
 
 XAxis = Literal["updates", "rollout"]
 
-# Where a run may say how many accelerators it used (first hit wins); `--gpus-per-run` overrides them all.
-GPU_KEYS = ("dapo.gpus", "resources.gpus", "resources.gpu", "gpus", "num_gpus")
-CPU_KEYS = ("dapo.cpus", "resources.cpus", "resources.cpus_per_task", "cpus", "num_cpus")
+# Where a run says how many accelerators it used; `--gpus-per-run` overrides it.
+GPU_KEYS = (M.TAG_GPUS,)  # the tag the trainer writes (there were guesses at other tools' names: nothing wrote them)
+CPU_KEYS = (M.TAG_CPUS,)
 
 
 class ExperimentNotFound(LookupError):
