@@ -69,11 +69,11 @@ class TinyWorldConfig(_Section):
     )
     seed: int = Field(0, description="Seed for the task generator, tokenizer and base-model training.")
     kernels: Literal["avx2", "x86"] = Field(
-        "x86",
-        description="CPU kernels the build (and the workflow's tiny runs) pin on x86-64: `x86` gives the same weights "
-        "on Intel and AMD CPUs, with or without AVX-512 (MKL_CBWR=COMPATIBLE; about twice the supervised phase's "
-        "CPU time); `avx2` is the faster pin of build 4, whose worlds differ between Intel and AMD CPUs (MKL "
-        "dispatches by vendor).",
+        "avx2",
+        description="CPU kernels the build (and the workflow's tiny runs) pin on x86-64: `avx2` (build 4's pins, "
+        "the default) gives worlds that differ between Intel and AMD CPUs (MKL dispatches by vendor); `x86` "
+        "(MKL_CBWR=COMPATIBLE, the habits world's) gives the same weights on both, at about twice the supervised "
+        "phase's CPU time.",
     )
     dir: str = Field(
         "results/tiny_world",
@@ -219,8 +219,8 @@ class RolloutConfig(_Section):
         "twin in its samples alone: the ablation's placebo row (dapo.designs.placebo_run).",
     )
     max_response_length: int = Field(20480, gt=0, description="Hard generation cap L_max. Paper: 20480.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts (the paper: 1.0).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of the rollouts (the paper: 1.0, no cut).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts (the DAPO recipe: 1.0).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of the rollouts (the DAPO recipe: 1.0).")
     tensor_parallel_size: int = Field(
         1, ge=1, description="vLLM tensor-parallel width of one rollout replica (ranks per replica)."
     )
@@ -292,9 +292,9 @@ class TrainerConfig(_Section):
         "takes rows x L^2 memory: keep micro_batch_tokens small (tiny preset: 4096).",
     )
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate after the warm-up (the paper: 1e-6).")
-    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (the paper: 0.1).")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas (the paper: 0.9, 0.999).")
-    grad_clip: float = Field(1.0, gt=0, description="Clip the gradient's global norm to this (the paper: 1.0).")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (the DAPO recipe: 0.1).")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas (the DAPO recipe: 0.9, 0.999).")
+    grad_clip: float = Field(1.0, gt=0, description="Clip the gradient's global norm to this (the DAPO recipe: 1.0).")
     warmup_steps: int = Field(
         20,
         ge=0,

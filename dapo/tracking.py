@@ -384,7 +384,7 @@ class Tracker:
             return
         meta = self.spool_path.with_suffix(".meta.json")
         if not meta.is_file():  # what a later replay needs to find the store
-            meta.write_text(json.dumps({"run_id": self.run_id, "uri": self.uri, "experiment": self.experiment}))
+            atomic_write(meta, json.dumps({"run_id": self.run_id, "uri": self.uri, "experiment": self.experiment}))
         with self.spool_path.open("a") as f:
             f.write("".join(json.dumps(r) + "\n" for r in recs))
 
@@ -453,8 +453,9 @@ class Tracker:
             what = f"{kind} {recs[0].get('key', recs[0].get('path', ''))}".strip()
             if kind == "metric":
                 what += f" at step {recs[0]['step']}"
-            self.refused.append(what)
-            log.warning("MLflow refused %s: %s", what, _first_line(e))
+            if what not in self.refused:  # a batch spooled again after a lost connection is refused again
+                self.refused.append(what)
+                log.warning("MLflow refused %s: %s", what, _first_line(e))
 
     def _learn_floor(self) -> dict[str, int]:
         """Per metric key, the highest step this run already holds in the store."""

@@ -11,6 +11,11 @@ case "${1:-start}" in
       export DEBIAN_FRONTEND=noninteractive
       apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null
     fi
+    if ! command -v cc >/dev/null; then
+      echo "installing a C compiler (the MKL vendor stand-in of tests/test_tinyworld_build.py)"
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get update -qq >/dev/null && apt-get install -y -qq gcc libc6-dev >/dev/null
+    fi
     bash scripts/slurm/start.sh ;;
   stop)
     bash scripts/slurm/stop.sh ;;

@@ -34,6 +34,7 @@ def test_two_writers_of_one_path_use_their_own_temporaries(tmp_path, monkeypatch
 
     monkeypatch.setattr(fsio.os, "replace", spy)
     fsio.atomic_write(path, "a")
-    monkeypatch.setattr(fsio.os, "getpid", lambda: 1)
+    other = os.getpid() + 1
+    monkeypatch.setattr(fsio.os, "getpid", lambda: other)
     fsio.atomic_write(path, "b")
     assert path.read_text() == "b" and len(set(seen)) == 2

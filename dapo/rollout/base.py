@@ -1,4 +1,4 @@
-"""The one interface every rollout engine implements, and `make_engine`, the one way to build one.
+"""The one interface every rollout engine implements (`dapo.rollout.factory.make_engine` builds one).
 
 An engine turns token ids into sampled responses (`dapo.types.Sample`: response token ids, the log-prob of each sampled
 token, finish reason "stop" or "length") and takes new weights from the learner without restarting. The learner

@@ -122,7 +122,8 @@ for (_run, _seed), (_job, _state) in sorted(LIVE_TRAIN_JOBS.items()):
 def kernel_env():
     """`env`'s assignments that start a train job: for the tiny preset the CPU kernels the tiny world was built with
     (dapo.tinyworld.pinned_kernels, by tiny.kernels), so that its numbers do not depend on the vector code a host's CPU would pick
-    (checked here by asking for other ATen kernels, not on a second host); nothing for GPU presets."""
+    (checked by asking for other ATen kernels, and for MKL's other vendor through a stand-in); nothing for GPU
+    presets."""
     from dapo.tinyworld import pinned_kernels
 
     return [f"{k}={v}" for k, v in pinned_kernels(BASE.tiny.kernels).items()] if IS_TINY else []
