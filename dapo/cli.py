@@ -14,13 +14,16 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "build-tiny": ("dapo.tinyworld.cli", "Build the tiny world (task data, tokenizer, base model) from nothing."),
-    "prepare-data": ("dapo.data.cli", "Load, deduplicate and template train/eval data; write JSONL for a run."),
-    "train": ("dapo.trainer.cli", "Train one ablation row (resumes from its run directory)."),
-    "eval": ("dapo.evaluation.cli", "Evaluate a model: avg@k, pass@k, maj@k with confidence intervals."),
-    "report": ("dapo.report.cli", "Regenerate Table 1 and the paper's figures from an MLflow experiment."),
+    "build-tiny": ("dapo.commands.build_tiny", "Build the tiny world (task data, tokenizer, base model) from nothing."),
+    "prepare-data": (
+        "dapo.commands.prepare_data",
+        "Load, deduplicate and template train/eval data; write JSONL for a run.",
+    ),
+    "train": ("dapo.commands.train", "Train one ablation row (resumes from its run directory)."),
+    "eval": ("dapo.commands.eval", "Evaluate a model: avg@k, pass@k, maj@k with confidence intervals."),
+    "report": ("dapo.commands.report", "Regenerate Table 1 and the paper's figures from an MLflow experiment."),
     "compare": ("dapo.report.compare", "Two rows side by side: eval curves and mechanism statistics, from MLflow."),
-    "config": ("dapo.config_cli", "Show the resolved config, or every key with its default and meaning."),
+    "config": ("dapo.commands.config", "Show the resolved config, or every key with its default and meaning."),
     "status": ("dapo.status", "Each run's state, SLURM jobs and attempts; deliver MLflow records still spooled."),
 }
 

@@ -200,8 +200,8 @@ def test_dapo_eval_cli_tiny_model_through_vllm(tmp_path: Path, vllm) -> None:
     ]
 
     # into an existing training run: metrics at its last rollout step, its status untouched
+    from dapo.commands.eval import log_to_mlflow, mlflow_step
     from dapo.config import load_config
-    from dapo.evaluation.cli import log_to_mlflow, mlflow_step
 
     train = Tracker(uri, "eval-test", "row0-s0", spool_dir=tmp_path / "spool")
     train.log_metrics({M.ROLLOUT_STEP: 30}, step=30)
@@ -221,8 +221,8 @@ def test_dapo_eval_cli_tiny_model_through_vllm(tmp_path: Path, vllm) -> None:
 def test_eval_cli_step_comes_from_done_json_or_the_run_never_silently_0(tmp_path: Path) -> None:
     """`dapo eval --run-id`: the model's training step from DONE.json beside it; an explicit --step wins; a new
     run is step 0; when neither DONE.json nor the tracking server can say, the command refuses, asking for --step."""
+    from dapo.commands.eval import mlflow_step
     from dapo.config import load_config
-    from dapo.evaluation.cli import mlflow_step
 
     run_dir = tmp_path / "run"
     (run_dir / "final").mkdir(parents=True)

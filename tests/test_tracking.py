@@ -318,8 +318,8 @@ def test_a_tiny_training_logs_to_an_authenticated_server_with_credentials_from_t
         assert "alice-secret" not in json.dumps(run.data.params) + r.stdout + r.stderr  # nothing logs the password
 
         # a wrong password: `dapo train` stops with the config-error code (2), which the job script never requeues
+        from dapo.commands.train import _exit_code_of, _open_run
         from dapo.config import ConfigError, load_config
-        from dapo.trainer.cli import _exit_code_of, _open_run
 
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "guess")
         cfg = load_config(preset="tiny", overrides=[f"tracking.uri={uri}", "tracking.experiment=auth"])

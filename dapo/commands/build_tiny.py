@@ -14,7 +14,7 @@ import json
 import sys
 import time
 
-from dapo.config_cli import add_config_arguments
+from dapo.commands.config import add_config_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dapo.config_cli import add_config_arguments
+from dapo.commands.config import add_config_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -23,7 +23,7 @@ import socket
 import time
 from pathlib import Path
 
-from dapo.config_cli import add_config_arguments
+from dapo.commands.config import add_config_arguments
 from dapo.fsio import atomic_write
 from dapo.trainer import RESUME_EXIT_CODE
 
@@ -105,7 +105,7 @@ def _exit_code_of(e: BaseException) -> int:
 
 def _train(cfg, run_dir: Path, progress: str, guard) -> int:  # noqa: ANN001 (RunConfig, StartupGuard: lazy)
     from dapo import distributed as dist
-    from dapo.trainer.loop import TestHooks, Trainer
+    from dapo.trainer.loop import Trainer
     from dapo.trainer.setup import build_components
 
     # Join the job's group before building, so that a rank failing while it builds (a model that does not load on
@@ -115,7 +115,6 @@ def _train(cfg, run_dir: Path, progress: str, guard) -> int:  # noqa: ANN001 (Ru
     # A stop signal's StartupStop (a SystemExit) is not reported: every rank gets that signal itself.
     dist.init_distributed(timeout_s=cfg.trainer.collective_timeout_s)
     with dist.FailureWatch():
-        TestHooks.from_env().fail_while_building()
         components = build_components(cfg, run_dir)
     try:
         return Trainer(cfg, run_dir, components, progress={"auto": None, "bar": True, "log": False}[progress]).run()

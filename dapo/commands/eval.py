@@ -19,7 +19,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dapo.config_cli import add_config_arguments
+from dapo.commands.config import add_config_arguments
 
 if TYPE_CHECKING:
     from dapo.config import RunConfig
