@@ -62,7 +62,7 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             grad_clip=clip,
             zero_stage=stage,
             dtype="float32",
-            optimizer="sgd",
+            optimizer=lambda params: torch.optim.SGD(params, lr=SGD_LR),  # one step = lr x gradient
             micro_batch_tokens=BIG_BUDGET,
             logprob_chunk_size=7,
         )

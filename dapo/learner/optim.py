@@ -25,24 +25,14 @@ def lr_at(rollout_step: int, lr: float, warmup_steps: int) -> float:
 
 def make_optimizer(
     params: Iterable[torch.nn.Parameter],
-    kind: str,
     lr: float,
     weight_decay: float,
     betas: tuple[float, float],
 ) -> torch.optim.Optimizer:
-    """A torch optimizer for DeepSpeed to wrap.
-
-    `adamw` is torch's fused AdamW (one kernel per parameter tensor on CPU and GPU; the default for-loop form
-    took twice as long per step on the CPU: bench_learner_flops.py); DeepSpeed's own AdamW builds a C++ op first
-    (~75 s on 2 CPU cores, DeepSpeed 0.19.8). `sgd` (plain, momentum 0) makes one step equal `lr x gradient`,
-    which is what the learner's exactness tests compare.
-    """
-    params = list(params)
-    if kind == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
-    if kind == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {kind!r}; choose adamw or sgd")
+    """The torch optimizer DeepSpeed wraps: torch's fused AdamW (one kernel per parameter tensor on CPU and GPU;
+    the default for-loop form took twice as long per step on the CPU: bench_learner_flops.py); DeepSpeed's own
+    AdamW builds a C++ op first (~75 s on 2 CPU cores, DeepSpeed 0.19.8)."""
+    return torch.optim.AdamW(list(params), lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
 
 
 def deepspeed_config(zero_stage: int, bf16: bool, grad_clip: float, world_size: int) -> dict[str, Any]:
