@@ -194,8 +194,8 @@ def test_a_refill_state_with_an_unknown_type_is_refused_at_save(tmp_path):
     assert ck.latest_checkpoint(tmp_path) is None  # nothing half-written was published
 
 
-def _as_legacy(path, refill):
-    """Rewrite a checkpoint in the format before this one: rng.pt and refill.pt, pickled with torch.save."""
+def _pickled_instead(path, refill):
+    """Replace a checkpoint's JSON and safetensors files by pickles (torch.save), as a crafted folder could."""
     _, rng, _ = ck.load_checkpoint_state(path)
     for f in ("rng.json", "rng.safetensors", "partial.json", "partial.safetensors"):
         (path / f).unlink(missing_ok=True)
@@ -203,13 +203,16 @@ def _as_legacy(path, refill):
     torch.save(refill, path / "refill.pt")
 
 
-def test_old_pickled_checkpoints_still_load_weights_only(tmp_path):
-    partial = _partial_step()
-    path = _save(tmp_path, 2)
-    _as_legacy(path, partial)
-    state, rng, back = ck.load_checkpoint_state(path)
-    assert state == {"step": 2} and "numpy" in rng and back.collected == partial.collected
-    assert torch.equal(back.batch.old_logprobs, partial.batch.old_logprobs)
+@pytest.mark.parametrize("name", ["rng.pt", "refill.pt"])
+def test_a_checkpoint_of_pickles_is_refused_and_never_unpickled(tmp_path, name):
+    path = _save(tmp_path, 3)
+    marker = tmp_path / "pwned"
+    _pickled_instead(path, {"acc": 1})
+    torch.save({"python": _Payload(marker)}, path / name)
+    with pytest.raises(ck.CheckpointError) as err:
+        ck.load_checkpoint_state(path)
+    assert not marker.exists()
+    assert "rng.json" in str(err.value) and "Delete the folder" in str(err.value)
 
 
 class _Payload:
@@ -220,20 +223,6 @@ class _Payload:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
-
-
-@pytest.mark.parametrize("name", ["rng.pt", "refill.pt"])
-def test_a_crafted_pickle_is_refused_and_never_runs(tmp_path, name, monkeypatch):
-    monkeypatch.delenv(ck.TRUST_ENV, raising=False)
-    path = _save(tmp_path, 3)
-    marker = tmp_path / "pwned"
-    _as_legacy(path, {"acc": 1})
-    torch.save({"python": _Payload(marker)}, path / name)
-    with pytest.raises(ck.CheckpointError) as err:
-        ck.load_checkpoint_state(path)
-    assert not marker.exists()
-    msg = str(err.value)
-    assert name in msg and "posix.system" in msg and "delete the checkpoint folder" in msg and ck.TRUST_ENV in msg
 
 
 @pytest.fixture(scope="module")
@@ -273,18 +262,16 @@ def deepspeed_checkpoint(tmp_path_factory):
     return learner, ckpt
 
 
-def test_deepspeed_state_loads_weights_only(deepspeed_checkpoint, monkeypatch):
-    monkeypatch.delenv(ck.TRUST_ENV, raising=False)
+def test_deepspeed_state_loads_weights_only(deepspeed_checkpoint):
     learner, ckpt = deepspeed_checkpoint
     before = {k: v.clone() for k, v in learner.named_parameters_for_sync()}
     ck.load_learner(learner, ckpt)
     assert all(torch.equal(before[k], v) for k, v in learner.named_parameters_for_sync())
 
 
-def test_a_crafted_deepspeed_file_is_refused(deepspeed_checkpoint, tmp_path, monkeypatch):
+def test_a_crafted_deepspeed_file_is_refused(deepspeed_checkpoint, tmp_path):
     import shutil
 
-    monkeypatch.delenv(ck.TRUST_ENV, raising=False)
     learner, ckpt = deepspeed_checkpoint
     bad = tmp_path / "step_000001"
     shutil.copytree(ckpt, bad)

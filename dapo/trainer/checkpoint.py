@@ -20,9 +20,8 @@ writing) are ignored and swept on the next save. Pruning keeps the newest `keep`
 Nothing here executes code from a checkpoint folder: our own files are JSON and safetensors, a part-done step goes
 through an explicit codec that knows only `step.PARTIAL_STEP_TYPES` (tensors go to safetensors), and the learner's
 DeepSpeed files are read with `torch.load(weights_only=True)` and three allowlisted DeepSpeed classes
-(`load_learner`). Checkpoints written before this format (`rng.pt`, `refill.pt`) load the same way. A file that
-needs anything else is refused with `CheckpointError`; `DAPO_TRUST_CHECKPOINTS=1` loads a checkpoint you wrote
-yourself with full unpickling.
+(`load_learner`). A file that needs anything else is refused with `CheckpointError`; there is no switch that
+unpickles in full.
 """
 
 from __future__ import annotations
@@ -42,7 +41,6 @@ import numpy as np
 import torch
 
 from dapo.fsio import fsync_dir
-from dapo.killpoint import kill_point
 
 _NAME = re.compile(r"^step_(\d{6,})(?:\.(\d+))?$")
 COMPLETE = "COMPLETE"
@@ -51,10 +49,7 @@ RNG_FILE = "rng.json"
 RNG_TENSORS = "rng.safetensors"
 PARTIAL_FILE = "partial.json"
 PARTIAL_TENSORS = "partial.safetensors"
-LEGACY_RNG_FILE = "rng.pt"
-LEGACY_REFILL_FILE = "refill.pt"
 LEARNER_DIR = "learner"
-TRUST_ENV = "DAPO_TRUST_CHECKPOINTS"
 
 
 class CheckpointError(RuntimeError):
@@ -260,14 +255,16 @@ def save_checkpoint(
             save_file(tensors, str(tmp / PARTIAL_TENSORS))
         (tmp / COMPLETE).write_text(final.name + "\n")
         _fsync_tree(tmp)
-        kill_point("checkpoint.written")
-        os.rename(tmp, final)
-        fsync_dir(root)
-        kill_point("checkpoint.published")
+        publish(tmp, final)
         prune(run_dir, keep)
-        kill_point("checkpoint.pruned")
     dist.barrier()  # no rank goes on (or reads the checkpoint list) before the folder is published
     return final
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Rename a complete temporary folder into place (atomic) and make the rename durable."""
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
 
 
 def prune(run_dir: Path, keep: int) -> None:
@@ -284,37 +281,20 @@ def load_checkpoint_state(path: Path) -> tuple[dict[str, Any], dict[str, Any], A
     """(trainer state, rng state, refill state or None) of a checkpoint folder, without unpickling anything."""
     if not (path / COMPLETE).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker)")
+    if not (path / RNG_FILE).is_file():
+        raise CheckpointError(
+            f"{path} has no {RNG_FILE}: not a checkpoint this version writes. Delete the folder (the run restarts "
+            "from the checkpoint before it, or from scratch)."
+        )
     state = json.loads((path / STATE_FILE).read_text())
-    if (path / RNG_FILE).is_file():
-        rng = _load_rng(path)
-    else:
-        rng = _legacy_load(path / LEGACY_RNG_FILE)
+    rng = _load_rng(path)
     refill = None
     if (path / PARTIAL_FILE).is_file():
         from safetensors.torch import load_file
 
         tensors = load_file(str(path / PARTIAL_TENSORS)) if (path / PARTIAL_TENSORS).is_file() else {}
         refill = decode_partial(json.loads((path / PARTIAL_FILE).read_text()), tensors)
-    elif (path / LEGACY_REFILL_FILE).is_file():
-        refill = _legacy_load(path / LEGACY_REFILL_FILE)
     return state, rng, refill
-
-
-def _numpy_globals() -> list[Any]:
-    core = getattr(np, "_core", None) or np.core
-    return [core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
-
-
-def _legacy_load(path: Path) -> Any:
-    """A pre-JSON checkpoint file (rng.pt / refill.pt): weights-only unpickling with our own types allowed."""
-    allowed = [*_numpy_globals(), *_codec_types().values()]
-    try:
-        with torch.serialization.safe_globals(allowed):
-            return torch.load(path, weights_only=True)
-    except Exception as e:
-        if os.environ.get(TRUST_ENV) == "1":
-            return torch.load(path, weights_only=False)
-        raise CheckpointError(_refusal(path, e)) from None
 
 
 # DeepSpeed's checkpoints pickle these beside tensors (ZeRO 1-3, fp32 and bf16; found by loading them with
@@ -330,9 +310,6 @@ DEEPSPEED_SAFE_GLOBALS = (
 def weights_only_loads() -> Iterator[None]:
     """Every `torch.load` inside (DeepSpeed's included, which asks for weights_only=False) unpickles only
     tensors, plain containers and the allowlisted DeepSpeed classes."""
-    if os.environ.get(TRUST_ENV) == "1":
-        yield
-        return
     import importlib
 
     allowed = []
@@ -369,6 +346,5 @@ def _refusal(path: Path, e: BaseException) -> str:
     return (
         f"{path}: refused to load: {what}. Loading it would run code stored in the file. If this checkpoint "
         f"came from elsewhere, do not resume from it: delete the checkpoint folder (the run restarts from the "
-        f"one before, or from scratch). If you wrote it yourself with this project, set {TRUST_ENV}=1 to load it "
-        "with full unpickling."
+        "one before, or from scratch)."
     )
