@@ -184,7 +184,9 @@ def offload_check(model_dir: Path) -> dict:
 def dapo_train(args: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[int, str]:
     cmd = [sys.executable, "-c", "import sys; from dapo.cli import main; sys.exit(main())", "train", *args]
     with log.open("a") as f:
-        p = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        # a DAPO_TEST_* fault is injected by the tests' fault module (tests/faults), found through PYTHONPATH
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "faults"), **(env or {})}
+        p = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
     return p.returncode, log.read_text()
 
 

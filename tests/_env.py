@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+FAULTS = REPO / "tests" / "faults"  # injects the faults a DAPO_TEST_* variable asks for (tests/faults/dapo_faults.py)
 INHERITED_NOT = (
     "RANK",
     "WORLD_SIZE",
@@ -26,6 +27,7 @@ INHERITED_NOT = (
     "SLURM_NTASKS",
     "DAPO_TEST_KILL_AT",
     "DAPO_TEST_FAIL_AT",
+    "DAPO_TEST_POISON_STEP",
 )
 
 
@@ -38,7 +40,7 @@ def child_env(**extra: str) -> dict[str, str]:
         OMP_NUM_THREADS="1",
         TOKENIZERS_PARALLELISM="false",
         PYTHONHASHSEED="0",
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=f"{REPO}{os.pathsep}{FAULTS}",
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     )
     for key in INHERITED_NOT:

@@ -29,7 +29,7 @@ from dapo.rewards import score_responses  # noqa: E402
 from dapo.rollout.base import per_prompt_counts  # noqa: E402
 from dapo.trainer.components import Components, EvalSet  # noqa: E402
 from dapo.trainer.loop import Trainer  # noqa: E402
-from dapo.trainer.setup import make_learner  # noqa: E402
+from dapo.trainer.setup import make_learner, run_settings  # noqa: E402
 from dapo.types import Problem, Sample  # noqa: E402
 
 N_PROBLEMS = 48
@@ -149,7 +149,7 @@ def main() -> None:
         make_tracker=make_tracker,
         eval_set=EvalSet(problems[:10], prompts[:10], EvalSettings(n=2, max_tokens=6, pass_k=(1, 2), bootstrap=10)),
     )
-    code = Trainer(cfg, out / "run", comps, progress=False).run()
+    code = Trainer(run_settings(cfg), out / "run", comps, progress=False).run()
     (out / f"calls.rank{dist.rank()}.json").write_text(json.dumps(engine.calls))
     params = {k: v.detach().clone() for k, v in learner.named_parameters_for_sync()}
     if dist.is_main():

@@ -7,10 +7,14 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+# the test-side fault injection (`import dapo_faults`); the processes tests start find it through _env.child_env
+sys.path.append(str(Path(__file__).resolve().parent / "faults"))
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_DATA = Path(__file__).resolve().parent / "data"

@@ -29,9 +29,10 @@ def allowed_edges() -> dict[str, set[str]]:
 
 
 def part_of(module: str) -> str:
-    """`dapo.learner.batch` -> `learner`; a command-line module -> CLI."""
+    """`dapo.learner.batch` -> `learner`; `dapo.cli` (the dispatcher, which imports its commands by name) -> CLI.
+    The commands (`dapo.commands.*`) are a part like any other: their imports are edges the table lists."""
     parts = module.split(".")
-    if module in ("dapo.cli", "dapo.config_cli") or (len(parts) == 3 and parts[2] == "cli"):
+    if module == "dapo.cli":
         return CLI
     return parts[1] if len(parts) > 1 else "dapo"
 
@@ -194,3 +195,19 @@ def test_a_planted_circle_and_a_planted_forbidden_import_fail_the_checks(tmp_pat
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     assert find_cycle(module_graph(root)) == ["dapo.rollout.base", "dapo.rollout.engine", "dapo.rollout.base"]
     assert forbidden(edges(root), allowed_edges()) == ["learner -> trainer (dapo/learner/loss.py)"]
+
+
+# What only the tests may know: their fault module, its variables and the old in-package hooks' names.
+TEST_MACHINERY = re.compile(r"\bDAPO_TEST_\w+|\bdapo_faults\b|\bkill_point\b|\bTestHooks\b|\btests\.|\bconftest\b")
+
+
+def test_no_production_module_imports_or_names_test_machinery():
+    """Faults are injected from outside (tests/faults): no module of the package reads a test variable, imports
+    the tests' code, or keeps a hook for them."""
+    found = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), start=1)
+        if TEST_MACHINERY.search(line)
+    ]
+    assert not found, "test machinery in the package:\n" + "\n".join(found)

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _env import FAULTS
 
 from dapo import metric_names as M
 
@@ -93,6 +94,7 @@ class Workflow:
             "HF_HUB_OFFLINE": "1",
             "DS_ACCELERATOR": "cpu",
             "DAPO_CPU_DEFAULTS": "HF_HUB_OFFLINE DS_ACCELERATOR",
+            "PYTHONPATH": str(FAULTS),  # a DAPO_TEST_* fault in env_extra reaches the jobs' dapo processes
             **env_extra,
         }
         self.proc = subprocess.Popen(

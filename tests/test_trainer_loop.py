@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dapo_faults import Faults, FaultyLearner, install
 
 from dapo import metric_names as M
 from dapo.config import load_config
@@ -22,7 +23,8 @@ from dapo.rollout.base import per_prompt_counts
 from dapo.trainer import FAILURE_EXIT_CODE, RESUME_EXIT_CODE
 from dapo.trainer import checkpoint as ck
 from dapo.trainer.components import Components, EvalSet
-from dapo.trainer.loop import FAIL_ENV, POISON_ENV, SIGTERM_ENV, TestHooks, Trainer
+from dapo.trainer.loop import Trainer
+from dapo.trainer.setup import run_settings
 from dapo.trainer.step import PartialStep
 from dapo.types import Problem, Sample
 
@@ -103,7 +105,9 @@ class FakeLearner:
     """w moves by lr * sum(advantage * loss-mask tokens) per update; non-finite advantages skip the update. Its
     states must be on the accelerator (not offloaded) for every call but the weight stream."""
 
-    def __init__(self, sigterm_at_update: int | None = None, sigterm_in_save_hf: bool = False) -> None:
+    def __init__(
+        self, sigterm_at_update: int | None = None, sigterm_in_save_hf: bool = False, sigterm_at_sync: int = 0
+    ) -> None:
         self.w = torch.zeros(2, dtype=torch.float64)
         self.lr = 0.0
         self.lr_steps = 0
@@ -111,6 +115,7 @@ class FakeLearner:
         self.offloaded = False
         self.updates = 0
         self.sigterm_at_update, self.sigterm_in_save_hf = sigterm_at_update, sigterm_in_save_hf
+        self.sigterm_at_sync, self.syncs = sigterm_at_sync, 0
 
     def offload_states(self):
         self.offloaded = True
@@ -134,11 +139,15 @@ class FakeLearner:
         self.w += 0.01 * g
         return {M.POLICY_LOSS: float(-g), M.GRAD_NORM: float(g.abs()), M.CLIPFRAC_HIGH: 0.0, M.CLIP_HIGH_PROB: math.nan}
 
-    def lr_step(self):
+    def schedule(self, rollout_step):
         self.lr_steps += 1
-        self.lr = 1e-3 * min(1.0, self.lr_steps / 2)
+        self.lr = 1e-3 * min(1.0, rollout_step / 2)
+        return self.lr
 
     def named_parameters_for_sync(self):
+        self.syncs += 1
+        if self.syncs == self.sigterm_at_sync:  # as SLURM would, at the end of that rollout step
+            sigterm()
         return [("w", self.w.clone())]
 
     def save_checkpoint(self, path):
@@ -191,10 +200,7 @@ PROBLEMS = [Problem(id=str(i), problem=f"p{i}", answer="1") for i in range(20)]
 EVAL = EvalSet(PROBLEMS, [[i] for i in range(20)], EvalSettings(n=2, max_tokens=8, pass_k=(1, 2), bootstrap=10))
 
 
-NO_HOOKS = TestHooks()
-
-
-def make(tmp_path, *overrides, engine=None, learner=None, eval_set=None, hooks=NO_HOOKS, row="00_naive_grpo"):
+def make(tmp_path, *overrides, engine=None, learner=None, eval_set=None, row="00_naive_grpo"):
     cfg = load_config(
         f"configs/ablations/{row}.yaml",
         preset="tiny",
@@ -219,7 +225,7 @@ def make(tmp_path, *overrides, engine=None, learner=None, eval_set=None, hooks=N
         make_tracker=FakeTracker,
         eval_set=eval_set,
     )
-    return Trainer(cfg, tmp_path / "run", comps, progress=False, hooks=hooks)
+    return Trainer(run_settings(cfg), tmp_path / "run", comps, progress=False)
 
 
 def metrics_of(tr: Trainer) -> dict:
@@ -274,7 +280,7 @@ def test_counters_minibatches_and_metrics(tmp_path):
 def test_engine_and_learner_take_turns_on_the_accelerator(tmp_path):
     """Colocation: each step the engine samples awake with current weights, sleeps through the updates (the
     fakes assert the learner's states are back for every learner call), and is synced before it wakes."""
-    tr = make(tmp_path, "trainer.total_steps=3", eval_set=EVAL, hooks=TestHooks())
+    tr = make(tmp_path, "trainer.total_steps=3", eval_set=EVAL)
     assert tr.run() == 0
     ev = tr.c.engine.events
     step = ["wake_up", "generate", "sleep", "sync"]
@@ -295,7 +301,7 @@ def test_overlong_filter_zeroes_truncated_rows_in_what_the_learner_sees(tmp_path
 
 
 def test_sigterm_checkpoints_and_exits_for_resume(tmp_path):
-    tr = make(tmp_path, hooks=TestHooks(sigterm_after_step=3))
+    tr = make(tmp_path, learner=FakeLearner(sigterm_at_sync=3))
     assert tr.run() == RESUME_EXIT_CODE
     latest = ck.latest_checkpoint(tmp_path / "run")
     state, _, _ = ck.load_checkpoint_state(latest)
@@ -425,9 +431,12 @@ def test_resume_after_a_crash_matches_the_uninterrupted_run(tmp_path):
     same_run(ref, resumed)
 
 
-def test_nonfinite_updates_are_counted_then_fail_keeping_the_good_checkpoint(tmp_path):
-    # every update from step 3 on is NaN
-    tr = make(tmp_path, "trainer.max_consecutive_nonfinite=6", "trainer.checkpoint_every=1", hooks=TestHooks(3))
+def test_nonfinite_updates_are_counted_then_fail_keeping_the_good_checkpoint(tmp_path, monkeypatch):
+    # every update from step 3 on is NaN (the tests' fault injection, as DAPO_TEST_POISON_STEP=3 would do)
+    faults = Faults(poison_from_step=3)
+    install(faults, monkeypatch.setattr)
+    learner = FaultyLearner(FakeLearner(), faults)
+    tr = make(tmp_path, "trainer.max_consecutive_nonfinite=6", "trainer.checkpoint_every=1", learner=learner)
     assert tr.run() == FAILURE_EXIT_CODE
     m = metrics_of(tr)
     assert m[M.NONFINITE_SKIPPED] == {1: 0, 2: 0, 3: 4, 4: 6}  # 4 updates a step; stops and fails at 6
@@ -448,12 +457,12 @@ def test_dynamic_sampling_refill_cap_fail_leaves_a_checkpoint(tmp_path):
     assert state["step"] == 0 and state["data_order"]["position"] == 0  # the state before the failed step
 
 
-def test_test_hooks_come_from_the_environment(monkeypatch):
-    assert TestHooks.from_env() == TestHooks()
-    monkeypatch.setenv(POISON_ENV, "3")
-    monkeypatch.setenv(SIGTERM_ENV, "2")
-    monkeypatch.setenv(FAIL_ENV, "1:4")
-    assert TestHooks.from_env() == TestHooks(poison_from_step=3, sigterm_after_step=2, fail_at=(1, 4))
+def test_faults_come_from_the_environment():
+    assert Faults.from_env({}) == Faults()
+    env = {"DAPO_TEST_POISON_STEP": "3", "DAPO_TEST_FAIL_AT": "1:4", "DAPO_TEST_KILL_AT": "checkpoint.published:2"}
+    assert Faults.from_env(env) == Faults(kill_at=("checkpoint.published", 2), fail_at=(1, 4), poison_from_step=3)
+    with pytest.raises(ValueError, match="no such point"):
+        Faults.from_env({"DAPO_TEST_KILL_AT": "checkpoint.publishd"})
 
 
 def test_every_logged_name_comes_from_metric_names_and_the_docs_are_current(tmp_path):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dapo.commands.config import add_config_arguments
 from dapo.fsio import atomic_write
-from dapo.trainer import RESUME_EXIT_CODE
+from dapo.trainer import DONE_FILE, RESUME_EXIT_CODE
 
 log = logging.getLogger("dapo.train")
 EXIT_FILE = "EXIT.json"  # the trainer's own verdict (code, step), read by workflow/scripts/train_job.sh
@@ -72,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if rank == 0:
             _deliver_spools(run_dir)
-        if (run_dir / "DONE.json").is_file():
-            log.info("%s/DONE.json exists: this run is finished, nothing to do", run_dir)
+        if (run_dir / DONE_FILE).is_file():
+            log.info("%s/%s exists: this run is finished, nothing to do", run_dir, DONE_FILE)
             code = 0
             return code
         preflight(cfg, world)
@@ -106,7 +106,7 @@ def _exit_code_of(e: BaseException) -> int:
 def _train(cfg, run_dir: Path, progress: str, guard) -> int:  # noqa: ANN001 (RunConfig, StartupGuard: lazy)
     from dapo import distributed as dist
     from dapo.trainer.loop import Trainer
-    from dapo.trainer.setup import build_components
+    from dapo.trainer.setup import build_components, run_settings
 
     # Join the job's group before building, so that a rank failing while it builds (a model that does not load on
     # one node) ends every rank at once, naming itself, as a failure in the loop does, instead of leaving the
@@ -117,7 +117,9 @@ def _train(cfg, run_dir: Path, progress: str, guard) -> int:  # noqa: ANN001 (Ru
     with dist.FailureWatch():
         components = build_components(cfg, run_dir)
     try:
-        return Trainer(cfg, run_dir, components, progress={"auto": None, "bar": True, "log": False}[progress]).run()
+        return Trainer(
+            run_settings(cfg), run_dir, components, progress={"auto": None, "bar": True, "log": False}[progress]
+        ).run()
     finally:
         guard.disarm()  # the loop has checkpointed or finished: a late signal must not turn that into 75
         components.close()

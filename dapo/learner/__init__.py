@@ -7,9 +7,9 @@
                       dtype="auto", micro_batch_tokens=32768)
     batch = PolicyBatch(prompt_ids, response_ids, advantages, loss_mask, group_ids)   # this rank's part
     batch.old_logp, entropy = learner.compute_logprobs(batch)     # no grad; entropy [N, R] to log
+    learner.schedule(step)                                        # the lr of rollout step `step` (0-based): warm-up
     for rows in mini_batches:                                     # e.g. 16 per rollout step (paper)
         metrics = learner.update(batch.select(rows))              # one optimizer step; dapo.metric_names keys
-    learner.lr_step()                                             # once per rollout step: warm-up in rollout steps
     engine.sync_weights(learner.named_parameters_for_sync())      # HF names, full tensors (gathered on ZeRO-3)
     learner.save_checkpoint(dir); learner.load_checkpoint(dir)    # model + optimizer + schedule, exact
     learner.save_hf(dir)                                          # final model + tokenizer files
@@ -31,8 +31,8 @@ Contracts:
   loss_agg / seq_token_sum_constant / temperature (plain values; the trainer maps the run config onto them).
 - `update` normalises by the whole mini-batch (all micro-batches, all ranks) before any backward pass; the
   gradient equals the world-size-1, single-micro-batch gradient (tests/test_learner.py checks it to 1e-6).
-- Learning rate: linear warm-up over `warmup_steps` rollout steps, then constant (`dapo.learner.optim.lr_at`);
-  `learner.lr` is the one in effect and every `update` reports it.
+- Learning rate: linear warm-up over `warmup_steps` rollout steps, then constant (`dapo.learner.optim.lr_at`),
+  set by `learner.schedule(rollout_step)` from the trainer's step count; every `update` reports it.
 - Non-finite loss (any rank) or gradient norm: the step is skipped, weights and optimizer state unchanged,
   `metrics[UPDATE_SKIPPED] == 1.0`.
 - dtype "auto": bfloat16 on GPUs that have it, float32 otherwise. ZeRO stages 0-3.

@@ -131,23 +131,16 @@ class Learner(ChunkedForward):
             raise RuntimeError(
                 f"unexpected DeepSpeed optimizer {type(self.engine.optimizer).__name__} at ZeRO-{zero_stage}, {dtype}"
             )
-        self.rollout_steps = 0  # lr_step() calls so far: the warm-up counter
-        self.updates = 0  # optimizer steps applied
-        self.skipped_updates = 0  # optimizer steps skipped (non-finite)
         self._offloaded = False
         self._host_buffers: dict[tuple[str, int], Tensor] = {}  # ZeRO-3 master weights and Adam state, offloaded
-        self._set_lr(self.lr)
+        self.schedule(0)
 
     # ------------------------------------------------------------------------------------------ lr schedule
-    @property
-    def lr(self) -> float:
-        """The learning rate in effect now (for the current rollout step)."""
-        return lr_at(self.rollout_steps, self.base_lr, self.warmup_steps)
-
-    def lr_step(self) -> float:
-        """Advance the warm-up by one rollout step (the trainer calls it once per rollout step, after its
-        updates). Returns the new learning rate."""
-        self.rollout_steps += 1
+    def schedule(self, rollout_step: int) -> float:
+        """Set the learning rate of rollout step `rollout_step` (0-based: the steps completed before it; the
+        trainer calls it before each step's updates, so the warm-up counts rollout steps, and the trainer's
+        counters are the only ones). Returns it."""
+        self.lr = lr_at(rollout_step, self.base_lr, self.warmup_steps)
         self._set_lr(self.lr)
         return self.lr
 
@@ -298,10 +291,6 @@ class Learner(ChunkedForward):
             applied = self.engine.was_step_applied()
             norm = self.engine.get_global_grad_norm()
             norm = float(norm) if norm is not None else math.nan
-        if applied:
-            self.updates += 1
-        else:
-            self.skipped_updates += 1
         return norm, applied
 
     def _metrics(self, s: dict[str, float], num_tokens: float, grad_norm: float, applied: bool) -> dict[str, float]:
@@ -321,7 +310,6 @@ class Learner(ChunkedForward):
             {
                 M.GRAD_NORM: grad_norm,
                 M.LR: self.lr,
-                M.NONFINITE_SKIPPED: float(self.skipped_updates),
                 UPDATE_SKIPPED: 0.0 if applied else 1.0,
             }
         )
@@ -435,25 +423,18 @@ class Learner(ChunkedForward):
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, directory: str | Path) -> None:
-        """Weights, optimizer state (ZeRO partitions per rank) and the schedule and update counters, through
-        DeepSpeed. Every rank must call it with the same directory."""
-        counters = {
-            "rollout_steps": self.rollout_steps,
-            "updates": self.updates,
-            "skipped_updates": self.skipped_updates,
-        }
+        """Weights and optimizer state (ZeRO partitions per rank), through DeepSpeed. Every rank must call it with
+        the same directory. The step counters are the trainer's (its checkpoint's trainer_state.json), and
+        `schedule` sets the lr from them."""
         with self._states_on_device():
-            self.engine.save_checkpoint(str(directory), tag=_CKPT_TAG, client_state={"dapo_learner": counters})
+            self.engine.save_checkpoint(str(directory), tag=_CKPT_TAG)
 
     def load_checkpoint(self, directory: str | Path) -> None:
         """Restore exactly what `save_checkpoint` wrote (same world size and ZeRO stage)."""
         with self._states_on_device():
-            path, client = self.engine.load_checkpoint(
+            path, _ = self.engine.load_checkpoint(
                 str(directory), tag=_CKPT_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
             )
-        if path is None or not client or "dapo_learner" not in client:
+        if path is None:
             raise FileNotFoundError(f"{directory}: no learner checkpoint (expected DeepSpeed tag {_CKPT_TAG!r})")
-        counters = client["dapo_learner"]
-        self.rollout_steps, self.updates = counters["rollout_steps"], counters["updates"]
-        self.skipped_updates = counters["skipped_updates"]
-        self._set_lr(self.lr)
+        self.lr = self._torch_opt.param_groups[0]["lr"]  # as saved; the next rollout step sets its own

@@ -17,5 +17,6 @@ Exit codes of `dapo train` (the Snakemake workflow and SLURM wrappers key on the
 
 RESUME_EXIT_CODE = 75
 FAILURE_EXIT_CODE = 1
+DONE_FILE = "DONE.json"  # in the run directory: the run is finished (the workflow's output of a row)
 
-__all__ = ["RESUME_EXIT_CODE", "FAILURE_EXIT_CODE"]
+__all__ = ["RESUME_EXIT_CODE", "FAILURE_EXIT_CODE", "DONE_FILE"]

@@ -35,9 +35,8 @@ class Scorer(Protocol):
 class PolicyLearner(Protocol):
     """The policy being trained. Every method is collective (every rank calls it, with its own shard)."""
 
-    @property
-    def lr(self) -> float:
-        """The learning rate of the current rollout step."""
+    def schedule(self, rollout_step: int) -> float:
+        """Set and return the learning rate of rollout step `rollout_step` (0-based), before its updates."""
         ...
 
     def compute_logprobs(self, batch: PolicyBatch) -> tuple[Tensor, Tensor]:
@@ -47,8 +46,6 @@ class PolicyLearner(Protocol):
     def update(self, batch: PolicyBatch) -> dict[str, float]:
         """One optimizer step on this rank's shard of a mini-batch; metrics keyed by `dapo.metric_names`."""
         ...
-
-    def lr_step(self) -> float: ...
 
     def named_parameters_for_sync(self) -> Iterable[tuple[str, Tensor]]:
         """(Hugging Face name, full tensor), one at a time (gathered on demand from a sharded learner)."""

@@ -17,52 +17,38 @@ failure code, naming the rank and the error (`dapo.distributed.FailureWatch`).
 Several ranks (torchrun / srun): every rank generates (its rollout replica's share), trains its shard, and writes
 its part of each checkpoint; rank 0 alone talks to MLflow, shows progress and writes the run directory's own files.
 
-Test hooks, read from the environment here and nowhere else (`TestHooks`): a non-finite loss from a step on, a
-stop signal after a step, an exception on one rank at a step.
+Faults for the tests (a kill at a boundary, a failing or poisoned update) are injected from outside the package,
+through the functions and components this module calls (tests/faults).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from dapo import distributed as dist
 from dapo import metric_names as M
 from dapo.algos.dynamic_sampling import RefillCapReached
-from dapo.config import RunConfig
 from dapo.evaluation.evaluate import evaluate_on_replicas, write_samples
 from dapo.fsio import atomic_write
-from dapo.learner.batch import PolicyBatch
 from dapo.rollout.replicas import ReplicaLayout, sampling_seed
-from dapo.trainer import FAILURE_EXIT_CODE, RESUME_EXIT_CODE
+from dapo.trainer import DONE_FILE, FAILURE_EXIT_CODE, RESUME_EXIT_CODE
 from dapo.trainer import checkpoint as ck
-from dapo.trainer.collect import EVAL_STREAM, ReplicaSampler, RolloutSettings, StopDuringRefill
-from dapo.trainer.components import Components, MetricsTracker, NullTracker, PolicyLearner
+from dapo.trainer.collect import EVAL_STREAM, ReplicaSampler, StopDuringRefill
+from dapo.trainer.components import Components, MetricsTracker, NullTracker
 from dapo.trainer.data_order import PromptOrder
 from dapo.trainer.progress import Progress
-from dapo.trainer.setup import run_tags
 from dapo.trainer.signals import Deadline, StopFlag, job_end_time
 from dapo.trainer.step import Counters, PartialStep, StepSettings, StopMidStep, rollout_step
 from dapo.types import Problem
 
 log = logging.getLogger("dapo.train")
-
-# Test hook: from this rollout step on, advantages are NaN, so every update's loss is non-finite.
-POISON_ENV = "DAPO_TEST_POISON_STEP"
-# Test hook: raise SIGTERM at the end of this rollout step (as SLURM would), to test the stop path.
-SIGTERM_ENV = "DAPO_TEST_SIGTERM_STEP"
-# Test hook: "RANK:STEP": that rank raises in the middle of that rollout step (its first update); step 0: while the
-# run's parts are built, before the learner joins the others in its first collective.
-FAIL_ENV = "DAPO_TEST_FAIL_AT"
 
 
 class NonFiniteError(RuntimeError):
@@ -74,71 +60,53 @@ class _StopInEval(Exception):  # noqa: N818 (control flow)
 
 
 @dataclass(frozen=True)
-class TestHooks:
-    """Ways for tests to make a run fail or stop at a chosen point (0 / None: off)."""
+class RunSettings:
+    """Plain values for one run (the run config stops here: `setup.run_settings` reads it)."""
 
-    __test__ = False  # not a pytest class
+    step: StepSettings
+    total_steps: int
+    eval_every: int  # 0: evaluate only at the end
+    checkpoint_every: int
+    keep_checkpoints: int
+    stop_margin_s: float  # stop this long before the SLURM job's end
+    seed: int
+    sampling_seed: int  # the rollouts' seed stream (seed + rollout.sampling_seed_offset)
+    config_hash: str
+    params: dict[str, Any] = field(default_factory=dict)  # logged once, as MLflow params
+    tags: dict[str, str] = field(default_factory=dict)  # MLflow tags that line runs up in the UI
 
-    poison_from_step: int = 0
-    sigterm_after_step: int = 0
-    fail_at: tuple[int, int] | None = None  # (rank, step)
+
+@dataclass
+class RunState:
+    """What survives a checkpoint (its trainer_state.json): one owner for each of the run's counters."""
+
+    counters: Counters = field(default_factory=Counters)
+    elapsed_s: float = 0.0  # wall time of the attempts before this one
+    data_order: dict[str, Any] = field(default_factory=dict)  # the seeded prompt order's position
+    mlflow_run_id: str | None = None
+    config_hash: str = ""
+    eval_due: bool = False  # an evaluation of the current weights is owed (at start, or cut off by a stop)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **asdict(self.counters),
+            "elapsed": self.elapsed_s,
+            "data_order": self.data_order,
+            "mlflow_run_id": self.mlflow_run_id,
+            "config_hash": self.config_hash,
+            "eval_due": self.eval_due,
+        }
 
     @classmethod
-    def from_env(cls) -> TestHooks:
-        fail = os.environ.get(FAIL_ENV, "")
+    def from_json(cls, d: dict[str, Any]) -> RunState:
         return cls(
-            poison_from_step=int(os.environ.get(POISON_ENV, "0") or 0),
-            sigterm_after_step=int(os.environ.get(SIGTERM_ENV, "0") or 0),
-            fail_at=tuple(int(x) for x in fail.split(":")) if fail else None,  # type: ignore[arg-type]
+            counters=Counters(**{k: d[k] for k in asdict(Counters())}),
+            elapsed_s=d["elapsed"],
+            data_order=d["data_order"],
+            mlflow_run_id=d["mlflow_run_id"],
+            config_hash=d.get("config_hash", ""),
+            eval_due=bool(d.get("eval_due", False)),
         )
-
-    def fail_while_building(self) -> None:
-        if self.fail_at is not None and self.fail_at == (dist.rank(), 0):
-            raise RuntimeError(f"test hook {FAIL_ENV}: rank {dist.rank()} fails while the run is built")
-
-
-class _HookedLearner:
-    """The learner with the test hooks' faults injected into `update` (a `PolicyLearner`; the rest delegates)."""
-
-    def __init__(self, inner: PolicyLearner, hooks: TestHooks) -> None:
-        self._inner, self._hooks = inner, hooks
-        self.step = 0  # the rollout step in progress (set by the trainer)
-
-    def update(self, batch: PolicyBatch) -> dict[str, float]:
-        h = self._hooks
-        if h.fail_at is not None and h.fail_at == (dist.rank(), self.step):
-            raise RuntimeError(f"test hook {FAIL_ENV}: rank {dist.rank()} fails in rollout step {self.step}")
-        if h.poison_from_step and self.step >= h.poison_from_step:
-            batch = replace(batch, advantages=torch.full_like(batch.advantages, float("nan")))
-        return self._inner.update(batch)
-
-    @property
-    def lr(self) -> float:
-        return self._inner.lr
-
-    def compute_logprobs(self, batch: PolicyBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._inner.compute_logprobs(batch)
-
-    def lr_step(self) -> float:
-        return self._inner.lr_step()
-
-    def named_parameters_for_sync(self) -> Iterable[tuple[str, torch.Tensor]]:
-        return self._inner.named_parameters_for_sync()
-
-    def offload_states(self) -> None:
-        self._inner.offload_states()
-
-    def reload_states(self) -> None:
-        self._inner.reload_states()
-
-    def save_checkpoint(self, directory: Path) -> None:
-        self._inner.save_checkpoint(directory)
-
-    def load_checkpoint(self, directory: Path) -> None:
-        self._inner.load_checkpoint(directory)
-
-    def save_hf(self, directory: Path) -> None:
-        self._inner.save_hf(directory)
 
 
 class Trainer:
@@ -146,87 +114,63 @@ class Trainer:
 
     def __init__(
         self,
-        cfg: RunConfig,
+        settings: RunSettings,
         run_dir: Path,
         components: Components,
         *,
         progress: bool | None = None,
-        hooks: TestHooks | None = None,
     ) -> None:
-        self.cfg, self.run_dir, self.c = cfg, Path(run_dir), components
+        self.s, self.run_dir, self.c = settings, Path(run_dir), components
         self.progress_rich = progress
-        self.hooks = TestHooks.from_env() if hooks is None else hooks
-        t, a, r = cfg.trainer, cfg.algorithm, cfg.rollout
-        self.settings = StepSettings(
-            rollout=RolloutSettings(
-                n=r.n,
-                max_tokens=r.max_response_length,
-                temperature=r.temperature,
-                top_p=r.top_p,
-                overlong_penalty=a.overlong_penalty,
-                overlong_buffer_len=a.overlong_buffer_len,
-                overlong_penalty_factor=a.overlong_penalty_factor,
-                dynamic_sampling=a.dynamic_sampling,
-                train_batch_size=t.train_batch_size,
-                gen_batch_size=a.gen_batch_size,
-                max_num_gen_batches=a.max_num_gen_batches,
-                at_refill_cap=a.at_refill_cap,
-            ),
-            norm_adv_by_std=a.norm_adv_by_std,
-            overlong_filter=a.overlong_filter,
-            mini_batch_size=t.mini_batch_size,
-            epochs=t.epochs,
-            seed=t.seed,
-            max_consecutive_nonfinite=t.max_consecutive_nonfinite,
-            pack_prompts=t.pack_prompts,
-        )
         self.layout = ReplicaLayout.of_this_process(components.tensor_parallel_size)
-        self.learner = _HookedLearner(components.learner, self.hooks)
+        self.learner = components.learner
         self.sampler = ReplicaSampler(
             components.engine,
             components.scorer,
             self.layout,
-            self.settings.rollout,
-            t.seed + r.sampling_seed_offset,
+            settings.step.rollout,
+            settings.sampling_seed,
             components.tagger,
         )
-        self.order = PromptOrder(len(components.problems), t.seed)
-        self.counters = Counters()
-        self.elapsed_before = 0.0  # wall time of earlier attempts (resume)
-        self.run_id: str | None = None
+        self.order = PromptOrder(len(components.problems), settings.seed)
+        self.rs = RunState(config_hash=settings.config_hash)
         self.partial: PartialStep | None = None  # a step cut off by a stop, to finish first
-        self.eval_due = False  # an evaluation of the current weights is owed (at start, or cut off by a stop)
         self.last_eval: dict[str, float] | None = None
         self.tracker: MetricsTracker = NullTracker()
         self.progress: Progress | None = None
         self._stop = StopFlag()
         # stop before the SLURM job's time limit, not only at its signal (rank 0 asks squeue, once)
-        self.deadline = Deadline(dist.broadcast(job_end_time() if dist.is_main() else None), t.stop_margin_s)
+        self.deadline = Deadline(dist.broadcast(job_end_time() if dist.is_main() else None), settings.stop_margin_s)
         self._t0 = time.monotonic()
 
     # ---------------------------------------------------------------------------------------------- state
-    def state(self) -> dict[str, Any]:
-        return {
-            **asdict(self.counters),
-            "elapsed": self.elapsed(),
-            "data_order": self.order.state_dict(),
-            "mlflow_run_id": self.run_id,
-            "config_hash": self.cfg.config_hash(),
-            "eval_due": self.eval_due,
-        }
+    @property
+    def counters(self) -> Counters:
+        return self.rs.counters
+
+    @property
+    def run_id(self) -> str | None:
+        return self.rs.mlflow_run_id
+
+    def state(self) -> RunState:
+        """The run's state now, as a checkpoint stores it."""
+        return replace(
+            self.rs, counters=replace(self.rs.counters), elapsed_s=self.elapsed(), data_order=self.order.state_dict()
+        )
 
     def elapsed(self) -> float:
-        return self.elapsed_before + time.monotonic() - self._t0
+        return self.rs.elapsed_s + time.monotonic() - self._t0
 
-    def save(self, *, partial: PartialStep | None = None, state: dict | None = None, rng: Any = None) -> Path:
+    def save(self, *, partial: PartialStep | None = None, state: RunState | None = None, rng: Any = None) -> Path:
         self.learner.reload_states()  # DeepSpeed saves the states from where they live in training
+        state = state or self.state()
         path = ck.save_checkpoint(
             self.run_dir,
-            self.counters.step,
-            state or self.state(),
+            state.counters.step,
+            state.to_json(),
             self.learner.save_checkpoint,
             refill=partial,
-            keep=self.cfg.trainer.keep_checkpoints,
+            keep=self.s.keep_checkpoints,
             rng=rng,
         )
         if dist.is_main():
@@ -239,21 +183,18 @@ class Trainer:
         if path is None:
             return False
         state, rng, partial = ck.load_checkpoint_state(path)
-        if state.get("config_hash") != self.cfg.config_hash():
+        saved = RunState.from_json(state)
+        if saved.config_hash != self.s.config_hash:
             log.warning(
                 "resuming %s with a different config (hash %s, checkpoint %s)",
                 path,
-                self.cfg.config_hash(),
-                state.get("config_hash"),
+                self.s.config_hash,
+                saved.config_hash,
             )
         ck.load_learner(self.learner, path)  # weights-only: a checkpoint folder cannot run code
-        self.counters = Counters(**{k: state[k] for k in asdict(Counters())})
-        self.elapsed_before = state["elapsed"]
-        self.order.load_state_dict(state["data_order"])
-        self.run_id = state["mlflow_run_id"]
-        self.eval_due = bool(state.get("eval_due", False))
-        # a checkpoint written mid-refill by an earlier version holds collect's state itself
-        self.partial = partial if isinstance(partial, PartialStep) or partial is None else PartialStep(refill=partial)
+        self.rs = replace(saved, config_hash=self.s.config_hash)
+        self.order.load_state_dict(saved.data_order)
+        self.partial = partial
         ck.set_rng_state(rng)
         self.c.engine.sync_weights(self.learner.named_parameters_for_sync())
         log.info(
@@ -279,27 +220,23 @@ class Trainer:
                     self.progress.close()
 
     def _run(self) -> int:
-        cfg = self.cfg
-        if dist.broadcast((self.run_dir / "DONE.json").is_file()):
-            log.info("%s/DONE.json exists: this run is finished, nothing to do", self.run_dir)
-            return 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resumed = self.restore()
         if dist.is_main():
             self.tracker = self.c.make_tracker(self.run_id)
-            self.progress = Progress(cfg.trainer.total_steps, self.counters.step, rich=self.progress_rich)
+            self.progress = Progress(self.s.total_steps, self.counters.step, rich=self.progress_rich)
         if self.run_id is None:
-            self.run_id = self.tracker.run_id
-            self.tracker.log_params(cfg.flat())
-        self.tracker.set_tags({**run_tags(cfg), M.TAG_REPLICAS: str(self.layout.num_replicas), M.TAG_STATUS: "running"})
-        if not resumed and cfg.eval.every > 0:
-            self.eval_due = True  # the base model's point
+            self.rs.mlflow_run_id = self.tracker.run_id
+            self.tracker.log_params(self.s.params)
+        self.tracker.set_tags({**self.s.tags, M.TAG_REPLICAS: str(self.layout.num_replicas), M.TAG_STATUS: "running"})
+        if not resumed and self.s.eval_every > 0:
+            self.rs.eval_due = True  # the base model's point
         with self._stop:
             try:
                 while True:
-                    if self.eval_due:
+                    if self.rs.eval_due:
                         self._evaluate()
-                    if self.counters.step >= cfg.trainer.total_steps:
+                    if self.counters.step >= self.s.total_steps:
                         break
                     code = self._one_step()
                     if code is not None:
@@ -318,12 +255,11 @@ class Trainer:
                 return FAILURE_EXIT_CODE
 
     def _one_step(self) -> int | None:
-        cfg, n = self.cfg, self.counters
+        n = self.counters
         t_start = time.monotonic()
         step = n.step + 1
         start_state, start_rng = self.state(), ck.rng_state()
         resume, self.partial = self.partial, None
-        self.learner.step = step
         try:
             metrics = rollout_step(
                 step,
@@ -331,7 +267,7 @@ class Trainer:
                 self._next_prompts,
                 self.c.engine,
                 self.learner,
-                self.settings,
+                self.s.step,
                 n,
                 reference=self.c.reference,
                 tagger=self.c.tagger,
@@ -355,28 +291,27 @@ class Trainer:
         self.tracker.log_metrics(_finite(metrics), step=n.step)
         if self.progress is not None:
             self.progress.update(n.step, metrics)
-        if n.nonfinite_streak >= cfg.trainer.max_consecutive_nonfinite:
+        limit = self.s.step.max_consecutive_nonfinite
+        if n.gave_up(limit):
             last = ck.latest_checkpoint(self.run_dir)
             raise NonFiniteError(
                 f"{n.nonfinite_streak} non-finite updates in a row (trainer.max_consecutive_nonfinite="
-                f"{cfg.trainer.max_consecutive_nonfinite}) at rollout step {n.step}: the loss or gradients are "
+                f"{limit}) at rollout step {n.step}: the loss or gradients are "
                 f"NaN/inf. Last good checkpoint: {last or 'none'}. Lower trainer.lr, check the data, or resume "
                 f"from that checkpoint."
             )
-        every = cfg.eval.every
-        self.eval_due = self.c.eval_set is not None and (
-            (every > 0 and n.step % every == 0) or n.step == cfg.trainer.total_steps
+        every = self.s.eval_every
+        self.rs.eval_due = self.c.eval_set is not None and (
+            (every > 0 and n.step % every == 0) or n.step == self.s.total_steps
         )
-        if self.eval_due:
+        if self.rs.eval_due:
             self._evaluate()
-        if self.hooks.sigterm_after_step and n.step == self.hooks.sigterm_after_step:
-            self._stop.request()
         if self.deadline.should_stop(time.monotonic() - t_start):  # the next step would end past the margin
             self._stop.request()
         if self._stop_requested():
             self.save()
             return self._preempted()
-        every = cfg.trainer.checkpoint_every
+        every = self.s.checkpoint_every
         # while updates are being skipped, keep the last good checkpoint rather than overwrite it
         if every and n.step % every == 0 and n.nonfinite_streak == 0:
             self.save()
@@ -397,10 +332,10 @@ class Trainer:
         stop request cuts it off (between shards)."""
         es = self.c.eval_set
         if es is None:
-            self.eval_due = False
+            self.rs.eval_due = False
             return
         t0 = time.perf_counter()
-        step, layout, r = self.counters.step, self.layout, self.cfg.rollout
+        step, layout, rollout = self.counters.step, self.layout, self.s.step.rollout
         self.learner.offload_states()
         self.c.engine.wake_up()
         result = evaluate_on_replicas(
@@ -409,17 +344,17 @@ class Trainer:
             es.problems,
             es.prompts,
             es.settings,
-            seed_for=lambda shard: sampling_seed(self.cfg.trainer.seed, EVAL_STREAM, step, shard, layout.replica),
+            seed_for=lambda shard: sampling_seed(self.s.seed, EVAL_STREAM, step, shard, layout.replica),
             # shards of the train batch: the same shards, and so the same sampling seeds, in every row of a ladder
             # (dynamic sampling's larger generation batch would otherwise draw a different eval of the same
             # model); no longer than a training generation batch, so evaluation adds nothing to the worst-case
             # signal-to-checkpoint latency
-            shard_sequences=self.settings.rollout.train_batch_size * r.n,
+            shard_sequences=rollout.train_batch_size * rollout.n,
             should_stop=self._stop_requested,
         )
         if result is None:
             raise _StopInEval()
-        self.eval_due = False
+        self.rs.eval_due = False
         metrics = dict(result.metrics)
         metrics[M.TIME_EVAL] = time.perf_counter() - t0
         self.tracker.log_metrics(_finite(metrics), step=step)
@@ -462,7 +397,7 @@ class Trainer:
             "eval": self.last_eval or {},
         }
         atomic_write(self.run_dir / "metrics.json", json.dumps(summary, indent=1, sort_keys=True))
-        atomic_write(self.run_dir / "DONE.json", json.dumps(summary, indent=1, sort_keys=True))
+        atomic_write(self.run_dir / DONE_FILE, json.dumps(summary, indent=1, sort_keys=True))
         self.tracker.log_artifact(self.run_dir / "metrics.json")
         self._mark("finished", "FINISHED")
         self._note(f"done: {n.step} rollout steps, {n.grad_updates} updates; model in {final}")

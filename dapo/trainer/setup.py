@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from dapo.evaluation.evaluate import EvalSettings
     from dapo.learner import Learner, ReferencePolicy
     from dapo.rewards.score import Score
+    from dapo.trainer.loop import RunSettings
 
 log = logging.getLogger("dapo.train")
 
@@ -38,6 +39,51 @@ def git_commit() -> str:
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def run_settings(cfg: RunConfig) -> RunSettings:
+    """The run config as the loop's plain settings (the config stops here)."""
+    from dapo.trainer.collect import RolloutSettings
+    from dapo.trainer.loop import RunSettings
+    from dapo.trainer.step import StepSettings
+
+    t, a, r = cfg.trainer, cfg.algorithm, cfg.rollout
+    step = StepSettings(
+        rollout=RolloutSettings(
+            n=r.n,
+            max_tokens=r.max_response_length,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            overlong_penalty=a.overlong_penalty,
+            overlong_buffer_len=a.overlong_buffer_len,
+            overlong_penalty_factor=a.overlong_penalty_factor,
+            dynamic_sampling=a.dynamic_sampling,
+            train_batch_size=t.train_batch_size,
+            gen_batch_size=a.gen_batch_size,
+            max_num_gen_batches=a.max_num_gen_batches,
+            at_refill_cap=a.at_refill_cap,
+        ),
+        norm_adv_by_std=a.norm_adv_by_std,
+        overlong_filter=a.overlong_filter,
+        mini_batch_size=t.mini_batch_size,
+        epochs=t.epochs,
+        seed=t.seed,
+        max_consecutive_nonfinite=t.max_consecutive_nonfinite,
+        pack_prompts=t.pack_prompts,
+    )
+    return RunSettings(
+        step=step,
+        total_steps=t.total_steps,
+        eval_every=cfg.eval.every,
+        checkpoint_every=t.checkpoint_every,
+        keep_checkpoints=t.keep_checkpoints,
+        stop_margin_s=t.stop_margin_s,
+        seed=t.seed,
+        sampling_seed=t.seed + r.sampling_seed_offset,
+        config_hash=cfg.config_hash(),
+        params=cfg.flat(),
+        tags=run_tags(cfg),
+    )
 
 
 def run_tags(cfg: RunConfig) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """One rollout step of DAPO (the paper's sections 2-3, Algorithm 1), as one function that reads top to bottom.
 
-    generate -> score -> shape -> refill -> advantages -> overlong mask -> old log-probs -> updates -> metrics
-      -> lr step -> weight sync
+    prepare: generate -> score -> shape -> refill -> advantages -> overlong mask -> old log-probs    (1-7)
+    update: the lr for this step, then the mini-batch updates                                       (8)
+    step_metrics (9) -> sync: every replica loads the new weights                                   (10)
 
 Rows 0-5 of Table 1 differ only in the settings passed in: overlong filtering (the loss mask), clip-higher (the
 learner's clip range), soft overlong punishment (reward shaping in `collect`), token-level loss (the learner's
@@ -17,11 +18,14 @@ Counters: `Counters.step` counts rollout steps (the lr schedule's unit), `grad_u
 (the paper's x-axis); generation batches never advance either.
 
 A stop request is honoured between phases: between generation batches (`StopDuringRefill`) and before each
-update (`StopMidStep`); both carry what a restarted run needs to finish the step exactly as it would have.
+update (`StopMidStep`); both carry what a restarted run needs to finish the step exactly as it would have, and
+`rollout_step` takes it back as `resume`: a cut-off refill goes on inside `prepare`, a step cut off between
+updates goes straight to `update`. Nothing else in the step knows about resuming.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -85,13 +89,17 @@ class Counters:
     nonfinite_streak: int = 0  # ... in a row, now
     tokens_total: int = 0  # tokens generated, dropped groups included
 
+    def gave_up(self, max_consecutive_nonfinite: int) -> bool:
+        """Too many non-finite updates in a row: the step stops updating and the trainer fails the run."""
+        return self.nonfinite_streak >= max_consecutive_nonfinite
+
 
 @dataclass
 class PartialStep:
-    """A rollout step cut off by a stop request, saved in the checkpoint so that the restarted run finishes it.
-
-    Either between generation batches (`refill`: collect's state) or before an update (`collected`, `batch` with
-    its old log-probs, the updates done and their metrics)."""
+    """A rollout step in progress: what `prepare` made (`collected`, `batch` with its old log-probs, the timings)
+    and the updates done so far (`update_stats`). A stop request saves it in the checkpoint so that the restarted
+    run finishes the step: cut off between generation batches, only `refill` (collect's state) is set; before an
+    update, the rest, with `updates_done`."""
 
     refill: dict[str, Any] | None = None
     collected: Collected | None = None
@@ -158,60 +166,91 @@ def rollout_step(
         reference: the frozen policy of the KL term, when `kl_coef > 0`.
         tagger: the world's habit tags and metrics (the tiny habits world), counted over every generated group.
         should_stop: collective poll of the stop flag, between phases.
-        resume: what a stopped run saved mid-step.
+        resume: what a stopped run saved mid-step: the step goes on from the phase it was cut off in.
 
     Raises:
         StopDuringRefill, StopMidStep: a stop was requested; checkpoint their state and exit for resume.
         RefillCapReached: dynamic sampling hit its cap with `at_refill_cap: fail`.
     """
     t_step = time.perf_counter()
-    if resume is None or resume.refill is not None:
-        if resume is None:
-            seed_step(s.seed, step)
-        # 1-4. generate G responses per prompt on every replica, score them, shape the rewards (soft overlong
-        # punishment) and, with dynamic sampling, refill until enough groups have varied correctness
-        learner.offload_states()
-        engine.wake_up()
-        col = collect(
-            sample,
-            next_prompts,
-            s.rollout,
-            should_stop=should_stop,
-            resume=resume.refill if resume else None,
-            kind=tagger.kind if tagger else lambda problem: "",
-        )
-        engine.sleep()
-        learner.reload_states()
-        batch, t_old = None, 0.0
-        if col.groups:
-            # 5-6. group-normalised advantages and the overlong-filter loss mask
-            batch = build_batch(col.groups, norm_adv_by_std=s.norm_adv_by_std, overlong_filter=s.overlong_filter)
-            # 7. old log-probs (and the reference policy's, for a KL term), each rank on its shard, gathered
-            t0 = time.perf_counter()
-            pb = batch.to_policy_batch()
-            batch.old_logprobs, batch.entropy = sharded_logprobs(learner.compute_logprobs, pb, s.pack_prompts)
-            if reference is not None:
-                batch.ref_logprobs = sharded_logprobs(_with_no_entropy(reference), pb, s.pack_prompts)[0]
-            t_old = time.perf_counter() - t0
-        stats: list[dict[str, float]] = []
-        timings = {**col.timings, "old_logprob": t_old}
+    if resume is None:
+        seed_step(s.seed, step)
+    if resume is None or resume.refill is not None:  # 1-7
+        part = prepare(step, sample, next_prompts, engine, learner, s, reference, tagger, should_stop, resume)
     else:
-        col, batch = resume.collected, resume.batch
-        stats, timings = list(resume.update_stats), dict(resume.timings)
-        assert col is not None
+        part = resume  # cut off between updates: the batch and its old log-probs are in the checkpoint
+    lr = learner.schedule(step - 1)  # the warm-up counts rollout steps, not updates
+    update(step, part, learner, s, counters, should_stop)  # 8
+    m = step_metrics(step, part, counters, s, tagger)  # 9
+    t_sync = sync(engine, learner)  # 10
+    m.update(timing_metrics(part, lr, counters, t_sync, time.perf_counter() - t_step))
+    return m
 
-    # 8. mini-batch updates: epochs x (groups / mini_batch_size) optimizer steps
+
+def prepare(
+    step: int,
+    sample: SampleFn,
+    next_prompts: Callable[[int], tuple[list[Problem], list[list[int]]]],
+    engine: RolloutEngine,
+    learner: PolicyLearner,
+    s: StepSettings,
+    reference: ReferencePolicy | None,
+    tagger: HabitTagger | None,
+    should_stop: Callable[[], bool],
+    resume: PartialStep | None,
+) -> PartialStep:
+    """Steps 1-7: the step's groups, their advantages and loss mask, and old log-probs; no update done yet."""
+    # 1-4. generate G responses per prompt on every replica, score them, shape the rewards (soft overlong
+    # punishment) and, with dynamic sampling, refill until enough groups have varied correctness
+    learner.offload_states()
+    engine.wake_up()
+    col = collect(
+        sample,
+        next_prompts,
+        s.rollout,
+        should_stop=should_stop,
+        resume=resume.refill if resume else None,
+        kind=tagger.kind if tagger else lambda problem: "",
+    )
+    engine.sleep()
+    learner.reload_states()
+    batch, t_old = None, 0.0
+    if col.groups:
+        # 5-6. group-normalised advantages and the overlong-filter loss mask
+        batch = build_batch(col.groups, norm_adv_by_std=s.norm_adv_by_std, overlong_filter=s.overlong_filter)
+        # 7. old log-probs (and the reference policy's, for a KL term), each rank on its shard, gathered
+        t0 = time.perf_counter()
+        pb = batch.to_policy_batch()
+        batch.old_logprobs, batch.entropy = sharded_logprobs(learner.compute_logprobs, pb, s.pack_prompts)
+        if reference is not None:
+            batch.ref_logprobs = sharded_logprobs(_with_no_entropy(reference), pb, s.pack_prompts)[0]
+        t_old = time.perf_counter() - t0
+    return PartialStep(collected=col, batch=batch, timings={**col.timings, "old_logprob": t_old})
+
+
+def update(
+    step: int,
+    part: PartialStep,
+    learner: PolicyLearner,
+    s: StepSettings,
+    counters: Counters,
+    should_stop: Callable[[], bool],
+) -> None:
+    """Step 8: epochs x (groups / mini_batch_size) optimizer steps, the ones `part` has not done yet; appends each
+    update's stats to `part.update_stats`. Raises `StopMidStep` (carrying `part`) when a stop comes between two."""
+    col, batch = part.collected, part.batch
+    assert col is not None
     t_upd = time.perf_counter()
     if batch is not None:
         policy_batch = batch.to_policy_batch()
         plan = minibatch_plan(len(col.groups), s.mini_batch_size, s.epochs, s.seed, step)
-        for k in range(len(stats), len(plan)):
+        for k in range(len(part.update_stats), len(plan)):
             if should_stop():
-                timings["update"] = timings.get("update", 0.0) + time.perf_counter() - t_upd
-                raise StopMidStep(PartialStep(None, col, batch, k, stats, timings))
+                part.timings["update"] = part.timings.get("update", 0.0) + time.perf_counter() - t_upd
+                raise StopMidStep(dataclasses.replace(part, updates_done=k))
             rows = policy_batch.select(group_rows(batch, plan[k]))
             out = learner.update(rows.shard(dist.rank(), dist.world_size(), pack_prompts=s.pack_prompts))
-            stats.append(out)
+            part.update_stats.append(out)
             counters.grad_updates += 1
             if out.get(UPDATE_SKIPPED):
                 counters.nonfinite_total += 1
@@ -221,7 +260,7 @@ def rollout_step(
                     step,
                     counters.nonfinite_streak,
                 )
-                if counters.nonfinite_streak >= s.max_consecutive_nonfinite:
+                if counters.gave_up(s.max_consecutive_nonfinite):
                     break  # the trainer fails the run
             else:
                 counters.nonfinite_streak = 0
@@ -232,9 +271,15 @@ def rollout_step(
             step,
             col.stats.gen_batches,
         )
-    timings["update"] = timings.get("update", 0.0) + time.perf_counter() - t_upd
+    part.timings["update"] = part.timings.get("update", 0.0) + time.perf_counter() - t_upd
 
-    # 9. metrics (the lr is the one the updates used)
+
+def step_metrics(
+    step: int, part: PartialStep, counters: Counters, s: StepSettings, tagger: HabitTagger | None
+) -> dict[str, float]:
+    """Step 9: the step is done; its counters and metrics (Table 1's training curves, the mechanisms' inputs)."""
+    col, batch, stats = part.collected, part.batch, part.update_stats
+    assert col is not None
     counters.step = step
     counters.tokens_total += col.stats.tokens_generated
     m = rollout_metrics(col, batch, norm_adv_by_std=s.norm_adv_by_std)
@@ -242,35 +287,36 @@ def rollout_step(
         m.update(tagger.metrics(col.generated))
     m.update(mean_update_stats([x for x in stats if not x.get(UPDATE_SKIPPED)], UPDATE_KEYS))
     m.update(mean_update_stats(stats, [UPDATE_SKIPPED]))  # the fraction of this step's updates skipped
-    lr = learner.lr
+    return m
 
-    # 10. lr schedule: one step per rollout step
-    learner.lr_step()
 
-    # 11. weight sync: every replica loads the new weights (a sleeping engine's weights wake first); always, as
-    # a level-2 sleep discarded the old ones
+def sync(engine: RolloutEngine, learner: PolicyLearner) -> float:
+    """Step 10: every replica loads the new weights (a sleeping engine's weights wake first); always, as a level-2
+    sleep discarded the old ones. Returns the seconds it took."""
     t0 = time.perf_counter()
     engine.sync_weights(learner.named_parameters_for_sync())
-    t_sync = time.perf_counter() - t0
+    return time.perf_counter() - t0
 
+
+def timing_metrics(part: PartialStep, lr: float, counters: Counters, t_sync: float, t_step: float) -> dict[str, float]:
+    """The step's counters, lr and phase timings."""
+    col, timings = part.collected, part.timings
+    assert col is not None
     gen_t = timings.get("generate", 0.0)
-    m.update(
-        {
-            M.ROLLOUT_STEP: counters.step,
-            M.GRAD_UPDATES: counters.grad_updates,
-            M.LR: lr,
-            M.NONFINITE_SKIPPED: counters.nonfinite_total,
-            M.DS_TOKENS_GENERATED_TOTAL: counters.tokens_total,
-            M.TIME_GENERATE: gen_t,
-            M.TIME_SCORE: timings.get("score", 0.0),
-            M.TIME_OLD_LOGPROB: timings.get("old_logprob", 0.0),
-            M.TIME_UPDATE: timings["update"],
-            M.TIME_SYNC: t_sync,
-            M.TIME_STEP: time.perf_counter() - t_step,
-            M.TOKENS_PER_SEC: col.stats.tokens_generated / gen_t if gen_t > 0 else math.nan,
-        }
-    )
-    return m
+    return {
+        M.ROLLOUT_STEP: counters.step,
+        M.GRAD_UPDATES: counters.grad_updates,
+        M.LR: lr,
+        M.NONFINITE_SKIPPED: counters.nonfinite_total,
+        M.DS_TOKENS_GENERATED_TOTAL: counters.tokens_total,
+        M.TIME_GENERATE: gen_t,
+        M.TIME_SCORE: timings.get("score", 0.0),
+        M.TIME_OLD_LOGPROB: timings.get("old_logprob", 0.0),
+        M.TIME_UPDATE: timings["update"],
+        M.TIME_SYNC: t_sync,
+        M.TIME_STEP: t_step,
+        M.TOKENS_PER_SEC: col.stats.tokens_generated / gen_t if gen_t > 0 else math.nan,
+    }
 
 
 def sharded_logprobs(

@@ -1,0 +1,189 @@
+"""Faults injected into a `dapo` run from outside the package, for the tests that prove a run survives them.
+
+A process started with this folder on PYTHONPATH (`_env.child_env` does it) and one of these variables set gets
+the fault, installed by `sitecustomize` as each `dapo` module is imported; a test in the pytest process applies
+the same patches with `install(faults, monkeypatch.setattr)`:
+
+    DAPO_TEST_KILL_AT=POINT[:N]  SIGKILL the process the N-th time (default 1) it passes POINT (`POINTS`)
+    DAPO_TEST_FAIL_AT=RANK:STEP  that rank raises in rollout step STEP's first update; STEP 0: while the run's
+                                 parts are built, before the learner joins the others in its first collective
+    DAPO_TEST_POISON_STEP=S      from rollout step S on, advantages are NaN, so every update's loss is non-finite
+
+Every point wraps a function the package has anyway, at a boundary where a crash could leave MLflow and the run
+directory disagreeing: the patches below name them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.abc
+import importlib.util
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+KILL_ENV, FAIL_ENV, POISON_ENV = "DAPO_TEST_KILL_AT", "DAPO_TEST_FAIL_AT", "DAPO_TEST_POISON_STEP"
+POINTS = (
+    "tracking.before_log",  # a step's metrics are about to be written (or spooled): Tracker.log_metrics starts
+    "tracking.after_log",  # they were written (or spooled): Tracker.log_metrics returned
+    "tracking.replayed",  # spooled records were sent, the spool file not yet rewritten
+    "checkpoint.written",  # a checkpoint's files are complete in its temporary folder: checkpoint.publish starts
+    "checkpoint.published",  # renamed into place, older checkpoints not yet pruned: checkpoint.publish returned
+    "checkpoint.pruned",  # older checkpoints deleted: checkpoint.prune returned
+)
+
+
+@dataclass(frozen=True)
+class Faults:
+    __test__ = False  # not a pytest class
+
+    kill_at: tuple[str, int] | None = None  # (point, n-th pass)
+    fail_at: tuple[int, int] | None = None  # (rank, rollout step)
+    poison_from_step: int = 0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | os._Environ = os.environ) -> Faults:
+        kill, fail = env.get(KILL_ENV, ""), env.get(FAIL_ENV, "")
+        point, _, nth = kill.partition(":")
+        if kill and point not in POINTS:
+            raise ValueError(f"{KILL_ENV}={kill!r}: no such point; points are {POINTS}")
+        rank, _, step = fail.partition(":")
+        return cls(
+            kill_at=(point, int(nth or 1)) if kill else None,
+            fail_at=(int(rank), int(step)) if fail else None,
+            poison_from_step=int(env.get(POISON_ENV, "0") or 0),
+        )
+
+
+_passes: dict[str, int] = {}
+_step = [0]  # the rollout step in progress (set by the wrapped `rollout_step`)
+
+
+def _kill_point(faults: Faults, name: str) -> None:
+    if faults.kill_at is None or faults.kill_at[0] != name:
+        return
+    _passes[name] = _passes.get(name, 0) + 1
+    if _passes[name] == faults.kill_at[1]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _around(fn: Callable, faults: Faults, before: str | None = None, after: str | None = None) -> Callable:
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if before:
+            _kill_point(faults, before)
+        out = fn(*args, **kwargs)
+        if after:
+            _kill_point(faults, after)
+        return out
+
+    return wrapped
+
+
+class FaultyLearner:
+    """A learner whose `update` fails or is poisoned at the chosen rollout step; everything else delegates."""
+
+    def __init__(self, inner: Any, faults: Faults) -> None:
+        self._inner, self._faults = inner, faults
+
+    def update(self, batch: Any) -> dict[str, float]:
+        import torch
+
+        from dapo import distributed as dist
+
+        f, step = self._faults, _step[0]
+        if f.fail_at is not None and f.fail_at == (dist.rank(), step):
+            raise RuntimeError(f"test hook {FAIL_ENV}: rank {dist.rank()} fails in rollout step {step}")
+        if f.poison_from_step and step >= f.poison_from_step:
+            batch = dataclasses.replace(batch, advantages=torch.full_like(batch.advantages, float("nan")))
+        return self._inner.update(batch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _patch_loop(module: Any, faults: Faults, setattr_: Callable) -> None:
+    step_fn = module.rollout_step
+
+    @functools.wraps(step_fn)
+    def rollout_step(step: int, *args: Any, **kwargs: Any) -> Any:
+        _step[0] = step
+        return step_fn(step, *args, **kwargs)
+
+    setattr_(module, "rollout_step", rollout_step)
+
+
+def _patch_setup(module: Any, faults: Faults, setattr_: Callable) -> None:
+    build = module.build_components
+
+    @functools.wraps(build)
+    def build_components(*args: Any, **kwargs: Any) -> Any:
+        from dapo import distributed as dist
+
+        if faults.fail_at is not None and faults.fail_at == (dist.rank(), 0):
+            raise RuntimeError(f"test hook {FAIL_ENV}: rank {dist.rank()} fails while the run is built")
+        c = build(*args, **kwargs)
+        return dataclasses.replace(c, learner=FaultyLearner(c.learner, faults))
+
+    setattr_(module, "build_components", build_components)
+
+
+def _patch_checkpoint(module: Any, faults: Faults, setattr_: Callable) -> None:
+    setattr_(module, "publish", _around(module.publish, faults, "checkpoint.written", "checkpoint.published"))
+    setattr_(module, "prune", _around(module.prune, faults, after="checkpoint.pruned"))
+
+
+def _patch_tracking(module: Any, faults: Faults, setattr_: Callable) -> None:
+    t = module.Tracker
+    setattr_(t, "log_metrics", _around(t.log_metrics, faults, "tracking.before_log", "tracking.after_log"))
+    journal = module.SpoolJournal
+    setattr_(journal, "rewrite", _around(journal.rewrite, faults, before="tracking.replayed"))
+
+
+PATCHES: dict[str, Callable[[Any, Faults, Callable], None]] = {
+    "dapo.trainer.loop": _patch_loop,
+    "dapo.trainer.setup": _patch_setup,
+    "dapo.trainer.checkpoint": _patch_checkpoint,
+    "dapo.tracking": _patch_tracking,
+}
+
+
+def install(faults: Faults, setattr_: Callable = setattr) -> None:
+    """Patch the modules now (a test in the pytest process passes `monkeypatch.setattr`, which undoes them)."""
+    for name, patch in PATCHES.items():
+        patch(importlib.import_module(name), faults, setattr_)
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Patches each module of `PATCHES` right after Python executes it, before anything imports names from it."""
+
+    def __init__(self, faults: Faults) -> None:
+        self.faults = faults
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        patch = PATCHES.get(name)
+        if patch is None:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            execute(module)
+            patch(module, self.faults, setattr)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install_on_import(faults: Faults) -> None:
+    sys.meta_path.insert(0, _PatchAfterImport(faults))
