@@ -21,6 +21,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from dapo_faults import Faults, FaultyLearner  # noqa: E402  (tests/faults, on PYTHONPATH: _env.child_env)
 
 from dapo import distributed as dist  # noqa: E402
 from dapo.config import load_config  # noqa: E402
@@ -131,6 +132,9 @@ def main() -> None:
     )
     dist.init_distributed(timeout_s=cfg.trainer.collective_timeout_s)
     learner = make_learner(cfg, model_dir)
+    # a fault a test asks for (DAPO_TEST_FAIL_AT): this worker builds its own components, so it wraps the learner
+    # itself (dapo train gets the same wrapper through setup.build_components: tests/faults)
+    learner = FaultyLearner(learner, Faults.from_env())
     engine = ScriptedEngine(eos=learner.engine.module.lm.config.eos_token_id)
     problems = [Problem(str(i), f"p{i}", "1") for i in range(N_PROBLEMS)]
     prompts = [[i + 1, 7, 9] for i in range(N_PROBLEMS)]

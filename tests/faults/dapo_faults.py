@@ -106,7 +106,13 @@ class FaultyLearner:
         return getattr(self._inner, name)
 
 
+def _kills_in(faults: Faults, part: str) -> bool:
+    return faults.kill_at is not None and faults.kill_at[0].startswith(part + ".")
+
+
 def _patch_loop(module: Any, faults: Faults, setattr_: Callable) -> None:
+    if faults.fail_at is None and not faults.poison_from_step:
+        return
     step_fn = module.rollout_step
 
     @functools.wraps(step_fn)
@@ -118,6 +124,8 @@ def _patch_loop(module: Any, faults: Faults, setattr_: Callable) -> None:
 
 
 def _patch_setup(module: Any, faults: Faults, setattr_: Callable) -> None:
+    if faults.fail_at is None and not faults.poison_from_step:
+        return
     build = module.build_components
 
     @functools.wraps(build)
@@ -133,11 +141,15 @@ def _patch_setup(module: Any, faults: Faults, setattr_: Callable) -> None:
 
 
 def _patch_checkpoint(module: Any, faults: Faults, setattr_: Callable) -> None:
+    if not _kills_in(faults, "checkpoint"):
+        return
     setattr_(module, "publish", _around(module.publish, faults, "checkpoint.written", "checkpoint.published"))
     setattr_(module, "prune", _around(module.prune, faults, after="checkpoint.pruned"))
 
 
 def _patch_tracking(module: Any, faults: Faults, setattr_: Callable) -> None:
+    if not _kills_in(faults, "tracking"):
+        return
     t = module.Tracker
     setattr_(t, "log_metrics", _around(t.log_metrics, faults, "tracking.before_log", "tracking.after_log"))
     journal = module.SpoolJournal
