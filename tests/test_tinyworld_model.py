@@ -67,22 +67,3 @@ def test_lr_warms_up_linearly_then_decays_by_cosine_to_a_tenth():
     assert sft_lr_at(10, 100, 1.0, 10) == pytest.approx(1.0)
     assert sft_lr_at(55, 100, 1.0, 10) == pytest.approx(0.55)  # halfway through the decay: (1 + 0.1) / 2
     assert sft_lr_at(100, 100, 1.0, 10) == pytest.approx(0.1)
-
-
-def test_length_grouped_batches_weigh_every_token_alike():
-    """With batches grouped by length, each batch's loss is its token sum over one constant, so a short batch and
-    a long one add up to the mean over both (their own means would weigh the short batch's tokens far more)."""
-    model = _model()
-    g = torch.Generator().manual_seed(1)
-    prefix = torch.randint(3, 50, (6,), generator=g).tolist()
-
-    def example(m: int) -> SFTExample:
-        return SFTExample(prefix + [7], torch.randint(3, 50, (m,), generator=g).tolist() + [2])
-
-    short, long = [example(2), example(3)], [example(20), example(24)]
-    c = 12.5  # any constant
-    summed = response_loss(model, short, 0, per_batch_tokens=c) + response_loss(model, long, 0, per_batch_tokens=c)
-    n = sum(len(e.response_ids) for e in short + long)
-    assert (summed * c / n).item() == pytest.approx(response_loss(model, short + long, 0).item(), abs=1e-6)
-    means = response_loss(model, short, 0) + response_loss(model, long, 0)
-    assert (means / 2).item() != pytest.approx(response_loss(model, short + long, 0).item(), abs=1e-3)

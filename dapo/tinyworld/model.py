@@ -104,11 +104,8 @@ def _batch(examples: Sequence[SFTExample], pad_id: int) -> tuple[list[int], torc
     return examples[0].prompt_ids[:P], ids, mask, labels
 
 
-def response_loss(
-    model: PreTrainedModel, examples: Sequence[SFTExample], pad_id: int, per_batch_tokens: float | None = None
-) -> torch.Tensor:
-    """Mean next-token cross-entropy over the response tokens of a batch; with `per_batch_tokens`, their sum
-    divided by that constant instead, so that every token weighs the same whichever batch it is in.
+def response_loss(model: PreTrainedModel, examples: Sequence[SFTExample], pad_id: int) -> torch.Tensor:
+    """Mean next-token cross-entropy over the response tokens of a batch.
 
     The shared prompt prefix runs once (batch 1) and its key/value cache is broadcast to the batch: with the
     DAPO template that prefix is about a third of every sequence, and the loss and gradients are the same as a
@@ -125,9 +122,7 @@ def response_loss(
             layer.values = layer.values.expand(len(examples), -1, -1, -1)
     logits = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=cache is not None).logits
     flat = (logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
-    if per_batch_tokens is None:
-        return torch.nn.functional.cross_entropy(*flat, ignore_index=-100)
-    return torch.nn.functional.cross_entropy(*flat, ignore_index=-100, reduction="sum") / per_batch_tokens
+    return torch.nn.functional.cross_entropy(*flat, ignore_index=-100)
 
 
 def sft_lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
@@ -148,53 +143,38 @@ def train_sft(
     pad_id: int,
     seed: int,
     on_step: Callable[[int, float], None] | None = None,
-    group_by_length: bool = False,
 ) -> dict[str, float]:
     """Next-token cross-entropy on the responses, AdamW with warm-up and cosine decay, grad clip 1.0.
 
-    Examples are visited in a seeded random order (cycled when `steps * batch_size` exceeds them). With
-    `group_by_length`, each batch holds examples of similar length (`length_grouped_batches`): a batch is padded to
-    its longest row, and with the habits world's mix of 15- and 150-token solutions a random batch is half padding.
-    The loss is then a sum over tokens divided by a constant (a batch's mean token count), not each batch's own
-    mean: a mean per batch would weigh a token of a short batch several times one of a long batch, and so teach
-    the short habits' first tokens more strongly than the long ones' (a world built that way chose its verbose
-    habit a third as often as its data did). Returns {"sft_loss_first", "sft_loss_last", "sft_seconds"}.
+    Examples are visited in a seeded random order (cycled when `steps * batch_size` exceeds them). Batches of
+    similar length would save the habits world's padding (its solutions run 15-150 tokens), but two worlds built
+    that way learned far less of their arithmetic than one built from random batches (docs/evidence.md, the
+    ledger's W101-W103), so batches are random. Returns {"sft_loss_first", "sft_loss_last", "sft_seconds"}.
     """
     import torch
 
     rng = random.Random(f"tinyworld-sft-{seed}")
     order = list(range(len(examples)))
     rng.shuffle(order)
-    lengths = [len(e.prompt_ids) + len(e.response_ids) for e in examples]
-    batches = length_grouped_batches(lengths, batch_size, rng) if group_by_length else []
-    per_batch = batch_size * sum(len(e.response_ids) for e in examples) / len(examples) if group_by_length else None
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warmup = max(1, steps // 20)
     model.train()
     t0, first, recent = time.perf_counter(), float("nan"), []
     pos = 0
     for step in range(steps):
-        if group_by_length:
-            if pos >= len(batches):
-                batches, pos = length_grouped_batches(lengths, batch_size, rng), 0
-            batch = [examples[i] for i in batches[pos]]
-            pos += 1
-        else:
-            if pos + batch_size > len(order):
-                rng.shuffle(order)
-                pos = 0
-            batch = [examples[i] for i in order[pos : pos + batch_size]]
-            pos += batch_size
+        if pos + batch_size > len(order):
+            rng.shuffle(order)
+            pos = 0
+        batch = [examples[i] for i in order[pos : pos + batch_size]]
+        pos += batch_size
         for g in opt.param_groups:
             g["lr"] = sft_lr_at(step, steps, lr, warmup)
-        loss = response_loss(model, batch, pad_id, per_batch)
+        loss = response_loss(model, batch, pad_id)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        value = float(loss.detach())  # reported per token, whatever the normalisation
-        if per_batch is not None:
-            value *= per_batch / sum(len(e.response_ids) for e in batch)
+        value = float(loss.detach())
         first = value if step == 0 else first
         recent = (recent + [value])[-20:]
         if on_step is not None:
@@ -205,24 +185,6 @@ def train_sft(
         "sft_loss_last": sum(recent) / max(1, len(recent)),
         "sft_seconds": time.perf_counter() - t0,
     }
-
-
-def length_grouped_batches(
-    lengths: Sequence[int], batch_size: int, rng: random.Random, window: int = 50
-) -> list[list[int]]:
-    """One pass over the examples as batches of similar length, in a random order: the indices are shuffled, cut
-    into windows of `window` batches, sorted by length within each window and cut into batches, and the batches
-    shuffled (the length-grouped sampling of common trainers: little padding, and every example once per pass).
-    A last, short batch is dropped, like the ungrouped order's."""
-    order = list(range(len(lengths)))
-    rng.shuffle(order)
-    batches = []
-    span = batch_size * window
-    for start in range(0, len(order), span):
-        chunk = sorted(order[start : start + span], key=lambda i: lengths[i])
-        batches += [chunk[k : k + batch_size] for k in range(0, len(chunk) - batch_size + 1, batch_size)]
-    rng.shuffle(batches)
-    return batches
 
 
 def param_count(model: PreTrainedModel) -> int:
