@@ -43,7 +43,6 @@ from typing import Any
 
 from dapo import metric_names as M
 from dapo.fsio import atomic_write
-from dapo.killpoint import kill_point
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +302,6 @@ class Tracker:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Log each metric at `step`, stamped now (ms). Non-numeric values are skipped with a warning; a point at
         or below a step the run already holds for that metric is dropped (see the module docstring)."""
-        kill_point("tracking.before_log")
         now = int(time.time() * 1000)
         recs = []
         for k, v in metrics.items():
@@ -314,7 +312,6 @@ class Tracker:
                 continue
             recs.append({"kind": "metric", "key": k, "value": value, "step": int(step), "timestamp": now})
         self._submit(recs)
-        kill_point("tracking.after_log")
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload a file or folder; spooled like a metric point when the store is away."""
@@ -406,7 +403,6 @@ class Tracker:
         """Send the spool in order; keep whatever could not be sent. True when the spool is empty."""
         recs = self._read_spool()
         sent = self._send(recs)
-        kill_point("tracking.replayed")
         rest = recs[sent:]
         # a crash mid-replay leaves the old or the new spool, never half of one
         atomic_write(self.spool_path, "".join(json.dumps(r) + "\n" for r in rest))
