@@ -17,9 +17,9 @@ How it holds:
   line, `<spool>/<run id>.jsonl`) and training goes on; the next successful write replays the spool in order
   first. Replays are idempotent: a point keeps the timestamp it was logged with, and the SQL store keys metric
   rows by (key, timestamp, step, value), so a point sent twice (written, but the answer was lost) is stored once.
-  MLflow's HTTP client retries for minutes by default; we lower its retries and timeout (environment variables
-  it reads per request) so a dead server costs seconds, and after a failure we wait `retry_interval_s` before
-  trying it again.
+  MLflow's HTTP client retries for minutes by default; we lower its retries and timeout around our own calls
+  (`fail_fast_http`: environment variables it reads per request) so a dead server costs seconds, and after a
+  failure we wait `retry_interval_s` before trying it again.
 - **Starting and finishing.** A new run needs the server: `start_timeout_s` of retries, then
   `TrackingUnavailable` naming the URI. A resumed run never waits: it starts in spool mode. `finish()` retries
   the spool for `finish_timeout_s`; the run's final status travels in the spool as its last record, so it is
@@ -57,13 +57,30 @@ RUN_FILE = "run.json"  # the run this spool folder belongs to (training runs)
 UNDELIVERED = ".undelivered"  # beside a spool that `finish` could not deliver
 TERMINAL = ("FINISHED", "FAILED", "KILLED")
 
-# Fail fast when the server is away (MLflow's defaults retry with backoff for minutes).
+# Fail fast when the server is away (MLflow's defaults retry with backoff for minutes). MLflow has no per-client
+# setting for this: its REST store calls `mlflow.utils.rest_utils.http_request` without retry or timeout arguments,
+# and that reads these variables from os.environ on every request (`mlflow.environment_variables`). Set for the whole
+# process, as the Tracker's constructor once did, they changed every later MLflow call of the process (a report's
+# reads, the eval CLI's). So the Tracker sets them around its own calls only, and only those the user has not set.
 _HTTP_ENV = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
 }
+_http_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def fail_fast_http() -> Iterator[None]:
+    with _http_lock:  # one scope at a time (sinks on two threads take turns): it restores what it set
+        added = [k for k in _HTTP_ENV if k not in os.environ]
+        os.environ.update({k: _HTTP_ENV[k] for k in added})
+        try:
+            yield
+        finally:
+            for k in added:
+                os.environ.pop(k, None)
 
 
 class TrackingUnavailable(RuntimeError):
@@ -167,8 +184,6 @@ class Tracker:
         finish_timeout_s: float = 0.0,
         record_run: bool = False,
     ) -> None:
-        for k, v in _HTTP_ENV.items():
-            os.environ.setdefault(k, v)
         from mlflow.tracking import MlflowClient
 
         self.uri = resolve_uri(uri)
@@ -229,7 +244,7 @@ class Tracker:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                with self._store_lock():
+                with fail_fast_http(), self._store_lock():
                     exp = self.client.get_experiment_by_name(experiment)
                     exp_id = exp.experiment_id if exp is not None else self._create_experiment(experiment)
                     self.experiment_id = exp_id
@@ -262,7 +277,7 @@ class Tracker:
     def _check_exists(self) -> None:
         """A resumed run must exist in this store; an unreachable store is fine (spool mode)."""
         try:
-            with self._store_lock():
+            with fail_fast_http(), self._store_lock():
                 self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
         except Exception as e:
             if (no := refused(self.uri, e, f"resume run {self.run_id}")) is not None:
@@ -415,21 +430,22 @@ class Tracker:
         (written, or dropped as already held: a prefix of `recs`); on a connection failure, starts the retry
         interval."""
         i = 0
-        while i < len(recs):
-            j = i
-            kind = recs[i]["kind"]
-            limit = MAX_METRICS_PER_BATCH if kind == "metric" else MAX_PARAMS_TAGS_PER_BATCH
-            while j < len(recs) and recs[j]["kind"] == kind and j - i < limit:
-                j += 1
-                if kind in ("artifact", "status"):
-                    break
-            try:
-                self._write_isolating(kind, recs[i:j])
-            except Exception as e:
-                log.warning("MLflow unreachable (%s); spooling to %s", type(e).__name__, self.spool_path)
-                self._next_try = time.monotonic() + self.retry_interval_s
-                return i
-            i = j
+        with fail_fast_http():
+            while i < len(recs):
+                j = i
+                kind = recs[i]["kind"]
+                limit = MAX_METRICS_PER_BATCH if kind == "metric" else MAX_PARAMS_TAGS_PER_BATCH
+                while j < len(recs) and recs[j]["kind"] == kind and j - i < limit:
+                    j += 1
+                    if kind in ("artifact", "status"):
+                        break
+                try:
+                    self._write_isolating(kind, recs[i:j])
+                except Exception as e:
+                    log.warning("MLflow unreachable (%s); spooling to %s", type(e).__name__, self.spool_path)
+                    self._next_try = time.monotonic() + self.retry_interval_s
+                    return i
+                i = j
         return i
 
     def _write_isolating(self, kind: str, recs: list[dict[str, Any]]) -> None:
