@@ -353,7 +353,7 @@ def test_a_watcher_thread_finishing_the_run_waits_for_the_loops_write(tmp_path: 
 
     tr = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "exp", "r", spool_dir=tmp_path / "spool")
     entered, release = threading.Event(), threading.Event()
-    real_write = tr._write
+    real_write = tr.sink._write
 
     def slow_write(kind, recs):
         if kind == "metric" and not release.is_set():
@@ -361,7 +361,7 @@ def test_a_watcher_thread_finishing_the_run_waits_for_the_loops_write(tmp_path: 
             release.wait(10)
         real_write(kind, recs)
 
-    tr._write = slow_write
+    tr.sink._write = slow_write
     loop = threading.Thread(target=tr.log_metrics, args=({"reward/mean": 1.0}, 1))
     loop.start()
     assert entered.wait(10)
