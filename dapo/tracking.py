@@ -1,31 +1,31 @@
 """MLflow tracking that training can rely on: one run per training run, whatever kills it, and one point per
 (metric, step) in that run, even when the tracking server goes away for a while.
 
-How it holds:
+Three parts, one job each: `SpoolJournal` (the records waiting, in a file), `MlflowSink` (the run in the store) and
+`Tracker`, the policy between them, under one lock: while the store failed recently a record goes to the journal;
+otherwise the journal is replayed first, then the record is sent, and what did not land is appended. How it holds:
 
 - **The run id is durable before anything is logged.** A Tracker with `record_run=True` writes `run.json`
-  (fsynced) into its spool folder right after creating the run; any later Tracker on that folder with no run
-  id resumes that run. A training run killed before its first checkpoint therefore restarts into the same
-  MLflow run, not a second one.
+  (fsynced) into its spool folder right after the sink created the run; any later Tracker on that folder with no
+  run id resumes that run. A training run killed before its first checkpoint restarts into the same MLflow run.
 - **One point per (metric, step).** A resumed run recomputes the steps after its last checkpoint, and some of
-  them may already be in the store. Before its first metric write, a resumed Tracker learns, per metric key,
-  the highest step the run already holds; it then drops every point at or below that step (the first attempt's
+  them may already be in the store. Before its first metric write, a resumed sink learns, per metric key, the
+  highest step the run already holds; it then drops every point at or below that step (the first attempt's
   points stay) and raises the mark as it writes, so the spool of an earlier attempt and the points of this one
   merge into one increasing series. A resumed training run is bit-identical (seeded per step), so nothing of
   value is dropped. MLflow has no API to delete a single point, so this is done before writing.
-- **Outages lose nothing.** A record that cannot be written is appended to a spool file (JSONL, one record a
-  line, `<spool>/<run id>.jsonl`) and training goes on; the next successful write replays the spool in order
-  first. Replays are idempotent: a point keeps the timestamp it was logged with, and the SQL store keys metric
-  rows by (key, timestamp, step, value), so a point sent twice (written, but the answer was lost) is stored once.
-  MLflow's HTTP client retries for minutes by default; we lower its retries and timeout (environment variables
-  it reads per request) so a dead server costs seconds, and after a failure we wait `retry_interval_s` before
-  trying it again.
+- **Outages lose nothing.** A record the sink could not write is appended to the journal (`<spool>/<run id>.jsonl`,
+  one JSON record a line) and training goes on; a replay sends the journal in order, then rewrites it atomically
+  with what is left. Replays are idempotent: a point keeps the timestamp it was logged with, and the SQL store keys
+  metric rows by (key, timestamp, step, value), so a point sent twice (written but the answer lost, or a kill
+  between the send and the rewrite) is stored once. The sink lowers MLflow's HTTP retries and timeout around its
+  own calls (`fail_fast_http`), so a dead server costs seconds; after a failure the Tracker leaves the store alone
+  for `retry_interval_s`.
 - **Starting and finishing.** A new run needs the server: `start_timeout_s` of retries, then
   `TrackingUnavailable` naming the URI. A resumed run never waits: it starts in spool mode. `finish()` retries
-  the spool for `finish_timeout_s`; the run's final status travels in the spool as its last record, so it is
-  set when the points land. What cannot be delivered stays in the spool with a `<run id>.undelivered` note
-  beside it, and `replay_pending` (called by `dapo train`, `dapo eval`, `dapo report --runs`, `dapo status`)
-  delivers it later.
+  the journal for `finish_timeout_s`; the run's final status travels in it as its last record, so it is set when
+  the points land. What cannot be delivered stays, with a `<run id>.undelivered` note beside it, and
+  `replay_pending` (called by `dapo train`, `dapo eval`, `dapo report --runs`, `dapo status`) delivers it later.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from typing import Any
 
 from dapo import metric_names as M
 from dapo.fsio import atomic_write
-from dapo.killpoint import kill_point
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +52,35 @@ MAX_TAG_VAL_LENGTH = 8000
 MAX_KEY_LENGTH = 250
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_TAGS_PER_BATCH = 100
-
+_BATCH = {"metric": MAX_METRICS_PER_BATCH, "param": MAX_PARAMS_TAGS_PER_BATCH, "tag": MAX_PARAMS_TAGS_PER_BATCH}
+TERMINAL = ("FINISHED", "FAILED", "KILLED")
 RUN_FILE = "run.json"  # the run this spool folder belongs to (training runs)
 UNDELIVERED = ".undelivered"  # beside a spool that `finish` could not deliver
-TERMINAL = ("FINISHED", "FAILED", "KILLED")
 
-# Fail fast when the server is away (MLflow's defaults retry with backoff for minutes).
+# Fail fast when the server is away (MLflow's defaults retry with backoff for minutes). MLflow has no per-client
+# setting for this: its REST store calls `mlflow.utils.rest_utils.http_request` without retry or timeout arguments,
+# and that reads these variables from os.environ on every request (`mlflow.environment_variables`). Set for the whole
+# process, as the Tracker's constructor once did, they changed every later MLflow call of the process (a report's
+# reads, the eval CLI's). So the sink sets them around its own calls only, and only those the user has not set.
 _HTTP_ENV = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
 }
+_http_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def fail_fast_http() -> Iterator[None]:
+    with _http_lock:  # one scope at a time (sinks on two threads take turns): it restores what it set
+        added = [k for k in _HTTP_ENV if k not in os.environ]
+        os.environ.update({k: _HTTP_ENV[k] for k in added})
+        try:
+            yield
+        finally:
+            for k in added:
+                os.environ.pop(k, None)
 
 
 class TrackingUnavailable(RuntimeError):
@@ -100,13 +116,7 @@ def refused(uri: str, e: Exception, what: str) -> TrackingRefused | None:
 def resolve_uri(uri: str | None, results_dir: str | Path = "results") -> str:
     """The tracking URI: `uri` if given, else $MLFLOW_TRACKING_URI, else `sqlite:///<results_dir>/mlflow.db`
     (absolute path; artifacts go beside it in `<results_dir>/mlartifacts`)."""
-    if uri:
-        return uri
-    env = os.environ.get("MLFLOW_TRACKING_URI")
-    if env:
-        return env
-    db = Path(results_dir).resolve() / "mlflow.db"
-    return f"sqlite:///{db}"
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(results_dir).resolve() / 'mlflow.db'}"
 
 
 def _local_artifact_root(uri: str) -> str | None:
@@ -115,6 +125,12 @@ def _local_artifact_root(uri: str) -> str | None:
     if uri.startswith("sqlite:///"):
         return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
     return None
+
+
+def kv_record(kind: str, key: Any, value: Any) -> dict[str, Any]:
+    """A param or tag record, key and value truncated to MLflow's limits (longer ones are rejected)."""
+    limit = MAX_PARAM_VAL_LENGTH if kind == "param" else MAX_TAG_VAL_LENGTH
+    return {"kind": kind, "key": _truncate(key, MAX_KEY_LENGTH), "value": _truncate(value, limit)}
 
 
 def _truncate(value: Any, limit: int) -> str:
@@ -132,6 +148,225 @@ def read_run_file(spool_dir: str | Path) -> dict[str, Any] | None:
     except (OSError, json.JSONDecodeError):
         return None
     return data if isinstance(data, dict) and data.get("run_id") else None
+
+
+class SpoolJournal:
+    """The records waiting for the store, in order: `<folder>/<run id>.jsonl`, one JSON record a line (files only,
+    no MLflow). `meta` ({"run_id", "uri", "experiment"}: what a later replay needs to find the store) is written
+    beside it as `.meta.json` with the first record; `note` is the `.undelivered` note of a `finish` that gave up."""
+
+    def __init__(self, folder: Path, meta: dict[str, Any]) -> None:
+        self.meta = meta
+        self.path = folder / f"{meta['run_id']}.jsonl"
+        self.note = self.path.with_suffix(UNDELIVERED)
+
+    def waiting(self) -> bool:
+        return self.path.is_file() and self.path.stat().st_size > 0
+
+    def append(self, recs: list[dict[str, Any]]) -> None:
+        if not recs:
+            return
+        meta = self.path.with_suffix(".meta.json")
+        if not meta.is_file():
+            atomic_write(meta, json.dumps(self.meta))
+        with self.path.open("a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in recs))
+
+    def read(self) -> list[dict[str, Any]]:
+        recs = []
+        for i, line in enumerate(self.path.read_text().splitlines() if self.path.is_file() else [], start=1):
+            if not line.strip():
+                continue
+            try:
+                recs.append(json.loads(line))
+            except json.JSONDecodeError:
+                # a kill in the middle of an append leaves a torn last line: that record never counted
+                log.warning("%s:%d: unreadable spool record skipped", self.path, i)
+        return recs
+
+    def rewrite(self, recs: list[dict[str, Any]]) -> None:
+        """Replace the journal by what a replay left: a crash leaves the old or the new one, never half of one."""
+        atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in recs))
+
+    def mark_undelivered(self) -> None:
+        """Write the note that records wait here (for people and `dapo status`), and warn."""
+        n = len(self.read())
+        self.note.write_text(
+            f"{n} record(s) of MLflow run {self.meta['run_id']} could not be delivered to {self.meta['uri']} "
+            f"(last try {time.strftime('%Y-%m-%d %H:%M:%S')}). They wait in {self.path.name}; the next "
+            "`dapo train` on this run directory, `dapo status --replay`, or `dapo report --runs` delivers "
+            "them once the server answers.\n"
+        )
+        log.warning("MLflow unreachable at finish: %d record(s) kept in %s (see %s)", n, self.path, self.note)
+
+
+class MlflowSink:
+    """Run `run_id` in the store at `uri`, or (None) a new run in `experiment`, retried for `start_timeout_s` before
+    `TrackingUnavailable`; `reachable` is False when a resumed run's store did not answer at start. `send` writes
+    records in batches (a refused record loses only itself), drops points at or below the step the run holds for
+    their key, and says how many landed: spooling the rest and when to try again are the Tracker's."""
+
+    def __init__(self, uri: str, experiment: str, run_name: str | None, run_id: str | None, start_timeout_s: float):
+        from mlflow.tracking import MlflowClient
+
+        self.uri = uri
+        self.dropped_points = 0  # points at or below a step the run already held (a resumed run's recompute)
+        self.refused: list[str] = []  # records the store refused, one line each
+        self.experiment_id: str | None = None  # known once the store answered
+        with self._store_lock():  # the client creates (or migrates) an SQLite store's tables at once
+            self.client = MlflowClient(tracking_uri=uri)
+        # per metric key, the highest step the run holds; None until learned (a resumed run asks the store)
+        self._floor: dict[str, int] | None = None if run_id is not None else {}
+        self.run_id: str = run_id if run_id is not None else self._create(experiment, run_name, start_timeout_s)
+        self.reachable = run_id is None or self._resume()
+
+    def _store_lock(self) -> contextlib.AbstractContextManager[Any]:
+        """Two runs starting at once on a fresh SQLite store both try to create its tables and one fails
+        ("table ... already exists"): serialise store creation and run start across processes."""
+        if not self.uri.startswith("sqlite:///"):
+            return contextlib.nullcontext()
+        from filelock import FileLock
+
+        db = Path(self.uri.removeprefix("sqlite:///"))
+        db.parent.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(db) + ".lock", timeout=300)
+
+    def _create(self, experiment: str, run_name: str | None, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with fail_fast_http(), self._store_lock():
+                    exp = self.client.get_experiment_by_name(experiment)
+                    exp_id = exp.experiment_id if exp is not None else self._create_experiment(experiment)
+                    self.experiment_id = exp_id
+                    return self.client.create_run(exp_id, run_name=run_name).info.run_id
+            except Exception as e:
+                if (no := refused(self.uri, e, f"start a run in experiment {experiment!r}")) is not None:
+                    raise no from e
+                if _is_rejection(e) or time.monotonic() >= deadline:
+                    raise TrackingUnavailable(
+                        f"MLflow at {self.uri} could not start a run in experiment {experiment!r} "
+                        f"({type(e).__name__}: {_first_line(e)}). Nothing was trained. Start the tracking server "
+                        "(on a cluster an authenticated one, bound to the cluster's internal interface: `mlflow "
+                        "server --app-name basic-auth --host <internal address> ...`, README 'On a SLURM cluster') "
+                        "or point tracking.uri / MLFLOW_TRACKING_URI at one that answers; tracking.start_timeout_s "
+                        f"({timeout_s:g} s here) is how long a new run waits for it."
+                    ) from e
+                log.warning("MLflow at %s unreachable (%s); retrying the run's start", self.uri, type(e).__name__)
+                time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+
+    def _create_experiment(self, name: str) -> str:
+        try:
+            return self.client.create_experiment(name, artifact_location=_local_artifact_root(self.uri))
+        except Exception:
+            # another run created it meanwhile (parallel jobs of one ablation)
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def _resume(self) -> bool:
+        """A resumed run must exist in this store; an unreachable store is fine (False: the caller spools)."""
+        try:
+            with fail_fast_http(), self._store_lock():
+                self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
+            return True
+        except Exception as e:
+            if (no := refused(self.uri, e, f"resume run {self.run_id}")) is not None:
+                raise no from e
+            if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+                raise RuntimeError(
+                    f"MLflow run {self.run_id} does not exist at {self.uri}: the run directory was made with "
+                    "another tracking URI. Set tracking.uri to the store that holds it, or start a new run "
+                    "directory."
+                ) from e
+            log.warning(
+                "MLflow at %s unreachable at start (%s): run %s spools", self.uri, type(e).__name__, self.run_id
+            )
+            return False
+
+    def send(self, recs: list[dict[str, Any]]) -> int:
+        """Write records in order, in batches of consecutive same-kind records. Returns how many were consumed
+        (written, refused, or dropped as already held: a prefix of `recs`); fewer than all when the store could
+        not be reached."""
+        i = 0
+        with fail_fast_http():
+            while i < len(recs):
+                kind, j = recs[i]["kind"], i + 1  # artifacts and status changes go one at a time
+                while j < len(recs) and recs[j]["kind"] == kind and j - i < _BATCH.get(kind, 1):
+                    j += 1
+                try:
+                    self._write_isolating(kind, recs[i:j])
+                except Exception as e:
+                    log.warning("MLflow at %s unreachable (%s); spooling", self.uri, type(e).__name__)
+                    return i
+                i = j
+        return i
+
+    def _write_isolating(self, kind: str, recs: list[dict[str, Any]]) -> None:
+        """Write a batch; when the store refuses it (it answered: retrying cannot help, e.g. a param changed on
+        resume), write its halves apart, down to single records, so that a refused record loses only itself. Each
+        refused record is named in `refused`; a failure to reach the store propagates (the caller spools)."""
+        try:
+            self._write(kind, recs)
+        except Exception as e:
+            if not _is_rejection(e):
+                raise
+            if len(recs) > 1:
+                half = len(recs) // 2
+                self._write_isolating(kind, recs[:half])
+                self._write_isolating(kind, recs[half:])
+                return
+            what = f"{kind} {recs[0].get('key', recs[0].get('path', ''))}".strip()
+            if kind == "metric":
+                what += f" at step {recs[0]['step']}"
+            if what not in self.refused:  # a batch spooled again after a lost connection is refused again
+                self.refused.append(what)
+                log.warning("MLflow refused %s: %s", what, _first_line(e))
+
+    def _learn_floor(self) -> dict[str, int]:
+        """Per metric key, the highest step this run already holds in the store."""
+        if self._floor is None:
+            keys = self.client.get_run(self.run_id).data.metrics
+            steps = {k: [m.step for m in self.client.get_metric_history(self.run_id, k)] for k in keys}
+            self._floor = {k: max(s) for k, s in steps.items() if s}
+        return self._floor
+
+    def _write(self, kind: str, recs: list[dict[str, Any]]) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        if kind == "metric":
+            # in spool order: a point an earlier record (or the store) already covers is dropped
+            marks = dict(self._learn_floor())
+            fresh = []
+            for r in recs:
+                if r["key"] not in marks or r["step"] > marks[r["key"]]:
+                    fresh.append(r)
+                    marks[r["key"]] = r["step"]
+            if metrics := [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in fresh]:
+                self.client.log_batch(self.run_id, metrics=metrics)
+            if len(fresh) < len(recs):
+                log.info("%d point(s) at steps run %s held were not written again", len(recs) - len(fresh), self.run_id)
+            self.dropped_points += len(recs) - len(fresh)
+            self._floor = marks
+        elif kind == "param":
+            self.client.log_batch(self.run_id, params=[Param(r["key"], r["value"]) for r in recs])
+        elif kind == "tag":
+            self.client.log_batch(self.run_id, tags=[RunTag(r["key"], r["value"]) for r in recs])
+        elif kind == "status":
+            for r in recs:
+                set_status = self.client.set_terminated if r["status"] in TERMINAL else self.client.update_run
+                set_status(self.run_id, status=r["status"])
+        elif kind == "artifact":
+            for r in recs:
+                p = Path(r["path"])
+                if not p.exists():
+                    log.warning("artifact %s vanished before upload; skipped", p)
+                    continue
+                upload = self.client.log_artifacts if p.is_dir() else self.client.log_artifact
+                upload(self.run_id, str(p), r["artifact_path"])
+        else:
+            raise ValueError(f"unknown spool record kind {kind!r}")
 
 
 class Tracker:
@@ -168,142 +403,49 @@ class Tracker:
         finish_timeout_s: float = 0.0,
         record_run: bool = False,
     ) -> None:
-        for k, v in _HTTP_ENV.items():
-            os.environ.setdefault(k, v)
-        from mlflow.tracking import MlflowClient
-
         self.uri = resolve_uri(uri)
         self.experiment = experiment
         self.retry_interval_s = retry_interval_s
         self.finish_timeout_s = finish_timeout_s
-        self._next_try = 0.0
-        self.dropped_points = 0  # points at or below a step the run already held (a resumed run's recompute)
-        self.refused: list[str] = []  # records the store refused, one line each (a run tag counts them at finish)
+        self._next_try = 0.0  # before this (time.monotonic), records go to the journal without trying the store
         # one writer at a time: the training loop logs while a watcher thread may mark the run failed and finish it
         self._lock = threading.RLock()
         self.spool_dir = Path(spool_dir) if spool_dir is not None else Path("results") / "mlflow_spool"
         self.spool_dir.mkdir(parents=True, exist_ok=True)
-        if run_id is None:
-            recorded = read_run_file(self.spool_dir)
-            if recorded is not None:
-                run_id = recorded["run_id"]
-                log.info("resuming MLflow run %s recorded in %s", run_id, self.spool_dir / RUN_FILE)
-        with self._store_lock():  # the client creates (or migrates) an SQLite store's tables at once
-            self.client = MlflowClient(tracking_uri=self.uri)
-        # per metric key, the highest step the run holds; None until learned (a resumed run asks the store)
-        self._floor: dict[str, int] | None
-        self.experiment_id: str | None = None  # known once the store answered
-        if run_id is None:
-            self.run_id: str = self._create(experiment, run_name, start_timeout_s)
-            self._floor = {}
-        else:
-            self.run_id = run_id
-            self._floor = None
-            self._check_exists()
+        resumed = run_id
+        if run_id is None and (recorded := read_run_file(self.spool_dir)) is not None:
+            resumed = recorded["run_id"]
+            log.info("resuming MLflow run %s recorded in %s", resumed, self.spool_dir / RUN_FILE)
+        self.sink = MlflowSink(self.uri, experiment, run_name, resumed, start_timeout_s)
+        self.run_id: str = self.sink.run_id
+        self.client, self.experiment_id, self.refused = self.sink.client, self.sink.experiment_id, self.sink.refused
+        if not self.sink.reachable:
+            self._next_try = time.monotonic() + retry_interval_s
+        meta = {"run_id": self.run_id, "uri": self.uri, "experiment": experiment}
         if record_run:
-            atomic_write(
-                self.spool_dir / RUN_FILE,
-                json.dumps({"run_id": self.run_id, "uri": self.uri, "experiment": experiment, "run_name": run_name}),
-            )
-        self.spool_path = self.spool_dir / f"{self.run_id}.jsonl"
-        if run_id is not None and mark_running:
+            atomic_write(self.spool_dir / RUN_FILE, json.dumps({**meta, "run_name": run_name}))
+        self.spool = SpoolJournal(self.spool_dir, meta)
+        self.spool_path = self.spool.path
+        if resumed is not None and mark_running:
             self._submit([{"kind": "status", "status": "RUNNING"}])
         if tags:
             self.set_tags(tags)
 
-    # ---------------------------------------------------------------------------------------------- start
-    @contextlib.contextmanager
-    def _store_lock(self) -> Iterator[None]:
-        """Two runs starting at once on a fresh SQLite store both try to create its tables and one fails
-        ("table ... already exists"): serialise store creation and run start across processes."""
-        if not self.uri.startswith("sqlite:///"):
-            yield
-            return
-        from filelock import FileLock
+    @property
+    def dropped_points(self) -> int:  # points at or below a step the run already held, not written again
+        return self.sink.dropped_points
 
-        db = Path(self.uri.removeprefix("sqlite:///"))
-        db.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(db) + ".lock", timeout=300):
-            yield
-
-    def _create(self, experiment: str, run_name: str | None, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                with self._store_lock():
-                    exp = self.client.get_experiment_by_name(experiment)
-                    exp_id = exp.experiment_id if exp is not None else self._create_experiment(experiment)
-                    self.experiment_id = exp_id
-                    return self.client.create_run(exp_id, run_name=run_name).info.run_id
-            except Exception as e:
-                if (no := refused(self.uri, e, f"start a run in experiment {experiment!r}")) is not None:
-                    raise no from e
-                if _is_rejection(e) or time.monotonic() >= deadline:
-                    raise TrackingUnavailable(
-                        f"MLflow at {self.uri} could not start a run in experiment {experiment!r} "
-                        f"({type(e).__name__}: {_first_line(e)}). Nothing was trained. Start the tracking server "
-                        "(on a cluster an authenticated one, bound to the cluster's internal interface: `mlflow "
-                        "server --app-name basic-auth --host <internal address> ...`, README 'On a SLURM cluster') "
-                        "or point tracking.uri / MLFLOW_TRACKING_URI at one that answers; tracking.start_timeout_s "
-                        f"({timeout_s:g} s here) is how long a new run waits for it."
-                    ) from e
-                log.warning("MLflow at %s unreachable (%s); retrying the run's start", self.uri, type(e).__name__)
-                time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
-
-    def _create_experiment(self, name: str) -> str:
-        try:
-            return self.client.create_experiment(name, artifact_location=_local_artifact_root(self.uri))
-        except Exception:
-            # another run created it meanwhile (parallel jobs of one ablation)
-            exp = self.client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-            return exp.experiment_id
-
-    def _check_exists(self) -> None:
-        """A resumed run must exist in this store; an unreachable store is fine (spool mode)."""
-        try:
-            with self._store_lock():
-                self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
-        except Exception as e:
-            if (no := refused(self.uri, e, f"resume run {self.run_id}")) is not None:
-                raise no from e
-            if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
-                raise RuntimeError(
-                    f"MLflow run {self.run_id} does not exist at {self.uri}: the run directory was made with "
-                    "another tracking URI. Set tracking.uri to the store that holds it, or start a new run "
-                    "directory."
-                ) from e
-            log.warning(
-                "MLflow at %s unreachable at start (%s): resuming run %s in spool mode (%s)",
-                self.uri,
-                type(e).__name__,
-                self.run_id,
-                self.spool_dir,
-            )
-            self._next_try = time.monotonic() + self.retry_interval_s
-
-    # ------------------------------------------------------------------------------------------ logging
     def log_params(self, params: dict[str, Any]) -> None:
         """Every param, value truncated to MLflow's limit. Re-logging a param with a different value (a resumed
         run whose config changed) is refused by MLflow; we log a warning instead of failing training."""
-        recs = [
-            {"kind": "param", "key": _truncate(k, MAX_KEY_LENGTH), "value": _truncate(v, MAX_PARAM_VAL_LENGTH)}
-            for k, v in params.items()
-        ]
-        self._submit(recs)
+        self._submit([kv_record("param", k, v) for k, v in params.items()])
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        recs = [
-            {"kind": "tag", "key": _truncate(k, MAX_KEY_LENGTH), "value": _truncate(v, MAX_TAG_VAL_LENGTH)}
-            for k, v in tags.items()
-        ]
-        self._submit(recs)
+        self._submit([kv_record("tag", k, v) for k, v in tags.items()])
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Log each metric at `step`, stamped now (ms). Non-numeric values are skipped with a warning; a point at
         or below a step the run already holds for that metric is dropped (see the module docstring)."""
-        kill_point("tracking.before_log")
         now = int(time.time() * 1000)
         recs = []
         for k, v in metrics.items():
@@ -314,7 +456,6 @@ class Tracker:
                 continue
             recs.append({"kind": "metric", "key": k, "value": value, "step": int(step), "timestamp": now})
         self._submit(recs)
-        kill_point("tracking.after_log")
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Upload a file or folder; spooled like a metric point when the store is away."""
@@ -324,195 +465,54 @@ class Tracker:
         """Replay the spool now (ignoring the retry interval). True when nothing is left waiting."""
         self._next_try = 0.0
         self._submit([])
-        return not self._spooled()
+        return not self.spool.waiting()
 
     def finish(self, status: str | None = "FINISHED") -> bool:
         """Deliver everything (retrying for `finish_timeout_s`), then mark the run FINISHED / FAILED / KILLED
         (None: leave its status). The status travels behind the points, so it is set only once they landed.
         Returns True when delivered; otherwise the spool stays with a note beside it (see `replay_pending`)."""
         with self._lock:  # a watcher thread may finish the run while the loop logs
-            return self._finish(status)
-
-    # ---------------------------------------------------------------------------------------- internals
-    def _finish(self, status: str | None) -> bool:
-        if self.refused:
-            self._submit([{"kind": "tag", "key": M.TAG_REFUSED_RECORDS, "value": str(len(self.refused))}])
-            log.warning(
-                "MLflow refused %d record(s) of run %s (tag %s): %s",
-                len(self.refused),
-                self.run_id,
-                M.TAG_REFUSED_RECORDS,
-                "; ".join(self.refused[:20]) + (" ..." if len(self.refused) > 20 else ""),
-            )
-        if status is not None:
-            self._submit([{"kind": "status", "status": status}])
-        deadline = time.monotonic() + self.finish_timeout_s
-        while not self.flush():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                n = len(self._read_spool())
-                note = self.spool_path.with_suffix(UNDELIVERED)
-                note.write_text(
-                    f"{n} record(s) of MLflow run {self.run_id} could not be delivered to {self.uri} "
-                    f"(last try {time.strftime('%Y-%m-%d %H:%M:%S')}). They wait in {self.spool_path.name}; the next "
-                    "`dapo train` on this run directory, `dapo status --replay`, or `dapo report --runs` delivers "
-                    "them once the server answers.\n"
+            if self.refused:
+                self._submit([{"kind": "tag", "key": M.TAG_REFUSED_RECORDS, "value": str(len(self.refused))}])
+                n, names = len(self.refused), "; ".join(self.refused[:20]) + (" ..." if len(self.refused) > 20 else "")
+                log.warning(
+                    "MLflow refused %d record(s) of run %s (tag %s): %s", n, self.run_id, M.TAG_REFUSED_RECORDS, names
                 )
-                log.warning("MLflow unreachable at finish: %d record(s) kept in %s (see %s)", n, self.spool_path, note)
-                return False
-            time.sleep(min(5.0, left))
-        self.spool_path.with_suffix(UNDELIVERED).unlink(missing_ok=True)
-        return True
-
-    def _spooled(self) -> bool:
-        return self.spool_path.is_file() and self.spool_path.stat().st_size > 0
+            if status is not None:
+                self._submit([{"kind": "status", "status": status}])
+            deadline = time.monotonic() + self.finish_timeout_s
+            while not self.flush():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.spool.mark_undelivered()
+                    return False
+                time.sleep(min(5.0, left))
+            self.spool.note.unlink(missing_ok=True)
+            return True
 
     def _submit(self, recs: list[dict[str, Any]]) -> None:
+        """Spool while the store failed recently (do not wait on it again yet); else replay the journal first (nothing
+        overtakes records still waiting), send, and spool what did not land."""
         with self._lock:
-            if time.monotonic() < self._next_try:  # the store failed recently: do not wait on it again yet
-                self._append(recs)
-                return
-            if self._spooled() and not self._replay():
-                self._append(recs)  # keep order: nothing overtakes records that are still waiting
-                return
-            sent = self._send(recs)
-            if sent < len(recs):
-                self._append(recs[sent:])
-
-    def _append(self, recs: list[dict[str, Any]]) -> None:
-        if not recs:
-            return
-        meta = self.spool_path.with_suffix(".meta.json")
-        if not meta.is_file():  # what a later replay needs to find the store
-            atomic_write(meta, json.dumps({"run_id": self.run_id, "uri": self.uri, "experiment": self.experiment}))
-        with self.spool_path.open("a") as f:
-            f.write("".join(json.dumps(r) + "\n" for r in recs))
-
-    def _read_spool(self) -> list[dict[str, Any]]:
-        if not self.spool_path.is_file():
-            return []
-        recs = []
-        for i, line in enumerate(self.spool_path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                recs.append(json.loads(line))
-            except json.JSONDecodeError:
-                # a kill in the middle of an append leaves a torn last line: that record never counted
-                log.warning("%s:%d: unreadable spool record skipped", self.spool_path, i)
-        return recs
+            if time.monotonic() >= self._next_try and (not self.spool.waiting() or self._replay()):
+                recs = recs[self._send(recs) :]
+            self.spool.append(recs)
 
     def _replay(self) -> bool:
-        """Send the spool in order; keep whatever could not be sent. True when the spool is empty."""
-        recs = self._read_spool()
+        """Send the journal in order, then rewrite it with whatever could not be sent (the only rewrite: a kill
+        between the two leaves records that were sent, and resending them stores nothing twice). True when empty."""
+        recs = self.spool.read()
         sent = self._send(recs)
-        kill_point("tracking.replayed")
-        rest = recs[sent:]
-        # a crash mid-replay leaves the old or the new spool, never half of one
-        atomic_write(self.spool_path, "".join(json.dumps(r) + "\n" for r in rest))
+        self.spool.rewrite(recs[sent:])
         if sent:
             log.info("replayed %d spooled MLflow records of run %s", sent, self.run_id)
-        return not rest
+        return sent == len(recs)
 
     def _send(self, recs: list[dict[str, Any]]) -> int:
-        """Write records in order, in batches of consecutive same-kind records. Returns how many were consumed
-        (written, or dropped as already held: a prefix of `recs`); on a connection failure, starts the retry
-        interval."""
-        i = 0
-        while i < len(recs):
-            j = i
-            kind = recs[i]["kind"]
-            limit = MAX_METRICS_PER_BATCH if kind == "metric" else MAX_PARAMS_TAGS_PER_BATCH
-            while j < len(recs) and recs[j]["kind"] == kind and j - i < limit:
-                j += 1
-                if kind in ("artifact", "status"):
-                    break
-            try:
-                self._write_isolating(kind, recs[i:j])
-            except Exception as e:
-                log.warning("MLflow unreachable (%s); spooling to %s", type(e).__name__, self.spool_path)
-                self._next_try = time.monotonic() + self.retry_interval_s
-                return i
-            i = j
-        return i
-
-    def _write_isolating(self, kind: str, recs: list[dict[str, Any]]) -> None:
-        """Write a batch; when the store refuses it (it answered: retrying cannot help, e.g. a param changed on
-        resume), write its halves apart, down to single records, so that a refused record loses only itself. Each
-        refused record is named in `refused`; a failure to reach the store propagates (the caller spools)."""
-        try:
-            self._write(kind, recs)
-        except Exception as e:
-            if not _is_rejection(e):
-                raise
-            if len(recs) > 1:
-                half = len(recs) // 2
-                self._write_isolating(kind, recs[:half])
-                self._write_isolating(kind, recs[half:])
-                return
-            what = f"{kind} {recs[0].get('key', recs[0].get('path', ''))}".strip()
-            if kind == "metric":
-                what += f" at step {recs[0]['step']}"
-            if what not in self.refused:  # a batch spooled again after a lost connection is refused again
-                self.refused.append(what)
-                log.warning("MLflow refused %s: %s", what, _first_line(e))
-
-    def _learn_floor(self) -> dict[str, int]:
-        """Per metric key, the highest step this run already holds in the store."""
-        if self._floor is None:
-            run = self.client.get_run(self.run_id)
-            floor = {}
-            for key in run.data.metrics:
-                steps = [m.step for m in self.client.get_metric_history(self.run_id, key)]
-                if steps:
-                    floor[key] = max(steps)
-            self._floor = floor
-        return self._floor
-
-    def _write(self, kind: str, recs: list[dict[str, Any]]) -> None:
-        from mlflow.entities import Metric, Param, RunTag
-
-        if kind == "metric":
-            # in spool order: a point an earlier record (or the store) already covers is dropped
-            marks = dict(self._learn_floor())
-            fresh = []
-            for r in recs:
-                if r["key"] not in marks or r["step"] > marks[r["key"]]:
-                    fresh.append(r)
-                    marks[r["key"]] = r["step"]
-            if fresh:
-                self.client.log_batch(
-                    self.run_id, metrics=[Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in fresh]
-                )
-            if len(fresh) < len(recs):
-                log.info(
-                    "%d point(s) at steps run %s already holds were not written again",
-                    len(recs) - len(fresh),
-                    self.run_id,
-                )
-            self.dropped_points += len(recs) - len(fresh)
-            self._floor = marks
-        elif kind == "param":
-            self.client.log_batch(self.run_id, params=[Param(r["key"], r["value"]) for r in recs])
-        elif kind == "tag":
-            self.client.log_batch(self.run_id, tags=[RunTag(r["key"], r["value"]) for r in recs])
-        elif kind == "status":
-            for r in recs:
-                if r["status"] in TERMINAL:
-                    self.client.set_terminated(self.run_id, status=r["status"])
-                else:
-                    self.client.update_run(self.run_id, status=r["status"])
-        elif kind == "artifact":
-            for r in recs:
-                p = Path(r["path"])
-                if not p.exists():
-                    log.warning("artifact %s vanished before upload; skipped", p)
-                elif p.is_dir():
-                    self.client.log_artifacts(self.run_id, str(p), r["artifact_path"])
-                else:
-                    self.client.log_artifact(self.run_id, str(p), r["artifact_path"])
-        else:
-            raise ValueError(f"unknown spool record kind {kind!r}")
+        sent = self.sink.send(recs)
+        if sent < len(recs):  # the store did not answer: leave it alone for retry_interval_s
+            self._next_try = time.monotonic() + self.retry_interval_s
+        return sent
 
 
 def _is_rejection(e: Exception) -> bool:
@@ -520,10 +520,8 @@ def _is_rejection(e: Exception) -> bool:
     the store being unreachable."""
     from mlflow.exceptions import MlflowException
 
-    if not isinstance(e, MlflowException):
-        return False
-    code = getattr(e, "error_code", "")
-    return code in ("INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "BAD_REQUEST", "INVALID_STATE")
+    rejections = ("INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "BAD_REQUEST", "INVALID_STATE")
+    return isinstance(e, MlflowException) and getattr(e, "error_code", "") in rejections
 
 
 def _first_line(e: BaseException) -> str:
@@ -568,7 +566,7 @@ def replay_pending(root: str | Path, *, retry_interval_s: float = 30.0) -> list[
                 retry_interval_s=retry_interval_s,
             )
             ok = t.flush()
-            waiting = 0 if ok else len(t._read_spool())
+            waiting = 0 if ok else len(t.spool.read())
         except Exception as e:  # a run that no longer exists, a store that refuses: say so, keep the spool
             log.warning("could not replay %s: %s", path, _first_line(e))
             ok, waiting = False, before

@@ -353,7 +353,7 @@ def test_a_watcher_thread_finishing_the_run_waits_for_the_loops_write(tmp_path: 
 
     tr = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "exp", "r", spool_dir=tmp_path / "spool")
     entered, release = threading.Event(), threading.Event()
-    real_write = tr._write
+    real_write = tr.sink._write
 
     def slow_write(kind, recs):
         if kind == "metric" and not release.is_set():
@@ -361,7 +361,7 @@ def test_a_watcher_thread_finishing_the_run_waits_for_the_loops_write(tmp_path: 
             release.wait(10)
         real_write(kind, recs)
 
-    tr._write = slow_write
+    tr.sink._write = slow_write
     loop = threading.Thread(target=tr.log_metrics, args=({"reward/mean": 1.0}, 1))
     loop.start()
     assert entered.wait(10)
@@ -374,3 +374,35 @@ def test_a_watcher_thread_finishing_the_run_waits_for_the_loops_write(tmp_path: 
     watcher.join(10)
     run = tr.client.get_run(tr.run_id)
     assert run.info.status == "FAILED" and run.data.metrics["reward/mean"] == 1.0
+
+
+def test_a_tracker_leaves_the_process_environment_as_it_found_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """MLflow's HTTP retry and timeout settings (read from os.environ per request) are set around the tracker's own
+    calls only: its constructor, writes and finish leave the environment as they found it, and a user's own value
+    wins inside the scope and stays after it."""
+    import os
+
+    from dapo import tracking
+
+    for k in tracking._HTTP_ENV:
+        monkeypatch.delenv(k, raising=False)
+    before = dict(os.environ)
+    tr = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "exp", "r", spool_dir=tmp_path / "spool")
+    assert dict(os.environ) == before
+    seen, real_log_batch = [], tr.client.log_batch
+
+    def log_batch(*args, **kwargs):
+        seen.append({k: os.environ.get(k) for k in tracking._HTTP_ENV})
+        return real_log_batch(*args, **kwargs)
+
+    tr.client.log_batch = log_batch
+    tr.log_metrics({"reward/mean": 1.0}, step=0)
+    tr.finish("FINISHED")
+    assert dict(os.environ) == before
+    assert seen == [tracking._HTTP_ENV]  # inside the tracker's call, MLflow saw the fail-fast settings
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "60")
+    with tracking.fail_fast_http():
+        assert (
+            os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "60" and os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "1"
+        )
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "60" and "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
