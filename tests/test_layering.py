@@ -29,9 +29,14 @@ def allowed_edges() -> dict[str, set[str]]:
 
 
 def part_of(module: str) -> str:
-    """`dapo.learner.batch` -> `learner`; a command-line module -> CLI."""
+    """`dapo.learner.batch` -> `learner`; a command-line module (`dapo/cli.py`, `dapo/<name>_cli.py`, a package's
+    `cli.py`) -> CLI."""
     parts = module.split(".")
-    if module in ("dapo.cli", "dapo.config_cli") or (len(parts) == 3 and parts[2] == "cli"):
+    if (
+        module == "dapo.cli"
+        or (len(parts) == 2 and parts[1].endswith("_cli"))
+        or (len(parts) == 3 and parts[2] == "cli")
+    ):
         return CLI
     return parts[1] if len(parts) > 1 else "dapo"
 

@@ -53,13 +53,14 @@ rule prepare_data:
 
 rule tracking_store:
     """Create the MLflow store and experiment once, before runs start side by side (two processes creating a fresh
-    SQLite store's tables at the same moment make one of them fail)."""
+    SQLite store's tables at the same moment make one of them fail), as the trainer creates them (its artifact
+    location: beside an SQLite database)."""
     output:
         touch(RESULTS / "logs" / "tracking_store.done"),
     log:
         RESULTS / "logs" / "tracking_store.log",
     localrule: True
     shell:
-        "python -c 'import sys, mlflow; mlflow.set_tracking_uri(sys.argv[1]); mlflow.set_experiment(sys.argv[2])' "
-        + q(TRACKING_URI, EXPERIMENT)
+        "dapo tracking-store "
+        + q("--tracking-uri", TRACKING_URI, "--experiment", EXPERIMENT)
         + " > {log:q} 2>&1"
