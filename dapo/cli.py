@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("dapo.report.compare", "Two rows side by side: eval curves and mechanism statistics, from MLflow."),
     "config": ("dapo.commands.config", "Show the resolved config, or every key with its default and meaning."),
     "status": ("dapo.status", "Each run's state, SLURM jobs and attempts; deliver MLflow records still spooled."),
+    "plan": ("dapo.commands.plan", "The ablation's plan: runs, GPUs, hours, per-GPU memory and cost; or its spec."),
+    "tracking-store": ("dapo.commands.tracking_store", "Create the MLflow store and experiment the runs log into."),
 }
 
 

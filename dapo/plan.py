@@ -8,7 +8,7 @@ before submitting a job); `context_problem` refuses sequences longer than the mo
 in time, GPU-hours and disk is `dapo.cost`.
 
 Plain values in, dataclasses out: no Snakemake, torch or config objects. The workflow's dry run prints the budget
-(`print_plan` in workflow/rules/common.smk); docs/cost.md works the paper's preset through by hand.
+(`dapo plan`, dapo/workflow_spec.py); docs/cost.md works the paper's preset through by hand.
 """
 
 from __future__ import annotations

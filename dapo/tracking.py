@@ -200,6 +200,35 @@ class SpoolJournal:
         log.warning("MLflow unreachable at finish: %d record(s) kept in %s (see %s)", n, self.path, self.note)
 
 
+def store_lock(uri: str) -> contextlib.AbstractContextManager[Any]:
+    """Two processes starting at once on a fresh SQLite store both try to create its tables and one fails
+    ("table ... already exists"): store creation, experiment creation and run start are serialised across
+    processes by `<db>.lock` (nothing to do for a server)."""
+    if not uri.startswith("sqlite:///"):
+        return contextlib.nullcontext()
+    from filelock import FileLock
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(db) + ".lock", timeout=300)
+
+
+def ensure_experiment(client: Any, uri: str, name: str) -> str:
+    """The id of experiment `name`, created when missing with the artifact location every dapo store gives it (for
+    an SQLite store, `mlartifacts/` beside the database; a server's own root otherwise). The trainer's runs and the
+    workflow's `dapo tracking-store` both create it here. Call under `store_lock(uri)`."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=_local_artifact_root(uri))
+    except Exception:
+        exp = client.get_experiment_by_name(name)  # another process created it meanwhile (parallel jobs)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
 class MlflowSink:
     """Run `run_id` in the store at `uri`, or (None) a new run in `experiment`, retried for `start_timeout_s` before
     `TrackingUnavailable`; `reachable` is False when a resumed run's store did not answer at start. `send` writes
@@ -213,32 +242,19 @@ class MlflowSink:
         self.dropped_points = 0  # points at or below a step the run already held (a resumed run's recompute)
         self.refused: list[str] = []  # records the store refused, one line each
         self.experiment_id: str | None = None  # known once the store answered
-        with self._store_lock():  # the client creates (or migrates) an SQLite store's tables at once
+        with store_lock(self.uri):  # the client creates (or migrates) an SQLite store's tables at once
             self.client = MlflowClient(tracking_uri=uri)
         # per metric key, the highest step the run holds; None until learned (a resumed run asks the store)
         self._floor: dict[str, int] | None = None if run_id is not None else {}
         self.run_id: str = run_id if run_id is not None else self._create(experiment, run_name, start_timeout_s)
         self.reachable = run_id is None or self._resume()
 
-    def _store_lock(self) -> contextlib.AbstractContextManager[Any]:
-        """Two runs starting at once on a fresh SQLite store both try to create its tables and one fails
-        ("table ... already exists"): serialise store creation and run start across processes."""
-        if not self.uri.startswith("sqlite:///"):
-            return contextlib.nullcontext()
-        from filelock import FileLock
-
-        db = Path(self.uri.removeprefix("sqlite:///"))
-        db.parent.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(db) + ".lock", timeout=300)
-
     def _create(self, experiment: str, run_name: str | None, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                with fail_fast_http(), self._store_lock():
-                    exp = self.client.get_experiment_by_name(experiment)
-                    exp_id = exp.experiment_id if exp is not None else self._create_experiment(experiment)
-                    self.experiment_id = exp_id
+                with fail_fast_http(), store_lock(self.uri):
+                    exp_id = self.experiment_id = ensure_experiment(self.client, self.uri, experiment)
                     return self.client.create_run(exp_id, run_name=run_name).info.run_id
             except Exception as e:
                 if (no := refused(self.uri, e, f"start a run in experiment {experiment!r}")) is not None:
@@ -255,20 +271,10 @@ class MlflowSink:
                 log.warning("MLflow at %s unreachable (%s); retrying the run's start", self.uri, type(e).__name__)
                 time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
 
-    def _create_experiment(self, name: str) -> str:
-        try:
-            return self.client.create_experiment(name, artifact_location=_local_artifact_root(self.uri))
-        except Exception:
-            # another run created it meanwhile (parallel jobs of one ablation)
-            exp = self.client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-            return exp.experiment_id
-
     def _resume(self) -> bool:
         """A resumed run must exist in this store; an unreachable store is fine (False: the caller spools)."""
         try:
-            with fail_fast_http(), self._store_lock():
+            with fail_fast_http(), store_lock(self.uri):
                 self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
             return True
         except Exception as e:

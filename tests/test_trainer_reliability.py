@@ -150,7 +150,7 @@ def test_a_kill_at_every_log_and_checkpoint_boundary_leaves_one_run_and_one_poin
 def start_job(run_dir: Path, log: Path, argv: list[str], **env_extra: str) -> subprocess.Popen:
     """The workflow's job script around `dapo train`, in its own process group (as a SLURM job's processes)."""
     return subprocess.Popen(
-        ["bash", str(TRAIN_JOB), str(run_dir), str(log), "5", "", "", *train_cmd(run_dir, argv)],
+        ["bash", str(TRAIN_JOB), str(run_dir), str(log), "5", str(RESUME_EXIT_CODE), "", "", *train_cmd(run_dir, argv)],
         env=env(**env_extra),
         start_new_session=True,
         stdout=subprocess.DEVNULL,

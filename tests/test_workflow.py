@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dapo.metric_names import PAPER_TABLE1, TAG_CPU_KERNELS, TAG_ROW, eval_avg
+from dapo.trainer import RESUME_EXIT_CODE
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -35,7 +36,7 @@ def snakemake(*args: str, timeout: float = 120, env: dict | None = None) -> subp
 def job(run_dir: Path, log: Path, *cmd: str, env: dict | None = None, max_resubmits: int = 5, srun: str = ""):
     """workflow/scripts/train_job.sh around a command, as the train rule calls it."""
     return subprocess.run(
-        ["bash", str(TRAIN_JOB), str(run_dir), str(log), str(max_resubmits), srun, "", *cmd],
+        ["bash", str(TRAIN_JOB), str(run_dir), str(log), str(max_resubmits), str(RESUME_EXIT_CODE), srun, "", *cmd],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},

@@ -4,18 +4,10 @@
 #   snakemake --cores all all_designs           the three designs, and one report over all of them
 #   snakemake --cores all all_evidence          the ladder and its placebo row, and their report (the evidence run)
 # A design run is trained (and evaluated, inside its job) by the same train rule as a ladder row (its config file and
-# overrides come from common.smk's run_config / run_overrides); a design run that computes what a ladder row
+# overrides come from the spec's runs (dapo/workflow_spec.py)); a design run that computes what a ladder row
 # computes is that row, so it is trained once. Each target ends with a report in results/<preset>/report/<design>/.
 
-from dapo.designs import design_runs, placebo_run
-
-DESIGN_RUNS = {d: [spec.name for spec in design_runs(d)] for d in ("leave_one_out", "one_at_a_time")}
-DESIGN_RUNS["designs"] = sorted(set(ROWS) | {n for d in ("leave_one_out", "one_at_a_time") for n in DESIGN_RUNS[d]})
-# the cumulative ladder and the placebo (the row dynamic sampling builds on, another sampling seed only)
-DESIGN_RUNS["evidence"] = sorted(set(ROWS) | {placebo_run().name})
-
-# Resolve and validate the design runs' configs now too, before anything is scheduled.
-RUN_CFGS.update({(name, seed): _resolve(name, seed) for name in RUN_SPECS for seed in SEEDS})
+DESIGN_RUNS = SPEC["designs"]  # design -> its run names (the spec resolved and validated every one's config)
 
 
 def design_report(design):

@@ -9,29 +9,29 @@ if IS_TINY:
             TINY_DIR / "manifest.json",
         log:
             RESULTS / "logs" / "tiny_world.log",
-        threads: BASE.resources.prepare.cpus_per_task
+        threads: SPEC["threads"]["prepare"]
         resources:
-            **slurm_resources("prepare"),
+            **SPEC["resources"]["prepare"],
         # Only the tiny.* overrides, the ones that define the world (`is_built` compares them): Snakemake reruns a
         # rule whose command changed and deletes its output first, so any other override (trainer.*, rollout.*)
         # in this command would throw away a built world's manifest and fail the next build on the leftovers.
         shell:
             "OMP_NUM_THREADS={threads:q} dapo build-tiny "
-            + q("--preset", PRESET, *(o for o in OVERRIDES if o.startswith("tiny.")), f"tiny.dir={TINY_DIR}")
+            + q("--preset", PRESET, *SPEC["tiny_overrides"], f"tiny.dir={TINY_DIR}")
             + " > {log:q} 2>&1"
 
-elif not Path(BASE.model.path).exists():
+elif BASE_MODEL["source"] == "hub":
 
     rule base_model:
         """Resolve a hub model once and cache it under results/ (the only rule that downloads a model). A local rule:
         compute nodes often have no internet, the submitting machine does."""
         output:
-            touch(base_model_marker()),
+            touch(BASE_MODEL["marker"]),
         log:
             RESULTS / "logs" / "base_model.log",
         localrule: True
         shell:
-            "hf download " + q(BASE.model.path, "--local-dir", base_model_path()) + " > {log:q} 2>&1"
+            "hf download " + q(BASE_MODEL["id"], "--local-dir", BASE_MODEL["path"]) + " > {log:q} 2>&1"
 
 
 rule prepare_data:
@@ -53,13 +53,14 @@ rule prepare_data:
 
 rule tracking_store:
     """Create the MLflow store and experiment once, before runs start side by side (two processes creating a fresh
-    SQLite store's tables at the same moment make one of them fail)."""
+    SQLite store's tables at the same moment make one of them fail), as the trainer creates them (its artifact
+    location: beside an SQLite database)."""
     output:
         touch(RESULTS / "logs" / "tracking_store.done"),
     log:
         RESULTS / "logs" / "tracking_store.log",
     localrule: True
     shell:
-        "python -c 'import sys, mlflow; mlflow.set_tracking_uri(sys.argv[1]); mlflow.set_experiment(sys.argv[2])' "
-        + q(TRACKING_URI, EXPERIMENT)
+        "dapo tracking-store "
+        + q("--tracking-uri", TRACKING_URI, "--experiment", EXPERIMENT)
         + " > {log:q} 2>&1"

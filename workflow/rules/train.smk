@@ -7,7 +7,7 @@ rule train:
     requeues itself and resumes from the run's last checkpoint into the same MLflow run; any other failure is
     final (a FAILED file in the run folder). workflow/scripts/train_job.sh decides; Snakemake never retries it."""
     input:
-        model=base_model_marker(),
+        model=BASE_MODEL["marker"],
         train=rules.prepare_data.output.train,
         eval=rules.prepare_data.output.eval,
         store=rules.tracking_store.output,
@@ -16,26 +16,21 @@ rule train:
     log:
         RESULTS / "logs" / "train" / "{row}-s{seed}.log",
     params:
-        run_dir=lambda wc: run_dir(wc.row, wc.seed),
-        args=lambda wc: [
-            "--config", run_config(wc.row), "--preset", PRESET,
-            "--run-dir", run_dir(wc.row, wc.seed), "--progress", "log", *run_overrides(wc.row, int(wc.seed)),
-        ],
-        srun=lambda wc: srun_args(wc.row, wc.seed),
-        local=local_launcher("train"),
-        max_resubmits=config.get("max_resubmits", 5),
-        kernels=kernel_env(),
-    threads: BASE.resources.train.cpus_per_task
-    priority: lambda wc: train_priority(wc.row, wc.seed)
+        run_dir=lambda wc: run_of(wc.row, wc.seed)["run_dir"],
+        args=lambda wc: run_of(wc.row, wc.seed)["train_args"],
+        srun=lambda wc: run_of(wc.row, wc.seed)["srun"],
+        local=SPEC["local_launcher"]["train"],
+        max_resubmits=SPEC["max_resubmits"],
+        resume_code=SPEC["resume_exit_code"],
+        kernels=SPEC["kernel_env"],
+    threads: SPEC["threads"]["train"]
+    priority: lambda wc: run_of(wc.row, wc.seed)["priority"]
     resources:
-        **slurm_resources("train"),
+        **SPEC["resources"]["train"],
     shell:
         # every field quoted (`:q`; a list: each word), so no value's spaces or shell characters can split or run
         "env {params.kernels:q} bash workflow/scripts/train_job.sh {params.run_dir:q} {log:q} {params.max_resubmits:q} "
-        "{params.srun:q} {params.local:q} dapo train {params.args:q}"
-
-
-refuse_batch_signal(rules.train.rule.resources.get("slurm_extra"))
+        "{params.resume_code:q} {params.srun:q} {params.local:q} dapo train {params.args:q}"
 
 
 if LIVE_TRAIN_JOBS:
@@ -56,7 +51,7 @@ if LIVE_TRAIN_JOBS:
         params:
             job=lambda wc: LIVE_TRAIN_JOBS[(wc.run.split("/s")[0], int(wc.run.rsplit("/s", 1)[1]))][0],
             run_dir=lambda wc: RESULTS / "runs" / wc.run,
-            poll=config.get("attach_poll_s", 60),
+            poll=SPEC["attach_poll_s"],
         localrule: True
         shell:
             "bash workflow/scripts/wait_job.sh {params.job:q} {params.run_dir:q} {params.poll:q} > {log:q} 2>&1"

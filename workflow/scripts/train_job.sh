@@ -2,16 +2,17 @@
 # Run one training job, sort its end into "done", "resume me" and "failed for good", and resubmit a job that
 # asked to be resumed. This script is the one place that decides about resubmission (Snakemake never retries a
 # training job: its retries would run inside the dying SLURM job, see docs/failure-modes.md).
-#   train_job.sh RUN_DIR LOG MAX_RESUBMITS SRUN_ARGS LOCAL_LAUNCHER CMD...
+#   train_job.sh RUN_DIR LOG MAX_RESUBMITS RESUME_CODE SRUN_ARGS LOCAL_LAUNCHER CMD...
+# RESUME_CODE is `dapo train`'s "resume me" exit code (dapo.trainer.RESUME_EXIT_CODE, passed in by the train rule).
 # Under SLURM the ranks start with `srun SRUN_ARGS CMD...` (explicit nodes, tasks, tasks per node, GPUs per node:
 # the job step that runs this script has no SLURM_* task variables, so a bare srun would start one task);
 # elsewhere with `LOCAL_LAUNCHER CMD...` (empty: one process; or torchrun).
 #
 # Verdict, from the trainer's own word (RUN_DIR/EXIT.json written this attempt) or else its exit status:
 #   0                      done (DONE.json written)
-#   75, or killed by TERM/INT/HUP/USR1/KILL
+#   RESUME_CODE, or killed by TERM/INT/HUP/USR1/KILL
 #                          resume: under SLURM the job requeues itself (`scontrol requeue`: same job id, so
-#                          Snakemake keeps waiting on it) up to MAX_RESUBMITS times per submission; elsewhere exit 75
+#                          Snakemake keeps waiting on it) up to MAX_RESUBMITS times per submission; elsewhere exit RESUME_CODE
 #                          and the same command resumes
 #   anything else          failed for good: RUN_DIR/FAILED holds the code, the job ends failed, nothing resubmits
 # Stop signals to this script (a time limit signals every process of the job) are passed on to the trainer and
@@ -19,8 +20,8 @@
 # Every attempt appends to RUN_DIR/train.log (Snakemake may truncate LOG) and to RUN_DIR/attempts.jsonl; the SLURM
 # log of each job is linked into RUN_DIR/slurm/.
 set -u
-run_dir=$1 log=$2 max_resubmits=$3 srun_args=$4 local_launcher=$5
-shift 5
+run_dir=$1 log=$2 max_resubmits=$3 resume_code=$4 srun_args=$5 local_launcher=$6
+shift 6
 mkdir -p "$run_dir" "$(dirname "$log")"
 job=${SLURM_JOB_ID:-}
 attempts="$run_dir/attempts.jsonl"
@@ -61,7 +62,7 @@ exec 3>> "$log"
 "${launcher[@]}" "$@" > >(trap '' TERM INT HUP USR1; exec tee -a "$run_dir/train.log" >&3) 2>&1 &
 child=$!
 for sig in TERM INT HUP USR1; do
-  # srun passes TERM on to every task; the trainer treats TERM and USR1 alike (stop, checkpoint, exit 75)
+  # srun passes TERM on to every task; the trainer treats TERM and USR1 alike (stop, checkpoint, exit RESUME_CODE)
   trap 'echo "train_job.sh: got a stop signal; passing it on and waiting for the trainer" >&3; kill -TERM $child 2>/dev/null' "$sig"
 done
 while kill -0 "$child" 2>/dev/null; do wait "$child"; done
@@ -76,7 +77,7 @@ if [ -f "$run_dir/EXIT.json" ] && [ "$run_dir/EXIT.json" -nt "$mark" ]; then
 fi
 case "$code" in
   0) verdict=done ;;
-  75 | 129 | 130 | 137 | 138 | 143) verdict=resume ;;
+  "$resume_code" | 129 | 130 | 137 | 138 | 143) verdict=resume ;;
   *) verdict=failed ;;
 esac
 printf '{"attempt": %d, "job": "%s", "start": %d, "end": %d, "exit": %d, "code": %s, "verdict": "%s"}\n' \
@@ -91,13 +92,13 @@ case "$verdict" in
 esac
 if [ -z "$job" ]; then
   echo "dapo train stopped for resume (exit $code); run the same command again to resume" >&2
-  exit 75
+  exit "$resume_code"
 fi
 this_job=$(grep -c "\"job\": \"$job\"" "$attempts" || true)
 if [ "$this_job" -gt "$max_resubmits" ]; then
   echo "dapo train stopped for resume (exit $code), but SLURM job $job was already resubmitted $max_resubmits" \
     "time(s) (max_resubmits); giving up in this invocation: rerun the workflow to resume" >&2
-  exit 75
+  exit "$resume_code"
 fi
 echo "dapo train stopped for resume (exit $code): requeueing SLURM job $job (resubmission $this_job of" \
   "$max_resubmits); it resumes from the last checkpoint" | tee -a "$run_dir/train.log" >&3
@@ -105,4 +106,4 @@ if ! scontrol requeue "$job"; then
   echo "scontrol requeue $job failed (the cluster may forbid requeueing: sbatch --requeue, JobRequeue);" \
     "rerun the workflow to resume" >&2
 fi
-exit 75
+exit "$resume_code"

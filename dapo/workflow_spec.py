@@ -1,0 +1,539 @@
+"""What the Snakemake workflow runs, decided in Python: `build_spec` turns the workflow's config
+(configs/workflow.yaml with --config on top) into one plain, JSON-ready spec that the rules only read, and the dry
+run's plan in words. `dapo plan --json` prints it; workflow/rules/common.smk runs that command once when Snakemake
+parses the workflow (docs/architecture.md, "The workflow").
+
+Every row x seed run config (and every design run's) is resolved and validated here, before any job is submitted:
+a bad config raises `WorkflowSpecError` naming the file, the key and the fix. A GPU preset's plan that does not fit
+is not an error here: the spec carries it as `refusal` (with the plan text above it), and the workflow stops on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from dapo.config import ABLATIONS_DIR, REPO_ROOT, ConfigError, RunConfig, load_config, resolve_preset
+from dapo.designs import ALLOW_KEY, RunSpec, all_design_runs, check_ladder, design_runs, ladder, placebo_run
+
+SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+WORKFLOW_CONFIG = REPO_ROOT / "configs" / "workflow.yaml"
+RESUBMITS_KEY = "max_resubmits"  # configs/workflow.yaml: resubmissions of a job cut off by SLURM (exit 75)
+JOB_KINDS = ("prepare", "train")  # the job kinds with SLURM resources of their own (resources.<kind> in a preset)
+# What every run of one workflow shares (one train rule, one base model): a run whose resolved config differs in
+# one of these is refused, naming it, rather than silently getting the first run's value.
+SHARED_KEYS = ("resources", "trainer.stop_margin_s", "model.path", "tiny.dir", "tiny.kernels")
+
+
+class WorkflowSpecError(ConfigError):
+    """The workflow's config cannot run: the message names the file, the key and the fix (nothing was submitted)."""
+
+
+# ----------------------------------------------------------------------------------------------- config
+def schema() -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(SCHEMA.read_text())
+
+
+def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with the schema's `default:` for each top-level key it does not set (as Snakemake's `validate`
+    fills them in)."""
+    out = dict(config)
+    for key, prop in schema()["properties"].items():
+        if "default" in prop and key not in out:
+            out[key] = prop["default"]
+    return out
+
+
+def validate(config: dict[str, Any], where: str = "configs/workflow.yaml (or --config)") -> None:
+    """Raise WorkflowSpecError for a config the schema refuses (Snakemake checks the same schema itself)."""
+    import jsonschema
+
+    errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(config), key=lambda e: list(e.path))
+    if errors:
+        lines = [f"  {'.'.join(map(str, e.path)) or '(top level)'}: {e.message}" for e in errors]
+        raise WorkflowSpecError(f"{where}: not a valid workflow config ({SCHEMA.name}):\n" + "\n".join(lines))
+
+
+def rows() -> list[str]:
+    """The ladder's rows, in order: the one list the workflow (`rows: all`) and the paper's labels
+    (dapo.metric_names.PAPER_TABLE1, checked against it by tests/test_workflow_spec.py) name."""
+    return ladder(ABLATIONS_DIR)
+
+
+def preset_name(preset: str) -> str:
+    return Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset
+
+
+def plan_for_preset(plan: dict[str, Any], name: str) -> dict[str, Any]:
+    """The plan's assumptions for this preset: configs/workflow.yaml's `plan:` with its `presets.<name>` on top (a
+    model's response lengths, say, differ from the 32B run's). Each key given there replaces the whole key."""
+    own = (plan.get("presets") or {}).get(name) or {}
+    return {**{k: v for k, v in plan.items() if k != "presets"}, **own}
+
+
+def train_concurrency(runs: int, train_nodes: int, jobs: int | None, train_nodes_limit: float | None) -> int:
+    """Training jobs that may run (or queue) at once: Snakemake's --jobs (the profile's `jobs:`), and its
+    `--resources train_nodes=N` divided by the nodes one job takes; every run when neither limits (a local run)."""
+    by_nodes = int(train_nodes_limit) // train_nodes if train_nodes_limit is not None else runs
+    return max(1, min(runs, jobs or runs, by_nodes))
+
+
+# ------------------------------------------------------------------------------------------ per job kind
+def slurm_resources(cfg: RunConfig, kind: str) -> dict[str, Any]:
+    """SLURM resources of one job kind from the preset (snakemake-executor-plugin-slurm's names). Per node: memory,
+    GPUs (`--gres=gpu[:<model>]:<per node>`), tasks; `srun_args` repeats the layout for the training step."""
+    r = getattr(cfg.resources, kind)
+    res: dict[str, Any] = {
+        "nodes": r.nodes,
+        "mem_mb": r.mem_mb,
+        "runtime": r.runtime_min,
+        "cpus_per_task": r.cpus_per_task,
+    }
+    if r.gpus_per_node:
+        gres_type = r.gres_type or r.gpu_model  # the cluster's GRES name; the GPU table's name when not given
+        res["gres"] = f"gpu:{gres_type}:{r.gpus_per_node}" if gres_type else f"gpu:{r.gpus_per_node}"
+        res["tasks_per_gpu"] = 0  # the plugin would add --ntasks-per-gpu otherwise; tasks per node say it all
+    if kind == "train":
+        # The rule runs in the job's batch step and starts the ranks itself (srun_args): the jobstep executor runs
+        # a rule there, instead of inside a one-task `srun -n1` step, whenever the `mpi` resource exists. A
+        # non-empty value makes the submit side ask for the tasks; "" (one task) keeps the plugin's --ntasks=1.
+        if r.ranks_per_node > 1:
+            res.update(mpi="srun", tasks_per_node=r.ranks_per_node)
+        elif r.world_size > 1:
+            res.update(mpi="srun", tasks=r.world_size)  # one rank on each of several nodes
+        else:
+            res["mpi"] = ""
+        # The preemption signal goes to the job steps' tasks, i.e. every rank (never `B:`: that signals only the
+        # batch shell, whose death ends the job). A requeued job appends to its SLURM log.
+        res["slurm_extra"] = f"--signal=USR1@{int(cfg.trainer.stop_margin_s)} --open-mode=append"
+        # Nodes this job holds, for throttling: `--resources train_nodes=32` lets at most 32 nodes of training
+        # jobs run or queue at once (docs/cluster.md); without a limit, `jobs:` in the profile is the only cap.
+        res["train_nodes"] = r.nodes
+    return res
+
+
+def srun_args(cfg: RunConfig, name: str, seed: int) -> str:
+    """The training step's layout, spelled out: inside the job the SLURM_* task variables are gone."""
+    r = cfg.resources.train
+    gpus = f"--gpus-per-node={r.gpus_per_node} " if r.gpus_per_node else ""
+    return (
+        f"--nodes={r.nodes} --ntasks={r.world_size} --ntasks-per-node={r.ranks_per_node} {gpus}"
+        f"--cpus-per-task={r.cpus_per_task} --kill-on-bad-exit=1 --job-name=dapo-{name}-s{seed}"
+    )
+
+
+def local_launcher(cfg: RunConfig, kind: str) -> str:
+    """How a job starts its ranks outside SLURM: one process (`env`, never an empty word: Snakemake drops those
+    from a shell command), or torchrun on this machine. A multi-node layout has no local form: `dapo train` then
+    refuses to start, naming resources.train."""
+    r = getattr(cfg.resources, kind)
+    if r.world_size == 1 or r.nodes > 1:
+        return "env"
+    return f"torchrun --standalone --nproc-per-node={r.ranks_per_node}"
+
+
+def kernel_env(cfg: RunConfig) -> list[str]:
+    """`env`'s assignments that start a train job: for the tiny preset the CPU kernels the tiny world was built with
+    (dapo.tinyworld.pinned_kernels, by tiny.kernels), so that its numbers do not depend on the vector code a host's
+    CPU would pick (checked by asking for other ATen kernels, and for MKL's other vendor through a stand-in);
+    nothing for GPU presets."""
+    if cfg.model.path != "tiny":
+        return []
+    from dapo.tinyworld import pinned_kernels
+
+    return [f"{k}={v}" for k, v in pinned_kernels(cfg.tiny.kernels).items()]
+
+
+def _leaves(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_leaves(v, f"{prefix}.{k}"))
+        return out
+    return {prefix: value}
+
+
+def shared_values(cfg: RunConfig) -> dict[str, Any]:
+    """The SHARED_KEYS of one resolved run config, as dotted key -> value."""
+    dumped = cfg.model_dump(mode="json")
+    out: dict[str, Any] = {}
+    for key in SHARED_KEYS:
+        value: Any = dumped
+        for part in key.split("."):
+            value = value[part]
+        out.update(_leaves(value, key))
+    return out
+
+
+def check_shared(cfgs: dict[tuple[str, int], RunConfig]) -> None:
+    """Every run's SLURM resources, preemption margin and base model are the first run's: the workflow has one
+    train rule and one base model. Refuse (naming the run, the key and both values) a run that differs."""
+    (first_key, first), *rest = cfgs.items()
+    want = shared_values(first)
+    for (name, seed), cfg in rest:
+        for key, value in shared_values(cfg).items():
+            if value != want.get(key):
+                raise WorkflowSpecError(
+                    f"nothing was submitted: run {name} (seed {seed}) resolves {key} = {value!r}, but "
+                    f"{first_key[0]} (seed {first_key[1]}) has {want.get(key)!r}: every run of one workflow shares "
+                    "the SLURM resources, the preemption margin and the base model of its first row; set "
+                    f"{key} in the preset or in --config overrides (every row alike), not in one row"
+                )
+
+
+# -------------------------------------------------------------------------------------------- the spec
+@dataclasses.dataclass
+class _Ctx:
+    config: dict[str, Any]
+    preset: str
+    name: str
+    results: Path
+    seeds: list[int]
+    rows: list[str]
+    overrides: list[str]
+    tracking_uri: str
+    experiment: str
+    cfgs: dict[tuple[str, int], RunConfig]
+    base: RunConfig
+    tiny_dir: Path
+    base_model: dict[str, str]
+    ladder_problems: list[str]
+    designs: dict[str, RunSpec]
+
+
+def build_spec(
+    config: dict[str, Any],
+    *,
+    jobs: int | None = None,
+    train_nodes_limit: float | None = None,
+    train_slurm_extra: str | None = None,
+    with_plan: bool = True,
+    live_jobs: bool = False,
+) -> dict[str, Any]:
+    """The workflow's spec from its (validated, defaulted) config. `jobs` and `train_nodes_limit` are Snakemake's
+    --jobs and --resources train_nodes (the plan's concurrency); `train_slurm_extra` is the train rule's
+    slurm_extra as --set-resources or a profile set it (a `B:` signal there is refused); `with_plan` adds the plan
+    in words (and a GPU preset's refusal, its warnings); `live_jobs` asks SLURM for the training jobs an earlier
+    controller of this results folder left queued or running."""
+    ctx = _context(config)
+    from dapo.trainer import RESUME_EXIT_CODE
+
+    base = ctx.base
+    if train_slurm_extra is not None:
+        from dapo.cluster import batch_signal_problem
+
+        why = batch_signal_problem(train_slurm_extra, base.trainer.stop_margin_s)
+        if why:
+            raise WorkflowSpecError(f"nothing was submitted: {why}")
+    runs: dict[str, dict[str, Any]] = {}
+    for (name, seed), cfg in ctx.cfgs.items():
+        run_dir = ctx.results / "runs" / name / f"s{seed}"
+        config_file = _run_config(ctx, name)
+        run = runs.setdefault(name, {"config": str(config_file), "seeds": {}})
+        run["seeds"][str(seed)] = {
+            "run_dir": str(run_dir),
+            "train_args": [
+                "--config",
+                str(config_file),
+                "--preset",
+                ctx.preset,
+                "--run-dir",
+                str(run_dir),
+                "--progress",
+                "log",
+                *_run_overrides(ctx, name, seed),
+            ],
+            "srun": srun_args(base, name, seed),
+            # Start the runs that sample the most first (dynamic sampling draws up to max_num_gen_batches generation
+            # batches per step): longest job first keeps both cores busy to the end of a local run (BENCHMARKS.md, 5).
+            "priority": 1 if cfg.algorithm.dynamic_sampling else 0,
+        }
+    designs = {d: [spec.name for spec in design_runs(d)] for d in ("leave_one_out", "one_at_a_time")}
+    designs["designs"] = sorted(set(ctx.rows) | {n for d in ("leave_one_out", "one_at_a_time") for n in designs[d]})
+    # the cumulative ladder and the placebo (the row dynamic sampling builds on, another sampling seed only)
+    designs["evidence"] = sorted(set(ctx.rows) | {placebo_run().name})
+    spec: dict[str, Any] = {
+        "preset": ctx.preset,
+        "preset_name": ctx.name,
+        "results": str(ctx.results),
+        "rows": ctx.rows,
+        "seeds": ctx.seeds,
+        "overrides": ctx.overrides,
+        "tiny_overrides": [o for o in ctx.overrides if o.startswith("tiny.")],
+        "tracking_uri": ctx.tracking_uri,
+        "experiment": ctx.experiment,
+        "is_tiny": base.model.path == "tiny",
+        "tiny_dir": str(ctx.tiny_dir),
+        "base_model": ctx.base_model,
+        "resume_exit_code": RESUME_EXIT_CODE,
+        "max_resubmits": int(config[RESUBMITS_KEY]),
+        "attach_poll_s": config["attach_poll_s"],
+        "resources": {kind: slurm_resources(base, kind) for kind in JOB_KINDS},
+        "threads": {kind: getattr(base.resources, kind).cpus_per_task for kind in JOB_KINDS},
+        "local_launcher": {kind: local_launcher(base, kind) for kind in JOB_KINDS},
+        "kernel_env": kernel_env(base),
+        "runs": runs,
+        "designs": designs,
+        "ladder_problems": ctx.ladder_problems,
+        "live_train_jobs": [],
+        "plan_text": None,
+        "refusal": None,
+        "warnings": [],
+    }
+    if live_jobs:
+        from dapo.cluster import live_train_jobs
+
+        spec["live_train_jobs"] = [
+            {"run": run, "seed": seed, "job": job, "state": state}
+            for (run, seed), (job, state) in sorted(live_train_jobs(ctx.results).items())
+        ]
+    if with_plan:
+        spec["plan_text"], spec["refusal"], spec["warnings"] = plan(ctx, jobs, train_nodes_limit)
+    return spec
+
+
+def _run_config(ctx: _Ctx, name: str) -> Path:
+    """The config file run `name` starts from: its ladder row file (a design run's is the design's reference)."""
+    return ctx.designs[name].config if name in ctx.designs else ABLATIONS_DIR / f"{name}.yaml"
+
+
+def _design_overrides(ctx: _Ctx, name: str) -> list[str]:
+    """What a design run sets on top of its ladder row file (nothing for a ladder row)."""
+    return list(ctx.designs[name].overrides) if name in ctx.designs else []
+
+
+def _run_overrides(ctx: _Ctx, name: str, seed: int) -> list[str]:
+    """What every train call of one run gets on top of the preset and the row file."""
+    data = ctx.results / "data"
+    return [
+        *_design_overrides(ctx, name),
+        *ctx.overrides,
+        f"trainer.seed={seed}",
+        f"model.path={ctx.base_model['path']}",
+        f"tiny.dir={ctx.tiny_dir}",
+        f"data.train={data / 'train.jsonl'}",
+        f"data.eval={data / 'eval.jsonl'}",
+        f"tracking.uri={ctx.tracking_uri}",
+        f"tracking.experiment={ctx.experiment}",
+        f"tracking.preset={ctx.name}",
+    ]
+
+
+def _context(config: dict[str, Any]) -> _Ctx:
+    preset = str(config["preset"])
+    name = preset_name(preset)
+    results = Path(config["results"]).resolve() / name
+    seeds = [int(s) for s in config["seeds"]]
+    overrides = [str(o) for o in config.get("overrides") or []]
+    all_rows = rows()
+    chosen = all_rows if config["rows"] == "all" else [str(r) for r in config["rows"]]
+    unknown = [r for r in chosen if r not in all_rows]
+    if unknown:
+        raise WorkflowSpecError(
+            f"configs/workflow.yaml (or --config rows=...): unknown row(s) {unknown}; rows are {all_rows}"
+        )
+    tracking_uri = (
+        config.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{results}/mlflow.db"
+    )
+    experiment = config.get("experiment") or f"dapo-{name}"
+    # The ladder must be a clean ablation (each row the row above plus its own toggle, no scale key in a row) before
+    # anything runs from it, unless allow_confounded_ladder says a different ladder is meant (dapo/designs.py).
+    try:
+        problems = check_ladder(ABLATIONS_DIR, preset, overrides, allow=bool(config.get(ALLOW_KEY)))
+        # every run a design trains, by run name: the ladder's rows and the leave-one-out / one-at-a-time runs
+        # (dapo_minus_<toggle>, grpo_plus_<toggle>), each a ladder row file plus overrides (dapo/designs.py)
+        designs = all_design_runs()
+    except (ConfigError, ValueError) as e:
+        raise WorkflowSpecError(f"nothing was submitted: {e}") from None
+
+    def resolve(run: str, seed: int) -> RunConfig:
+        spec = designs.get(run)
+        try:
+            return load_config(
+                spec.config if spec else ABLATIONS_DIR / f"{run}.yaml",
+                preset=preset,
+                overrides=[*(spec.overrides if spec else ()), *overrides, f"trainer.seed={seed}"],
+            )
+        except ConfigError as e:
+            raise WorkflowSpecError(f"row {run}, seed {seed}: {e}") from None
+
+    # every run config resolved and validated now, before anything is scheduled: the chosen rows first (the first
+    # one's config is the workflow's base), then every design run
+    cfgs = {(row, seed): resolve(row, seed) for row in chosen for seed in seeds}
+    cfgs.update({(run, seed): resolve(run, seed) for run in designs for seed in seeds if (run, seed) not in cfgs})
+    check_shared(cfgs)
+    base = next(iter(cfgs.values()))
+    # the config's own tiny.dir (default results/tiny_world, where the tests cache it too): built once for both
+    tiny_dir = Path(config.get("tiny_world") or base.tiny.dir).resolve()
+    return _Ctx(
+        config=config, preset=preset, name=name, results=results, seeds=seeds, rows=chosen, overrides=overrides,
+        tracking_uri=tracking_uri, experiment=experiment, cfgs=cfgs, base=base, tiny_dir=tiny_dir,
+        base_model=_base_model(base, results, tiny_dir), ladder_problems=problems, designs=designs,
+    )  # fmt: skip
+
+
+def _base_model(base: RunConfig, results: Path, tiny_dir: Path) -> dict[str, str]:
+    """The model every row starts from, and the file that says it is there: the tiny world's (`source` tiny, built
+    by the workflow), a local directory (`local`), or a hub model cached under results/models/ (`hub`, downloaded
+    by the workflow)."""
+    model = base.model.path
+    if model == "tiny":
+        return {
+            "source": "tiny",
+            "id": model,
+            "path": str(tiny_dir / "model"),
+            "marker": str(tiny_dir / "manifest.json"),
+        }
+    if Path(model).exists():
+        return {"source": "local", "id": model, "path": model, "marker": str(Path(model) / "config.json")}
+    path = results / "models" / model.replace("/", "--")
+    return {"source": "hub", "id": model, "path": str(path), "marker": str(path / ".complete")}
+
+
+# --------------------------------------------------------------------------------------------- the plan
+def plan(ctx: _Ctx, jobs: int | None, train_nodes_limit: float | None) -> tuple[str, str | None, list[str]]:
+    """The plan in words: jobs, nodes, GPUs, hours; for a GPU preset the per-GPU memory budget and the expected cost
+    per row. (text, refusal or None, warnings): a refusal is what stops a plan that cannot run as configured."""
+    from dapo.metric_names import PAPER_TABLE1
+
+    base, config = ctx.base, ctx.config
+    tr = base.resources.train
+    n = len(ctx.rows) * len(ctx.seeds)
+    jobs_per_run = 1 + int(config[RESUBMITS_KEY])  # a train job may run that often (it evaluates inside)
+    gpu_h = n * jobs_per_run * tr.nodes * tr.gpus_per_node * tr.runtime_min / 60
+    lines = [
+        f"dapo ablation: preset {ctx.name}, {len(ctx.rows)} rows x {len(ctx.seeds)} seeds = {n} runs "
+        f"-> results in {ctx.results}, MLflow {ctx.tracking_uri} (experiment {ctx.experiment})",
+        f"  train job: {tr.nodes} node(s) x {tr.gpus_per_node} GPU(s) {tr.gpu_model or ''}, "
+        f"{tr.runtime_min / 60:.1f} h limit, {base.trainer.total_steps} rollout steps, "
+        f"{base.trainer.updates_per_step} updates/step",
+        f"  evaluation: inside the train job, avg@{base.eval.n} every {base.eval.every} steps and at the end",
+    ]
+    refusals: list[str] = []
+    warnings: list[str] = []
+    if tr.gpus_per_node:
+        lines.append(
+            f"  at most {gpu_h:,.0f} GPU-hours in all (SLURM time limits x GPUs, train jobs x (1 + {RESUBMITS_KEY}))"
+        )
+        concurrent = train_concurrency(n, tr.nodes, jobs, train_nodes_limit)
+        more, refusals, warnings = _gpu_plan(ctx, plan_for_preset(config.get("plan") or {}, ctx.name), concurrent)
+        lines += more
+    else:
+        lines += _cpu_plan_lines(ctx)
+    for row in ctx.rows:
+        label = PAPER_TABLE1.get(row, (row, None))
+        lines.append(f"  {row:<28} {label[0]:<28} paper AIME avg@32: {label[1]}")
+    warnings += [f"not a clean ablation ({ALLOW_KEY}): {p}" for p in ctx.ladder_problems]
+    lines += [f"WARNING: {w}" for w in warnings]
+    refusal = None
+    if refusals:
+        refusal = (
+            f"{resolve_preset(ctx.preset)} (or --config overrides): the plan cannot run as configured (nothing was "
+            "submitted; the per-GPU budget above); change the keys named:\n" + "\n".join(f"  - {x}" for x in refusals)
+        )
+    return "\n".join(lines), refusal, warnings
+
+
+def _cpu_plan_lines(ctx: _Ctx) -> list[str]:
+    """The tiny (CPU) preset: what a step samples; no GPU budget, nothing to refuse."""
+    base = ctx.base
+    r, a, t = base.rollout, base.algorithm, base.trainer
+    ds = [row for (row, _), c in ctx.cfgs.items() if row in ctx.rows and c.algorithm.dynamic_sampling]
+    line = (
+        f"  CPU only (no GPU budget): per rollout step {t.train_batch_size} prompts x {r.n} responses of up to "
+        f"{r.max_response_length} tokens, {t.total_steps} steps, eval every {base.eval.every}"
+    )
+    if ds:
+        line += (
+            f"; dynamic sampling ({', '.join(sorted(set(ds)))}) draws up to {a.max_num_gen_batches} batches of "
+            f"{a.gen_batch_size or t.train_batch_size} prompts"
+        )
+    return [line]
+
+
+def _gpu_plan(ctx: _Ctx, p: dict[str, Any], concurrent: int) -> tuple[list[str], list[str], list[str]]:
+    """Per-GPU memory budget and cost per row (dapo.plan, dapo.cost) for a GPU preset: (text lines, refusals,
+    warnings)."""
+    from dapo import cost as C
+    from dapo import plan as P
+    from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL  # the level the engine uses, not a setting
+    from dapo.shapes import GPUS, PlanError, dtype_bytes, gpu_spec, resolve_shape, vllm_batching_defaults
+
+    base = ctx.base
+    tr, r, t = base.resources.train, base.rollout, base.trainer
+    given = {"memory_gib": p["gpu_memory_gib"], "bf16_tflops": p["gpu_bf16_tflops"], "hbm_tb_s": p["gpu_hbm_tb_s"]}
+    gpu = gpu_spec(tr.gpu_model, given)
+    if gpu is None:
+        # No budget means no check that the run fits: refuse rather than submit 128 GPUs blind.
+        unknown = (
+            f"resources.train.gpu_model {tr.gpu_model!r} is not in the GPU table ({', '.join(GPUS)}): name the GPU "
+            "there (the cluster's own GRES name goes in resources.train.gres_type), or give its memory, bf16 peak "
+            "and bandwidth: --config 'plan={gpu_memory_gib: 79.6, gpu_bf16_tflops: 989, gpu_hbm_tb_s: 3.35}'"
+        )
+        return [], [unknown], []
+    local = tuple(d for d in (Path(base.model.path), Path(ctx.base_model["path"])) if d.is_dir())
+    try:
+        shape, source = resolve_shape(base.model.path, local, p.get("model"))
+    except PlanError as e:
+        raise WorkflowSpecError(f"configs/workflow.yaml (or --config plan=...): {e}") from None
+    if shape is None:
+        return [f"  no GPU budget or cost: {source}: set plan.model (config.json names: hidden_size, ...)"], [], []
+    context = base.model.config_overrides.get("max_position_embeddings")
+    if context:  # what the learner and vLLM will see
+        shape, source = dataclasses.replace(shape, max_positions=int(context)), f"{source} + model.config_overrides"
+    b = dtype_bytes(base.model.dtype)
+    max_len = base.data.max_prompt_length + max(r.max_response_length, base.resolved_eval_max_tokens())
+    batched, seqs = vllm_batching_defaults(tr.gpu_model, gpu.memory_gib)
+    growth = p["response_tokens"]
+    mem = P.MemoryInputs(
+        shape=shape, dtype_bytes=b, world_size=tr.world_size, tensor_parallel=r.tensor_parallel_size,
+        zero_stage=t.zero_stage, gpu_memory_gib=gpu.memory_gib, gpu_memory_utilization=r.gpu_memory_utilization,
+        max_model_len=max_len, mean_seq_tokens=p["mean_prompt_tokens"] + growth["end"],
+        micro_batch_tokens=t.micro_batch_tokens, logprob_chunk_tokens=t.logprob_chunk_size,
+        gradient_checkpointing=base.model.gradient_checkpointing, sleep_mode=r.enable_sleep_mode,
+        sleep_level=ENGINE_SLEEP_LEVEL, allowance_gib=p["allowance_gib"], vllm_batched_tokens=batched,
+        vllm_max_seqs=seqs,
+    )  # fmt: skip
+    budget = P.memory_budget(mem)
+    lines = [
+        f"  per-GPU memory, colocated ({base.model.path}: {shape.params / 1e9:.2f}B parameters from {source}, "
+        f"{b} B each; {tr.gpu_model} {gpu.memory_gib:g} GiB; {tr.world_size} GPUs, TP {r.tensor_parallel_size} "
+        f"-> {tr.world_size // r.tensor_parallel_size} vLLM replicas; ZeRO-{t.zero_stage}; vLLM sleep level "
+        f"{ENGINE_SLEEP_LEVEL} during updates):",
+        P.render_memory(budget),
+    ]
+    refusals = P.plan_problems(budget)
+    too_long = P.context_problem(shape.max_positions, max_len, base.model.path)
+    refusals += [too_long] if too_long else []
+
+    def cost_inputs(row: str, cfg: RunConfig) -> Any:
+        a, own = cfg.algorithm, {**growth, **(p.get("rows") or {}).get(row, {})}
+        return C.CostInputs(
+            shape=shape, dtype_bytes=b, world_size=tr.world_size, nodes=tr.nodes,
+            tensor_parallel=r.tensor_parallel_size, gpu_bf16_tflops=gpu.bf16_tflops, gpu_hbm_tb_s=gpu.hbm_tb_s,
+            kv_tokens_per_replica=budget.kv_tokens_per_replica, vllm_max_seqs=seqs,
+            decode_efficiency=p["decode_efficiency"], decode_step_overhead_s=p["decode_step_overhead_ms"] / 1000,
+            prompts_per_step=cfg.trainer.train_batch_size, n=cfg.rollout.n, mean_prompt_tokens=p["mean_prompt_tokens"],
+            response_tokens_start=own["start"], response_tokens_end=own["end"],
+            max_response_tokens=cfg.rollout.max_response_length, dynamic_sampling=a.dynamic_sampling,
+            gen_batch_prompts=a.gen_batch_size or cfg.trainer.train_batch_size, max_gen_batches=a.max_num_gen_batches,
+            informative_fraction=p["informative_fraction"], pack_prompts=cfg.trainer.pack_prompts,
+            gradient_checkpointing=cfg.model.gradient_checkpointing, reference_forward=a.kl_coef > 0,
+            total_steps=cfg.trainer.total_steps, eval_every=cfg.eval.every, eval_problems=p["eval_problems"],
+            eval_n=cfg.eval.n, eval_max_tokens=cfg.resolved_eval_max_tokens(), train_mfu=p["train_mfu"],
+            step_overhead_s=p["step_overhead_s"], checkpoint_every=cfg.trainer.checkpoint_every,
+            keep_checkpoints=cfg.trainer.keep_checkpoints, checkpoint_gb_s_per_node=p["checkpoint_gb_s_per_node"],
+        )  # fmt: skip
+
+    costs = {row: cost_inputs(row, ctx.cfgs[(row, ctx.seeds[0])]) for row in ctx.rows}
+    text, warnings = C.render_costs(
+        costs, seeds=len(ctx.seeds), limit_h=tr.runtime_min / 60, max_resubmits=int(ctx.config[RESUBMITS_KEY]),
+        restart_h=p["restart_min"] / 60, concurrent_runs=concurrent, stop_margin_s=t.stop_margin_s,
+        resubmits_key=RESUBMITS_KEY,
+    )  # fmt: skip
+    lines += ["  cost per row (estimates; the arithmetic and the sources of the defaults: docs/cost.md):", text]
+    return lines, refusals, warnings

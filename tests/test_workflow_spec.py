@@ -1,0 +1,107 @@
+"""The workflow's spec and plan (dapo.workflow_spec, `dapo plan`), in Python: no Snakemake here
+(tests/test_workflow.py runs the workflow's dry runs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dapo import workflow_spec as W
+from dapo.cli import main
+from dapo.config import load_config
+from dapo.metric_names import PAPER_TABLE1
+from dapo.trainer import RESUME_EXIT_CODE
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def config(**keys):
+    """configs/workflow.yaml with `keys` on top, as the workflow validates it (schema defaults filled in)."""
+    import yaml
+
+    cfg = W.with_defaults({**yaml.safe_load(W.WORKFLOW_CONFIG.read_text()), **keys})
+    W.validate(cfg)
+    return cfg
+
+
+def test_the_rows_are_the_ladders_files_and_the_papers_labels_name_each_of_them():
+    """One list of rows: the workflow's `rows: all` is the ladder's files, and the paper's Table 1 labels it."""
+    assert W.rows() == sorted(p.stem for p in (REPO / "configs" / "ablations").glob("*.yaml"))
+    assert list(PAPER_TABLE1) == W.rows()
+
+
+def test_the_schema_owns_the_defaults():
+    cfg = W.with_defaults({"preset": "tiny", "rows": "all", "seeds": [0], "overrides": [], "results": "r"})
+    assert cfg["max_resubmits"] == 5 and cfg["attach_poll_s"] == 60 and cfg["allow_confounded_ladder"] is False
+    assert cfg["tracking_uri"] is None and cfg["experiment"] is None and cfg["tiny_world"] is None
+    # the rules spell no default of their own
+    for smk in (REPO / "workflow").rglob("*.smk"):
+        assert "config.get(" not in smk.read_text(), smk
+
+
+def test_tiny_spec_has_every_run_with_its_command_and_the_cpu_plan(tmp_path):
+    spec = W.build_spec(config(results=str(tmp_path), seeds=[0, 1], tiny_world=str(tmp_path / "world")))
+    assert json.loads(json.dumps(spec)) == spec  # plain JSON
+    results = tmp_path.resolve() / "tiny"
+    assert spec["rows"] == W.rows() and spec["seeds"] == [0, 1] and spec["is_tiny"]
+    assert spec["resume_exit_code"] == RESUME_EXIT_CODE and spec["max_resubmits"] == 5
+    assert spec["base_model"]["source"] == "tiny" and spec["base_model"]["marker"].endswith("world/manifest.json")
+    assert {"dapo_minus_clip_higher", "grpo_plus_dynamic_sampling", *W.rows()} <= set(spec["runs"])
+    run = spec["runs"]["dapo_minus_clip_higher"]
+    assert run["config"].endswith("configs/ablations/05_dynamic_sampling.yaml")
+    s1 = run["seeds"]["1"]
+    assert s1["run_dir"] == str(results / "runs" / "dapo_minus_clip_higher" / "s1") and s1["priority"] == 1
+    assert s1["train_args"][:6] == ["--config", run["config"], "--preset", "tiny", "--run-dir", s1["run_dir"]]
+    assert "algorithm.eps_high=0.2" in s1["train_args"] and "trainer.seed=1" in s1["train_args"]
+    assert f"tracking.uri=sqlite:///{results}/mlflow.db" in s1["train_args"]
+    assert s1["srun"].endswith("--job-name=dapo-dapo_minus_clip_higher-s1")
+    assert spec["runs"]["00_naive_grpo"]["seeds"]["0"]["priority"] == 0
+    assert spec["resources"]["train"]["slurm_extra"] == "--signal=USR1@60 --open-mode=append"
+    assert spec["local_launcher"]["train"] == "env" and spec["refusal"] is None
+    assert "CPU only (no GPU budget)" in spec["plan_text"] and "+ Dynamic Sampling (DAPO)" in spec["plan_text"]
+    assert set(spec["designs"]) == {"leave_one_out", "one_at_a_time", "designs", "evidence"}
+    assert W.build_spec(config(results=str(tmp_path)), with_plan=False)["plan_text"] is None
+
+
+def test_the_paper_plan_fits_and_a_small_gpu_is_refused_with_the_keys(tmp_path):
+    spec = W.build_spec(config(preset="qwen2.5-32b", results=str(tmp_path)), jobs=64)
+    assert spec["refusal"] is None and ": fits" in spec["plan_text"] and "cost per row" in spec["plan_text"]
+    assert spec["resources"]["train"]["gres"] == "gpu:h100:8" and spec["base_model"]["source"] == "hub"
+    small = config(preset="qwen2.5-32b", results=str(tmp_path))
+    small["plan"] = {**small["plan"], "gpu_memory_gib": 40}
+    spec = W.build_spec(small)
+    assert "DOES NOT FIT" in spec["plan_text"] and "trainer.micro_batch_tokens" in spec["refusal"]
+    assert spec["refusal"].startswith(str(REPO / "configs" / "presets" / "qwen2.5-32b.yaml"))
+
+
+def test_concurrency_follows_jobs_and_train_nodes():
+    assert W.train_concurrency(12, 16, None, None) == 12
+    assert W.train_concurrency(12, 16, 64, 32) == 2
+    assert W.train_concurrency(12, 16, 4, None) == 4 and W.train_concurrency(12, 16, None, 8) == 1
+
+
+def test_a_run_whose_resources_differ_from_the_first_rows_is_refused_by_name():
+    row = REPO / "configs" / "ablations"
+    first = load_config(row / "00_naive_grpo.yaml", preset="tiny")
+    other = load_config(row / "02_clip_higher.yaml", preset="tiny", overrides=["resources.train.mem_mb=9000"])
+    W.check_shared({("00_naive_grpo", 0): first, ("02_clip_higher", 0): first})
+    with pytest.raises(W.WorkflowSpecError, match=r"run 02_clip_higher \(seed 0\) resolves resources.train.mem_mb"):
+        W.check_shared({("00_naive_grpo", 0): first, ("02_clip_higher", 0): other})
+
+
+def test_a_batch_signal_is_refused_before_anything_is_submitted(tmp_path):
+    with pytest.raises(W.WorkflowSpecError, match="nothing was submitted: .*a `B:` signal"):
+        W.build_spec(config(results=str(tmp_path)), train_slurm_extra="--signal=B:USR1@60", with_plan=False)
+
+
+def test_dapo_plan_json_answers_an_error_with_the_fix(tmp_path, capsys):
+    assert main(["plan", "--json", "--config", f"results={tmp_path}", "rows=[06_magic]"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert "06_magic" in answer["error"] and "00_naive_grpo" in answer["error"]
+    assert main(["plan", "--config", f"results={tmp_path}", "seeds=oops"]) == 2
+    assert "seeds" in capsys.readouterr().err
+    assert main(["plan", "--config", f"results={tmp_path}", "preset=qwen2.5-32b", "plan={gpu_memory_gib: 40}"]) == 1
+    out = capsys.readouterr()
+    assert "per-GPU memory" in out.out and "change the keys named" in out.err
