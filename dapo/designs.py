@@ -224,15 +224,6 @@ def parse_run(name: str) -> tuple[Design, str] | None:
     return None
 
 
-def run_label(name: str) -> str:
-    """A short display label for a design run (`DAPO - clip_higher`), or the name unchanged."""
-    parsed = parse_run(name)
-    if parsed is None:
-        return name
-    design, toggle = parsed
-    return f"DAPO - {toggle}" if design == "leave_one_out" else f"GRPO + {toggle}"
-
-
 # --------------------------------------------------------------------------- is a ladder a clean ablation?
 # The keys each of the paper's toggles may set. A row declares its toggle by its name (`02_clip_higher` ->
 # clip_higher); a row named after a toggle not listed here (a user's own) may set any algorithm key that no preset

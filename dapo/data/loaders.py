@@ -86,10 +86,6 @@ def places_note(at: tuple[str, ...] | list[str]) -> str:
     return f" (first: {', '.join(at)})" if at else ""
 
 
-def is_local_source(source: str) -> bool:
-    return source.endswith((".jsonl", ".parquet")) or Path(source).exists()
-
-
 def _get(row: Mapping[str, Any], dotted: str) -> Any:
     cur: Any = row
     for part in dotted.split("."):

@@ -107,10 +107,6 @@ class PolicyBatch:
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
-    @property
-    def response_lengths(self) -> list[int]:
-        return [len(r) for r in self.response_ids]
-
     def select(self, rows: list[int] | Tensor) -> PolicyBatch:
         """The sub-batch of `rows` (in that order), e.g. one mini-batch of a rollout batch."""
         idx = torch.as_tensor(rows, dtype=torch.long)

@@ -112,13 +112,6 @@ def final_eval(run: RunData, k: int) -> tuple[FinalEval | None, list[str]]:
     ), missing
 
 
-def t_interval(values: list[float], confidence: float) -> tuple[float, float, float, float]:
-    """(mean, sample s.d., low, high) of a Student t confidence interval over `values` (n >= 2)."""
-    iv = seed_mean_interval(values, confidence)
-    assert iv.low is not None and iv.high is not None, "t_interval needs at least two values"
-    return iv.estimate, float(np.std(values, ddof=1)), iv.low, iv.high
-
-
 def problem_matrices(groups: list[list[FinalEval]]) -> list[np.ndarray] | None:
     """y [S_r, P] per group of evals, on the problems every eval of every group has (same order); None when an
     eval lacks per-problem data or fewer than two problems are shared."""
