@@ -74,7 +74,7 @@ def sync_check(model_dir: Path) -> dict:
         grad_clip=1e6,
         zero_stage=3,
         dtype="float32",
-        optimizer="sgd",
+        optimizer=lambda params: torch.optim.SGD(params, lr=2.0),  # one step = lr x gradient
         logprob_chunk_size=64,
     )
     learner.offload_states()
