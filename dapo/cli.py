@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("dapo.commands.config", "Show the resolved config, or every key with its default and meaning."),
     "status": ("dapo.status", "Each run's state, SLURM jobs and attempts; deliver MLflow records still spooled."),
     "plan": ("dapo.commands.plan", "The ablation's plan: runs, GPUs, hours, per-GPU memory and cost; or its spec."),
+    "controller": ("dapo.commands.controller", "The workflow's start and end: one controller per results folder."),
     "tracking-store": ("dapo.commands.tracking_store", "Create the MLflow store and experiment the runs log into."),
 }
 

@@ -176,14 +176,14 @@ def _alive_here(pid: int) -> bool:
     return b"snakemake" in cmdline
 
 
-def acquire_controller_lock(results: Path, argv: list[str]) -> str | None:
-    """Take `results`/.controller.json for this process (host, pid, start, command), or raise
+def acquire_controller_lock(results: Path, argv: list[str], pid: int | None = None) -> str | None:
+    """Take `results`/.controller.json for process `pid` (default this one; host, pid, start, command), or raise
     `ControllerLockError` when another controller holds it. Snakemake's own lock covers one working directory; this
     one covers the results folder, whichever clone or `--nolock` a second controller comes from: two controllers
     would submit the same rows twice. A lock whose process is gone (same host) is taken over; the note says so."""
     results.mkdir(parents=True, exist_ok=True)
     path = results / CONTROLLER_LOCK
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "argv": argv}
+    me = {"host": socket.gethostname(), "pid": pid or os.getpid(), "started": time.time(), "argv": argv}
     note = None
     for _ in range(2):
         try:
@@ -211,14 +211,14 @@ def acquire_controller_lock(results: Path, argv: list[str]) -> str | None:
     raise ControllerLockError(f"{path}: could not be taken")
 
 
-def release_controller_lock(results: Path) -> None:
-    """Remove the lock if this process holds it (a controller never removes another's)."""
+def release_controller_lock(results: Path, pid: int | None = None) -> None:
+    """Remove the lock if process `pid` (default this one) holds it (a controller never removes another's)."""
     path = results / CONTROLLER_LOCK
     try:
         holder = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return
-    if holder.get("host") == socket.gethostname() and holder.get("pid") == os.getpid():
+    if holder.get("host") == socket.gethostname() and holder.get("pid") == (pid or os.getpid()):
         path.unlink(missing_ok=True)
 
 

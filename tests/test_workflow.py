@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -274,6 +275,50 @@ def test_a_second_controller_of_a_results_folder_is_refused_and_a_dead_ones_lock
         acquire_controller_lock(tmp_path, ["snakemake"])
     release_controller_lock(tmp_path)  # not ours: kept
     assert (tmp_path / CONTROLLER_LOCK).exists()
+
+
+def test_the_workflows_controller_command_holds_the_lock_for_snakemakes_pid(tmp_path):
+    """`dapo controller start|stop`, what the workflow's onstart/onsuccess/onerror run: the lock names the
+    Snakemake process given (not the short-lived command), a second controller is refused with nothing submitted, and
+    only the holder's stop releases it."""
+    from dapo.cluster import CONTROLLER_LOCK
+
+    def controller(*args):
+        cmd = [sys.executable, "-c", "import sys; from dapo.cli import main; sys.exit(main())", "controller", *args]
+        return subprocess.run([*cmd, "--results", str(tmp_path)], capture_output=True, text=True)
+
+    snakemake = subprocess.Popen(
+        [sys.executable, "-c", "print(flush=True); import time; time.sleep(60)", "snakemake"], stdout=subprocess.PIPE
+    )
+    snakemake.stdout.readline()
+    try:
+        r = controller("start", "--pid", str(snakemake.pid), "--argv=snakemake --profile slurm all_ablations")
+        assert r.returncode == 0, r.stderr
+        held = json.loads((tmp_path / CONTROLLER_LOCK).read_text())
+        assert held["pid"] == snakemake.pid and held["argv"] == ["snakemake", "--profile", "slurm", "all_ablations"]
+        second = controller("start", "--pid", str(os.getpid()))
+        assert second.returncode == 1
+        assert "nothing was submitted: another Snakemake controller" in second.stderr
+        assert f"pid {snakemake.pid}" in second.stderr
+        assert controller("stop", "--pid", str(os.getpid())).returncode == 0
+        assert (tmp_path / CONTROLLER_LOCK).exists()  # not the holder: kept
+        assert controller("stop", "--pid", str(snakemake.pid)).returncode == 0
+        assert not (tmp_path / CONTROLLER_LOCK).exists()
+    finally:
+        snakemake.kill()
+        snakemake.wait()
+
+
+def test_no_workflow_file_imports_dapo():
+    """The rules call the `dapo` CLI only (docs/architecture.md, "The workflow")."""
+    files = [*(REPO / "workflow").rglob("*.smk"), REPO / "workflow" / "Snakefile"]
+    found = [
+        f"{f.relative_to(REPO)}: {line.strip()}"
+        for f in files
+        for line in f.read_text().splitlines()
+        if re.match(r"\s*(from dapo[\s.]|import dapo\b)", line)
+    ]
+    assert len(files) > 3 and not found, found
 
 
 def test_train_jobs_are_found_by_the_slurm_plugins_comment():

@@ -122,34 +122,26 @@ if workflow.is_main_process:
         raise WorkflowError(SPEC["refusal"])
 
 
+def _controller(action, *args):
+    """`dapo controller start|stop` for this Snakemake process: its notes and warnings go to stderr; a refusal
+    (another controller holds the results folder, a tracking store the runs cannot use) stops the workflow."""
+    cmd = [shutil.which("dapo") or "dapo", "controller", action, "--results", str(RESULTS), "--pid", str(os.getpid())]
+    r = subprocess.run([*cmd, *args], capture_output=True, text=True)
+    sys.stderr.write(r.stderr)
+    if r.returncode != 0:
+        raise WorkflowError((r.stderr.strip().splitlines() or [f"dapo controller {action}: exit {r.returncode}"])[-1])
+
+
 onstart:
     # Once, on the submitting machine, before any job: a second controller of this results folder, or a tracking
     # store the runs cannot use, stops everything here.
-    from dapo.cluster import ControllerLockError, TrackingStoreError, acquire_controller_lock, check_tracking_store
-
-    try:
-        _note = acquire_controller_lock(RESULTS, sys.argv)
-        if _note:
-            print(f"note: {_note}", file=sys.stderr)
-    except ControllerLockError as e:
-        raise WorkflowError(f"nothing was submitted: {e}") from None
-    try:
-        for _warning in check_tracking_store(TRACKING_URI, cluster=workflow.non_local_exec):
-            print(f"warning: {_warning}", file=sys.stderr)
-    except TrackingStoreError as e:
-        from dapo.cluster import release_controller_lock
-
-        release_controller_lock(RESULTS)
-        raise WorkflowError(f"nothing was submitted: {e}") from None
+    _controller("start", "--tracking-uri", TRACKING_URI, f"--argv={shlex.join(sys.argv)}",
+                *(["--cluster"] if workflow.non_local_exec else []))
 
 
 onsuccess:
-    from dapo.cluster import release_controller_lock
-
-    release_controller_lock(RESULTS)
+    _controller("stop")
 
 
 onerror:
-    from dapo.cluster import release_controller_lock
-
-    release_controller_lock(RESULTS)
+    _controller("stop")
