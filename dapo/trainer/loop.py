@@ -45,7 +45,7 @@ from dapo.trainer.components import Components, MetricsTracker, NullTracker
 from dapo.trainer.data_order import PromptOrder
 from dapo.trainer.progress import Progress
 from dapo.trainer.signals import Deadline, StopFlag, job_end_time
-from dapo.trainer.step import Counters, PartialStep, StepSettings, StopMidStep, rollout_step
+from dapo.trainer.step import Counters, PartialStep, StepIO, StepSettings, StopMidStep, rollout_step
 from dapo.types import Problem
 
 log = logging.getLogger("dapo.train")
@@ -261,19 +261,16 @@ class Trainer:
         start_state, start_rng = self.state(), ck.rng_state()
         resume, self.partial = self.partial, None
         try:
-            metrics = rollout_step(
-                step,
+            io = StepIO(
                 self.sampler.for_step(step),
                 self._next_prompts,
                 self.c.engine,
                 self.learner,
-                self.s.step,
-                n,
                 reference=self.c.reference,
                 tagger=self.c.tagger,
                 should_stop=self._stop_requested,
-                resume=resume,
             )
+            metrics = rollout_step(step, io, self.s.step, n, resume)
         except StopDuringRefill as e:
             self.save(partial=PartialStep(refill=e.state))
             return self._preempted()

@@ -41,6 +41,11 @@ def git_commit() -> str:
         return "unknown"
 
 
+def _pick(section: Any, *names: str) -> dict[str, Any]:
+    """Config values handed on under the names they have in the config."""
+    return {name: getattr(section, name) for name in names}
+
+
 def run_settings(cfg: RunConfig) -> RunSettings:
     """The run config as the loop's plain settings (the config stops here)."""
     from dapo.trainer.collect import RolloutSettings
@@ -48,37 +53,23 @@ def run_settings(cfg: RunConfig) -> RunSettings:
     from dapo.trainer.step import StepSettings
 
     t, a, r = cfg.trainer, cfg.algorithm, cfg.rollout
+    rollout = RolloutSettings(
+        max_tokens=r.max_response_length,
+        train_batch_size=t.train_batch_size,
+        **_pick(r, "n", "temperature", "top_p"),
+        **_pick(a, "overlong_penalty", "overlong_buffer_len", "overlong_penalty_factor", "dynamic_sampling"),
+        **_pick(a, "gen_batch_size", "max_num_gen_batches", "at_refill_cap"),
+    )
     step = StepSettings(
-        rollout=RolloutSettings(
-            n=r.n,
-            max_tokens=r.max_response_length,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            overlong_penalty=a.overlong_penalty,
-            overlong_buffer_len=a.overlong_buffer_len,
-            overlong_penalty_factor=a.overlong_penalty_factor,
-            dynamic_sampling=a.dynamic_sampling,
-            train_batch_size=t.train_batch_size,
-            gen_batch_size=a.gen_batch_size,
-            max_num_gen_batches=a.max_num_gen_batches,
-            at_refill_cap=a.at_refill_cap,
-        ),
-        norm_adv_by_std=a.norm_adv_by_std,
-        overlong_filter=a.overlong_filter,
-        mini_batch_size=t.mini_batch_size,
-        epochs=t.epochs,
-        seed=t.seed,
-        max_consecutive_nonfinite=t.max_consecutive_nonfinite,
-        pack_prompts=t.pack_prompts,
+        rollout=rollout,
+        **_pick(a, "norm_adv_by_std", "overlong_filter"),
+        **_pick(t, "mini_batch_size", "epochs", "seed", "max_consecutive_nonfinite", "pack_prompts"),
     )
     return RunSettings(
         step=step,
         total_steps=t.total_steps,
         eval_every=cfg.eval.every,
-        checkpoint_every=t.checkpoint_every,
-        keep_checkpoints=t.keep_checkpoints,
-        stop_margin_s=t.stop_margin_s,
-        seed=t.seed,
+        **_pick(t, "checkpoint_every", "keep_checkpoints", "stop_margin_s", "seed"),
         sampling_seed=t.seed + r.sampling_seed_offset,
         config_hash=cfg.config_hash(),
         params=cfg.flat(),
@@ -219,30 +210,28 @@ def make_learner(cfg: RunConfig, path: str) -> Learner:
     from dapo.learner import Learner, LossSpec
 
     r, a, t = cfg.rollout, cfg.algorithm, cfg.trainer
+    loss = LossSpec(
+        seq_token_sum_constant=a.seq_token_sum_constant or r.max_response_length,
+        temperature=r.temperature,
+        **_pick(a, "eps_low", "eps_high", "dual_clip_c", "kl_coef", "loss_agg"),
+    )
     return Learner(
         path,
-        loss=LossSpec(
-            eps_low=a.eps_low,
-            eps_high=a.eps_high,
-            dual_clip_c=a.dual_clip_c,
-            kl_coef=a.kl_coef,
-            loss_agg=a.loss_agg,
-            seq_token_sum_constant=a.seq_token_sum_constant or r.max_response_length,
-            temperature=r.temperature,
-        ),
-        lr=t.lr,
-        warmup_steps=t.warmup_steps,
-        weight_decay=t.weight_decay,
+        loss=loss,
         betas=tuple(t.betas),
-        grad_clip=t.grad_clip,
-        zero_stage=t.zero_stage,
-        dtype=cfg.model.dtype,
-        micro_batch_tokens=t.micro_batch_tokens,
-        logprob_chunk_size=t.logprob_chunk_size,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
-        pack_prompts=t.pack_prompts,
-        config_overrides=cfg.model.config_overrides,
+        **_pick(t, "lr", "warmup_steps", "weight_decay", "grad_clip"),
+        **_learner_model(cfg),
     )
+
+
+def _learner_model(cfg: RunConfig) -> dict[str, Any]:
+    """What the learner and the KL term's reference policy both take: the model, its ZeRO stage and batching."""
+    t = cfg.trainer
+    return {
+        **_pick(t, "zero_stage", "micro_batch_tokens", "logprob_chunk_size", "pack_prompts"),
+        **_pick(cfg.model, "dtype", "config_overrides"),
+    }
 
 
 def make_reference(cfg: RunConfig, path: str) -> ReferencePolicy:
@@ -251,17 +240,7 @@ def make_reference(cfg: RunConfig, path: str) -> ReferencePolicy:
     section 9)."""
     from dapo.learner import ReferencePolicy
 
-    t = cfg.trainer
-    return ReferencePolicy(
-        path,
-        zero_stage=t.zero_stage,
-        dtype=cfg.model.dtype,
-        micro_batch_tokens=t.micro_batch_tokens,
-        logprob_chunk_size=t.logprob_chunk_size,
-        temperature=cfg.rollout.temperature,
-        pack_prompts=t.pack_prompts,
-        config_overrides=cfg.model.config_overrides,
-    )
+    return ReferencePolicy(path, temperature=cfg.rollout.temperature, **_learner_model(cfg))
 
 
 def make_eval_set(cfg: RunConfig, tokenizer: Any) -> EvalSet:
@@ -285,13 +264,9 @@ def eval_settings(cfg: RunConfig) -> EvalSettings:
 
     e = cfg.eval
     return EvalSettings(
-        n=e.n,
         max_tokens=cfg.resolved_eval_max_tokens(),
-        temperature=e.temperature,
-        top_p=e.top_p,
         pass_k=tuple(e.pass_k),
         verifier=cfg.algorithm.verifier,
-        bootstrap=e.bootstrap,
-        confidence=e.confidence,
         seed=cfg.trainer.seed,
+        **_pick(e, "n", "temperature", "top_p", "bootstrap", "confidence"),
     )

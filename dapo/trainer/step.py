@@ -95,6 +95,29 @@ class Counters:
 
 
 @dataclass
+class StepIO:
+    """What one rollout step talks to.
+
+    Attributes:
+        sample: generates and scores one generation batch on every replica (`collect.ReplicaSampler.for_step`).
+        next_prompts: k -> the next k problems and prompt ids of the seeded data order.
+        engine: this rank's rollout engine (slept during the updates, synced at the end).
+        learner: the policy.
+        reference: the frozen policy of the KL term, when `kl_coef > 0`.
+        tagger: the world's habit tags and metrics (the tiny habits world), counted over every generated group.
+        should_stop: collective poll of the stop flag, between phases.
+    """
+
+    sample: SampleFn
+    next_prompts: Callable[[int], tuple[list[Problem], list[list[int]]]]
+    engine: RolloutEngine
+    learner: PolicyLearner
+    reference: ReferencePolicy | None = None
+    tagger: HabitTagger | None = None
+    should_stop: Callable[[], bool] = lambda: False
+
+
+@dataclass
 class PartialStep:
     """A rollout step in progress: what `prepare` made (`collected`, `batch` with its old log-probs, the timings)
     and the updates done so far (`update_stats`). A stop request saves it in the checkpoint so that the restarted
@@ -141,32 +164,10 @@ def seed_step(seed: int, step: int) -> None:
 
 
 def rollout_step(
-    step: int,
-    sample: SampleFn,
-    next_prompts: Callable[[int], tuple[list[Problem], list[list[int]]]],
-    engine: RolloutEngine,
-    learner: PolicyLearner,
-    s: StepSettings,
-    counters: Counters,
-    *,
-    reference: ReferencePolicy | None = None,
-    tagger: HabitTagger | None = None,
-    should_stop: Callable[[], bool] = lambda: False,
-    resume: PartialStep | None = None,
+    step: int, io: StepIO, s: StepSettings, counters: Counters, resume: PartialStep | None = None
 ) -> dict[str, float]:
-    """Run rollout step `step` (1-based) and return its metrics; advances `counters`.
-
-    Args:
-        sample: generates and scores one generation batch on every replica (`collect.ReplicaSampler.for_step`).
-        next_prompts: k -> the next k problems and prompt ids of the seeded data order.
-        engine: this rank's rollout engine (slept during the updates, synced at the end).
-        learner: the policy.
-        s: the step's settings.
-        counters: updated in place.
-        reference: the frozen policy of the KL term, when `kl_coef > 0`.
-        tagger: the world's habit tags and metrics (the tiny habits world), counted over every generated group.
-        should_stop: collective poll of the stop flag, between phases.
-        resume: what a stopped run saved mid-step: the step goes on from the phase it was cut off in.
+    """Run rollout step `step` (1-based) and return its metrics; advances `counters`. `resume` is what a stopped run
+    saved mid-step: the step goes on from the phase it was cut off in.
 
     Raises:
         StopDuringRefill, StopMidStep: a stop was requested; checkpoint their state and exit for resume.
@@ -176,44 +177,33 @@ def rollout_step(
     if resume is None:
         seed_step(s.seed, step)
     if resume is None or resume.refill is not None:  # 1-7
-        part = prepare(step, sample, next_prompts, engine, learner, s, reference, tagger, should_stop, resume)
+        part = prepare(io, s, resume)
     else:
         part = resume  # cut off between updates: the batch and its old log-probs are in the checkpoint
-    lr = learner.schedule(step - 1)  # the warm-up counts rollout steps, not updates
-    update(step, part, learner, s, counters, should_stop)  # 8
-    m = step_metrics(step, part, counters, s, tagger)  # 9
-    t_sync = sync(engine, learner)  # 10
+    lr = io.learner.schedule(step - 1)  # the warm-up counts rollout steps, not updates
+    update(step, part, io, s, counters)  # 8
+    m = step_metrics(step, part, counters, s, io.tagger)  # 9
+    t_sync = sync(io.engine, io.learner)  # 10
     m.update(timing_metrics(part, lr, counters, t_sync, time.perf_counter() - t_step))
     return m
 
 
-def prepare(
-    step: int,
-    sample: SampleFn,
-    next_prompts: Callable[[int], tuple[list[Problem], list[list[int]]]],
-    engine: RolloutEngine,
-    learner: PolicyLearner,
-    s: StepSettings,
-    reference: ReferencePolicy | None,
-    tagger: HabitTagger | None,
-    should_stop: Callable[[], bool],
-    resume: PartialStep | None,
-) -> PartialStep:
+def prepare(io: StepIO, s: StepSettings, resume: PartialStep | None) -> PartialStep:
     """Steps 1-7: the step's groups, their advantages and loss mask, and old log-probs; no update done yet."""
     # 1-4. generate G responses per prompt on every replica, score them, shape the rewards (soft overlong
     # punishment) and, with dynamic sampling, refill until enough groups have varied correctness
-    learner.offload_states()
-    engine.wake_up()
+    io.learner.offload_states()
+    io.engine.wake_up()
     col = collect(
-        sample,
-        next_prompts,
+        io.sample,
+        io.next_prompts,
         s.rollout,
-        should_stop=should_stop,
+        should_stop=io.should_stop,
         resume=resume.refill if resume else None,
-        kind=tagger.kind if tagger else lambda problem: "",
+        kind=io.tagger.kind if io.tagger else lambda problem: "",
     )
-    engine.sleep()
-    learner.reload_states()
+    io.engine.sleep()
+    io.learner.reload_states()
     batch, t_old = None, 0.0
     if col.groups:
         # 5-6. group-normalised advantages and the overlong-filter loss mask
@@ -221,21 +211,14 @@ def prepare(
         # 7. old log-probs (and the reference policy's, for a KL term), each rank on its shard, gathered
         t0 = time.perf_counter()
         pb = batch.to_policy_batch()
-        batch.old_logprobs, batch.entropy = sharded_logprobs(learner.compute_logprobs, pb, s.pack_prompts)
-        if reference is not None:
-            batch.ref_logprobs = sharded_logprobs(_with_no_entropy(reference), pb, s.pack_prompts)[0]
+        batch.old_logprobs, batch.entropy = sharded_logprobs(io.learner.compute_logprobs, pb, s.pack_prompts)
+        if io.reference is not None:
+            batch.ref_logprobs = sharded_logprobs(_with_no_entropy(io.reference), pb, s.pack_prompts)[0]
         t_old = time.perf_counter() - t0
     return PartialStep(collected=col, batch=batch, timings={**col.timings, "old_logprob": t_old})
 
 
-def update(
-    step: int,
-    part: PartialStep,
-    learner: PolicyLearner,
-    s: StepSettings,
-    counters: Counters,
-    should_stop: Callable[[], bool],
-) -> None:
+def update(step: int, part: PartialStep, io: StepIO, s: StepSettings, counters: Counters) -> None:
     """Step 8: epochs x (groups / mini_batch_size) optimizer steps, the ones `part` has not done yet; appends each
     update's stats to `part.update_stats`. Raises `StopMidStep` (carrying `part`) when a stop comes between two."""
     col, batch = part.collected, part.batch
@@ -245,11 +228,11 @@ def update(
         policy_batch = batch.to_policy_batch()
         plan = minibatch_plan(len(col.groups), s.mini_batch_size, s.epochs, s.seed, step)
         for k in range(len(part.update_stats), len(plan)):
-            if should_stop():
+            if io.should_stop():
                 part.timings["update"] = part.timings.get("update", 0.0) + time.perf_counter() - t_upd
                 raise StopMidStep(dataclasses.replace(part, updates_done=k))
             rows = policy_batch.select(group_rows(batch, plan[k]))
-            out = learner.update(rows.shard(dist.rank(), dist.world_size(), pack_prompts=s.pack_prompts))
+            out = io.learner.update(rows.shard(dist.rank(), dist.world_size(), pack_prompts=s.pack_prompts))
             part.update_stats.append(out)
             counters.grad_updates += 1
             if out.get(UPDATE_SKIPPED):
