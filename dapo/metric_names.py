@@ -1,5 +1,5 @@
 """Every metric name the project logs, in one place (docs/algorithm.md section 7). docs/metrics.md, the table of
-every metric, is generated from this module (`python -m dapo.trainer.metrics_doc`); the trainer, eval and
+every metric, is generated from this module (`python scripts/metrics_doc.py`); the trainer, eval and
 analysis import names from here and never spell them out.
 
 Namespaces follow cleanrl's style: `<group>/<name>`. MLflow step counters: each training metric is logged
@@ -10,7 +10,9 @@ analysis can put either on the x-axis.
 from __future__ import annotations
 
 # --- counters (x-axes)
+# rollout steps completed (MLflow `step` of every training metric; the lr schedule's unit)
 ROLLOUT_STEP = "counters/rollout_step"
+# optimizer updates so far (the paper's x-axis: 16 per rollout step at full scale)
 GRAD_UPDATES = "counters/grad_updates"
 
 # --- reward and accuracy (on the groups that trained)
@@ -18,21 +20,22 @@ REWARD_MEAN = "reward/mean"  # shaped reward (with the overlong penalty when on)
 SCORE_MEAN = "reward/score_mean"  # +1/-1 correctness score before shaping
 ACC_MEAN = "reward/accuracy"  # fraction correct
 ALL_CORRECT_FRAC = "reward/all_correct_frac"  # Fig 3b: groups with every response correct (before filtering)
-ALL_WRONG_FRAC = "reward/all_wrong_frac"
+ALL_WRONG_FRAC = "reward/all_wrong_frac"  # groups with every response wrong (before filtering)
 # accuracy of every response generated in the step, before dynamic sampling's filter: fresh prompts every step,
 # so a learning-speed curve that the filter does not bias (with the filter, the trained groups exclude all-correct)
 ACC_GENERATED = "reward/accuracy_generated"
+# mean soft overlong penalty R_length (Eq. 13) of the trained responses; 0 when off
 OVERLONG_PENALTY_MEAN = "reward/overlong_penalty_mean"
 
 # --- advantages
-ADV_MEAN = "adv/mean"
-ADV_ABS_MEAN = "adv/abs_mean"
+ADV_MEAN = "adv/mean"  # mean advantage over trained responses (about 0 by construction)
+ADV_ABS_MEAN = "adv/abs_mean"  # mean absolute advantage over trained responses
 ZERO_ADV_GROUP_FRAC = "adv/zero_adv_group_frac"  # groups whose advantages are all 0 (before filtering)
 ZERO_ADV_TRAINED_FRAC = "adv/zero_adv_trained_frac"  # trained groups whose advantages are all 0 (dynamic sampling: 0)
 
 # --- responses
-RESP_LEN_MEAN = "response/length_mean"
-RESP_LEN_MAX = "response/length_max"
+RESP_LEN_MEAN = "response/length_mean"  # mean response length in tokens (trained groups)
+RESP_LEN_MAX = "response/length_max"  # longest response in tokens (trained groups)
 RESP_TRUNC_FRAC = "response/truncated_frac"  # finish reason "length"
 # mean length of the step's wrong responses / of its right ones, every generated response (before the filter):
 # how much longer the wrong answers run (what per-response loss averaging under-penalises, Fig 4)
@@ -41,37 +44,39 @@ TRUNC_LOSS_TOKEN_FRAC = "response/truncated_loss_token_frac"  # loss-mask tokens
 ENTROPY = "actor/entropy"  # mean entropy of generated tokens (Figs 2, 4, 5)
 
 # --- policy update
-POLICY_LOSS = "actor/pg_loss"
+POLICY_LOSS = "actor/pg_loss"  # policy-gradient loss, mean over the step's updates
 CLIPFRAC_LOW = "actor/clipfrac_lower"  # ratio < 1 - eps_low with A < 0 (bound active)
 CLIPFRAC_HIGH = "actor/clipfrac_upper"  # ratio > 1 + eps_high with A > 0 (bound active)
 # of the loss tokens with positive advantage and old probability below RARE_TOKEN_PROB (dapo.learner), the fraction
 # clipped at the upper bound: where clip-higher acts (rare tokens that a right answer would raise; Fig 3a)
 CLIPFRAC_HIGH_RARE = "actor/clipfrac_upper_rare"
 CLIP_HIGH_PROB = "actor/clipped_upper_old_prob"  # Fig 3a: mean pi_old of tokens clipped at the upper bound
+# fraction of loss tokens where the dual-clip bound (A < 0) was active; 0 when off
 DUAL_CLIPFRAC = "actor/dual_clipfrac"
 APPROX_KL = "actor/approx_kl"  # k3 estimate of KL(pi_old || pi_theta)
 KL_REF = "actor/kl_ref"  # k3 estimate of KL(pi_theta || pi_ref) per loss token; only when kl_coef > 0
-GRAD_NORM = "actor/grad_norm"
-LR = "actor/lr"
+GRAD_NORM = "actor/grad_norm"  # gradient norm before clipping, mean over the step's updates
+LR = "actor/lr"  # learning rate in effect during the step
 NONFINITE_SKIPPED = "actor/nonfinite_skipped"  # cumulative skipped updates
 UPDATE_SKIPPED = "actor/update_skipped"  # per step: fraction of its updates skipped (non-finite)
 
 # --- dynamic sampling
-DS_GEN_BATCHES = "dynamic_sampling/gen_batches"
-DS_GROUPS_KEPT = "dynamic_sampling/groups_kept"
+DS_GEN_BATCHES = "dynamic_sampling/gen_batches"  # generation batches this step (1 without dynamic sampling)
+DS_GROUPS_KEPT = "dynamic_sampling/groups_kept"  # groups that trained this step
 DS_GROUPS_DROPPED = "dynamic_sampling/groups_dropped"  # filtered out + surplus
 DS_TOKENS_GENERATED = "dynamic_sampling/tokens_generated"  # including dropped groups
 DS_TOKENS_GENERATED_TOTAL = "dynamic_sampling/tokens_generated_total"  # cumulative
 
 # --- timings (seconds, per rollout step; generation includes every refill batch)
+# generation (the slowest replica of each generation batch), summed over the step's batches
 TIME_GENERATE = "time/generate"
-TIME_SCORE = "time/score"
+TIME_SCORE = "time/score"  # reward verification (the slowest replica), summed over the step's generation batches
 TIME_OLD_LOGPROB = "time/old_logprob"  # old-policy log-probs and entropy, and the reference's with a KL term
-TIME_UPDATE = "time/update"
-TIME_SYNC = "time/weight_sync"
-TIME_EVAL = "time/eval"
-TIME_STEP = "time/step"
-TIME_TOTAL = "time/elapsed"
+TIME_UPDATE = "time/update"  # all mini-batch updates of the step
+TIME_SYNC = "time/weight_sync"  # weight sync learner -> rollout engine (every rank into its own replica, streamed)
+TIME_EVAL = "time/eval"  # evaluation (logged at eval steps)
+TIME_STEP = "time/step"  # the whole rollout step
+TIME_TOTAL = "time/elapsed"  # wall time since the run started, earlier attempts (before a resume) included
 TOKENS_PER_SEC = "perf/tokens_per_sec"  # tokens generated by every replica / generation time (the job's rate)
 
 # --- habits of the tiny world's habits kind (dapo.tinyworld.habits): per rollout step, over every generated
@@ -89,8 +94,8 @@ HABIT_ACC_UNSOLVABLE = "habit/accuracy_unsolvable"
 
 # --- evaluation (k is the preset's n: avg@32 for the paper). Use the helpers below.
 EVAL_PREFIX = "eval"
-EVAL_TRUNC_FRAC = "eval/truncated_frac"
-EVAL_LEN_MEAN = "eval/length_mean"
+EVAL_TRUNC_FRAC = "eval/truncated_frac"  # fraction of eval samples that hit the generation cap
+EVAL_LEN_MEAN = "eval/length_mean"  # mean eval response length in tokens
 
 
 def eval_avg(k: int) -> str:
@@ -114,11 +119,11 @@ def ci_high(name: str) -> str:
 
 
 # --- tags (MLflow run tags; the UI's compare view lines rows up by these)
-TAG_ROW = "dapo.row"
-TAG_SEED = "dapo.seed"
-TAG_PRESET = "dapo.preset"
-TAG_GIT = "dapo.git_commit"
-TAG_CONFIG_HASH = "dapo.config_hash"
+TAG_ROW = "dapo.row"  # tag: ablation row, e.g. 05_dynamic_sampling
+TAG_SEED = "dapo.seed"  # tag: trainer.seed
+TAG_PRESET = "dapo.preset"  # tag: scale preset (tiny, qwen2.5-32b)
+TAG_GIT = "dapo.git_commit"  # tag: git commit of the code (`-dirty` with uncommitted changes)
+TAG_CONFIG_HASH = "dapo.config_hash"  # tag: hash of everything that changes the computation
 TAG_STATUS = "dapo.status"  # running | finished | failed | preempted
 TAG_GPUS = "dapo.gpus"  # GPUs the run held (world size on GPU machines, 0 on CPU): compute table
 TAG_CPUS = "dapo.cpus"  # CPU threads the run used (for CPU-hours when it held no GPU)

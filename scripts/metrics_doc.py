@@ -1,10 +1,10 @@
 """Write docs/metrics.md, the table of every metric the trainer logs, from `dapo/metric_names.py` itself.
 
-The names, their section (`# --- ...` headers) and their explanations (trailing comments) are read from the
-module's source, so the page cannot drift from the code:
+The names, their section (`# --- ...` headers) and their explanations (the comment after a name, or the comment
+lines just above it) are read from the module's source, so the page cannot drift from the code:
 
-    python -m dapo.trainer.metrics_doc            # rewrite docs/metrics.md
-    python -m dapo.trainer.metrics_doc --check    # exit 1 if the page is stale (CI)
+    python scripts/metrics_doc.py            # rewrite docs/metrics.md
+    python scripts/metrics_doc.py --check    # exit 1 if the page is stale (the tests run it)
 """
 
 from __future__ import annotations
@@ -24,46 +24,12 @@ DOC = REPO_ROOT / "docs" / "metrics.md"
 _INTRO = """# Metrics
 
 Every metric a training run logs to MLflow, generated from `dapo/metric_names.py` by
-`python -m dapo.trainer.metrics_doc` (do not edit by hand). Training metrics are logged once per rollout step
+`python scripts/metrics_doc.py` (do not edit by hand). Training metrics are logged once per rollout step
 with MLflow `step` = rollout step; `counters/grad_updates` gives the paper's x-axis (gradient updates) at the same
 step. Eval metrics are logged into the same run at the rollout step they were taken (step 0 = before training).
 Points without a value in a step (e.g. Fig 3a's probability when no token was clipped) are left out, not
 logged as 0. Tags name the row, seed, preset, git commit and config hash; params hold the full resolved config.
 """
-
-
-# Explanations for names that carry no trailing comment in metric_names.py (a comment there wins).
-_FALLBACK = {
-    "ROLLOUT_STEP": "rollout steps completed (MLflow `step` of every training metric; the lr schedule's unit)",
-    "GRAD_UPDATES": "optimizer updates so far (the paper's x-axis: 16 per rollout step at full scale)",
-    "ALL_WRONG_FRAC": "groups with every response wrong (before filtering)",
-    "OVERLONG_PENALTY_MEAN": "mean soft overlong penalty R_length (Eq. 13) of the trained responses; 0 when off",
-    "ADV_MEAN": "mean advantage over trained responses (about 0 by construction)",
-    "ADV_ABS_MEAN": "mean absolute advantage over trained responses",
-    "RESP_LEN_MEAN": "mean response length in tokens (trained groups)",
-    "RESP_LEN_MAX": "longest response in tokens (trained groups)",
-    "POLICY_LOSS": "policy-gradient loss, mean over the step's updates",
-    "GRAD_NORM": "gradient norm before clipping, mean over the step's updates",
-    "LR": "learning rate in effect during the step",
-    "DUAL_CLIPFRAC": "fraction of loss tokens where the dual-clip bound (A < 0) was active; 0 when off",
-    "DS_GEN_BATCHES": "generation batches this step (1 without dynamic sampling)",
-    "DS_GROUPS_KEPT": "groups that trained this step",
-    "TIME_GENERATE": "generation (the slowest replica of each generation batch), summed over the step's batches",
-    "TIME_SCORE": "reward verification (the slowest replica), summed over the step's generation batches",
-    "TIME_OLD_LOGPROB": "old-policy log-probs and entropy (learner forward)",
-    "TIME_UPDATE": "all mini-batch updates of the step",
-    "TIME_SYNC": "weight sync learner -> rollout engine (every rank into its own replica, streamed)",
-    "TIME_EVAL": "evaluation (logged at eval steps)",
-    "TIME_STEP": "the whole rollout step",
-    "TIME_TOTAL": "wall time since the run started, earlier attempts (before a resume) included",
-    "EVAL_TRUNC_FRAC": "fraction of eval samples that hit the generation cap",
-    "EVAL_LEN_MEAN": "mean eval response length in tokens",
-    "TAG_ROW": "tag: ablation row, e.g. 05_dynamic_sampling",
-    "TAG_SEED": "tag: trainer.seed",
-    "TAG_PRESET": "tag: scale preset (tiny, qwen2.5-32b)",
-    "TAG_GIT": "tag: git commit of the code (`-dirty` with uncommitted changes)",
-    "TAG_CONFIG_HASH": "tag: hash of everything that changes the computation",
-}
 
 
 def _entries() -> list[tuple[str, str, str, str]]:
@@ -87,11 +53,19 @@ def _entries() -> list[tuple[str, str, str, str]]:
             const = node.targets[0].id
             if not const.isupper() or not any(c in node.value.value for c in "/."):
                 continue
-            line = lines[node.lineno - 1]
-            comment = line.split("#", 1)[1].strip() if "#" in line.split("=", 1)[1] else ""
-            comment = (comment or _FALLBACK.get(const, "")).replace("|", "\\|")
-            out.append((section, const, node.value.value, comment))
+            out.append((section, const, node.value.value, _comment(lines, node.lineno - 1).replace("|", "\\|")))
     return out
+
+
+def _comment(lines: list[str], i: int) -> str:
+    """The comment after line i's assignment, else the comment lines just above it (not a section header)."""
+    if "#" in lines[i].split("=", 1)[1]:
+        return lines[i].split("#", 1)[1].strip()
+    above: list[str] = []
+    while i > 0 and lines[i - 1].startswith("# ") and not lines[i - 1].startswith("# ---"):
+        i -= 1
+        above.insert(0, lines[i][2:].strip())
+    return " ".join(above)
 
 
 def render() -> str:
@@ -125,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if args.check:
         if not args.out.is_file() or args.out.read_text() != text:
-            print(f"{args.out} is stale: run python -m dapo.trainer.metrics_doc", file=sys.stderr)
+            print(f"{args.out} is stale: run python scripts/metrics_doc.py", file=sys.stderr)
             return 1
         return 0
     args.out.write_text(text)
