@@ -22,7 +22,7 @@ import numpy as np
 from dapo import metric_names as M
 from dapo.algos.evalstats import Interval
 from dapo.report.formats import Table, fmt, write_table
-from dapo.report.load import Experiment, XAxis
+from dapo.report.runs import Experiment, XAxis
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -181,17 +181,11 @@ def run(args: argparse.Namespace) -> int:
 
     from dapo.report.load import ExperimentNotFound, load_experiment
     from dapo.report.table1 import fmt_interval
+    from dapo.tracking import resolve_uri
 
     experiment = args.experiment or f"dapo-{args.preset}"
-    uri = args.tracking_uri
-    if uri is None:
-        import os
-
-        uri = (
-            os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('results', args.preset, 'mlflow.db').resolve()}"
-        )
     try:
-        exp = load_experiment(experiment, uri)
+        exp = load_experiment(experiment, resolve_uri(args.tracking_uri, Path("results", args.preset)))
         row_a, row_b = resolve_row(exp, args.row_a), resolve_row(exp, args.row_b)
     except (ExperimentNotFound, ValueError) as e:
         print(f"dapo compare: {e}", file=sys.stderr)

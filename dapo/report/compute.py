@@ -17,7 +17,7 @@ import numpy as np
 
 from dapo import metric_names as M
 from dapo.report.formats import Table, fmt
-from dapo.report.load import CPU_KEYS, GPU_KEYS, Experiment, RunData
+from dapo.report.runs import Experiment, RunData
 from dapo.report.table1 import Table1
 
 
@@ -47,10 +47,10 @@ def run_cost(run: RunData, gpus_per_run: float | None = None, cpus_per_run: floa
         seconds, source = (run.end_ms - run.start_ms) / 1000.0, "mlflow times"
     else:
         seconds, source = None, ""
-    gpus = gpus_per_run if gpus_per_run is not None else run.resource(GPU_KEYS)
+    gpus = gpus_per_run if gpus_per_run is not None else run.resource(M.TAG_GPUS)
     if gpus:
         return RunCost(run.label, tokens, seconds, source, float(gpus), "GPU", False)
-    cpus = cpus_per_run if cpus_per_run is not None else run.resource(CPU_KEYS)
+    cpus = cpus_per_run if cpus_per_run is not None else run.resource(M.TAG_CPUS)
     return RunCost(run.label, tokens, seconds, source, float(cpus or 1), "CPU", not cpus)
 
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dapo.report.formats import Table
-from dapo.report.load import Experiment
 from dapo.report.mechanisms import (
     AS_PAPER,
     HEADLINE,
@@ -36,6 +35,7 @@ from dapo.report.mechanisms import (
     fmt_value,
     run_statistic,
 )
+from dapo.report.runs import Experiment
 
 CLEAR, NOT_CLEAR = "clear change", "no clear change"
 

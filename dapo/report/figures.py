@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from dapo import metric_names as M
-from dapo.report.load import Experiment, XAxis
+from dapo.report.runs import Experiment, XAxis
 
 ROWS = list(M.PAPER_TABLE1)
 R00, R01, R02, R03, R04, R05 = ROWS

@@ -25,7 +25,7 @@ from dapo.designs import (
     toggles,
 )
 from dapo.report.formats import Table, fmt
-from dapo.report.load import Experiment
+from dapo.report.runs import Experiment
 from dapo.report.table1 import difference_interval, evals_of, fmt_interval
 
 DESIGN_TITLES: dict[Design, str] = {

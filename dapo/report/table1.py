@@ -26,7 +26,7 @@ from dapo import metric_names as M
 from dapo.algos.evalstats import Interval, contrast_interval, seed_mean_interval, welch_interval
 from dapo.designs import parse_run
 from dapo.report.formats import Table, fmt
-from dapo.report.load import Experiment, RunData
+from dapo.report.runs import Experiment, RunData
 
 PAPER_REFERENCE = ("DeepSeek-R1-Zero-Qwen-32B", 47)
 
