@@ -127,7 +127,7 @@ def compare(
 ) -> Comparison:
     """Everything `dapo compare` prints and writes, for two rows of a loaded experiment."""
     from dapo.designs import DESIGNS, marginal_pairs
-    from dapo.report.figures import FigureSpec, Panel, draw_figure
+    from dapo.report.figures import AVG, FigureSpec, draw_figure, panel
     from dapo.report.mechanisms import MECHANISMS, compare_mechanism, mechanisms_table
     from dapo.report.table1 import difference_interval, evals_of
 
@@ -146,16 +146,13 @@ def compare(
     )
     curve = eval_curve(exp, row_a, row_b)
 
-    def const(s: str):
-        return lambda k: s
-
     panels = (
-        Panel((M.eval_avg,), lambda k: f"eval avg@{k} (%)"),
-        Panel((const(M.ENTROPY),), const("entropy (nats)")),
-        Panel((const(M.RESP_LEN_MEAN),), const("mean response length")),
-        Panel((const(M.RESP_TRUNC_FRAC),), const("truncated fraction")),
-        Panel((const(M.CLIPFRAC_HIGH),), const("upper clip fraction")),
-        Panel((const(M.DS_TOKENS_GENERATED),), const("tokens generated per step")),
+        AVG,
+        panel(M.ENTROPY, "entropy (nats)"),
+        panel(M.RESP_LEN_MEAN, "mean response length"),
+        panel(M.RESP_TRUNC_FRAC, "truncated fraction"),
+        panel(M.CLIPFRAC_HIGH, "upper clip fraction"),
+        panel(M.DS_TOKENS_GENERATED, "tokens generated per step"),
     )
     stem = f"{row_a}_vs_{row_b}"
     spec = FigureSpec(stem, lambda k: f"{row_a} vs {row_b}", (row_a, row_b), panels, ncols=3)
@@ -207,8 +204,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _compact(c: Comparison) -> Table:
     """The mechanisms for a terminal: what, A, B, Δ and verdict (the written tables hold every column)."""
-    import numpy as np
-
     from dapo.report.mechanisms import fmt_delta, fmt_value
 
     def mean(v: list[float]) -> str:

@@ -24,7 +24,7 @@ from dapo.designs import (
     preset_keys,
     toggles,
 )
-from dapo.report.formats import Table, fmt
+from dapo.report.formats import Table, bounds, fmt
 from dapo.report.runs import Experiment
 from dapo.report.table1 import difference_interval, evals_of, fmt_interval
 
@@ -98,13 +98,7 @@ def marginal_table(effects: list[Effect], missing: list[str], k: int, confidence
             e = by.get((name, d))
             iv = e.interval if e else None
             row_cells.append(fmt_interval(iv))
-            row_raw += [
-                e.with_run if e else None,
-                e.without_run if e else None,
-                iv.estimate if iv else None,
-                iv.low if iv else None,
-                iv.high if iv else None,
-            ]
+            row_raw += [e.with_run if e else None, e.without_run if e else None, *bounds(iv)]
         (b, a) = paper.get(name, (None, None))
         pd = b[1] - a[1] if b and a else None
         row_cells.append(fmt(pd, 0, signed=True))
