@@ -10,6 +10,7 @@ samples, else Welch's over seeds. A design whose runs are missing leaves its col
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from dapo import metric_names as M
@@ -47,12 +48,10 @@ class Effect:
 def marginal_effects(exp: Experiment, confidence: float = 0.95) -> tuple[list[Effect], list[str]]:
     """Every (toggle, design) effect, and what is missing (rows without runs or without a final eval)."""
     effects, missing = [], []
-    cache: dict[str, list] = {}
 
+    @functools.cache
     def evals(row: str) -> list:
-        if row not in cache:
-            cache[row], _ = evals_of(exp, row)
-        return cache[row]
+        return evals_of(exp, row)[0]
 
     for design in DESIGNS:
         absent = set()
