@@ -43,6 +43,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--x-axis", choices=("updates", "rollout"), default="updates", help="The figure's x-axis.")
 
 
+# The figure's panels after eval avg@k: metric -> its y-axis label.
+CURVES = {
+    M.ENTROPY: "entropy (nats)",
+    M.RESP_LEN_MEAN: "mean response length",
+    M.RESP_TRUNC_FRAC: "truncated fraction",
+    M.CLIPFRAC_HIGH: "upper clip fraction",
+    M.DS_TOKENS_GENERATED: "tokens generated per step",
+}
+
+
 @dataclass
 class Comparison:
     row_a: str
@@ -146,14 +156,7 @@ def compare(
     )
     curve = eval_curve(exp, row_a, row_b)
 
-    panels = (
-        AVG,
-        panel(M.ENTROPY, "entropy (nats)"),
-        panel(M.RESP_LEN_MEAN, "mean response length"),
-        panel(M.RESP_TRUNC_FRAC, "truncated fraction"),
-        panel(M.CLIPFRAC_HIGH, "upper clip fraction"),
-        panel(M.DS_TOKENS_GENERATED, "tokens generated per step"),
-    )
+    panels = (AVG, *(panel(metric, ylabel) for metric, ylabel in CURVES.items()))
     stem = f"{row_a}_vs_{row_b}"
     spec = FigureSpec(stem, lambda k: f"{row_a} vs {row_b}", (row_a, row_b), panels, ncols=3)
     fig = draw_figure(exp, spec, out, x_axis)
