@@ -11,8 +11,8 @@ import pytest
 
 from dapo import metric_names as M
 from dapo.designs import toggles
-from dapo.report.load import RunData, Series
 from dapo.report.mechanisms import MECHANISMS, common_updates, run_statistic
+from dapo.report.runs import RunData, Series
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "evidence.md"
 
@@ -81,7 +81,7 @@ def _run(history: dict[str, tuple[list[int], list[float]]], ups: int = 8) -> Run
     steps = np.arange(1, last + 1)
     h[M.ROLLOUT_STEP] = Series(steps, steps.astype(float))
     h[M.GRAD_UPDATES] = Series(steps, ups * steps.astype(float))
-    return RunData("id", "r-s0", "r", 0, None, "finished", {}, {}, None, None, h)
+    return RunData("id", "r-s0", "r", 0, "finished", {}, {}, None, None, h)
 
 
 def _mech(toggle: str, primary: bool):
@@ -189,7 +189,7 @@ def test_rise_and_first_third_statistics():
 
 
 def _experiment(rows: dict[str, list[dict]]):
-    from dapo.report.load import Experiment
+    from dapo.report.runs import Experiment
 
     runs = []
     for row, per_seed in rows.items():
@@ -197,7 +197,7 @@ def _experiment(rows: dict[str, list[dict]]):
             r = _run(hist)
             r.row, r.seed, r.name = row, seed, f"{row}-s{seed}"
             runs.append(r)
-    return Experiment("e", "1", "sqlite://", 1, runs)
+    return Experiment("e", "sqlite://", 1, runs)
 
 
 def test_a_condition_is_read_in_the_row_without_the_toggle_and_met_on_the_declared_side():

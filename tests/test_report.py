@@ -238,7 +238,7 @@ def test_cli_executes_the_notebooks_and_saves_them(store, tmp_path):
 
 
 def _run(row: str, seed: int, avg: list[tuple[int, float]]):
-    from dapo.report.load import RunData, Series
+    from dapo.report.runs import RunData, Series
 
     steps, values = zip(*avg, strict=True)
     return RunData(
@@ -246,7 +246,6 @@ def _run(row: str, seed: int, avg: list[tuple[int, float]]):
         name=f"{row}-s{seed}",
         row=row,
         seed=seed,
-        preset="x",
         status="finished",
         params={},
         tags={},
@@ -258,12 +257,12 @@ def _run(row: str, seed: int, avg: list[tuple[int, float]]):
 
 def test_user_rows_follow_the_paper_rows_and_survive_latex():
     from dapo.report.formats import to_latex
-    from dapo.report.load import Experiment
+    from dapo.report.runs import Experiment
     from dapo.report.table1 import build_table1, table1_table
 
     # the last step wins even if logged first; a user's variant row comes after the paper's rows
     runs = [_run(R[0], 0, [(10, 40.0), (0, 5.0), (5, 20.0)]), _run("06_my_variant", 0, [(10, 45.0)])]
-    exp = Experiment("e", "1", "uri", 4, runs)
+    exp = Experiment("e", "uri", 4, runs)
     t = build_table1(exp)
     assert [r.row for r in t.rows] == R + ["06_my_variant"]
     assert t.rows[0].mean == 40.0 and t.rows[-1].mean == 45.0 and t.rows[-1].paper is None
@@ -400,7 +399,7 @@ def test_compare_names_the_rows_when_one_is_unknown(store, tmp_path, capsys):
 def test_runs_that_differ_in_more_than_their_toggle_are_reported_as_not_a_clean_ablation(tmp_path):
     """A ladder run on purpose with allow_confounded_ladder (or rows trained with different overrides): the runs'
     own params show it, and Table 1, the mechanisms and the marginal effects say so."""
-    from dapo.report.load import Experiment
+    from dapo.report.runs import Experiment
 
     runs = [_run(row, 0, [(0, 10.0), (10, 20.0 + i)]) for i, row in enumerate(R)]
     for r in runs:  # what the trainer logs: the flat config; the row tag and run folder differ, as they must
@@ -410,12 +409,12 @@ def test_runs_that_differ_in_more_than_their_toggle_are_reported_as_not_a_clean_
         r.params["trainer.output_dir"] = f"/results/runs/{r.row}/s0"
     for r in runs[2:]:
         r.params["algorithm.eps_high"] = "0.28"  # clip-higher, from row 02 on: its own key
-    pipeline.write_tables(Experiment("e", "1", "uri", 4, runs), tmp_path / "clean")
+    pipeline.write_tables(Experiment("e", "uri", 4, runs), tmp_path / "clean")
     assert "clean ablation" not in (tmp_path / "clean" / "table1.md").read_text()
 
     for r in runs[3:]:
         r.params["trainer.lr"] = "0.0001"  # row 03 also raised the learning rate
-    exp = Experiment("e", "1", "uri", 4, runs)
+    exp = Experiment("e", "uri", 4, runs)
     pipeline.write_tables(exp, tmp_path / "confounded")
     for table in ("table1", "mechanisms", "marginal_effects"):
         text = (tmp_path / "confounded" / f"{table}.md").read_text()

@@ -133,10 +133,6 @@ class Interval:
     method: str
     parts: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def half_width(self) -> float | None:
-        return None if self.low is None or self.high is None else (self.high - self.low) / 2
-
     def excludes_zero(self) -> bool:
         return self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
 
@@ -153,7 +149,9 @@ def t_quantile(confidence: float, df: float) -> float:
 def _from_parts(estimate: float, parts: list[tuple[str, float, float]], confidence: float, method: str) -> Interval:
     """Combine variance terms (name, variance, df) into a t interval with Satterthwaite's df."""
     var = sum(v for _, v, _ in parts)
-    named = _sum_parts(parts)
+    named: dict[str, float] = {}
+    for name, v, _ in parts:
+        named[name] = named.get(name, 0.0) + v
     if var <= 0:
         return Interval(estimate, estimate, estimate, 0.0, None, method, named)
     df = var**2 / sum(v**2 / d for _, v, d in parts if v > 0)
@@ -207,15 +205,7 @@ def contrast_interval(rows: Sequence[np.ndarray], weights: Sequence[float], conf
         if y.shape[0] >= 2
     ]
     method = "problems x seeds" if all(y.shape[0] >= 2 for y in ys) else "problems only (1 seed)"
-    out = _from_parts(estimate, parts, confidence, method)
-    return Interval(out.estimate, out.low, out.high, out.se, out.df, method, _sum_parts(parts))
-
-
-def _sum_parts(parts: list[tuple[str, float, float]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for name, v, _ in parts:
-        out[name] = out.get(name, 0.0) + v
-    return out
+    return _from_parts(estimate, parts, confidence, method)
 
 
 def seed_mean_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:

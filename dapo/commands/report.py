@@ -63,9 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from dapo.report.load import ExperimentNotFound, load_experiment, resolve_tracking_uri
+    from dapo.report.load import ExperimentNotFound, load_experiment
+    from dapo.tracking import resolve_uri
 
-    uri = resolve_tracking_uri(args.tracking_uri)
+    uri = resolve_uri(args.tracking_uri)
     out = Path(args.out).resolve()
     if args.runs:
         from dapo.tracking import replay_pending

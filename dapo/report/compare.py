@@ -22,7 +22,7 @@ import numpy as np
 from dapo import metric_names as M
 from dapo.algos.evalstats import Interval
 from dapo.report.formats import Table, fmt, write_table
-from dapo.report.load import Experiment, XAxis
+from dapo.report.runs import Experiment, XAxis
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,6 +41,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", default=None, help="Folder for the figure and tables (default: results/<preset>/compare).")
     p.add_argument("--x-axis", choices=("updates", "rollout"), default="updates", help="The figure's x-axis.")
+
+
+# The figure's panels after eval avg@k: metric -> its y-axis label.
+CURVES = {
+    M.ENTROPY: "entropy (nats)",
+    M.RESP_LEN_MEAN: "mean response length",
+    M.RESP_TRUNC_FRAC: "truncated fraction",
+    M.CLIPFRAC_HIGH: "upper clip fraction",
+    M.DS_TOKENS_GENERATED: "tokens generated per step",
+}
 
 
 @dataclass
@@ -127,7 +137,7 @@ def compare(
 ) -> Comparison:
     """Everything `dapo compare` prints and writes, for two rows of a loaded experiment."""
     from dapo.designs import DESIGNS, marginal_pairs
-    from dapo.report.figures import FigureSpec, Panel, draw_figure
+    from dapo.report.figures import AVG, FigureSpec, draw_figure, panel
     from dapo.report.mechanisms import MECHANISMS, compare_mechanism, mechanisms_table
     from dapo.report.table1 import difference_interval, evals_of
 
@@ -146,17 +156,7 @@ def compare(
     )
     curve = eval_curve(exp, row_a, row_b)
 
-    def const(s: str):
-        return lambda k: s
-
-    panels = (
-        Panel((M.eval_avg,), lambda k: f"eval avg@{k} (%)"),
-        Panel((const(M.ENTROPY),), const("entropy (nats)")),
-        Panel((const(M.RESP_LEN_MEAN),), const("mean response length")),
-        Panel((const(M.RESP_TRUNC_FRAC),), const("truncated fraction")),
-        Panel((const(M.CLIPFRAC_HIGH),), const("upper clip fraction")),
-        Panel((const(M.DS_TOKENS_GENERATED),), const("tokens generated per step")),
-    )
+    panels = (AVG, *(panel(metric, ylabel) for metric, ylabel in CURVES.items()))
     stem = f"{row_a}_vs_{row_b}"
     spec = FigureSpec(stem, lambda k: f"{row_a} vs {row_b}", (row_a, row_b), panels, ncols=3)
     fig = draw_figure(exp, spec, out, x_axis)
@@ -181,17 +181,11 @@ def run(args: argparse.Namespace) -> int:
 
     from dapo.report.load import ExperimentNotFound, load_experiment
     from dapo.report.table1 import fmt_interval
+    from dapo.tracking import resolve_uri
 
     experiment = args.experiment or f"dapo-{args.preset}"
-    uri = args.tracking_uri
-    if uri is None:
-        import os
-
-        uri = (
-            os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('results', args.preset, 'mlflow.db').resolve()}"
-        )
     try:
-        exp = load_experiment(experiment, uri)
+        exp = load_experiment(experiment, resolve_uri(args.tracking_uri, Path("results", args.preset)))
         row_a, row_b = resolve_row(exp, args.row_a), resolve_row(exp, args.row_b)
     except (ExperimentNotFound, ValueError) as e:
         print(f"dapo compare: {e}", file=sys.stderr)
@@ -213,8 +207,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _compact(c: Comparison) -> Table:
     """The mechanisms for a terminal: what, A, B, Δ and verdict (the written tables hold every column)."""
-    import numpy as np
-
     from dapo.report.mechanisms import fmt_delta, fmt_value
 
     def mean(v: list[float]) -> str:

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from dapo import metric_names as M
 from dapo.report.formats import Table, fmt
-from dapo.report.load import CPU_KEYS, GPU_KEYS, Experiment, RunData
-from dapo.report.table1 import Table1
+from dapo.report.runs import Experiment, RunData
+from dapo.report.table1 import Table1, mean_of
 
 
 @dataclass
@@ -47,16 +45,11 @@ def run_cost(run: RunData, gpus_per_run: float | None = None, cpus_per_run: floa
         seconds, source = (run.end_ms - run.start_ms) / 1000.0, "mlflow times"
     else:
         seconds, source = None, ""
-    gpus = gpus_per_run if gpus_per_run is not None else run.resource(GPU_KEYS)
+    gpus = gpus_per_run if gpus_per_run is not None else run.resource(M.TAG_GPUS)
     if gpus:
         return RunCost(run.label, tokens, seconds, source, float(gpus), "GPU", False)
-    cpus = cpus_per_run if cpus_per_run is not None else run.resource(CPU_KEYS)
+    cpus = cpus_per_run if cpus_per_run is not None else run.resource(M.TAG_CPUS)
     return RunCost(run.label, tokens, seconds, source, float(cpus or 1), "CPU", not cpus)
-
-
-def _mean(xs: list[float | None]) -> float | None:
-    vals = [x for x in xs if x is not None]
-    return float(np.mean(vals)) if vals else None
 
 
 def compute_table(
@@ -103,9 +96,9 @@ def compute_table(
     cells, raw = [], []
     for row, costs in per_row:
         label = M.PAPER_TABLE1.get(row, (row, None))[0]
-        tokens = _mean([c.tokens for c in costs])
-        hours = _mean([None if c.seconds is None else c.seconds / 3600 for c in costs])
-        dev_hours = _mean([c.device_hours for c in costs])
+        tokens = mean_of([c.tokens for c in costs])
+        hours = mean_of([None if c.seconds is None else c.seconds / 3600 for c in costs])
+        dev_hours = mean_of([c.device_hours for c in costs])
         res = sorted({f"{c.devices:g} {c.unit}" for c in costs})
         a = acc.get(row)
         per = a / dev_hours if a is not None and dev_hours else None

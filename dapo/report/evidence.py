@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dapo.report.formats import Table
-from dapo.report.load import Experiment
+from dapo.report.formats import Table, bounds
 from dapo.report.mechanisms import (
     AS_PAPER,
     HEADLINE,
@@ -34,8 +33,12 @@ from dapo.report.mechanisms import (
     compare_mechanism,
     fmt_delta,
     fmt_value,
+    mean_txt,
+    results_table,
     run_statistic,
+    toggle_rows,
 )
+from dapo.report.runs import Experiment
 
 CLEAR, NOT_CLEAR = "clear change", "no clear change"
 
@@ -63,15 +66,8 @@ class ConditionResult:
         return self.mean * m.expected_sign >= t * m.expected_sign
 
 
-def _pairs() -> dict[str, tuple[str, str]]:
-    """toggle -> (row with it, row above it)."""
-    from dapo.designs import toggles
-
-    return {t.name: (t.row, t.above) for t in toggles()}
-
-
 def condition_results(exp: Experiment) -> list[ConditionResult]:
-    pairs = _pairs()
+    pairs = toggle_rows()
     out = []
     for m in MECHANISMS_V2:
         if m.role != "condition":
@@ -93,7 +89,7 @@ def condition_results(exp: Experiment) -> list[ConditionResult]:
 
 def effect_results(exp: Experiment, role: str = "effect", confidence: float = 0.95) -> list[MechanismResult]:
     """The effects (or, role="wiring", the wiring checks): row with the toggle against the row above."""
-    pairs = _pairs()
+    pairs = toggle_rows()
     out = []
     for m in MECHANISMS_V2:
         if m.role != role:
@@ -181,138 +177,42 @@ def conditions_table(results: list[ConditionResult]) -> Table:
     )
 
 
-def effects_table(results: list[MechanismResult], title: str, note: str, confidence: float = 0.95) -> Table:
-    c = round(100 * confidence)
-    cells, raw, missing = [], [], []
-    for r in results:
-        m, iv = r.mechanism, r.interval
-        cells.append(
-            [
-                m.toggle + (" *" if m.primary else ""),
-                f"{m.quantity} (`{m.metric_label()}`)",
-                m.statistic_label(),
-                "+" if m.expected_sign > 0 else "−",
-                f"{r.without_row}: {_mean(r.without_values)}",
-                f"{r.with_row}: {_mean(r.with_values)}",
-                fmt_delta(iv),
-                r.verdict,
-            ]
-        )
-        raw.append(
-            [
-                m.toggle,
-                m.role,
-                m.quantity,
-                m.metric_label(),
-                m.statistic,
-                m.window,
-                m.expected_sign,
-                r.without_row,
-                r.with_row,
-                " ".join(repr(v) for v in r.without_values),
-                " ".join(repr(v) for v in r.with_values),
-                iv.estimate if iv else None,
-                iv.low if iv else None,
-                iv.high if iv else None,
-                iv.df if iv else None,
-                r.verdict,
-            ]
-        )
-        missing += [f"{m.toggle} / {m.quantity}: {x}" for x in r.missing]
-    return Table(
-        title=title,
-        columns=[
-            "Toggle",
-            "Quantity (metric)",
-            "Statistic",
-            "Paper's sign",
-            "Without",
-            "With",
-            f"Δ [{c}% CI]",
-            "Verdict",
-        ],
-        cells=cells,
-        csv_columns=[
-            "toggle",
-            "role",
-            "quantity",
-            "metric",
-            "statistic",
-            "window",
-            "expected_sign",
-            "without_row",
-            "with_row",
-            "without_per_seed",
-            "with_per_seed",
-            "delta",
-            "ci_low",
-            "ci_high",
-            "df",
-            "verdict",
-        ],
-        csv_rows=raw,
-        notes=[note],
-        missing=missing,
-    )
-
-
-def _mean(values: list[float]) -> str:
-    return f"{fmt_value(float(np.mean(values)))} (n={len(values)})" if values else "—"
-
-
 def placebo_table(results: list[MechanismResult] | None, confidence: float = 0.95) -> Table:
     from dapo.designs import placebo_run
 
     name = placebo_run().name
-    c = round(100 * confidence)
+    table = Table(
+        title=f"Placebo: {name} (the same row, another sampling seed) against its twin",
+        columns=["Statistic", "Twin", "Placebo", f"Δ [{round(100 * confidence)}% CI]", "Verdict"],
+        cells=[],
+        csv_columns=["toggle", "quantity", "delta", "ci_low", "ci_high", "verdict"],
+        csv_rows=[],
+    )
     if results is None:
-        return Table(
-            title="Placebo: the same row with another sampling seed",
-            columns=["Statistic", "Twin", "Placebo", f"Δ [{c}% CI]", "Verdict"],
-            cells=[],
-            csv_columns=["toggle", "quantity", "delta", "ci_low", "ci_high", "verdict"],
-            csv_rows=[],
-            notes=["The placebo was not run (`snakemake all_evidence` runs it with the ladder)."],
-            missing=[f"row {name}: no runs"],
-        )
-    cells, raw, missing = [], [], []
+        table.title = "Placebo: the same row with another sampling seed"
+        table.notes = ["The placebo was not run (`snakemake all_evidence` runs it with the ladder)."]
+        table.missing = [f"row {name}: no runs"]
+        return table
     for r in results:
         m, iv = r.mechanism, r.interval
         verdict = "missing" if iv is None or iv.low is None else CLEAR if iv.excludes_zero() else NOT_CLEAR
-        cells.append(
+        table.cells.append(
             [
                 f"{m.toggle}: {m.quantity} (`{m.metric_label()}`)",
-                _mean(r.without_values),
-                _mean(r.with_values),
+                mean_txt(r.without_values),
+                mean_txt(r.with_values),
                 fmt_delta(iv),
                 verdict,
             ]
         )
-        raw.append(
-            [
-                m.toggle,
-                m.quantity,
-                iv.estimate if iv else None,
-                iv.low if iv else None,
-                iv.high if iv else None,
-                verdict,
-            ]
-        )
-        missing += [f"{m.toggle} / {m.quantity}: {x}" for x in r.missing]
-    n_clear = sum(row[-1] == CLEAR for row in raw)
-    clean = "clean" if n_clear <= 1 else "NOT clean"
-    return Table(
-        title=f"Placebo: {name} (the same row, another sampling seed) against its twin",
-        columns=["Statistic", "Twin", "Placebo", f"Δ [{c}% CI]", "Verdict"],
-        cells=cells,
-        csv_columns=["toggle", "quantity", "delta", "ci_low", "ci_high", "verdict"],
-        csv_rows=raw,
-        notes=[
-            f"{n_clear} of {len(results)} statistics show a clear change between two runs of one config: {clean} "
-            "(at most one is allowed; every clear change here is noise)."
-        ],
-        missing=missing,
-    )
+        table.csv_rows.append([m.toggle, m.quantity, *bounds(iv), verdict])
+        table.missing += [f"{m.toggle} / {m.quantity}: {x}" for x in r.missing]
+    n_clear = sum(row[-1] == CLEAR for row in table.csv_rows)
+    table.notes = [
+        f"{n_clear} of {len(results)} statistics show a clear change between two runs of one config: "
+        f"{'clean' if n_clear <= 1 else 'NOT clean'} (at most one is allowed; every clear change here is noise)."
+    ]
+    return table
 
 
 def evidence_tables(exp: Experiment, conditions_only: bool = False, confidence: float = 0.95) -> dict[str, Table]:
@@ -324,21 +224,25 @@ def evidence_tables(exp: Experiment, conditions_only: bool = False, confidence: 
     toggles = [r for r in effects if r.mechanism.toggle != HEADLINE]
     agree = sum(r.verdict == AS_PAPER for r in toggles)
     head = next((r for r in effects if r.mechanism.toggle == HEADLINE), None)
-    out["effects"] = effects_table(
+    out["effects"] = results_table(
         effects,
         f"Effects (version {MECHANISMS_VERSION}): what each toggle changed (row with it - the row above)",
-        f"{agree} of {len(toggles)} toggles moved their effect statistic in the paper's direction with a "
-        f"{round(100 * confidence)}% interval that excludes 0; the headline ({HEADLINE}: row "
-        f"{head.with_row if head else '05'} - row {head.without_row if head else '00'}): "
-        f"{head.verdict if head else 'missing'}. Welch's interval over seeds; declared in "
-        "dapo/report/mechanisms.py (MECHANISMS_V2) before the confirmatory run.",
+        [
+            f"{agree} of {len(toggles)} toggles moved their effect statistic in the paper's direction with a "
+            f"{round(100 * confidence)}% interval that excludes 0; the headline ({HEADLINE}: row "
+            f"{head.with_row if head else '05'} - row {head.without_row if head else '00'}): "
+            f"{head.verdict if head else 'missing'}. Welch's interval over seeds; declared in "
+            "dapo/report/mechanisms.py (MECHANISMS_V2) before the confirmatory run."
+        ],
         confidence,
+        with_source=False,
     )
-    out["wiring"] = effects_table(
+    out["wiring"] = results_table(
         effect_results(exp, "wiring", confidence),
         "Wiring checks: what each toggle changes by construction (not evidence for the paper)",
-        "These hold whenever the toggle is wired; they are reported to show that it is, and are not counted.",
+        ["These hold whenever the toggle is wired; they are reported to show that it is, and are not counted."],
         confidence,
+        with_source=False,
     )
     out["placebo"] = placebo_table(placebo_results(exp, confidence), confidence)
     return out

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from dapo import metric_names as M
-from dapo.report.load import Experiment, XAxis
+from dapo.report.runs import Experiment, XAxis
 
 ROWS = list(M.PAPER_TABLE1)
 R00, R01, R02, R03, R04, R05 = ROWS
@@ -39,17 +39,14 @@ class FigureSpec:
     needs: str | None = None  # drawn only when some run logged this metric (the habits world's figures)
 
 
-def _const(s: str) -> Callable[[int], str]:
-    return lambda k: s
-
-
-def _panel(metric: str, ylabel: str) -> Panel:
-    return Panel((_const(metric),), _const(ylabel))
+def panel(metric: str, ylabel: str, hline: float | None = None) -> Panel:
+    """A panel of one metric whose name does not depend on k."""
+    return Panel((lambda k: metric,), lambda k: ylabel, hline)
 
 
 AVG = Panel((M.eval_avg,), lambda k: f"eval avg@{k} (%)")
-ENT = Panel((_const(M.ENTROPY),), _const("entropy of generated tokens (nats)"))
-LEN = Panel((_const(M.RESP_LEN_MEAN),), _const("mean response length (tokens)"))
+ENT = panel(M.ENTROPY, "entropy of generated tokens (nats)")
+LEN = panel(M.RESP_LEN_MEAN, "mean response length (tokens)")
 
 FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec(
@@ -68,13 +65,13 @@ FIGURES: tuple[FigureSpec, ...] = (
         "fig3a_clipped_prob",
         lambda k: "Fig 3a: mean old-policy probability of tokens clipped at the upper bound",
         None,
-        (Panel((_const(M.CLIP_HIGH_PROB),), _const("mean pi_old of upper-clipped tokens"), hline=0.2),),
+        (panel(M.CLIP_HIGH_PROB, "mean pi_old of upper-clipped tokens", hline=0.2),),
     ),
     FigureSpec(
         "fig3b_all_correct",
         lambda k: "Fig 3b: fraction of prompts whose group is all correct",
         None,
-        (Panel((_const(M.ALL_CORRECT_FRAC),), _const("all-correct group fraction")),),
+        (panel(M.ALL_CORRECT_FRAC, "all-correct group fraction"),),
     ),
     FigureSpec(
         "fig4_token_level_loss",
@@ -104,8 +101,8 @@ FIGURES: tuple[FigureSpec, ...] = (
         ),
         (R01, R02),
         (
-            _panel(M.HABIT_FORK_RIGHT, "fork problems' responses that halve"),
-            _panel(M.CLIPFRAC_HIGH_RARE, "rare positive tokens clipped above"),
+            panel(M.HABIT_FORK_RIGHT, "fork problems' responses that halve"),
+            panel(M.CLIPFRAC_HIGH_RARE, "rare positive tokens clipped above"),
             ENT,
         ),
         needs=M.HABIT_FORK_RIGHT,
@@ -115,8 +112,8 @@ FIGURES: tuple[FigureSpec, ...] = (
         lambda k: f"Fig 4, habits world: the repetition loop without / with token-level loss ({R03} vs {R04})",
         (R03, R04),
         (
-            _panel(M.HABIT_LOOP, "responses with an again: loop"),
-            _panel(M.LEN_WRONG_OVER_RIGHT, "length of wrong / right responses"),
+            panel(M.HABIT_LOOP, "responses with an again: loop"),
+            panel(M.LEN_WRONG_OVER_RIGHT, "length of wrong / right responses"),
             LEN,
         ),
         needs=M.HABIT_LOOP,
@@ -126,9 +123,9 @@ FIGURES: tuple[FigureSpec, ...] = (
         lambda k: f"Fig 5, habits world: long problems without / with overlong filtering ({R00} vs {R01})",
         (R00, R01),
         (
-            _panel(M.HABIT_ACC_LONG, "accuracy on long problems"),
-            _panel(M.HABIT_SOUND_TRUNCATED, "cut off with sound working"),
-            _panel(M.RESP_TRUNC_FRAC, "responses truncated"),
+            panel(M.HABIT_ACC_LONG, "accuracy on long problems"),
+            panel(M.HABIT_SOUND_TRUNCATED, "cut off with sound working"),
+            panel(M.RESP_TRUNC_FRAC, "responses truncated"),
         ),
         needs=M.HABIT_ACC_LONG,
     ),
@@ -140,8 +137,8 @@ FIGURES: tuple[FigureSpec, ...] = (
         ),
         (R04, R05),
         (
-            _panel(M.ACC_GENERATED, "accuracy before the filter"),
-            _panel(M.ZERO_ADV_GROUP_FRAC, "groups with zero advantage"),
+            panel(M.ACC_GENERATED, "accuracy before the filter"),
+            panel(M.ZERO_ADV_GROUP_FRAC, "groups with zero advantage"),
         ),
         needs=M.ACC_GENERATED,
     ),
@@ -150,12 +147,12 @@ FIGURES: tuple[FigureSpec, ...] = (
         lambda k: "Habits world, every row: the habits and the accuracy before the filter",
         None,
         (
-            _panel(M.ACC_GENERATED, "accuracy before the filter"),
-            _panel(M.HABIT_VERBOSE, "verbose responses"),
-            _panel(M.HABIT_LOOP, "again: loops"),
-            _panel(M.HABIT_FORK_RIGHT, "fork: right operation"),
-            _panel(M.RESP_TRUNC_FRAC, "truncated"),
-            _panel(M.ZERO_ADV_GROUP_FRAC, "zero-advantage groups"),
+            panel(M.ACC_GENERATED, "accuracy before the filter"),
+            panel(M.HABIT_VERBOSE, "verbose responses"),
+            panel(M.HABIT_LOOP, "again: loops"),
+            panel(M.HABIT_FORK_RIGHT, "fork: right operation"),
+            panel(M.RESP_TRUNC_FRAC, "truncated"),
+            panel(M.ZERO_ADV_GROUP_FRAC, "zero-advantage groups"),
         ),
         ncols=3,
         needs=M.HABIT_LOOP,
@@ -273,15 +270,20 @@ def draw_figure(
     n_lines = note.count("\n") + 1
     fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7, color="firebrick" if missing else "dimgray")
     fig.tight_layout(rect=(0, 0.04 * n_lines / nrows, 1, 1 - 0.05 / nrows))
+    return FigureResult(spec.name, title, save_figure(fig, out_dir, spec.name, formats), missing)
+
+
+def save_figure(fig, out_dir: str | Path, name: str, formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
+    """Write `fig` as out_dir/<name>.<format> for each format and close it; returns the paths."""
+    import matplotlib.pyplot as plt
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for ext in formats:
-        p = out / f"{spec.name}.{ext}"
+    paths = [out / f"{name}.{ext}" for ext in formats]
+    for p in paths:
         fig.savefig(p, dpi=120)
-        paths.append(p)
     plt.close(fig)
-    return FigureResult(spec.name, title, paths, missing)
+    return paths
 
 
 def make_figures(

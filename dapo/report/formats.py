@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dapo.algos.evalstats import Interval
+
 
 @dataclass
 class Table:
@@ -102,3 +104,8 @@ def write_table(t: Table, out_dir: str | Path, stem: str) -> list[Path]:
         p.write_text(text)
         paths.append(p)
     return paths
+
+
+def bounds(iv: Interval | None) -> list[float | None]:
+    """An interval's estimate, low and high, for a CSV row (three empty cells for no interval)."""
+    return [iv.estimate, iv.low, iv.high] if iv is not None else [None, None, None]

@@ -1,6 +1,6 @@
 """Read an MLflow experiment into plain Python objects for Table 1, the compute table and the figures.
 
-One run per (row, seed), selected by the tags in `dapo.metric_names` (TAG_ROW, TAG_SEED, TAG_PRESET). Training
+One run per (row, seed), selected by the tags in `dapo.metric_names` (TAG_ROW, TAG_SEED). Training
 runs log each metric with `step` = rollout step, plus GRAD_UPDATES per step, so a curve can be drawn against
 either counter. Every metric name comes from `dapo.metric_names`; nothing here spells one out.
 
@@ -20,30 +20,9 @@ from collections import Counter
 import numpy as np
 
 from dapo import metric_names as M
-from dapo.report.runs import CPU_KEYS, GPU_KEYS, Experiment, ExperimentNotFound, RunData, Series, XAxis
-
-__all__ = [  # the plain data lives in dapo.report.runs; callers may take it from here with the loader
-    "CPU_KEYS",
-    "GPU_KEYS",
-    "Experiment",
-    "ExperimentNotFound",
-    "RunData",
-    "Series",
-    "XAxis",
-    "load_experiment",
-    "load_problems",
-    "report_metrics",
-    "resolve_tracking_uri",
-]
+from dapo.report.runs import Experiment, ExperimentNotFound, RunData, Series
 
 SAMPLES_ARTIFACT = M.EVAL_SAMPLES_ARTIFACT  # one JSON object per sample
-
-
-def resolve_tracking_uri(uri: str | None) -> str:
-    """An explicit URI, else $MLFLOW_TRACKING_URI, else the project's default SQLite store under ./results."""
-    from dapo.tracking import resolve_uri
-
-    return resolve_uri(uri)
 
 
 def report_metrics(k: int) -> list[str]:
@@ -135,7 +114,9 @@ def load_experiment(experiment: str, tracking_uri: str | None = None, k: int | N
     """
     from mlflow.tracking import MlflowClient
 
-    uri = resolve_tracking_uri(tracking_uri)
+    from dapo.tracking import resolve_uri
+
+    uri = resolve_uri(tracking_uri)
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -168,18 +149,15 @@ def load_experiment(experiment: str, tracking_uri: str | None = None, k: int | N
     for r in tagged:
         key = (r.data.tags[M.TAG_ROW], r.data.tags.get(M.TAG_SEED, r.data.params.get("trainer.seed", "")))
         prev = chosen.get(key)
-        if prev is None or _preference(r) > _preference(prev):
-            if prev is not None:
-                warnings.append(
-                    f"two runs for row {key[0]} seed {key[1]}: using {r.info.run_name} "
-                    f"({r.info.run_id[:8]}), not {prev.info.run_name} ({prev.info.run_id[:8]})"
-                )
+        if prev is None:
             chosen[key] = r
-        else:
-            warnings.append(
-                f"two runs for row {key[0]} seed {key[1]}: using {prev.info.run_name} "
-                f"({prev.info.run_id[:8]}), not {r.info.run_name} ({r.info.run_id[:8]})"
-            )
+            continue
+        keep, drop = (r, prev) if _preference(r) > _preference(prev) else (prev, r)
+        warnings.append(
+            f"two runs for row {key[0]} seed {key[1]}: using {keep.info.run_name} "
+            f"({keep.info.run_id[:8]}), not {drop.info.run_name} ({drop.info.run_id[:8]})"
+        )
+        chosen[key] = keep
 
     wanted = report_metrics(k)
     runs = []
@@ -192,7 +170,6 @@ def load_experiment(experiment: str, tracking_uri: str | None = None, k: int | N
             name=r.info.run_name or "",
             row=tags[M.TAG_ROW],
             seed=int(seed_txt) if seed_txt not in (None, "") and str(seed_txt).lstrip("-").isdigit() else None,
-            preset=tags.get(M.TAG_PRESET),
             status=status,
             params=params,
             tags=tags,
@@ -212,9 +189,7 @@ def load_experiment(experiment: str, tracking_uri: str | None = None, k: int | N
             warnings.append(f"run {rd.label} has status {status!r}: its last logged eval is used")
         runs.append(rd)
     runs.sort(key=lambda r: (r.row, r.seed is None, r.seed or 0))
-    return Experiment(
-        name=experiment, experiment_id=exp.experiment_id, tracking_uri=uri, k=int(k), runs=runs, warnings=warnings
-    )
+    return Experiment(name=experiment, tracking_uri=uri, k=int(k), runs=runs, warnings=warnings)
 
 
 def _preference(r) -> tuple:

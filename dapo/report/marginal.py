@@ -10,6 +10,7 @@ samples, else Welch's over seeds. A design whose runs are missing leaves its col
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from dapo import metric_names as M
@@ -24,8 +25,8 @@ from dapo.designs import (
     preset_keys,
     toggles,
 )
-from dapo.report.formats import Table, fmt
-from dapo.report.load import Experiment
+from dapo.report.formats import Table, bounds, fmt
+from dapo.report.runs import Experiment
 from dapo.report.table1 import difference_interval, evals_of, fmt_interval
 
 DESIGN_TITLES: dict[Design, str] = {
@@ -47,12 +48,10 @@ class Effect:
 def marginal_effects(exp: Experiment, confidence: float = 0.95) -> tuple[list[Effect], list[str]]:
     """Every (toggle, design) effect, and what is missing (rows without runs or without a final eval)."""
     effects, missing = [], []
-    cache: dict[str, list] = {}
 
+    @functools.cache
     def evals(row: str) -> list:
-        if row not in cache:
-            cache[row], _ = evals_of(exp, row)
-        return cache[row]
+        return evals_of(exp, row)[0]
 
     for design in DESIGNS:
         absent = set()
@@ -98,13 +97,7 @@ def marginal_table(effects: list[Effect], missing: list[str], k: int, confidence
             e = by.get((name, d))
             iv = e.interval if e else None
             row_cells.append(fmt_interval(iv))
-            row_raw += [
-                e.with_run if e else None,
-                e.without_run if e else None,
-                iv.estimate if iv else None,
-                iv.low if iv else None,
-                iv.high if iv else None,
-            ]
+            row_raw += [e.with_run if e else None, e.without_run if e else None, *bounds(iv)]
         (b, a) = paper.get(name, (None, None))
         pd = b[1] - a[1] if b and a else None
         row_cells.append(fmt(pd, 0, signed=True))

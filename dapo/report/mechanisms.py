@@ -20,7 +20,7 @@ Windows: `all` (training steps 1..T) or `last_third` (steps > 2T/3, T the run's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -28,7 +28,8 @@ import numpy as np
 
 from dapo import metric_names as M
 from dapo.algos.evalstats import Interval, welch_interval
-from dapo.report.formats import Table
+from dapo.report.figures import save_figure
+from dapo.report.formats import Table, bounds
 from dapo.report.runs import Experiment, RunData
 
 Statistic = Literal["mean", "successive_diff_sd", "at_common_updates", "rise"]
@@ -195,6 +196,14 @@ MECHANISMS: tuple[Mechanism, ...] = (
 # effect is the headline: full DAPO against naive GRPO on the area under the accuracy curve. Changing any of these
 # is a new version: bump MECHANISMS_VERSION and record the new digest (tests/test_mechanisms.py checks both).
 MECHANISMS_VERSION = 2
+
+
+def _restated(toggle: str, metric: str, **changes) -> Mechanism:
+    """A version-1 declaration made again in version 2, in the role `changes` give it (not primary unless said)."""
+    m = next(m for m in MECHANISMS if m.toggle == toggle and m.metric == metric)
+    return replace(m, **{"primary": False, **changes})
+
+
 HEADLINE = "dapo_vs_grpo"  # the toggle field of the headline effect (row 05 against row 00)
 MECHANISMS_V2: tuple[Mechanism, ...] = (
     # --- conditions (the row without the toggle)
@@ -298,17 +307,7 @@ MECHANISMS_V2: tuple[Mechanism, ...] = (
         primary=True,
         role="effect",
     ),
-    Mechanism(
-        "soft_overlong_punishment",
-        "fraction of responses truncated",
-        M.RESP_TRUNC_FRAC,
-        "mean",
-        "last_third",
-        -1,
-        "section 3.4, Eq. 13 (length penalty near the cap)",
-        primary=True,
-        role="effect",
-    ),
+    _restated("soft_overlong_punishment", M.RESP_TRUNC_FRAC, primary=True, role="effect"),
     Mechanism(
         "token_level_loss",
         "responses in a repetition loop",
@@ -343,26 +342,8 @@ MECHANISMS_V2: tuple[Mechanism, ...] = (
         rows=("05_dynamic_sampling", "00_naive_grpo"),
     ),
     # --- wiring checks (true by construction: the toggle is wired)
-    Mechanism(
-        "overlong_filtering",
-        "share of the loss's tokens on truncated responses",
-        M.TRUNC_LOSS_TOKEN_FRAC,
-        "mean",
-        "all",
-        -1,
-        "section 3.4 (truncated samples masked out of the loss)",
-        role="wiring",
-    ),
-    Mechanism(
-        "clip_higher",
-        "fraction of tokens clipped at the upper bound",
-        M.CLIPFRAC_HIGH,
-        "mean",
-        "all",
-        -1,
-        "section 3.1 (the raised bound binds less often)",
-        role="wiring",
-    ),
+    _restated("overlong_filtering", M.TRUNC_LOSS_TOKEN_FRAC, role="wiring"),
+    _restated("clip_higher", M.CLIPFRAC_HIGH, role="wiring"),
     Mechanism(
         "soft_overlong_punishment",
         "mean length penalty",
@@ -373,36 +354,17 @@ MECHANISMS_V2: tuple[Mechanism, ...] = (
         "Eq. 13 (the penalty is applied)",
         role="wiring",
     ),
-    Mechanism(
-        "dynamic_sampling",
-        "share of trained groups with zero advantage",
-        M.ZERO_ADV_TRAINED_FRAC,
-        "mean",
-        "all",
-        -1,
-        "section 3.2 (groups without gradient are filtered out)",
-        role="wiring",
-    ),
-    Mechanism(
-        "dynamic_sampling",
-        "tokens generated per rollout step (the cost)",
-        M.DS_TOKENS_GENERATED,
-        "mean",
-        "all",
-        +1,
-        "section 3.2 (dropped groups cost generation)",
-        role="wiring",
-    ),
+    _restated("dynamic_sampling", M.ZERO_ADV_TRAINED_FRAC, role="wiring"),
+    _restated("dynamic_sampling", M.DS_TOKENS_GENERATED, role="wiring"),
 )
 
 
 def declarations_digest(declarations: tuple[Mechanism, ...]) -> str:
     """A short hash of a set of declarations (every field): a declared statistic cannot change unnoticed."""
-    import dataclasses
     import hashlib
     import json
 
-    text = json.dumps([dataclasses.asdict(m) for m in declarations], sort_keys=True)
+    text = json.dumps([asdict(m) for m in declarations], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -517,14 +479,17 @@ def compare_mechanism(
     return res
 
 
-def cumulative_results(exp: Experiment, confidence: float = 0.95) -> list[MechanismResult]:
-    """Every declared mechanism, the row that adds its toggle against the row above (the cumulative ladder)."""
+def toggle_rows() -> dict[str, tuple[str, str]]:
+    """toggle -> (the row that adds it, the row above it): the cumulative ladder's pairs."""
     from dapo.designs import toggles
 
-    by_toggle = {t.name: t for t in toggles()}
-    return [
-        compare_mechanism(exp, m, by_toggle[m.toggle].row, by_toggle[m.toggle].above, confidence) for m in MECHANISMS
-    ]
+    return {t.name: (t.row, t.above) for t in toggles()}
+
+
+def cumulative_results(exp: Experiment, confidence: float = 0.95) -> list[MechanismResult]:
+    """Every declared mechanism, the row that adds its toggle against the row above (the cumulative ladder)."""
+    rows = toggle_rows()
+    return [compare_mechanism(exp, m, *rows[m.toggle], confidence) for m in MECHANISMS]
 
 
 def fmt_value(x: float | None) -> str:
@@ -543,78 +508,75 @@ def fmt_delta(iv: Interval | None) -> str:
     return f"{point} [{iv.low:+.3g}, {iv.high:+.3g}]"
 
 
-def _mean_txt(values: list[float]) -> str:
+def mean_txt(values: list[float]) -> str:
+    """The mean over seeds and their number: `0.123 (n=2)`."""
     return f"{fmt_value(float(np.mean(values)))} (n={len(values)})" if values else "—"
 
 
-def mechanisms_table(results: list[MechanismResult], confidence: float = 0.95, title: str = "") -> Table:
-    """The table (Markdown / CSV / LaTeX): one line per declared mechanism, whatever its verdict."""
-    c = round(100 * confidence)
-    columns = ["Toggle", "Quantity (metric)", "Statistic", "Paper", "Expected", "Without", "With", f"Δ [{c}% CI]"]
-    columns.append("Verdict")
+def results_table(
+    results: list[MechanismResult], title: str, notes: list[str], confidence: float = 0.95, with_source: bool = True
+) -> Table:
+    """One line per result, whatever its verdict (Markdown / CSV / LaTeX). with_source (the mechanisms table): the
+    paper's claim in a column and `primary` in the CSV; without (version 2's effects and wiring): the CSV's role."""
     cells, raw, missing = [], [], []
     for r in results:
-        m = r.mechanism
+        m, iv = r.mechanism, r.interval
+        source = [m.source] if with_source else []
         cells.append(
             [
                 m.toggle + (" *" if m.primary else ""),
                 f"{m.quantity} (`{m.metric_label()}`)",
                 m.statistic_label(),
-                m.source,
+                *source,
                 "+" if m.expected_sign > 0 else "−",
-                f"{r.without_row}: {_mean_txt(r.without_values)}",
-                f"{r.with_row}: {_mean_txt(r.with_values)}",
-                fmt_delta(r.interval),
+                f"{r.without_row}: {mean_txt(r.without_values)}",
+                f"{r.with_row}: {mean_txt(r.with_values)}",
+                fmt_delta(iv),
                 r.verdict,
             ]
         )
-        iv = r.interval
         raw.append(
             [
                 m.toggle,
-                m.primary,
+                m.primary if with_source else m.role,
                 m.quantity,
                 m.metric_label(),
                 m.statistic,
                 m.window,
                 m.expected_sign,
-                m.source,
+                *source,
                 r.without_row,
                 r.with_row,
                 " ".join(repr(v) for v in r.without_values),
                 " ".join(repr(v) for v in r.with_values),
-                iv.estimate if iv else None,
-                iv.low if iv else None,
-                iv.high if iv else None,
+                *bounds(iv),
                 iv.df if iv else None,
                 r.verdict,
             ]
         )
         missing += [f"{m.toggle} / {m.quantity}: {x}" for x in r.missing]
-    primaries = [r for r in results if r.mechanism.primary]
-    agree = sum(r.verdict == AS_PAPER for r in primaries)
-    against = [r.mechanism.toggle for r in results if r.verdict == AGAINST]
-    notes = [
-        f"* primary quantity. {agree} of {len(primaries)} toggles moved their primary quantity in the paper's "
-        f"direction with a {c}% interval that excludes 0.",
-        "Δ = mean over seeds of (with) - (without); interval: Welch's t over seeds. Statistics declared in "
-        "dapo/report/mechanisms.py (and docs/evidence.md) before the evidence was run; every one is reported.",
-    ]
-    if against:
-        notes.append(f"Moved against the paper (interval excludes 0): {', '.join(against)}.")
     return Table(
-        title=title or "Mechanisms: what each toggle moved (row with the toggle vs the row above)",
-        columns=columns,
+        title=title,
+        columns=[
+            "Toggle",
+            "Quantity (metric)",
+            "Statistic",
+            *(["Paper", "Expected"] if with_source else ["Paper's sign"]),
+            "Without",
+            "With",
+            f"Δ [{round(100 * confidence)}% CI]",
+            "Verdict",
+        ],
         cells=cells,
         csv_columns=[
             "toggle",
-            "primary",
+            "primary" if with_source else "role",
             "quantity",
             "metric",
             "statistic",
             "window",
             "expected_sign",
-            "source",
+            *(["source"] if with_source else []),
             "without_row",
             "with_row",
             "without_per_seed",
@@ -629,6 +591,23 @@ def mechanisms_table(results: list[MechanismResult], confidence: float = 0.95, t
         notes=notes,
         missing=missing,
     )
+
+
+def mechanisms_table(results: list[MechanismResult], confidence: float = 0.95, title: str = "") -> Table:
+    """The mechanisms table: one line per declared mechanism, whatever its verdict."""
+    primaries = [r for r in results if r.mechanism.primary]
+    agree = sum(r.verdict == AS_PAPER for r in primaries)
+    against = [r.mechanism.toggle for r in results if r.verdict == AGAINST]
+    notes = [
+        f"* primary quantity. {agree} of {len(primaries)} toggles moved their primary quantity in the paper's "
+        f"direction with a {round(100 * confidence)}% interval that excludes 0.",
+        "Δ = mean over seeds of (with) - (without); interval: Welch's t over seeds. Statistics declared in "
+        "dapo/report/mechanisms.py (and docs/evidence.md) before the evidence was run; every one is reported.",
+    ]
+    if against:
+        notes.append(f"Moved against the paper (interval excludes 0): {', '.join(against)}.")
+    title = title or "Mechanisms: what each toggle moved (row with the toggle vs the row above)"
+    return results_table(results, title, notes, confidence)
 
 
 def mechanisms_figure(
@@ -668,12 +647,4 @@ def mechanisms_figure(
         fontsize=9,
     )
     fig.tight_layout(rect=(0.25, 0, 1, 0.97))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for ext in ("png", "pdf"):
-        p = out / f"{name}.{ext}"
-        fig.savefig(p, dpi=120)
-        paths.append(p)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, out_dir, name)

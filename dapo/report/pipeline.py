@@ -23,9 +23,10 @@ from dapo.report.compute import compute_table
 from dapo.report.evidence import evidence_tables
 from dapo.report.figures import FigureResult, make_figures
 from dapo.report.formats import write_table
-from dapo.report.load import Experiment, XAxis, load_experiment
+from dapo.report.load import load_experiment
 from dapo.report.marginal import confounds, marginal_effects, marginal_table
 from dapo.report.mechanisms import cumulative_results, mechanisms_figure, mechanisms_table
+from dapo.report.runs import Experiment, XAxis
 from dapo.report.table1 import build_table1, table1_table
 
 TABLES = ("table1", "conditions", "effects", "wiring", "placebo", "mechanisms", "marginal_effects", "compute")

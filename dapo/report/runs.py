@@ -14,10 +14,6 @@ from dapo import metric_names as M
 
 XAxis = Literal["updates", "rollout"]
 
-# Where a run says how many accelerators it used; `--gpus-per-run` overrides it.
-GPU_KEYS = (M.TAG_GPUS,)  # the tag the trainer writes (there were guesses at other tools' names: nothing wrote them)
-CPU_KEYS = (M.TAG_CPUS,)
-
 
 class ExperimentNotFound(LookupError):
     """The experiment name is not in the tracking store (the message lists the ones that are)."""
@@ -49,7 +45,6 @@ class RunData:
     name: str
     row: str
     seed: int | None
-    preset: str | None
     status: str  # dapo.status tag, else MLflow's own status (lower case)
     params: dict[str, str]
     tags: dict[str, str]
@@ -98,21 +93,20 @@ class RunData:
         ups = self.updates_per_step()
         return steps * ups if ups else steps
 
-    def resource(self, keys: tuple[str, ...]) -> float | None:
-        for k in keys:
-            for source in (self.tags, self.params):
-                if k in source:
-                    try:
-                        return float(source[k])
-                    except ValueError:
-                        continue
+    def resource(self, key: str) -> float | None:
+        """A count the run logged as tag (or param) `key`, e.g. M.TAG_GPUS; None when absent or not a number."""
+        for source in (self.tags, self.params):
+            if key in source:
+                try:
+                    return float(source[key])
+                except ValueError:
+                    continue
         return None
 
 
 @dataclass
 class Experiment:
     name: str
-    experiment_id: str
     tracking_uri: str
     k: int  # samples per problem of the eval (avg@k); the preset's eval.n
     runs: list[RunData]

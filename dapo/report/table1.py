@@ -25,8 +25,8 @@ import numpy as np
 from dapo import metric_names as M
 from dapo.algos.evalstats import Interval, contrast_interval, seed_mean_interval, welch_interval
 from dapo.designs import parse_run
-from dapo.report.formats import Table, fmt
-from dapo.report.load import Experiment, RunData
+from dapo.report.formats import Table, bounds, fmt
+from dapo.report.runs import Experiment, RunData
 
 PAPER_REFERENCE = ("DeepSeek-R1-Zero-Qwen-32B", 47)
 
@@ -185,14 +185,14 @@ def build_table1(exp: Experiment, confidence: float = 0.95) -> Table1:
                 missing.append(
                     f"run {tr.evals[0].run}: metric {M.ci_low(M.eval_avg(exp.k))} missing (no CI for one seed)"
                 )
-        tr.pass_mean = _mean([e.pass_k for e in tr.evals])
-        tr.maj_mean = _mean([e.maj for e in tr.evals])
-        tr.updates = _mean([e.updates for e in tr.evals])
+        tr.pass_mean = mean_of([e.pass_k for e in tr.evals])
+        tr.maj_mean = mean_of([e.maj for e in tr.evals])
+        tr.updates = mean_of([e.updates for e in tr.evals])
         rows.append(tr)
     for above, tr in zip(rows, rows[1:], strict=False):
         if tr.mean is not None and above.mean is not None:
-            tr.delta_ci = difference_interval(tr.evals, above.evals, confidence)
-            tr.delta = tr.delta_ci.estimate if tr.delta_ci is not None else tr.mean - above.mean
+            tr.delta_ci = difference_interval(tr.evals, above.evals, confidence)  # not None: both rows have evals
+            tr.delta = tr.delta_ci.estimate if tr.delta_ci is not None else None
         if tr.paper is not None and above.paper is not None:
             tr.paper_delta = tr.paper - above.paper
     if rows:
@@ -201,7 +201,8 @@ def build_table1(exp: Experiment, confidence: float = 0.95) -> Table1:
     return Table1(experiment=exp.name, k=exp.k, confidence=confidence, rows=rows, missing=missing)
 
 
-def _mean(xs: list[float | None]) -> float | None:
+def mean_of(xs: list[float | None]) -> float | None:
+    """The mean of the values that are there; None when none is."""
     vals = [x for x in xs if x is not None]
     return float(np.mean(vals)) if vals else None
 
@@ -244,13 +245,12 @@ def table1_table(t: Table1) -> Table:
             avg_txt = f"{fmt(r.mean)} ± {fmt(r.std)}"
         ci_txt = f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]" if r.ci_low is not None else "—"
         seeds = [e.seed for e in r.evals]
-        delta_iv = r.delta_ci or (Interval(r.delta, None, None, None, None, "") if r.delta is not None else None)
         cells.append(
             [
                 r.label,
                 avg_txt,
                 ci_txt,
-                fmt_interval(delta_iv),
+                fmt_interval(r.delta_ci),
                 fmt_interval(r.vs_first),
                 fmt(r.paper, 0),
                 fmt(r.paper_delta, 0, signed=True),
@@ -273,12 +273,8 @@ def table1_table(t: Table1) -> Table:
                 r.ci_low,
                 r.ci_high,
                 r.ci_method,
-                r.delta,
-                r.delta_ci.low if r.delta_ci else None,
-                r.delta_ci.high if r.delta_ci else None,
-                r.vs_first.estimate if r.vs_first else None,
-                r.vs_first.low if r.vs_first else None,
-                r.vs_first.high if r.vs_first else None,
+                *bounds(r.delta_ci),
+                *bounds(r.vs_first),
                 r.paper,
                 r.paper_delta,
                 r.pass_mean,
