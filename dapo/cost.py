@@ -150,7 +150,6 @@ class StepCost:
     gen_s: float  # every generation batch of the step
     train_s: float
     eval_s: float  # one evaluation at this length
-    eval_batch: BatchTime
 
     def step_s(self, overhead_s: float) -> float:
         return self.gen_s + self.train_s + overhead_s
@@ -214,7 +213,6 @@ def step_cost(c: CostInputs, mean_response: float, gen_batches: float) -> StepCo
         gen_batches * batch.seconds,
         train,
         shards * eval_batch.seconds,
-        eval_batch,
     )
 
 

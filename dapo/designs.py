@@ -58,10 +58,6 @@ class RunSpec:
     design: Design
     toggle: str | None  # None for a design's reference run
 
-    @property
-    def is_ladder_row(self) -> bool:
-        return not self.overrides
-
 
 def ladder(ablations_dir: Path = ABLATIONS_DIR) -> list[str]:
     """The ladder's row names (file stems), in order."""

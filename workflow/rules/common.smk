@@ -111,10 +111,6 @@ def run_of(name, seed):
     return RUNS[name]["seeds"][str(seed)]
 
 
-def run_dir(name, seed):
-    return Path(run_of(name, seed)["run_dir"])
-
-
 # The plan in words (printed once, by the main process); a plan that cannot run stops here.
 if workflow.is_main_process:
     print(SPEC["plan_text"], file=sys.stderr)
