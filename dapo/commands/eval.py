@@ -35,7 +35,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--step",
         type=int,
-        default=None,
         help="MLflow step of the eval metrics (default with --run-id: the model's training step, from DONE.json "
         "beside the model or the run's last rollout step; without --run-id: 0).",
     )

@@ -38,7 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument(
         "--workflow-config",
-        default=None,
         metavar="YAML",
         help="The workflow's config file (default: configs/workflow.yaml).",
     )
@@ -53,26 +52,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--config-json",
-        default=None,
         metavar="JSON",
         help="The whole workflow config as one JSON object (what the workflow passes; the file is not read).",
     )
     p.add_argument(
         "--jobs",
         type=int,
-        default=None,
         help="Snakemake's --jobs (the SLURM profile's `jobs:`): caps the runs at once.",
     )
     p.add_argument(
         "--train-nodes",
         type=float,
-        default=None,
         metavar="N",
         help="Snakemake's --resources train_nodes=N: nodes of training jobs at once (docs/cluster.md).",
     )
     p.add_argument(
         "--train-slurm-extra",
-        default=None,
         metavar="OPTIONS",
         help="The train rule's slurm_extra as --set-resources sets it: a `B:` signal there is refused.",
     )
