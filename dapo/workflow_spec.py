@@ -402,6 +402,7 @@ def _gpu_plan(
     warnings)."""
     from dapo import cost as C
     from dapo import plan as P
+    from dapo.decode import Replica
     from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL  # the level the engine uses, not a setting
     from dapo.shapes import GPUS, PlanError, dtype_bytes, gpu_spec, resolve_shape, vllm_batching_defaults
 
@@ -431,7 +432,7 @@ def _gpu_plan(
     max_len = base.data.max_prompt_length + max(r.max_response_length, base.resolved_eval_max_tokens())
     batched, seqs = vllm_batching_defaults(tr.gpu_model, gpu.memory_gib)
     growth = p["response_tokens"]
-    mem = P.MemoryInputs(
+    budget = P.memory_budget(P.MemoryInputs(
         shape=shape, dtype_bytes=b, world_size=tr.world_size, tensor_parallel=r.tensor_parallel_size,
         zero_stage=t.zero_stage, gpu_memory_gib=gpu.memory_gib, gpu_memory_utilization=r.gpu_memory_utilization,
         max_model_len=max_len, mean_seq_tokens=p["mean_prompt_tokens"] + growth["end"],
@@ -439,8 +440,7 @@ def _gpu_plan(
         gradient_checkpointing=base.model.gradient_checkpointing, sleep_mode=r.enable_sleep_mode,
         sleep_level=ENGINE_SLEEP_LEVEL, allowance_gib=p["allowance_gib"], vllm_batched_tokens=batched,
         vllm_max_seqs=seqs,
-    )  # fmt: skip
-    budget = P.memory_budget(mem)
+    ))  # fmt: skip
     lines = [
         f"  per-GPU memory, colocated ({base.model.path}: {shape.params / 1e9:.2f}B parameters from {source}, "
         f"{b} B each; {tr.gpu_model} {gpu.memory_gib:g} GiB; {tr.world_size} GPUs, TP {r.tensor_parallel_size} "
@@ -455,10 +455,11 @@ def _gpu_plan(
     def cost_inputs(row: str, cfg: RunConfig) -> Any:
         a, own = cfg.algorithm, {**growth, **(p.get("rows") or {}).get(row, {})}
         return C.CostInputs(
-            shape=shape, dtype_bytes=b, world_size=tr.world_size, nodes=tr.nodes,
-            tensor_parallel=r.tensor_parallel_size, gpu_bf16_tflops=gpu.bf16_tflops, gpu_hbm_tb_s=gpu.hbm_tb_s,
-            kv_tokens_per_replica=budget.kv_tokens_per_replica, vllm_max_seqs=seqs,
-            decode_efficiency=p["decode_efficiency"], decode_step_overhead_s=p["decode_step_overhead_ms"] / 1000,
+            replica=Replica(
+                shape=shape, dtype_bytes=b, tensor_parallel=r.tensor_parallel_size, hbm_tb_s=gpu.hbm_tb_s,
+                bf16_tflops=gpu.bf16_tflops, efficiency=p["decode_efficiency"], kv_tokens=budget.kv_tokens_per_replica,
+                step_overhead_s=p["decode_step_overhead_ms"] / 1000, max_seqs=seqs,
+            ), world_size=tr.world_size, nodes=tr.nodes,
             prompts_per_step=cfg.trainer.train_batch_size, n=cfg.rollout.n, mean_prompt_tokens=p["mean_prompt_tokens"],
             response_tokens_start=own["start"], response_tokens_end=own["end"],
             max_response_tokens=cfg.rollout.max_response_length, dynamic_sampling=a.dynamic_sampling,
