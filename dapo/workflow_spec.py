@@ -58,12 +58,6 @@ def validate(config: dict[str, Any], where: str = "configs/workflow.yaml (or --c
         raise WorkflowSpecError(f"{where}: not a valid workflow config ({SCHEMA.name}):\n" + "\n".join(lines))
 
 
-def rows() -> list[str]:
-    """The ladder's rows, in order: the one list the workflow (`rows: all`) and the paper's labels
-    (dapo.metric_names.PAPER_TABLE1, checked against it by tests/test_workflow_spec.py) name."""
-    return ladder(ABLATIONS_DIR)
-
-
 def preset_name(preset: str) -> str:
     return Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset
 
@@ -183,7 +177,7 @@ def build_spec(
     """The workflow's spec from its (validated, defaulted) config. `jobs` and `train_nodes_limit` are Snakemake's
     --jobs and --resources train_nodes (the plan's concurrency); `train_slurm_extra` is the train rule's
     slurm_extra as --set-resources or a profile set it (a `B:` signal there is refused); `with_plan` adds the plan
-    in words (and a GPU preset's refusal, its warnings); `live_jobs` asks SLURM for the training jobs an earlier
+    in words (and a GPU preset's refusal); `live_jobs` asks SLURM for the training jobs an earlier
     controller of this results folder left queued or running."""
     from dapo.trainer import RESUME_EXIT_CODE
 
@@ -260,7 +254,6 @@ def build_spec(
         "live_train_jobs": [],
         "plan_text": None,
         "refusal": None,
-        "warnings": [],
     }
     if live_jobs:
         from dapo.cluster import live_train_jobs
@@ -270,7 +263,7 @@ def build_spec(
             for (run, seed), (job, state) in sorted(live_train_jobs(results).items())
         ]
     if with_plan:
-        spec["plan_text"], spec["refusal"], spec["warnings"] = plan(spec, cfgs, config, jobs, train_nodes_limit)
+        spec["plan_text"], spec["refusal"] = plan(spec, cfgs, config, jobs, train_nodes_limit)
     return spec
 
 
@@ -280,7 +273,7 @@ def _resolve_runs(
     """The chosen rows, the ladder's problems, every run a design trains by name (the ladder's rows among them: each
     a ladder row file plus overrides, dapo/designs.py) and every (run, seed)'s config, resolved and validated before
     anything is scheduled: the chosen rows first (the first one's config is the workflow's base), then the rest."""
-    all_rows = rows()
+    all_rows = ladder()  # `rows: all`; the paper's labels (metric_names.PAPER_TABLE1) name the same list
     chosen = all_rows if config["rows"] == "all" else [str(r) for r in config["rows"]]
     unknown = [r for r in chosen if r not in all_rows]
     if unknown:
@@ -335,9 +328,9 @@ def plan(
     config: dict[str, Any],
     jobs: int | None,
     train_nodes_limit: float | None,
-) -> tuple[str, str | None, list[str]]:
+) -> tuple[str, str | None]:
     """The plan in words: jobs, nodes, GPUs, hours; for a GPU preset the per-GPU memory budget and the expected cost
-    per row. (text, refusal or None, warnings): a refusal is what stops a plan that cannot run as configured."""
+    per row. (text, refusal or None): a refusal is what stops a plan that cannot run as configured."""
     from dapo.metric_names import PAPER_TABLE1
 
     base, chosen, seeds = next(iter(cfgs.values())), spec["rows"], spec["seeds"]
@@ -376,7 +369,7 @@ def plan(
             f"{resolve_preset(spec['preset'])} (or --config overrides): the plan cannot run as configured (nothing was "
             "submitted; the per-GPU budget above); change the keys named:\n" + "\n".join(f"  - {x}" for x in refusals)
         )
-    return "\n".join(lines), refusal, warnings
+    return "\n".join(lines), refusal
 
 
 def _cpu_plan_lines(base: RunConfig, cfgs: dict[tuple[str, int], RunConfig], chosen: list[str]) -> list[str]:
