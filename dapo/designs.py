@@ -308,9 +308,8 @@ def ladder_problems(
         path = ablations_dir / f"{row}.yaml"
         own = _own_keys(path)
         if i == 0:
-            bad = {k: (None, v, why) for k, v in own.items() if (why := why_not(k, None, scale))}
-            if bad:
-                lines = [f"{k} = {new!r}: {why}" for k, (_, new, why) in bad.items()]
+            lines = [f"{k} = {v!r}: {why}" for k, v in own.items() if (why := why_not(k, None, scale))]
+            if lines:
                 out.append(f"{path}: the ladder's first row sets " + "; ".join(lines))
             continue
         above = rows[i - 1]

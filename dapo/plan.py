@@ -63,7 +63,6 @@ class MemoryBudget:
     generation: tuple[Line, ...]
     training: tuple[Line, ...]
     kv_cache_gib: float
-    kv_bytes_per_token_per_gpu: int
     kv_tokens_per_replica: int
     notes: tuple[str, ...]
 
@@ -212,7 +211,7 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
     tr.append(Line("allowance", m.allowance_gib, "CUDA context, NCCL buffers, vLLM asleep, fragmentation"))
     if m.sleep_mode and m.sleep_level == 1:
         notes.append(f"sleep level 1 keeps the weights in host memory: {weights:.1f} GiB per GPU of pinned host memory")
-    return MemoryBudget(m, tuple(gen), tuple(tr), kv, kv_tok, kv_tokens, tuple(notes))
+    return MemoryBudget(m, tuple(gen), tuple(tr), kv, kv_tokens, tuple(notes))
 
 
 def plan_problems(budget: MemoryBudget) -> list[str]:

@@ -78,7 +78,7 @@ def test_generation_phase_by_hand():
     assert gen["activations"] == 256 * 2 * 384 + 64_000
     assert gen["KV cache"] == GIB // 2 - 202_048 - 260_608
     # per token per GPU: 2 layers x (2 KV heads / TP 2) x 16 x 2 (K, V) x 2 B = 128 B
-    assert b.kv_bytes_per_token_per_gpu == 128
+    assert kv_bytes_per_token_per_gpu(TOY, 2, 2) == 128
     assert b.kv_tokens_per_replica == (GIB // 2 - 202_048 - 260_608) // 128 == 4_190_689
     assert gen["learner states"] == 202_048 * (2 + 2 + 12) // 4  # ZeRO-3 over 4 GPUs
     assert gen["weight sync"] == 64_000 * 2  # the embedding, the largest module, gathered
@@ -176,7 +176,7 @@ def test_the_paper_preset_fits_an_h100_and_not_an_a100_40gb():
     )
     b = memory_budget(m)
     # KV per token per GPU: 64 layers x 2 KV heads x 128 x 2 x 2 B = 64 KiB; a replica holds many full sequences
-    assert b.kv_bytes_per_token_per_gpu == 64 * 1024
+    assert kv_bytes_per_token_per_gpu(m.shape, 2, m.tensor_parallel) == 64 * 1024
     assert b.kv_tokens_per_replica // m.max_model_len >= 30
     assert plan_problems(b) == []
     small = memory_budget(dataclasses.replace(m, gpu_memory_gib=gpu_spec("a100").memory_gib))

@@ -27,12 +27,6 @@ def _key_value(text: str) -> tuple[str, object]:
     return key, yaml.safe_load(value)
 
 
-def _merge(old: object, new: object) -> object:
-    if isinstance(old, dict) and isinstance(new, dict):
-        return {**old, **{k: _merge(old.get(k), v) for k, v in new.items()}}
-    return new
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -90,6 +84,7 @@ def load(args: argparse.Namespace) -> dict:
     import json
 
     import yaml
+    from snakemake.utils import update_config
 
     from dapo import workflow_spec as W
 
@@ -99,8 +94,8 @@ def load(args: argparse.Namespace) -> dict:
     else:
         path = args.workflow_config or W.WORKFLOW_CONFIG
         config = yaml.safe_load(open(path).read()) or {}
-        for key, value in args.config:  # as Snakemake's --config: a mapping updates the file's, key by key
-            config[key] = _merge(config.get(key), value)
+        for key, value in args.config:  # as Snakemake's --config (its own function): a mapping updates, key by key
+            update_config(config, {key: value})
         where = f"{path} (or --config)"
     config = W.with_defaults(config)
     W.validate(config, where)
