@@ -46,7 +46,7 @@ def test_tiny_spec_has_every_run_with_its_command_and_the_cpu_plan(tmp_path):
     spec = W.build_spec(config(results=str(tmp_path), seeds=[0, 1], tiny_world=str(tmp_path / "world")))
     assert json.loads(json.dumps(spec)) == spec  # plain JSON
     results = tmp_path.resolve() / "tiny"
-    assert spec["rows"] == ladder() and spec["seeds"] == [0, 1] and spec["is_tiny"]
+    assert spec["rows"] == ladder() and spec["seeds"] == [0, 1] and spec["base_model"]["source"] == "tiny"
     assert spec["resume_exit_code"] == RESUME_EXIT_CODE and spec["max_resubmits"] == 5
     assert spec["base_model"]["source"] == "tiny" and spec["base_model"]["marker"].endswith("world/manifest.json")
     assert {"dapo_minus_clip_higher", "grpo_plus_dynamic_sampling", *ladder()} <= set(spec["runs"])

@@ -70,9 +70,9 @@ ROWS = SPEC["rows"]
 OVERRIDES = SPEC["overrides"]
 TRACKING_URI = SPEC["tracking_uri"]
 EXPERIMENT = SPEC["experiment"]
-IS_TINY = SPEC["is_tiny"]
 TINY_DIR = Path(SPEC["tiny_dir"])
 BASE_MODEL = SPEC["base_model"]  # source (tiny, local or hub), id, path, marker
+IS_TINY = BASE_MODEL["source"] == "tiny"
 RUNS = SPEC["runs"]  # run name -> config file, and per seed: run_dir, train_args, srun, priority
 
 
