@@ -258,7 +258,6 @@ def render_costs(
     restart_h: float,
     concurrent_runs: int,
     stop_margin_s: float | None = None,
-    resubmits_key: str = "max_resubmits",
 ) -> tuple[str, list[str]]:
     """The cost table (one line per row) and the warnings: rows that cannot finish within the time limit x
     (1 + resubmissions), and a stop margin shorter than a generation batch plus a checkpoint write."""
@@ -294,8 +293,8 @@ def render_costs(
             warnings.append(
                 f"row {row} needs about {rc.hours:.0f} h of training ({jobs or 'no number of'} "
                 f"jobs of {limit_h:g} h less {restart_h:.2f} h start-up and one {step_b:.2f} h step each), "
-                f"more than the time limit x (1 + {resubmits_key}) = {limit_h:g} h x {allowed} allows: raise "
-                f"resources.train.runtime_min or {resubmits_key}, or lower trainer.total_steps"
+                f"more than the time limit x (1 + max_resubmits) = {limit_h:g} h x {allowed} allows: raise "
+                "resources.train.runtime_min or max_resubmits, or lower trainer.total_steps"
             )
     tail = rc0.last.batch
     lines.append(

@@ -134,12 +134,8 @@ def _computation(spec: RunSpec) -> dict[str, Any]:
 
 
 def design_runs(design: Design, ablations_dir: Path = ABLATIONS_DIR) -> list[RunSpec]:
-    """The runs of one design: its reference first, then one per toggle (in ladder order).
-
-    cumulative: every ladder row. leave_one_out: the last row, then it with each toggle reverted.
-    one_at_a_time: the first row, then it with each toggle set. A design run that computes exactly what a
-    ladder row computes is that ladder row (same name, no overrides), so its runs are shared.
-    """
+    """The runs of one design (the module docstring): its reference first, then one per toggle (in ladder order); a
+    design run that computes exactly what a ladder row computes is that ladder row (same name, no overrides)."""
     ablations_dir = Path(ablations_dir)
     rows = ladder(ablations_dir)
     ts = toggles(ablations_dir)

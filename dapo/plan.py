@@ -2,10 +2,8 @@
 
 Every GPU holds one tensor-parallel shard of a vLLM engine and one ZeRO shard of the learner. The engine sleeps
 while the learner updates (its weights and KV cache leave the GPU), and the learner's sharded states stay resident
-while the engine generates. `memory_budget`: per-GPU memory in each phase, every line with its formula;
-`plan_problems` says why a plan does not fit and which config key to change (the workflow refuses such a plan
-before submitting a job); `context_problem` refuses sequences longer than the model's context. What a run costs
-in time, GPU-hours and disk is `dapo.cost`.
+while the engine generates. `memory_budget` sizes both phases; `plan_problems` and `context_problem` say why a
+plan cannot run (the workflow refuses it before submitting a job). What a run costs is `dapo.cost`.
 
 Plain values in, dataclasses out: no Snakemake, torch or config objects. The workflow's dry run prints the budget
 (`dapo plan`, dapo/workflow_spec.py); docs/cost.md works the paper's preset through by hand.

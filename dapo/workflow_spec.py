@@ -58,10 +58,6 @@ def validate(config: dict[str, Any], where: str = "configs/workflow.yaml (or --c
         raise WorkflowSpecError(f"{where}: not a valid workflow config ({SCHEMA.name}):\n" + "\n".join(lines))
 
 
-def preset_name(preset: str) -> str:
-    return Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset
-
-
 def plan_for_preset(plan: dict[str, Any], name: str) -> dict[str, Any]:
     """The plan's assumptions for this preset: configs/workflow.yaml's `plan:` with its `presets.<name>` on top (a
     model's response lengths, say, differ from the 32B run's). Each key given there replaces the whole key."""
@@ -133,8 +129,7 @@ def local_launcher(cfg: RunConfig, kind: str) -> str:
 def kernel_env(cfg: RunConfig) -> list[str]:
     """`env`'s assignments that start a train job: for the tiny preset the CPU kernels the tiny world was built with
     (dapo.tinyworld.pinned_kernels, by tiny.kernels), so that its numbers do not depend on the vector code a host's
-    CPU would pick (checked by asking for other ATen kernels, and for MKL's other vendor through a stand-in);
-    nothing for GPU presets."""
+    CPU would pick; nothing for GPU presets."""
     if cfg.model.path != "tiny":
         return []
     from dapo.tinyworld import pinned_kernels
@@ -182,7 +177,7 @@ def build_spec(
     from dapo.trainer import RESUME_EXIT_CODE
 
     preset = str(config["preset"])
-    name = preset_name(preset)
+    name = Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset  # a preset file's: its stem
     results = Path(config["results"]).resolve() / name
     seeds = [int(s) for s in config["seeds"]]
     overrides = [str(o) for o in config.get("overrides") or []]
@@ -467,7 +462,6 @@ def _gpu_plan(
     text, warnings = C.render_costs(
         costs, seeds=len(seeds), limit_h=tr.runtime_min / 60, max_resubmits=spec["max_resubmits"],
         restart_h=p["restart_min"] / 60, concurrent_runs=concurrent, stop_margin_s=t.stop_margin_s,
-        resubmits_key=RESUBMITS_KEY,
     )  # fmt: skip
     lines += ["  cost per row (estimates; the arithmetic and the sources of the defaults: docs/cost.md):", text]
     return lines, refusals, warnings
