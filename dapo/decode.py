@@ -104,19 +104,12 @@ def decode_step_s(r: Replica, running: float, context: float) -> float:
     return max(memory, compute) / r.efficiency + r.step_overhead_s
 
 
-def concurrency(r: Replica, n: float, prompt: float, mean_response: float) -> float:
-    """Sequences a replica runs at once: all n, unless vLLM's max_num_seqs or the KV cache (at the mean context)
-    holds fewer."""
-    kv_limit = r.kv_tokens / max(1.0, prompt + mean_response)
-    return max(1.0, min(n, float(r.max_seqs), kv_limit))
-
-
 @dataclass(frozen=True)
 class BatchTime:
     prefill_s: float
     queue_s: float  # sequences waiting for a slot: the replica runs full
     drain_s: float  # the last wave, until its longest response ends
-    concurrency: float
+    concurrency: float  # sequences at once: all n, unless vLLM's max_num_seqs or the KV cache holds fewer
     longest: float  # expected longest response of the last wave (tokens)
     tokens: float  # response tokens generated
 
@@ -127,13 +120,13 @@ class BatchTime:
 
 def batch_seconds(r: Replica, n: float, prompt: float, lengths: LengthModel) -> BatchTime:
     """A generation batch of `n` sequences (prompt length `prompt`) on one replica: the prefill; a queue phase while
-    more sequences wait than the KV cache holds at once (`concurrency`); and the last wave, which drains step by step
-    until its longest response ends, with fewer and fewer sequences running: the long tail."""
+    more sequences wait than the KV cache holds at once; and the last wave, which drains step by step until its
+    longest response ends, with fewer and fewer sequences running: the long tail."""
     s, tp = r.shape, r.tensor_parallel
     n = max(1.0, n)
     m = lengths.mean
     prefill = n * prompt * 2 * s.matmul_params / tp / (r.bf16_tflops * 1e12 * r.efficiency)
-    c = concurrency(r, n, prompt, m)
+    c = max(1.0, min(n, float(r.max_seqs), r.kv_tokens / max(1.0, prompt + m)))  # the KV cache at the mean context
     queue = (n - c) * m * decode_step_s(r, c, prompt + m) / c if n > c else 0.0
     longest = lengths.expected_longest(c)
     drain, step = 0.0, 0.0

@@ -63,7 +63,6 @@ def _spec():
 
 SPEC = _spec()
 PRESET = SPEC["preset"]
-PRESET_NAME = SPEC["preset_name"]
 RESULTS = Path(SPEC["results"])
 SEEDS = SPEC["seeds"]
 ROWS = SPEC["rows"]
@@ -88,8 +87,8 @@ def drop_cpu_defaults():
 if not IS_TINY:
     _dropped = drop_cpu_defaults()
     if _dropped and workflow.is_main_process:
-        print(f"note: not passed on to the jobs of preset {PRESET_NAME} (make's CPU defaults): {' '.join(_dropped)}",
-              file=sys.stderr)
+        print(f"note: not passed on to the jobs of preset {SPEC['preset_name']} (make's CPU defaults): "
+              f"{' '.join(_dropped)}", file=sys.stderr)
 
 
 # Training jobs an earlier controller of this results folder left queued or running (it died, or was killed): a
