@@ -9,9 +9,7 @@ controller left queued or running.
   unreliable on network file systems (NFS, Lustre, GPFS, ...: see SQLite's "How To Corrupt An SQLite Database
   File", section 2.1), so a database there is refused; on a local file system only jobs on this node can reach it,
   which is worth a warning.
-- A `B:` signal (`--signal=B:USR1@60`) in the training job's SLURM options is refused: it goes to the batch shell
-  only, never to the ranks, and a batch shell killed while Snakemake's job script wraps up a finished row ends the
-  job FAILED, and Snakemake then deletes the row's DONE.json as the output of a failed job.
+- A `B:` signal in the training job's SLURM options is refused (`batch_signal_problem` says why).
 """
 
 from __future__ import annotations

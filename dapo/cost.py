@@ -79,20 +79,13 @@ def checkpoints_per_run(total_steps: int, every: int) -> int:
 
 @dataclass(frozen=True)
 class CostInputs:
-    """One ablation row's run, as plain values: its shape and layout, the preset's batch and lengths, and the
-    stated rates the estimate rests on."""
+    """One ablation row's run, as plain values: its vLLM replica (the model's shape and dtype, tensor parallel, the
+    GPU's rates, the KV cache from the memory budget; colocated, so the learner's GPUs are the replicas'), the
+    layout, the preset's batch and lengths, and the stated rates the estimate rests on."""
 
-    shape: ModelShape
-    dtype_bytes: int
+    replica: Replica
     world_size: int
     nodes: int
-    tensor_parallel: int
-    gpu_bf16_tflops: float
-    gpu_hbm_tb_s: float
-    kv_tokens_per_replica: int  # from the memory budget
-    vllm_max_seqs: int
-    decode_efficiency: float  # share of the GPU's bandwidth and peak a decode step reaches
-    decode_step_overhead_s: float
     prompts_per_step: int  # trainer.train_batch_size: the groups that train
     n: int  # responses per prompt
     mean_prompt_tokens: float
@@ -119,20 +112,7 @@ class CostInputs:
 
     @property
     def replicas(self) -> int:
-        return max(1, self.world_size // self.tensor_parallel)
-
-    def replica(self) -> Replica:
-        return Replica(
-            shape=self.shape,
-            dtype_bytes=self.dtype_bytes,
-            tensor_parallel=self.tensor_parallel,
-            hbm_tb_s=self.gpu_hbm_tb_s,
-            bf16_tflops=self.gpu_bf16_tflops,
-            efficiency=self.decode_efficiency,
-            step_overhead_s=self.decode_step_overhead_s,
-            kv_tokens=self.kv_tokens_per_replica,
-            max_seqs=self.vllm_max_seqs,
-        )
+        return max(1, self.world_size // self.replica.tensor_parallel)
 
     def response_tokens_at(self, fraction: float) -> float:
         """Mean response length `fraction` of the way through the run (0: first step, 1: last)."""
@@ -150,7 +130,6 @@ class StepCost:
     gen_s: float  # every generation batch of the step
     train_s: float
     eval_s: float  # one evaluation at this length
-    eval_batch: BatchTime
 
     def step_s(self, overhead_s: float) -> float:
         return self.gen_s + self.train_s + overhead_s
@@ -185,7 +164,8 @@ def checkpoint_bytes(s: ModelShape, dtype_bytes: int) -> float:
 
 def step_cost(c: CostInputs, mean_response: float, gen_batches: float) -> StepCost:
     """Generation, training and one evaluation at mean response length `mean_response`."""
-    s, r, w = c.shape, c.replica(), c.world_size
+    r, w = c.replica, c.world_size
+    s = r.shape
     lengths = LengthModel.of(mean_response, c.max_response_tokens)
     m = lengths.mean
     # every replica draws its share of each generation batch: gen_batch_prompts x n over the replicas
@@ -200,7 +180,7 @@ def step_cost(c: CostInputs, mean_response: float, gen_batches: float) -> StepCo
     # the reference policy's log-probs: one more when the KL term is on
     passes = 3 + (1 if c.gradient_checkpointing else 0) + 1 + (1 if c.reference_forward else 0)
     flops = train_tokens * passes * forward_flops_per_token(s, seq / 2)
-    train = flops / (w * c.gpu_bf16_tflops * 1e12 * c.train_mfu)
+    train = flops / (w * r.bf16_tflops * 1e12 * c.train_mfu)
 
     # evaluation: shards no larger than a generation batch, each split over the replicas
     eval_lengths = LengthModel.of(min(mean_response, c.eval_max_tokens), c.eval_max_tokens)
@@ -214,7 +194,6 @@ def step_cost(c: CostInputs, mean_response: float, gen_batches: float) -> StepCo
         gen_batches * batch.seconds,
         train,
         shards * eval_batch.seconds,
-        eval_batch,
     )
 
 
@@ -233,9 +212,9 @@ def row_cost(c: CostInputs) -> RowCost:
         steps_s += c.total_steps / SEGMENTS * mid.step_s(c.step_overhead_s)
         evals_s += (evals - 1) / SEGMENTS * mid.eval_s
     ckpts = checkpoints_per_run(c.total_steps, c.checkpoint_every)
-    ckpt_bytes = checkpoint_bytes(c.shape, c.dtype_bytes)
+    ckpt_bytes = checkpoint_bytes(c.replica.shape, c.replica.dtype_bytes)
     ckpt_s = ckpt_bytes / (c.nodes * c.checkpoint_gb_s_per_node * 1e9)
-    disk = min(c.keep_checkpoints, ckpts) * ckpt_bytes + c.shape.params * c.dtype_bytes
+    disk = min(c.keep_checkpoints, ckpts) * ckpt_bytes + c.replica.shape.params * c.replica.dtype_bytes
     hours = (steps_s + evals_s + ckpts * ckpt_s) / 3600
     return RowCost(
         k,
@@ -279,7 +258,6 @@ def render_costs(
     restart_h: float,
     concurrent_runs: int,
     stop_margin_s: float | None = None,
-    resubmits_key: str = "max_resubmits",
 ) -> tuple[str, list[str]]:
     """The cost table (one line per row) and the warnings: rows that cannot finish within the time limit x
     (1 + resubmissions), and a stop margin shorter than a generation batch plus a checkpoint write."""
@@ -288,8 +266,8 @@ def render_costs(
     lines = [
         f"    assumed: mean response length growing linearly from the first to the last step (column `responses`; "
         f"plan.response_tokens, per row plan.rows), prompts {c0.mean_prompt_tokens:,.0f}; decode at "
-        f"{c0.decode_efficiency:.0%} of the GPU's bandwidth and peak "
-        f"(plan.decode_efficiency); learner at {c0.train_mfu:.0%} of {c0.gpu_bf16_tflops:g} TFLOP/s "
+        f"{c0.replica.efficiency:.0%} of the GPU's bandwidth and peak "
+        f"(plan.decode_efficiency); learner at {c0.train_mfu:.0%} of {c0.replica.bf16_tflops:g} TFLOP/s "
         f"(plan.train_mfu); {c0.step_overhead_s:g} s per step for sync and scoring; dynamic sampling keeps "
         f"{c0.informative_fraction:.0%} of groups (plan.informative_fraction)",
         f"    {'row':<28}{'responses':>12}{'gen batches':>12}{'tokens':>8}{'gen s':>12}{'train s':>12}{'h/step':>11}"
@@ -315,8 +293,8 @@ def render_costs(
             warnings.append(
                 f"row {row} needs about {rc.hours:.0f} h of training ({jobs or 'no number of'} "
                 f"jobs of {limit_h:g} h less {restart_h:.2f} h start-up and one {step_b:.2f} h step each), "
-                f"more than the time limit x (1 + {resubmits_key}) = {limit_h:g} h x {allowed} allows: raise "
-                f"resources.train.runtime_min or {resubmits_key}, or lower trainer.total_steps"
+                f"more than the time limit x (1 + max_resubmits) = {limit_h:g} h x {allowed} allows: raise "
+                "resources.train.runtime_min or max_resubmits, or lower trainer.total_steps"
             )
     tail = rc0.last.batch
     lines.append(
@@ -330,8 +308,8 @@ def render_costs(
     runs = len(costs) * seeds
     at_once = max(1, min(runs, concurrent_runs))
     lines.append(
-        f"    checkpoints: {fmt_bytes(rc0.checkpoint_bytes)} each ({c0.shape.params / 1e9:.2f}B parameters x "
-        f"{c0.dtype_bytes + (12 if c0.dtype_bytes == 2 else 8)} B: weights and fp32 optimizer state), "
+        f"    checkpoints: {fmt_bytes(rc0.checkpoint_bytes)} each ({c0.replica.shape.params / 1e9:.2f}B parameters x "
+        f"{rc0.checkpoint_bytes / c0.replica.shape.params:.0f} B: weights and fp32 optimizer state), "
         f"{rc0.checkpoint_s:,.0f} s to write at {c0.checkpoint_gb_s_per_node:g} GB/s per node "
         f"(plan.checkpoint_gb_s_per_node), {rc0.checkpoints} per run; a run keeps "
         f"{min(c0.keep_checkpoints, rc0.checkpoints)} and its final model: {fmt_bytes(rc0.run_disk_bytes)}; "

@@ -3,20 +3,9 @@
 
 Synchronous RL waits for the longest response of every generation batch (the DAPO paper, section 3.2). So the
 time of a batch is not its tokens over a throughput: it is a sum over decode steps, each step advancing every
-sequence still running by one token, and each as long as those sequences make it. Three parts, plain arithmetic:
-
-- `LengthModel`: response lengths in a batch, exponential with the generation cap as a ceiling and a given mean
-  (what the cap cuts off is the share that hits it); the expected longest of n.
-- `decode_step_s`: one decode step of a replica with `running` sequences at context `context`: it reads the weight
-  shard and every running sequence's KV cache once (memory-bound at small batches and long contexts) or computes
-  (compute-bound at large batches), at a share of the GPU's bandwidth and peak, plus a fixed cost per step
-  (scheduling, sampling, the tensor-parallel all-reduces). The per-sequence rate, 1 / step, falls as the batch
-  grows; the replica's throughput, running / step, rises until the KV reads dominate.
-- `batch_seconds`: a batch of n sequences on one replica: the prefill; a queue phase while more sequences wait
-  than the KV cache holds at once (`concurrency`); and the last wave, which drains step by step until its longest
-  response ends, with fewer and fewer sequences running: the long tail.
-
-Plain values in, plain values out: `dapo.cost` fills `Replica` from the preset and the GPU table.
+sequence still running by one token, and each as long as those sequences make it: `LengthModel` (the lengths),
+`decode_step_s` (one step), `batch_seconds` (the batch). Plain values in, plain values out: `dapo.cost` fills
+`Replica` from the preset and the GPU table.
 """
 
 from __future__ import annotations
@@ -103,7 +92,9 @@ class Replica:
 def decode_step_s(r: Replica, running: float, context: float) -> float:
     """Seconds of one decode step with `running` sequences whose context (prompt + generated so far) is `context`:
     max(memory: the weight shard + their KV cache read once; compute: 2 x matmul parameters + attention per
-    token, over the GPU's peak) / efficiency, plus the fixed per-step cost. Per GPU of the replica."""
+    token, over the GPU's peak) / efficiency, plus the fixed per-step cost. Per GPU of the replica. Memory-bound at
+    small batches and long contexts, compute-bound at large batches: the per-sequence rate, 1 / step, falls as the
+    batch grows; the replica's throughput, running / step, rises until the KV reads dominate."""
     s, tp = r.shape, r.tensor_parallel
     weight_bytes = s.params * r.dtype_bytes / tp
     kv_bytes = running * context * kv_bytes_per_token_per_gpu(s, r.dtype_bytes, tp)
@@ -113,19 +104,12 @@ def decode_step_s(r: Replica, running: float, context: float) -> float:
     return max(memory, compute) / r.efficiency + r.step_overhead_s
 
 
-def concurrency(r: Replica, n: float, prompt: float, mean_response: float) -> float:
-    """Sequences a replica runs at once: all n, unless vLLM's max_num_seqs or the KV cache (at the mean context)
-    holds fewer."""
-    kv_limit = r.kv_tokens / max(1.0, prompt + mean_response)
-    return max(1.0, min(n, float(r.max_seqs), kv_limit))
-
-
 @dataclass(frozen=True)
 class BatchTime:
     prefill_s: float
     queue_s: float  # sequences waiting for a slot: the replica runs full
     drain_s: float  # the last wave, until its longest response ends
-    concurrency: float
+    concurrency: float  # sequences at once: all n, unless vLLM's max_num_seqs or the KV cache holds fewer
     longest: float  # expected longest response of the last wave (tokens)
     tokens: float  # response tokens generated
 
@@ -135,12 +119,14 @@ class BatchTime:
 
 
 def batch_seconds(r: Replica, n: float, prompt: float, lengths: LengthModel) -> BatchTime:
-    """A generation batch of `n` sequences (prompt length `prompt`) on one replica; see the module docstring."""
+    """A generation batch of `n` sequences (prompt length `prompt`) on one replica: the prefill; a queue phase while
+    more sequences wait than the KV cache holds at once; and the last wave, which drains step by step until its
+    longest response ends, with fewer and fewer sequences running: the long tail."""
     s, tp = r.shape, r.tensor_parallel
     n = max(1.0, n)
     m = lengths.mean
     prefill = n * prompt * 2 * s.matmul_params / tp / (r.bf16_tflops * 1e12 * r.efficiency)
-    c = concurrency(r, n, prompt, m)
+    c = max(1.0, min(n, float(r.max_seqs), r.kv_tokens / max(1.0, prompt + m)))  # the KV cache at the mean context
     queue = (n - c) * m * decode_step_s(r, c, prompt + m) / c if n > c else 0.0
     longest = lengths.expected_longest(c)
     drain, step = 0.0, 0.0

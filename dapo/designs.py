@@ -58,10 +58,6 @@ class RunSpec:
     design: Design
     toggle: str | None  # None for a design's reference run
 
-    @property
-    def is_ladder_row(self) -> bool:
-        return not self.overrides
-
 
 def ladder(ablations_dir: Path = ABLATIONS_DIR) -> list[str]:
     """The ladder's row names (file stems), in order."""
@@ -138,12 +134,8 @@ def _computation(spec: RunSpec) -> dict[str, Any]:
 
 
 def design_runs(design: Design, ablations_dir: Path = ABLATIONS_DIR) -> list[RunSpec]:
-    """The runs of one design: its reference first, then one per toggle (in ladder order).
-
-    cumulative: every ladder row. leave_one_out: the last row, then it with each toggle reverted.
-    one_at_a_time: the first row, then it with each toggle set. A design run that computes exactly what a
-    ladder row computes is that ladder row (same name, no overrides), so its runs are shared.
-    """
+    """The runs of one design (the module docstring): its reference first, then one per toggle (in ladder order); a
+    design run that computes exactly what a ladder row computes is that ladder row (same name, no overrides)."""
     ablations_dir = Path(ablations_dir)
     rows = ladder(ablations_dir)
     ts = toggles(ablations_dir)
@@ -312,9 +304,8 @@ def ladder_problems(
         path = ablations_dir / f"{row}.yaml"
         own = _own_keys(path)
         if i == 0:
-            bad = {k: (None, v, why) for k, v in own.items() if (why := why_not(k, None, scale))}
-            if bad:
-                lines = [f"{k} = {new!r}: {why}" for k, (_, new, why) in bad.items()]
+            lines = [f"{k} = {v!r}: {why}" for k, v in own.items() if (why := why_not(k, None, scale))]
+            if lines:
                 out.append(f"{path}: the ladder's first row sets " + "; ".join(lines))
             continue
         above = rows[i - 1]

@@ -2,10 +2,8 @@
 
 Every GPU holds one tensor-parallel shard of a vLLM engine and one ZeRO shard of the learner. The engine sleeps
 while the learner updates (its weights and KV cache leave the GPU), and the learner's sharded states stay resident
-while the engine generates. `memory_budget`: per-GPU memory in each phase, every line with its formula;
-`plan_problems` says why a plan does not fit and which config key to change (the workflow refuses such a plan
-before submitting a job); `context_problem` refuses sequences longer than the model's context. What a run costs
-in time, GPU-hours and disk is `dapo.cost`.
+while the engine generates. `memory_budget` sizes both phases; `plan_problems` and `context_problem` say why a
+plan cannot run (the workflow refuses it before submitting a job). What a run costs is `dapo.cost`.
 
 Plain values in, dataclasses out: no Snakemake, torch or config objects. The workflow's dry run prints the budget
 (`dapo plan`, dapo/workflow_spec.py); docs/cost.md works the paper's preset through by hand.
@@ -63,7 +61,6 @@ class MemoryBudget:
     generation: tuple[Line, ...]
     training: tuple[Line, ...]
     kv_cache_gib: float
-    kv_bytes_per_token_per_gpu: int
     kv_tokens_per_replica: int
     notes: tuple[str, ...]
 
@@ -212,7 +209,7 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
     tr.append(Line("allowance", m.allowance_gib, "CUDA context, NCCL buffers, vLLM asleep, fragmentation"))
     if m.sleep_mode and m.sleep_level == 1:
         notes.append(f"sleep level 1 keeps the weights in host memory: {weights:.1f} GiB per GPU of pinned host memory")
-    return MemoryBudget(m, tuple(gen), tuple(tr), kv, kv_tok, kv_tokens, tuple(notes))
+    return MemoryBudget(m, tuple(gen), tuple(tr), kv, kv_tokens, tuple(notes))
 
 
 def plan_problems(budget: MemoryBudget) -> list[str]:

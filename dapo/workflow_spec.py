@@ -58,16 +58,6 @@ def validate(config: dict[str, Any], where: str = "configs/workflow.yaml (or --c
         raise WorkflowSpecError(f"{where}: not a valid workflow config ({SCHEMA.name}):\n" + "\n".join(lines))
 
 
-def rows() -> list[str]:
-    """The ladder's rows, in order: the one list the workflow (`rows: all`) and the paper's labels
-    (dapo.metric_names.PAPER_TABLE1, checked against it by tests/test_workflow_spec.py) name."""
-    return ladder(ABLATIONS_DIR)
-
-
-def preset_name(preset: str) -> str:
-    return Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset
-
-
 def plan_for_preset(plan: dict[str, Any], name: str) -> dict[str, Any]:
     """The plan's assumptions for this preset: configs/workflow.yaml's `plan:` with its `presets.<name>` on top (a
     model's response lengths, say, differ from the 32B run's). Each key given there replaces the whole key."""
@@ -139,8 +129,7 @@ def local_launcher(cfg: RunConfig, kind: str) -> str:
 def kernel_env(cfg: RunConfig) -> list[str]:
     """`env`'s assignments that start a train job: for the tiny preset the CPU kernels the tiny world was built with
     (dapo.tinyworld.pinned_kernels, by tiny.kernels), so that its numbers do not depend on the vector code a host's
-    CPU would pick (checked by asking for other ATen kernels, and for MKL's other vendor through a stand-in);
-    nothing for GPU presets."""
+    CPU would pick; nothing for GPU presets."""
     if cfg.model.path != "tiny":
         return []
     from dapo.tinyworld import pinned_kernels
@@ -148,25 +137,10 @@ def kernel_env(cfg: RunConfig) -> list[str]:
     return [f"{k}={v}" for k, v in pinned_kernels(cfg.tiny.kernels).items()]
 
 
-def _leaves(value: Any, prefix: str) -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_leaves(v, f"{prefix}.{k}"))
-        return out
-    return {prefix: value}
-
-
 def shared_values(cfg: RunConfig) -> dict[str, Any]:
     """The SHARED_KEYS of one resolved run config, as dotted key -> value."""
-    dumped = cfg.model_dump(mode="json")
-    out: dict[str, Any] = {}
-    for key in SHARED_KEYS:
-        value: Any = dumped
-        for part in key.split("."):
-            value = value[part]
-        out.update(_leaves(value, key))
-    return out
+    flat = cfg.flat()
+    return {k: v for key in SHARED_KEYS for k, v in flat.items() if k == key or k.startswith(f"{key}.")}
 
 
 def check_shared(cfgs: dict[tuple[str, int], RunConfig]) -> None:
@@ -186,25 +160,6 @@ def check_shared(cfgs: dict[tuple[str, int], RunConfig]) -> None:
 
 
 # -------------------------------------------------------------------------------------------- the spec
-@dataclasses.dataclass
-class _Ctx:
-    config: dict[str, Any]
-    preset: str
-    name: str
-    results: Path
-    seeds: list[int]
-    rows: list[str]
-    overrides: list[str]
-    tracking_uri: str
-    experiment: str
-    cfgs: dict[tuple[str, int], RunConfig]
-    base: RunConfig
-    tiny_dir: Path
-    base_model: dict[str, str]
-    ladder_problems: list[str]
-    designs: dict[str, RunSpec]
-
-
 def build_spec(
     config: dict[str, Any],
     *,
@@ -217,163 +172,128 @@ def build_spec(
     """The workflow's spec from its (validated, defaulted) config. `jobs` and `train_nodes_limit` are Snakemake's
     --jobs and --resources train_nodes (the plan's concurrency); `train_slurm_extra` is the train rule's
     slurm_extra as --set-resources or a profile set it (a `B:` signal there is refused); `with_plan` adds the plan
-    in words (and a GPU preset's refusal, its warnings); `live_jobs` asks SLURM for the training jobs an earlier
+    in words (and a GPU preset's refusal); `live_jobs` asks SLURM for the training jobs an earlier
     controller of this results folder left queued or running."""
-    ctx = _context(config)
     from dapo.trainer import RESUME_EXIT_CODE
 
-    base = ctx.base
+    preset = str(config["preset"])
+    name = Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset  # a preset file's: its stem
+    results = Path(config["results"]).resolve() / name
+    seeds = [int(s) for s in config["seeds"]]
+    overrides = [str(o) for o in config.get("overrides") or []]
+    chosen, problems, designs, cfgs = _resolve_runs(config, preset, seeds, overrides)
+    base = next(iter(cfgs.values()))  # the first chosen row's: what every run shares (check_shared)
     if train_slurm_extra is not None:
         from dapo.cluster import batch_signal_problem
 
         why = batch_signal_problem(train_slurm_extra, base.trainer.stop_margin_s)
         if why:
             raise WorkflowSpecError(f"nothing was submitted: {why}")
+    tracking_uri = (
+        config.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{results}/mlflow.db"
+    )
+    experiment = config.get("experiment") or f"dapo-{name}"
+    # the config's own tiny.dir (default results/tiny_world, where the tests cache it too): built once for both
+    tiny_dir = Path(config.get("tiny_world") or base.tiny.dir).resolve()
+    base_model = _base_model(base, results, tiny_dir)
+    data = results / "data"
+    # what every train call gets after its run's file, its design's overrides, the workflow's and its seed
+    shared = [
+        f"model.path={base_model['path']}",
+        f"tiny.dir={tiny_dir}",
+        f"data.train={data / 'train.jsonl'}",
+        f"data.eval={data / 'eval.jsonl'}",
+        f"tracking.uri={tracking_uri}",
+        f"tracking.experiment={experiment}",
+        f"tracking.preset={name}",
+    ]
     runs: dict[str, dict[str, Any]] = {}
-    for (name, seed), cfg in ctx.cfgs.items():
-        run_dir = ctx.results / "runs" / name / f"s{seed}"
-        config_file = _run_config(ctx, name)
-        run = runs.setdefault(name, {"config": str(config_file), "seeds": {}})
-        run["seeds"][str(seed)] = {
+    for (run, seed), cfg in cfgs.items():
+        run_dir, file = results / "runs" / run / f"s{seed}", str(designs[run].config)
+        train_args = ["--config", file, "--preset", preset, "--run-dir", str(run_dir), "--progress", "log"]
+        runs.setdefault(run, {"config": file, "seeds": {}})["seeds"][str(seed)] = {
             "run_dir": str(run_dir),
-            "train_args": [
-                "--config",
-                str(config_file),
-                "--preset",
-                ctx.preset,
-                "--run-dir",
-                str(run_dir),
-                "--progress",
-                "log",
-                *_run_overrides(ctx, name, seed),
-            ],
-            "srun": srun_args(base, name, seed),
+            "train_args": [*train_args, *designs[run].overrides, *overrides, f"trainer.seed={seed}", *shared],
+            "srun": srun_args(base, run, seed),
             # Start the runs that sample the most first (dynamic sampling draws up to max_num_gen_batches generation
             # batches per step): longest job first keeps both cores busy to the end of a local run (BENCHMARKS.md, 5).
             "priority": 1 if cfg.algorithm.dynamic_sampling else 0,
         }
-    designs = {d: [spec.name for spec in design_runs(d)] for d in ("leave_one_out", "one_at_a_time")}
-    designs["designs"] = sorted(set(ctx.rows) | {n for d in ("leave_one_out", "one_at_a_time") for n in designs[d]})
+    by_design = {d: [r.name for r in design_runs(d)] for d in ("leave_one_out", "one_at_a_time")}
+    by_design["designs"] = sorted(set(chosen).union(*by_design.values()))
     # the cumulative ladder and the placebo (the row dynamic sampling builds on, another sampling seed only)
-    designs["evidence"] = sorted(set(ctx.rows) | {placebo_run().name})
+    by_design["evidence"] = sorted(set(chosen) | {placebo_run().name})
     spec: dict[str, Any] = {
-        "preset": ctx.preset,
-        "preset_name": ctx.name,
-        "results": str(ctx.results),
-        "rows": ctx.rows,
-        "seeds": ctx.seeds,
-        "overrides": ctx.overrides,
-        "tiny_overrides": [o for o in ctx.overrides if o.startswith("tiny.")],
-        "tracking_uri": ctx.tracking_uri,
-        "experiment": ctx.experiment,
-        "is_tiny": base.model.path == "tiny",
-        "tiny_dir": str(ctx.tiny_dir),
-        "base_model": ctx.base_model,
+        "preset": preset,
+        "preset_name": name,
+        "results": str(results),
+        "rows": chosen,
+        "seeds": seeds,
+        "overrides": overrides,
+        "tiny_overrides": [o for o in overrides if o.startswith("tiny.")],
+        "tracking_uri": tracking_uri,
+        "experiment": experiment,
+        "tiny_dir": str(tiny_dir),
+        "base_model": base_model,
         "resume_exit_code": RESUME_EXIT_CODE,
         "max_resubmits": int(config[RESUBMITS_KEY]),
         "attach_poll_s": config["attach_poll_s"],
         "resources": {kind: slurm_resources(base, kind) for kind in JOB_KINDS},
-        "threads": {kind: getattr(base.resources, kind).cpus_per_task for kind in JOB_KINDS},
         "local_launcher": {kind: local_launcher(base, kind) for kind in JOB_KINDS},
         "kernel_env": kernel_env(base),
         "runs": runs,
-        "designs": designs,
-        "ladder_problems": ctx.ladder_problems,
+        "designs": by_design,
+        "ladder_problems": problems,
         "live_train_jobs": [],
         "plan_text": None,
         "refusal": None,
-        "warnings": [],
     }
     if live_jobs:
         from dapo.cluster import live_train_jobs
 
         spec["live_train_jobs"] = [
             {"run": run, "seed": seed, "job": job, "state": state}
-            for (run, seed), (job, state) in sorted(live_train_jobs(ctx.results).items())
+            for (run, seed), (job, state) in sorted(live_train_jobs(results).items())
         ]
     if with_plan:
-        spec["plan_text"], spec["refusal"], spec["warnings"] = plan(ctx, jobs, train_nodes_limit)
+        spec["plan_text"], spec["refusal"] = plan(spec, cfgs, config, jobs, train_nodes_limit)
     return spec
 
 
-def _run_config(ctx: _Ctx, name: str) -> Path:
-    """The config file run `name` starts from: its ladder row file (a design run's is the design's reference)."""
-    return ctx.designs[name].config if name in ctx.designs else ABLATIONS_DIR / f"{name}.yaml"
-
-
-def _design_overrides(ctx: _Ctx, name: str) -> list[str]:
-    """What a design run sets on top of its ladder row file (nothing for a ladder row)."""
-    return list(ctx.designs[name].overrides) if name in ctx.designs else []
-
-
-def _run_overrides(ctx: _Ctx, name: str, seed: int) -> list[str]:
-    """What every train call of one run gets on top of the preset and the row file."""
-    data = ctx.results / "data"
-    return [
-        *_design_overrides(ctx, name),
-        *ctx.overrides,
-        f"trainer.seed={seed}",
-        f"model.path={ctx.base_model['path']}",
-        f"tiny.dir={ctx.tiny_dir}",
-        f"data.train={data / 'train.jsonl'}",
-        f"data.eval={data / 'eval.jsonl'}",
-        f"tracking.uri={ctx.tracking_uri}",
-        f"tracking.experiment={ctx.experiment}",
-        f"tracking.preset={ctx.name}",
-    ]
-
-
-def _context(config: dict[str, Any]) -> _Ctx:
-    preset = str(config["preset"])
-    name = preset_name(preset)
-    results = Path(config["results"]).resolve() / name
-    seeds = [int(s) for s in config["seeds"]]
-    overrides = [str(o) for o in config.get("overrides") or []]
-    all_rows = rows()
+def _resolve_runs(
+    config: dict[str, Any], preset: str, seeds: list[int], overrides: list[str]
+) -> tuple[list[str], list[str], dict[str, RunSpec], dict[tuple[str, int], RunConfig]]:
+    """The chosen rows, the ladder's problems, every run a design trains by name (the ladder's rows among them: each
+    a ladder row file plus overrides, dapo/designs.py) and every (run, seed)'s config, resolved and validated before
+    anything is scheduled: the chosen rows first (the first one's config is the workflow's base), then the rest."""
+    all_rows = ladder()  # `rows: all`; the paper's labels (metric_names.PAPER_TABLE1) name the same list
     chosen = all_rows if config["rows"] == "all" else [str(r) for r in config["rows"]]
     unknown = [r for r in chosen if r not in all_rows]
     if unknown:
         raise WorkflowSpecError(
             f"configs/workflow.yaml (or --config rows=...): unknown row(s) {unknown}; rows are {all_rows}"
         )
-    tracking_uri = (
-        config.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{results}/mlflow.db"
-    )
-    experiment = config.get("experiment") or f"dapo-{name}"
     # The ladder must be a clean ablation (each row the row above plus its own toggle, no scale key in a row) before
     # anything runs from it, unless allow_confounded_ladder says a different ladder is meant (dapo/designs.py).
     try:
         problems = check_ladder(ABLATIONS_DIR, preset, overrides, allow=bool(config.get(ALLOW_KEY)))
-        # every run a design trains, by run name: the ladder's rows and the leave-one-out / one-at-a-time runs
-        # (dapo_minus_<toggle>, grpo_plus_<toggle>), each a ladder row file plus overrides (dapo/designs.py)
         designs = all_design_runs()
     except (ConfigError, ValueError) as e:
         raise WorkflowSpecError(f"nothing was submitted: {e}") from None
 
     def resolve(run: str, seed: int) -> RunConfig:
-        spec = designs.get(run)
+        spec = designs[run]
         try:
             return load_config(
-                spec.config if spec else ABLATIONS_DIR / f"{run}.yaml",
-                preset=preset,
-                overrides=[*(spec.overrides if spec else ()), *overrides, f"trainer.seed={seed}"],
+                spec.config, preset=preset, overrides=[*spec.overrides, *overrides, f"trainer.seed={seed}"]
             )
         except ConfigError as e:
             raise WorkflowSpecError(f"row {run}, seed {seed}: {e}") from None
 
-    # every run config resolved and validated now, before anything is scheduled: the chosen rows first (the first
-    # one's config is the workflow's base), then every design run
     cfgs = {(row, seed): resolve(row, seed) for row in chosen for seed in seeds}
     cfgs.update({(run, seed): resolve(run, seed) for run in designs for seed in seeds if (run, seed) not in cfgs})
     check_shared(cfgs)
-    base = next(iter(cfgs.values()))
-    # the config's own tiny.dir (default results/tiny_world, where the tests cache it too): built once for both
-    tiny_dir = Path(config.get("tiny_world") or base.tiny.dir).resolve()
-    return _Ctx(
-        config=config, preset=preset, name=name, results=results, seeds=seeds, rows=chosen, overrides=overrides,
-        tracking_uri=tracking_uri, experiment=experiment, cfgs=cfgs, base=base, tiny_dir=tiny_dir,
-        base_model=_base_model(base, results, tiny_dir), ladder_problems=problems, designs=designs,
-    )  # fmt: skip
+    return chosen, problems, designs, cfgs
 
 
 def _base_model(base: RunConfig, results: Path, tiny_dir: Path) -> dict[str, str]:
@@ -395,19 +315,25 @@ def _base_model(base: RunConfig, results: Path, tiny_dir: Path) -> dict[str, str
 
 
 # --------------------------------------------------------------------------------------------- the plan
-def plan(ctx: _Ctx, jobs: int | None, train_nodes_limit: float | None) -> tuple[str, str | None, list[str]]:
+def plan(
+    spec: dict[str, Any],
+    cfgs: dict[tuple[str, int], RunConfig],
+    config: dict[str, Any],
+    jobs: int | None,
+    train_nodes_limit: float | None,
+) -> tuple[str, str | None]:
     """The plan in words: jobs, nodes, GPUs, hours; for a GPU preset the per-GPU memory budget and the expected cost
-    per row. (text, refusal or None, warnings): a refusal is what stops a plan that cannot run as configured."""
+    per row. (text, refusal or None): a refusal is what stops a plan that cannot run as configured."""
     from dapo.metric_names import PAPER_TABLE1
 
-    base, config = ctx.base, ctx.config
+    base, chosen, seeds = next(iter(cfgs.values())), spec["rows"], spec["seeds"]
     tr = base.resources.train
-    n = len(ctx.rows) * len(ctx.seeds)
-    jobs_per_run = 1 + int(config[RESUBMITS_KEY])  # a train job may run that often (it evaluates inside)
+    n = len(chosen) * len(seeds)
+    jobs_per_run = 1 + spec["max_resubmits"]  # a train job may run that often (it evaluates inside)
     gpu_h = n * jobs_per_run * tr.nodes * tr.gpus_per_node * tr.runtime_min / 60
     lines = [
-        f"dapo ablation: preset {ctx.name}, {len(ctx.rows)} rows x {len(ctx.seeds)} seeds = {n} runs "
-        f"-> results in {ctx.results}, MLflow {ctx.tracking_uri} (experiment {ctx.experiment})",
+        f"dapo ablation: preset {spec['preset_name']}, {len(chosen)} rows x {len(seeds)} seeds = {n} runs "
+        f"-> results in {spec['results']}, MLflow {spec['tracking_uri']} (experiment {spec['experiment']})",
         f"  train job: {tr.nodes} node(s) x {tr.gpus_per_node} GPU(s) {tr.gpu_model or ''}, "
         f"{tr.runtime_min / 60:.1f} h limit, {base.trainer.total_steps} rollout steps, "
         f"{base.trainer.updates_per_step} updates/step",
@@ -420,29 +346,29 @@ def plan(ctx: _Ctx, jobs: int | None, train_nodes_limit: float | None) -> tuple[
             f"  at most {gpu_h:,.0f} GPU-hours in all (SLURM time limits x GPUs, train jobs x (1 + {RESUBMITS_KEY}))"
         )
         concurrent = train_concurrency(n, tr.nodes, jobs, train_nodes_limit)
-        more, refusals, warnings = _gpu_plan(ctx, plan_for_preset(config.get("plan") or {}, ctx.name), concurrent)
+        p = plan_for_preset(config.get("plan") or {}, spec["preset_name"])
+        more, refusals, warnings = _gpu_plan(spec, cfgs, p, concurrent)
         lines += more
     else:
-        lines += _cpu_plan_lines(ctx)
-    for row in ctx.rows:
+        lines += _cpu_plan_lines(base, cfgs, chosen)
+    for row in chosen:
         label = PAPER_TABLE1.get(row, (row, None))
         lines.append(f"  {row:<28} {label[0]:<28} paper AIME avg@32: {label[1]}")
-    warnings += [f"not a clean ablation ({ALLOW_KEY}): {p}" for p in ctx.ladder_problems]
+    warnings += [f"not a clean ablation ({ALLOW_KEY}): {p}" for p in spec["ladder_problems"]]
     lines += [f"WARNING: {w}" for w in warnings]
     refusal = None
     if refusals:
         refusal = (
-            f"{resolve_preset(ctx.preset)} (or --config overrides): the plan cannot run as configured (nothing was "
+            f"{resolve_preset(spec['preset'])} (or --config overrides): the plan cannot run as configured (nothing was "
             "submitted; the per-GPU budget above); change the keys named:\n" + "\n".join(f"  - {x}" for x in refusals)
         )
-    return "\n".join(lines), refusal, warnings
+    return "\n".join(lines), refusal
 
 
-def _cpu_plan_lines(ctx: _Ctx) -> list[str]:
+def _cpu_plan_lines(base: RunConfig, cfgs: dict[tuple[str, int], RunConfig], chosen: list[str]) -> list[str]:
     """The tiny (CPU) preset: what a step samples; no GPU budget, nothing to refuse."""
-    base = ctx.base
     r, a, t = base.rollout, base.algorithm, base.trainer
-    ds = [row for (row, _), c in ctx.cfgs.items() if row in ctx.rows and c.algorithm.dynamic_sampling]
+    ds = [row for (row, _), c in cfgs.items() if row in chosen and c.algorithm.dynamic_sampling]
     line = (
         f"  CPU only (no GPU budget): per rollout step {t.train_batch_size} prompts x {r.n} responses of up to "
         f"{r.max_response_length} tokens, {t.total_steps} steps, eval every {base.eval.every}"
@@ -455,15 +381,18 @@ def _cpu_plan_lines(ctx: _Ctx) -> list[str]:
     return [line]
 
 
-def _gpu_plan(ctx: _Ctx, p: dict[str, Any], concurrent: int) -> tuple[list[str], list[str], list[str]]:
+def _gpu_plan(
+    spec: dict[str, Any], cfgs: dict[tuple[str, int], RunConfig], p: dict[str, Any], concurrent: int
+) -> tuple[list[str], list[str], list[str]]:
     """Per-GPU memory budget and cost per row (dapo.plan, dapo.cost) for a GPU preset: (text lines, refusals,
     warnings)."""
     from dapo import cost as C
     from dapo import plan as P
+    from dapo.decode import Replica
     from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL  # the level the engine uses, not a setting
     from dapo.shapes import GPUS, PlanError, dtype_bytes, gpu_spec, resolve_shape, vllm_batching_defaults
 
-    base = ctx.base
+    base, seeds = next(iter(cfgs.values())), spec["seeds"]
     tr, r, t = base.resources.train, base.rollout, base.trainer
     given = {"memory_gib": p["gpu_memory_gib"], "bf16_tflops": p["gpu_bf16_tflops"], "hbm_tb_s": p["gpu_hbm_tb_s"]}
     gpu = gpu_spec(tr.gpu_model, given)
@@ -475,7 +404,7 @@ def _gpu_plan(ctx: _Ctx, p: dict[str, Any], concurrent: int) -> tuple[list[str],
             "and bandwidth: --config 'plan={gpu_memory_gib: 79.6, gpu_bf16_tflops: 989, gpu_hbm_tb_s: 3.35}'"
         )
         return [], [unknown], []
-    local = tuple(d for d in (Path(base.model.path), Path(ctx.base_model["path"])) if d.is_dir())
+    local = tuple(d for d in (Path(base.model.path), Path(spec["base_model"]["path"])) if d.is_dir())
     try:
         shape, source = resolve_shape(base.model.path, local, p.get("model"))
     except PlanError as e:
@@ -489,7 +418,7 @@ def _gpu_plan(ctx: _Ctx, p: dict[str, Any], concurrent: int) -> tuple[list[str],
     max_len = base.data.max_prompt_length + max(r.max_response_length, base.resolved_eval_max_tokens())
     batched, seqs = vllm_batching_defaults(tr.gpu_model, gpu.memory_gib)
     growth = p["response_tokens"]
-    mem = P.MemoryInputs(
+    budget = P.memory_budget(P.MemoryInputs(
         shape=shape, dtype_bytes=b, world_size=tr.world_size, tensor_parallel=r.tensor_parallel_size,
         zero_stage=t.zero_stage, gpu_memory_gib=gpu.memory_gib, gpu_memory_utilization=r.gpu_memory_utilization,
         max_model_len=max_len, mean_seq_tokens=p["mean_prompt_tokens"] + growth["end"],
@@ -497,8 +426,7 @@ def _gpu_plan(ctx: _Ctx, p: dict[str, Any], concurrent: int) -> tuple[list[str],
         gradient_checkpointing=base.model.gradient_checkpointing, sleep_mode=r.enable_sleep_mode,
         sleep_level=ENGINE_SLEEP_LEVEL, allowance_gib=p["allowance_gib"], vllm_batched_tokens=batched,
         vllm_max_seqs=seqs,
-    )  # fmt: skip
-    budget = P.memory_budget(mem)
+    ))  # fmt: skip
     lines = [
         f"  per-GPU memory, colocated ({base.model.path}: {shape.params / 1e9:.2f}B parameters from {source}, "
         f"{b} B each; {tr.gpu_model} {gpu.memory_gib:g} GiB; {tr.world_size} GPUs, TP {r.tensor_parallel_size} "
@@ -513,10 +441,11 @@ def _gpu_plan(ctx: _Ctx, p: dict[str, Any], concurrent: int) -> tuple[list[str],
     def cost_inputs(row: str, cfg: RunConfig) -> Any:
         a, own = cfg.algorithm, {**growth, **(p.get("rows") or {}).get(row, {})}
         return C.CostInputs(
-            shape=shape, dtype_bytes=b, world_size=tr.world_size, nodes=tr.nodes,
-            tensor_parallel=r.tensor_parallel_size, gpu_bf16_tflops=gpu.bf16_tflops, gpu_hbm_tb_s=gpu.hbm_tb_s,
-            kv_tokens_per_replica=budget.kv_tokens_per_replica, vllm_max_seqs=seqs,
-            decode_efficiency=p["decode_efficiency"], decode_step_overhead_s=p["decode_step_overhead_ms"] / 1000,
+            replica=Replica(
+                shape=shape, dtype_bytes=b, tensor_parallel=r.tensor_parallel_size, hbm_tb_s=gpu.hbm_tb_s,
+                bf16_tflops=gpu.bf16_tflops, efficiency=p["decode_efficiency"], kv_tokens=budget.kv_tokens_per_replica,
+                step_overhead_s=p["decode_step_overhead_ms"] / 1000, max_seqs=seqs,
+            ), world_size=tr.world_size, nodes=tr.nodes,
             prompts_per_step=cfg.trainer.train_batch_size, n=cfg.rollout.n, mean_prompt_tokens=p["mean_prompt_tokens"],
             response_tokens_start=own["start"], response_tokens_end=own["end"],
             max_response_tokens=cfg.rollout.max_response_length, dynamic_sampling=a.dynamic_sampling,
@@ -529,11 +458,10 @@ def _gpu_plan(ctx: _Ctx, p: dict[str, Any], concurrent: int) -> tuple[list[str],
             keep_checkpoints=cfg.trainer.keep_checkpoints, checkpoint_gb_s_per_node=p["checkpoint_gb_s_per_node"],
         )  # fmt: skip
 
-    costs = {row: cost_inputs(row, ctx.cfgs[(row, ctx.seeds[0])]) for row in ctx.rows}
+    costs = {row: cost_inputs(row, cfgs[(row, seeds[0])]) for row in spec["rows"]}
     text, warnings = C.render_costs(
-        costs, seeds=len(ctx.seeds), limit_h=tr.runtime_min / 60, max_resubmits=int(ctx.config[RESUBMITS_KEY]),
+        costs, seeds=len(seeds), limit_h=tr.runtime_min / 60, max_resubmits=spec["max_resubmits"],
         restart_h=p["restart_min"] / 60, concurrent_runs=concurrent, stop_margin_s=t.stop_margin_s,
-        resubmits_key=RESUBMITS_KEY,
     )  # fmt: skip
     lines += ["  cost per row (estimates; the arithmetic and the sources of the defaults: docs/cost.md):", text]
     return lines, refusals, warnings

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dapo.cost import CostInputs, row_cost  # noqa: E402
+from dapo.decode import Replica  # noqa: E402
 from dapo.plan import MemoryInputs, memory_budget  # noqa: E402
 from dapo.shapes import GPUS, KNOWN_MODELS, vllm_batching_defaults  # noqa: E402
 
@@ -149,10 +150,11 @@ def cost_of(s: Setup, plan: dict):
         )
     )  # fmt: skip
     c = CostInputs(
-        shape=shape, dtype_bytes=2, world_size=s.gpus, nodes=s.nodes, tensor_parallel=s.tp,
-        gpu_bf16_tflops=gpu.bf16_tflops, gpu_hbm_tb_s=gpu.hbm_tb_s, kv_tokens_per_replica=budget.kv_tokens_per_replica,
-        vllm_max_seqs=seqs, decode_efficiency=plan["decode_efficiency"],
-        decode_step_overhead_s=plan["decode_step_overhead_ms"] / 1000, prompts_per_step=s.prompts, n=s.n,
+        replica=Replica(
+            shape=shape, dtype_bytes=2, tensor_parallel=s.tp, hbm_tb_s=gpu.hbm_tb_s, bf16_tflops=gpu.bf16_tflops,
+            efficiency=plan["decode_efficiency"], step_overhead_s=plan["decode_step_overhead_ms"] / 1000,
+            kv_tokens=budget.kv_tokens_per_replica, max_seqs=seqs,
+        ), world_size=s.gpus, nodes=s.nodes, prompts_per_step=s.prompts, n=s.n,
         mean_prompt_tokens=s.prompt_tokens, response_tokens_start=s.response_tokens[0],
         response_tokens_end=s.response_tokens[1], max_response_tokens=s.cap, dynamic_sampling=bool(s.gen_batch),
         gen_batch_prompts=s.gen_batch or s.prompts, max_gen_batches=10,

@@ -334,9 +334,9 @@ def test_a_design_run_equal_to_a_ladder_row_is_that_row():
 
     loo = {r.toggle: r for r in design_runs("leave_one_out")}
     oat = {r.toggle: r for r in design_runs("one_at_a_time")}
-    assert loo["dynamic_sampling"].name == ROWS[-2].stem and loo["dynamic_sampling"].is_ladder_row
-    assert oat["overlong_filtering"].name == ROWS[1].stem and oat["overlong_filtering"].is_ladder_row
-    assert loo["clip_higher"].name == "dapo_minus_clip_higher" and not loo["clip_higher"].is_ladder_row
+    assert loo["dynamic_sampling"].name == ROWS[-2].stem and not loo["dynamic_sampling"].overrides
+    assert oat["overlong_filtering"].name == ROWS[1].stem and not oat["overlong_filtering"].overrides
+    assert loo["clip_higher"].name == "dapo_minus_clip_higher" and loo["clip_higher"].overrides
     assert oat["token_level_loss"].name == "grpo_plus_token_level_loss"
     assert parse_run("dapo_minus_clip_higher") == ("leave_one_out", "clip_higher")
     assert parse_run("05_dynamic_sampling") is None

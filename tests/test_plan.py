@@ -78,7 +78,7 @@ def test_generation_phase_by_hand():
     assert gen["activations"] == 256 * 2 * 384 + 64_000
     assert gen["KV cache"] == GIB // 2 - 202_048 - 260_608
     # per token per GPU: 2 layers x (2 KV heads / TP 2) x 16 x 2 (K, V) x 2 B = 128 B
-    assert b.kv_bytes_per_token_per_gpu == 128
+    assert kv_bytes_per_token_per_gpu(TOY, 2, 2) == 128
     assert b.kv_tokens_per_replica == (GIB // 2 - 202_048 - 260_608) // 128 == 4_190_689
     assert gen["learner states"] == 202_048 * (2 + 2 + 12) // 4  # ZeRO-3 over 4 GPUs
     assert gen["weight sync"] == 64_000 * 2  # the embedding, the largest module, gathered
@@ -176,7 +176,7 @@ def test_the_paper_preset_fits_an_h100_and_not_an_a100_40gb():
     )
     b = memory_budget(m)
     # KV per token per GPU: 64 layers x 2 KV heads x 128 x 2 x 2 B = 64 KiB; a replica holds many full sequences
-    assert b.kv_bytes_per_token_per_gpu == 64 * 1024
+    assert kv_bytes_per_token_per_gpu(m.shape, 2, m.tensor_parallel) == 64 * 1024
     assert b.kv_tokens_per_replica // m.max_model_len >= 30
     assert plan_problems(b) == []
     small = memory_budget(dataclasses.replace(m, gpu_memory_gib=gpu_spec("a100").memory_gib))
@@ -205,17 +205,19 @@ def test_evals_per_run_follow_the_trainer():
 
 def toy_cost(**kw) -> CostInputs:
     base = dict(
-        shape=TOY,
-        dtype_bytes=2,
+        replica=Replica(
+            shape=TOY,
+            dtype_bytes=2,
+            tensor_parallel=2,
+            hbm_tb_s=1.0,  # decoding takes no time unless a test says so
+            bf16_tflops=1e-6,  # 1 MFLOP/s per GPU, so the toy's training takes seconds
+            efficiency=1.0,
+            step_overhead_s=0.0,
+            kv_tokens=1_000_000,
+            max_seqs=1024,
+        ),
         world_size=8,
         nodes=2,
-        tensor_parallel=2,
-        gpu_bf16_tflops=1e-6,  # 1 MFLOP/s per GPU, so the toy's training takes seconds
-        gpu_hbm_tb_s=1.0,  # decoding takes no time unless a test says so
-        kv_tokens_per_replica=1_000_000,
-        vllm_max_seqs=1024,
-        decode_efficiency=1.0,
-        decode_step_overhead_s=0.0,
         prompts_per_step=4,
         n=2,
         mean_prompt_tokens=10,
@@ -323,7 +325,7 @@ def test_cost_arithmetic_by_hand():
     # 5 passes (forward, backward 2x, recompute, old log-probs), over 8 GPUs at 0.5 x 1 MFLOP/s
     assert s.train_s == pytest.approx(320 * 5 * 286_208 / (8 * 1e6 * 0.5), rel=1e-6)
     # generation: one batch of 4 prompts x 2 over the 4 replicas, 2 sequences each, lengths of mean 30 cut at 64
-    one = batch_seconds(row_inputs := toy_cost().replica(), 2, 10, LengthModel.of(30, 64))
+    one = batch_seconds(row_inputs := toy_cost().replica, 2, 10, LengthModel.of(30, 64))
     assert row_inputs.tensor_parallel == 2 and s.gen_s == pytest.approx(one.seconds)
     assert s.step_s(1.0) == pytest.approx(s.gen_s + s.train_s + 1.0)
     # constant lengths: 10 steps, 3 evaluations (0, 5, 10), 2 checkpoints of 202,048 x (2 + 12) B written by
@@ -372,7 +374,8 @@ def test_cost_of_dynamic_sampling_packing_and_a_reference_model():
 def test_a_row_that_cannot_finish_within_its_resubmissions_is_warned_about():
     assert jobs_needed(67.8, limit_h=48, restart_h=1 / 6, step_h=0.16) == 2
     # 10 steps of an hour (generation, training and checkpoints take no time at these rates)
-    c = toy_cost(gpu_bf16_tflops=1.0, step_overhead_s=3600.0, eval_every=0, checkpoint_gb_s_per_node=1e6)
+    fast = dataclasses.replace(toy_cost().replica, bf16_tflops=1.0)
+    c = toy_cost(replica=fast, step_overhead_s=3600.0, eval_every=0, checkpoint_gb_s_per_node=1e6)
     kw = dict(seeds=1, limit_h=4.5, restart_h=0.5, concurrent_runs=1)
     text, warnings = render_costs({"00_naive_grpo": c}, max_resubmits=1, **kw)
     # each 4.5 h job does 4.5 - 0.5 (start-up) - 1 (the step cut off) = 3 h of work: 10 h need 4 jobs, 1 + 1 allowed

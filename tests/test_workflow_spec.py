@@ -11,6 +11,7 @@ import pytest
 from dapo import workflow_spec as W
 from dapo.cli import main
 from dapo.config import load_config
+from dapo.designs import ladder
 from dapo.metric_names import PAPER_TABLE1
 from dapo.trainer import RESUME_EXIT_CODE
 
@@ -28,8 +29,8 @@ def config(**keys):
 
 def test_the_rows_are_the_ladders_files_and_the_papers_labels_name_each_of_them():
     """One list of rows: the workflow's `rows: all` is the ladder's files, and the paper's Table 1 labels it."""
-    assert W.rows() == sorted(p.stem for p in (REPO / "configs" / "ablations").glob("*.yaml"))
-    assert list(PAPER_TABLE1) == W.rows()
+    assert ladder() == sorted(p.stem for p in (REPO / "configs" / "ablations").glob("*.yaml"))
+    assert list(PAPER_TABLE1) == ladder()
 
 
 def test_the_schema_owns_the_defaults():
@@ -45,10 +46,10 @@ def test_tiny_spec_has_every_run_with_its_command_and_the_cpu_plan(tmp_path):
     spec = W.build_spec(config(results=str(tmp_path), seeds=[0, 1], tiny_world=str(tmp_path / "world")))
     assert json.loads(json.dumps(spec)) == spec  # plain JSON
     results = tmp_path.resolve() / "tiny"
-    assert spec["rows"] == W.rows() and spec["seeds"] == [0, 1] and spec["is_tiny"]
+    assert spec["rows"] == ladder() and spec["seeds"] == [0, 1] and spec["base_model"]["source"] == "tiny"
     assert spec["resume_exit_code"] == RESUME_EXIT_CODE and spec["max_resubmits"] == 5
     assert spec["base_model"]["source"] == "tiny" and spec["base_model"]["marker"].endswith("world/manifest.json")
-    assert {"dapo_minus_clip_higher", "grpo_plus_dynamic_sampling", *W.rows()} <= set(spec["runs"])
+    assert {"dapo_minus_clip_higher", "grpo_plus_dynamic_sampling", *ladder()} <= set(spec["runs"])
     run = spec["runs"]["dapo_minus_clip_higher"]
     assert run["config"].endswith("configs/ablations/05_dynamic_sampling.yaml")
     s1 = run["seeds"]["1"]

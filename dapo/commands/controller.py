@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=("start", "stop"))
     p.add_argument("--results", required=True, help="The workflow's results folder (results/<preset>).")
     p.add_argument("--pid", type=int, required=True, help="The controlling Snakemake process.")
-    p.add_argument("--tracking-uri", default=None, help="start: the MLflow store the runs log into.")
+    p.add_argument("--tracking-uri", help="start: the MLflow store the runs log into.")
     p.add_argument("--cluster", action="store_true", help="start: jobs run on SLURM nodes (SQLite must be local).")
     p.add_argument("--argv", default="", help="start: the controller's command line (one string), kept in the lock.")
 

@@ -8,9 +8,7 @@ rows) and `metrics.json` to --out, and logs both to MLflow: into an existing run
 training run the model came from), else into a new run in tracking.experiment.
 
 A training run evaluates its final model itself (DONE.json holds the result); this command is for any model.
-The MLflow step of the point: --step; with --run-id and no --step, the training step of the model (DONE.json
-beside the model's folder, else the run's last logged rollout step); a new run: step 0. When the step cannot be
-found the command stops and asks for --step rather than log the point where it does not belong.
+Where the point goes in MLflow: `mlflow_step` (--step).
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--step",
         type=int,
-        default=None,
         help="MLflow step of the eval metrics (default with --run-id: the model's training step, from DONE.json "
         "beside the model or the run's last rollout step; without --run-id: 0).",
     )

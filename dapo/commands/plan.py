@@ -27,18 +27,11 @@ def _key_value(text: str) -> tuple[str, object]:
     return key, yaml.safe_load(value)
 
 
-def _merge(old: object, new: object) -> object:
-    if isinstance(old, dict) and isinstance(new, dict):
-        return {**old, **{k: _merge(old.get(k), v) for k, v in new.items()}}
-    return new
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument(
         "--workflow-config",
-        default=None,
         metavar="YAML",
         help="The workflow's config file (default: configs/workflow.yaml).",
     )
@@ -53,26 +46,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--config-json",
-        default=None,
         metavar="JSON",
         help="The whole workflow config as one JSON object (what the workflow passes; the file is not read).",
     )
     p.add_argument(
         "--jobs",
         type=int,
-        default=None,
         help="Snakemake's --jobs (the SLURM profile's `jobs:`): caps the runs at once.",
     )
     p.add_argument(
         "--train-nodes",
         type=float,
-        default=None,
         metavar="N",
         help="Snakemake's --resources train_nodes=N: nodes of training jobs at once (docs/cluster.md).",
     )
     p.add_argument(
         "--train-slurm-extra",
-        default=None,
         metavar="OPTIONS",
         help="The train rule's slurm_extra as --set-resources sets it: a `B:` signal there is refused.",
     )
@@ -95,6 +84,7 @@ def load(args: argparse.Namespace) -> dict:
     import json
 
     import yaml
+    from snakemake.utils import update_config
 
     from dapo import workflow_spec as W
 
@@ -104,8 +94,8 @@ def load(args: argparse.Namespace) -> dict:
     else:
         path = args.workflow_config or W.WORKFLOW_CONFIG
         config = yaml.safe_load(open(path).read()) or {}
-        for key, value in args.config:  # as Snakemake's --config: a mapping updates the file's, key by key
-            config[key] = _merge(config.get(key), value)
+        for key, value in args.config:  # as Snakemake's --config (its own function): a mapping updates, key by key
+            update_config(config, {key: value})
         where = f"{path} (or --config)"
     config = W.with_defaults(config)
     W.validate(config, where)

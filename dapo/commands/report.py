@@ -16,13 +16,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiment", required=True, help="MLflow experiment name (one per ablation).")
     p.add_argument(
         "--tracking-uri",
-        default=None,
         help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db).",
     )
     p.add_argument("--out", default="results/report", help="Output folder (default: results/report).")
     p.add_argument(
         "--runs",
-        default=None,
         help="Run directories to look in first for MLflow records still spooled (a server outage at a run's end), "
         "delivered before the report reads the experiment.",
     )
@@ -35,13 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpus-per-run",
         type=float,
-        default=None,
         help="GPUs each run used, for GPU-hours (default: a run's tag/param, else 0: CPU-hours).",
     )
     p.add_argument(
         "--cpus-per-run",
         type=float,
-        default=None,
         help="CPUs each run used, for CPU-hours when a run had no GPU (default: tag/param, else 1).",
     )
     p.add_argument(

@@ -15,7 +15,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tracking-uri",
-        default=None,
         help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db).",
     )
     p.add_argument("--experiment", required=True, help="The experiment's name (the workflow's: dapo-<preset>).")

@@ -63,16 +63,15 @@ def _spec():
 
 SPEC = _spec()
 PRESET = SPEC["preset"]
-PRESET_NAME = SPEC["preset_name"]
 RESULTS = Path(SPEC["results"])
 SEEDS = SPEC["seeds"]
 ROWS = SPEC["rows"]
 OVERRIDES = SPEC["overrides"]
 TRACKING_URI = SPEC["tracking_uri"]
 EXPERIMENT = SPEC["experiment"]
-IS_TINY = SPEC["is_tiny"]
 TINY_DIR = Path(SPEC["tiny_dir"])
 BASE_MODEL = SPEC["base_model"]  # source (tiny, local or hub), id, path, marker
+IS_TINY = BASE_MODEL["source"] == "tiny"
 RUNS = SPEC["runs"]  # run name -> config file, and per seed: run_dir, train_args, srun, priority
 
 
@@ -88,8 +87,8 @@ def drop_cpu_defaults():
 if not IS_TINY:
     _dropped = drop_cpu_defaults()
     if _dropped and workflow.is_main_process:
-        print(f"note: not passed on to the jobs of preset {PRESET_NAME} (make's CPU defaults): {' '.join(_dropped)}",
-              file=sys.stderr)
+        print(f"note: not passed on to the jobs of preset {SPEC['preset_name']} (make's CPU defaults): "
+              f"{' '.join(_dropped)}", file=sys.stderr)
 
 
 # Training jobs an earlier controller of this results folder left queued or running (it died, or was killed): a
@@ -109,10 +108,6 @@ def q(*parts):
 def run_of(name, seed):
     """One run's entry of the spec: run_dir, train_args, srun, priority."""
     return RUNS[name]["seeds"][str(seed)]
-
-
-def run_dir(name, seed):
-    return Path(run_of(name, seed)["run_dir"])
 
 
 # The plan in words (printed once, by the main process); a plan that cannot run stops here.

@@ -1,11 +1,8 @@
-# The leave-one-out and one-at-a-time designs, generated from the same ladder (dapo/designs.py): no copied files.
-#   snakemake --cores all all_leave_one_out     full DAPO, and full DAPO without each toggle
-#   snakemake --cores all all_one_at_a_time     naive GRPO, and naive GRPO with each toggle
-#   snakemake --cores all all_designs           the three designs, and one report over all of them
-#   snakemake --cores all all_evidence          the ladder and its placebo row, and their report (the evidence run)
-# A design run is trained (and evaluated, inside its job) by the same train rule as a ladder row (its config file and
-# overrides come from the spec's runs (dapo/workflow_spec.py)); a design run that computes what a ladder row
-# computes is that row, so it is trained once. Each target ends with a report in results/<preset>/report/<design>/.
+# The leave-one-out and one-at-a-time designs, generated from the same ladder (dapo/designs.py): no copied files;
+# `snakemake --cores all <target>` for each target below (its docstring says what it runs). A design run is trained
+# (and evaluated, inside its job) by the same train rule as a ladder row (its config file and overrides come from
+# the spec's runs (dapo/workflow_spec.py)); a design run that computes what a ladder row computes is that row, so
+# it is trained once. Each target ends with a report in results/<preset>/report/<design>/.
 
 DESIGN_RUNS = SPEC["designs"]  # design -> its run names (the spec resolved and validated every one's config)
 

@@ -9,7 +9,7 @@ if IS_TINY:
             TINY_DIR / "manifest.json",
         log:
             RESULTS / "logs" / "tiny_world.log",
-        threads: SPEC["threads"]["prepare"]
+        threads: SPEC["resources"]["prepare"]["cpus_per_task"]
         resources:
             **SPEC["resources"]["prepare"],
         # Only the tiny.* overrides, the ones that define the world (`is_built` compares them): Snakemake reruns a

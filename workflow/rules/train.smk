@@ -23,7 +23,7 @@ rule train:
         max_resubmits=SPEC["max_resubmits"],
         resume_code=SPEC["resume_exit_code"],
         kernels=SPEC["kernel_env"],
-    threads: SPEC["threads"]["train"]
+    threads: SPEC["resources"]["train"]["cpus_per_task"]
     priority: lambda wc: run_of(wc.row, wc.seed)["priority"]
     resources:
         **SPEC["resources"]["train"],
