@@ -11,12 +11,12 @@ is not an error here: the spec carries it as `refusal` (with the plan text above
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 from typing import Any
 
 from dapo.config import ABLATIONS_DIR, REPO_ROOT, ConfigError, RunConfig, load_config, resolve_preset
 from dapo.designs import ALLOW_KEY, RunSpec, all_design_runs, check_ladder, design_runs, ladder, placebo_run
+from dapo.tracking import resolve_uri
 
 SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 WORKFLOW_CONFIG = REPO_ROOT / "configs" / "workflow.yaml"
@@ -189,9 +189,7 @@ def build_spec(
         why = batch_signal_problem(train_slurm_extra, base.trainer.stop_margin_s)
         if why:
             raise WorkflowSpecError(f"nothing was submitted: {why}")
-    tracking_uri = (
-        config.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{results}/mlflow.db"
-    )
+    tracking_uri = resolve_uri(config.get("tracking_uri"), results)
     experiment = config.get("experiment") or f"dapo-{name}"
     # the config's own tiny.dir (default results/tiny_world, where the tests cache it too): built once for both
     tiny_dir = Path(config.get("tiny_world") or base.tiny.dir).resolve()
