@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dapo.tinyworld.model import SFTExample, make_model, param_count, response_loss, sft_lr_at
+from dapo.tinyworld.model import (
+    SFTExample,
+    length_sorted_parts,
+    make_model,
+    param_count,
+    response_loss,
+    sft_lr_at,
+    train_sft,
+)
 
 
 def _model(**kw):
@@ -59,6 +67,52 @@ def test_shared_prefix_loss_equals_a_plain_forward_pass():
     assert loss.item() == pytest.approx(ref.item(), abs=1e-6)
     ref_grads = torch.autograd.grad(ref, list(model.parameters()))
     assert max((a - b).abs().max().item() for a, b in zip(grads, ref_grads, strict=True)) < 1e-5
+
+
+def _examples(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(3, 50, (6,), generator=g).tolist()
+    return [
+        SFTExample(
+            prefix + torch.randint(3, 50, (n,), generator=g).tolist(),
+            torch.randint(3, 50, (m,), generator=g).tolist() + [2],
+        )
+        for n, m in lengths
+    ]
+
+
+def test_length_sorted_micro_batches_give_the_whole_batchs_gradient_with_less_padding():
+    """The habits world's build runs each random batch as length-sorted micro-batches: the summed gradients must be
+    the whole batch's (its mean loss over response tokens), and the parts must hold every row once, pad less."""
+    examples = _examples([(3, 40), (7, 2), (1, 9), (5, 30), (2, 3), (4, 25), (6, 4)])
+    parts = length_sorted_parts(examples, 3)
+    assert sorted(map(id, (e for p in parts for e in p))) == sorted(map(id, examples))
+    assert all(parts) and len(parts) == 3
+    longest = max(len(e.prompt_ids) + len(e.response_ids) for e in examples)
+    padded = sum(len(p) * max(len(e.prompt_ids) + len(e.response_ids) for e in p) for p in parts)
+    assert padded < len(examples) * longest
+    model = _model()
+    params = list(model.parameters())
+    whole = torch.autograd.grad(response_loss(model, examples, pad_id=0), params)
+    tokens = sum(len(e.response_ids) for e in examples)
+    summed = [torch.zeros_like(p) for p in params]
+    for part in parts:
+        grads = torch.autograd.grad(response_loss(model, part, 0, divisor=tokens), params)
+        for acc, g in zip(summed, grads, strict=True):
+            acc += g
+    assert max((a - b).abs().max().item() for a, b in zip(whole, summed, strict=True)) < 1e-5
+
+
+def test_a_micro_batched_supervised_run_follows_the_single_batch_run():
+    """Same data, same seed: a few steps with 4 micro-batches land where one batch a step lands (to rounding)."""
+    examples = _examples([(3, 12), (7, 2), (1, 9), (5, 14), (2, 3), (4, 11), (6, 4), (2, 8)] * 2, seed=1)
+    runs = []
+    for micro in (1, 4):
+        model = _model()
+        stats = train_sft(model, examples, steps=3, batch_size=8, lr=1e-3, pad_id=0, seed=0, micro_batches=micro)
+        runs.append((stats["sft_loss_first"], torch.cat([p.detach().flatten() for p in model.parameters()])))
+    assert runs[0][0] == pytest.approx(runs[1][0], abs=1e-5)
+    assert (runs[0][1] - runs[1][1]).abs().max().item() < 1e-4
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_a_tenth():

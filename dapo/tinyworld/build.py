@@ -49,8 +49,12 @@ BUILD_VERSION = 4
 # Bump when only the habits world's recipe changes (its worlds are rebuilt, the arithmetic world's kept).
 # 2: supervised loss normalised by a constant under length-grouped batches.
 # 3: random batches again (length grouping cost the base model most of its arithmetic: docs/evidence.md, W101-W103).
-HABITS_RECIPE = 3
+# 4: each random batch run as length-sorted micro-batches (`HABITS_SFT_MICRO_BATCHES`): the same steps, less padding.
+HABITS_RECIPE = 4
 SFT_BATCH = 32  # sequences per supervised step
+# The habits world's random batches mix 15- and 150-token solutions; run as length-sorted micro-batches (gradients
+# summed), a batch pads far less. The arithmetic world keeps one micro-batch: its worlds stay bit for bit.
+HABITS_SFT_MICRO_BATCHES = 4
 SFT_LR = 3e-3  # trained a 1.1M-parameter prototype to 30% avg@16 in 5 CPU-minutes
 VOCAB_SIZE = 1024  # an upper bound: the BPE saturates near 500 on this task's text
 MAX_POSITIONS = 512
@@ -497,6 +501,7 @@ def _build(
         pad_id=tokenizer.pad_token_id,
         seed=tiny.seed,
         on_step=lambda step, loss: report("sft", step, tiny.sft_steps),
+        micro_batches=HABITS_SFT_MICRO_BATCHES if tiny.kind == "habits" else 1,
     )
 
     # 4. save (model + tokenizer + generation config) so AutoModel / AutoTokenizer / vLLM load it offline

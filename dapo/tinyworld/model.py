@@ -104,8 +104,11 @@ def _batch(examples: Sequence[SFTExample], pad_id: int) -> tuple[list[int], torc
     return examples[0].prompt_ids[:P], ids, mask, labels
 
 
-def response_loss(model: PreTrainedModel, examples: Sequence[SFTExample], pad_id: int) -> torch.Tensor:
-    """Mean next-token cross-entropy over the response tokens of a batch.
+def response_loss(
+    model: PreTrainedModel, examples: Sequence[SFTExample], pad_id: int, divisor: int | None = None
+) -> torch.Tensor:
+    """Mean next-token cross-entropy over the response tokens of a batch; with `divisor`, their sum divided by it
+    (a micro-batch's share of its whole batch's mean: `divisor` is the whole batch's response-token count).
 
     The shared prompt prefix runs once (batch 1) and its key/value cache is broadcast to the batch: with the
     DAPO template that prefix is about a third of every sequence, and the loss and gradients are the same as a
@@ -122,7 +125,9 @@ def response_loss(model: PreTrainedModel, examples: Sequence[SFTExample], pad_id
             layer.values = layer.values.expand(len(examples), -1, -1, -1)
     logits = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=cache is not None).logits
     flat = (logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
-    return torch.nn.functional.cross_entropy(*flat, ignore_index=-100)
+    if divisor is None:
+        return torch.nn.functional.cross_entropy(*flat, ignore_index=-100)
+    return torch.nn.functional.cross_entropy(*flat, ignore_index=-100, reduction="sum") / divisor
 
 
 def sft_lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
@@ -143,13 +148,16 @@ def train_sft(
     pad_id: int,
     seed: int,
     on_step: Callable[[int, float], None] | None = None,
+    micro_batches: int = 1,
 ) -> dict[str, float]:
     """Next-token cross-entropy on the responses, AdamW with warm-up and cosine decay, grad clip 1.0.
 
     Examples are visited in a seeded random order (cycled when `steps * batch_size` exceeds them). Batches of
     similar length would save the habits world's padding (its solutions run 15-150 tokens), but two worlds built
     that way learned far less of their arithmetic than one built from random batches (docs/evidence.md, the
-    ledger's W101-W103), so batches are random. Returns {"sft_loss_first", "sft_loss_last", "sft_seconds"}.
+    ledger's W101-W103), so batches are random. With `micro_batches` > 1 each random batch is sorted by length and
+    run as that many micro-batches whose gradients add up to the whole batch's mean loss: the same step as one
+    random batch (to rounding), with less padding. Returns {"sft_loss_first", "sft_loss_last", "sft_seconds"}.
     """
     import torch
 
@@ -169,12 +177,20 @@ def train_sft(
         pos += batch_size
         for g in opt.param_groups:
             g["lr"] = sft_lr_at(step, steps, lr, warmup)
-        loss = response_loss(model, batch, pad_id)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if micro_batches == 1:
+            loss = response_loss(model, batch, pad_id)
+            loss.backward()
+            value = float(loss.detach())
+        else:
+            value = 0.0
+            tokens = sum(len(e.response_ids) for e in batch)
+            for part in length_sorted_parts(batch, micro_batches):
+                loss = response_loss(model, part, pad_id, divisor=tokens)
+                loss.backward()
+                value += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        value = float(loss.detach())
         first = value if step == 0 else first
         recent = (recent + [value])[-20:]
         if on_step is not None:
@@ -185,6 +201,15 @@ def train_sft(
         "sft_loss_last": sum(recent) / max(1, len(recent)),
         "sft_seconds": time.perf_counter() - t0,
     }
+
+
+def length_sorted_parts(batch: Sequence[SFTExample], n: int) -> list[list[SFTExample]]:
+    """`batch` sorted by sequence length and cut into `n` near-equal consecutive parts (none empty): each part is
+    padded only to its own longest row."""
+    rows = sorted(batch, key=lambda e: len(e.prompt_ids) + len(e.response_ids))
+    n = max(1, min(n, len(rows)))
+    cuts = [round(i * len(rows) / n) for i in range(n + 1)]
+    return [rows[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
 
 
 def param_count(model: PreTrainedModel) -> int:
