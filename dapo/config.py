@@ -75,6 +75,14 @@ class TinyWorldConfig(_Section):
         "(MKL_CBWR=COMPATIBLE, the habits world's) gives the same weights on both, at about twice the supervised "
         "phase's CPU time.",
     )
+    build_threads: int = Field(
+        1,
+        ge=1,
+        description="torch CPU threads of the build, part of the world's cache key: the same count gives the same "
+        "weights run to run, another count other weights. 1 (the default) suits a shared machine, where two "
+        "OpenMP threads ran 5-10x slower than one; with the cores to itself the habits world builds about 1.7x "
+        "faster on 2 (give the workflow's prepare job as many: resources.prepare.cpus_per_task).",
+    )
     dir: str = Field(
         "results/tiny_world",
         description="Where the tiny world is built and cached: model/ "

@@ -98,6 +98,10 @@ def test_same_config_is_a_cache_hit_and_another_is_not(small, capsys):
     # eval settings are measured, not hashed; tiny.* settings are hashed
     assert is_built(root, load_config(preset="tiny", overrides=SMALL + ["eval.n=4"]).tiny)
     assert not is_built(root, load_config(preset="tiny", overrides=SMALL + ["tiny.seed=1"]).tiny)
+    # the build's thread count gives other weights, so it is keyed; one thread keeps the key worlds had before it
+    assert is_built(root, load_config(preset="tiny", overrides=SMALL + ["tiny.build_threads=1"]).tiny)
+    assert not is_built(root, load_config(preset="tiny", overrides=SMALL + ["tiny.build_threads=2"]).tiny)
+    assert read_manifest(root)["tiny"]["build_threads"] == 1
 
 
 def test_large_eval_split_is_drawn_beside_the_world_without_rebuilding_it(small):

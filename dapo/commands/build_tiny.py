@@ -21,12 +21,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
     p.add_argument("--out", help="Build here instead of tiny.dir.")
     p.add_argument("--force", action="store_true", help="Rebuild even if a matching build exists.")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch CPU threads (default 1: reproducible, and fastest on a shared machine).",
-    )
 
 
 class _PlainProgress:
@@ -72,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
                     tasks[phase] = bar.add_task(phase, total=total)
                 bar.update(tasks[phase], completed=done, total=total)
 
-            path = ensure_tiny_world(cfg, out=root, force=args.force, progress=progress, threads=args.threads)
+            path = ensure_tiny_world(cfg, out=root, force=args.force, progress=progress)
     else:
-        path = ensure_tiny_world(cfg, out=root, force=args.force, progress=_PlainProgress(), threads=args.threads)
+        path = ensure_tiny_world(cfg, out=root, force=args.force, progress=_PlainProgress())
     m = read_manifest(path) or {}
     ev = m.get("eval", {})
     keys = ("build_seconds", "param_count", "vocab_size", "max_prompt_tokens", "weights_sha256")

@@ -123,6 +123,8 @@ def world_hash(tiny: TinyWorldConfig) -> str:
         d.pop("sft_connectives", None)
     if d.get("kernels") == "avx2":  # the pins of build 4, before the key: worlds built then stay valid
         d.pop("kernels")
+    if d.get("build_threads") == 1:  # worlds built before the key used one thread: they stay valid
+        d.pop("build_threads")
     d["build_version"] = BUILD_VERSION
     if tiny.kind == "habits":
         d["habits_recipe"] = HABITS_RECIPE
@@ -166,7 +168,6 @@ def ensure_tiny_world(
     out: str | Path | None = None,
     force: bool = False,
     progress: Progress | None = None,
-    threads: int = 1,
 ) -> Path:
     """The tiny world directory for `cfg` (default `cfg.tiny.dir`), built first when missing or stale.
 
@@ -174,8 +175,7 @@ def ensure_tiny_world(
     The build-end measurement uses the run's eval settings (temperature, top_p, the eval token cap; eval.n but at
     least `MEASURE_MIN_N` samples per problem of the AIME-sized split) and its rollout settings for the
     train-group fractions; they are recorded in the manifest, not hashed.
-    `threads`: torch CPU threads for the build. 1 by default: on a shared machine two OpenMP threads ran 5-10x
-    slower than one (spin-waiting), and a fixed count keeps the build bit-reproducible.
+    The build uses `tiny.build_threads` torch CPU threads (part of the world's key: see `world_hash`).
     """
     root = Path(out if out is not None else cfg.tiny.dir)
     if not force and is_built(root, cfg.tiny):
@@ -203,7 +203,6 @@ def ensure_tiny_world(
                 group_top_p=cfg.rollout.top_p,
                 max_prompt_length=cfg.data.max_prompt_length,
                 progress=progress,
-                threads=threads,
             )
             if root.exists():
                 old = root.parent / f".{root.name}.old-{os.getpid()}"
@@ -343,14 +342,12 @@ def build_tiny_world(
     group_top_p: float,
     max_prompt_length: int,
     progress: Progress | None = None,
-    threads: int = 1,
 ) -> dict[str, Any]:
     """Build everything into `out_dir` (no caching here) in a child process with pinned CPU kernels, and return the
     manifest it wrote. A ValueError of the build (a config it cannot build) is raised here with its message."""
     request = {
         "tiny": tiny.model_dump(mode="json"),
         "out_dir": str(out_dir),
-        "threads": threads,
         "settings": {
             "eval_n": eval_n,
             "eval_temperature": eval_temperature,
@@ -362,7 +359,7 @@ def build_tiny_world(
             "max_prompt_length": max_prompt_length,
         },
     }
-    threads_env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    threads_env = {k: str(tiny.build_threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     env = {**os.environ, **pinned_kernels(tiny.kernels), **threads_env}
     error: dict[str, str] | None = None
     with subprocess.Popen(
@@ -404,14 +401,14 @@ def _child_main(argv: list[str]) -> int:
         print(_PROTOCOL + json.dumps(msg), flush=True)
 
     request = json.loads(argv[0])
-    torch.set_num_threads(request["threads"])
+    tiny = TinyWorldConfig.model_validate(request["tiny"])
+    torch.set_num_threads(tiny.build_threads)
     try:
         _build(
-            TinyWorldConfig.model_validate(request["tiny"]),
+            tiny,
             Path(request["out_dir"]),
             **request["settings"],
             progress=lambda phase, done, total: say({"progress": [phase, done, total]}),
-            threads=request["threads"],
         )
     except Exception as e:  # reported to the parent, which raises it with this message
         say({"error": {"type": type(e).__name__, "message": str(e)}})
@@ -432,7 +429,6 @@ def _build(
     group_top_p: float,
     max_prompt_length: int,
     progress: Progress | None,
-    threads: int,
 ) -> dict[str, Any]:
     import torch
 
@@ -549,7 +545,6 @@ def _build(
         "created_unix": time.time(),
         "build_seconds": round(time.perf_counter() - t0, 1),
         "build_cpu_seconds": round(time.process_time() - c0, 1),
-        "threads": threads,
         "kernels": {**pinned_kernels(tiny.kernels), "cpu_capability": torch.backends.cpu.get_cpu_capability()},
         "weights_sha256": weights_digest(out.model),
         "param_count": param_count(model),
