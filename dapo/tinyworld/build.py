@@ -70,6 +70,10 @@ TINY = "tiny"
 TINY_LARGE = "tiny-large"
 # tiny.* keys the built world does not depend on (left out of its hash; see world_hash)
 UNHASHED_KEYS = ("dir", "n_eval_large")
+# tiny.* keys added after worlds had been built, with the value those worlds were built with: at that value a key is
+# left out of the hash, so the worlds stay valid. sft_connectives came after build 3 (a no-op at 0); kernels' avx2
+# are build 4's pins; build_threads: builds used one thread before it was a key.
+KEYS_ADDED_LATER = {"sft_connectives": 0.0, "kernels": "avx2", "build_threads": 1}
 # tiny.* keys that only one kind of world reads (left out of the other kind's hash)
 ARITHMETIC_ONLY_KEYS = ("difficulty", "sft_guess", "sft_connectives")
 HABITS_ONLY_KEYS = (
@@ -119,12 +123,9 @@ def world_hash(tiny: TinyWorldConfig) -> str:
     d = tiny.model_dump(mode="json")
     for key in UNHASHED_KEYS + (HABITS_ONLY_KEYS + ("kind",) if tiny.kind == "arithmetic" else ARITHMETIC_ONLY_KEYS):
         d.pop(key, None)
-    if not d.get("sft_connectives"):  # added after build 3 and a no-op at 0: worlds built before it stay valid
-        d.pop("sft_connectives", None)
-    if d.get("kernels") == "avx2":  # the pins of build 4, before the key: worlds built then stay valid
-        d.pop("kernels")
-    if d.get("build_threads") == 1:  # worlds built before the key used one thread: they stay valid
-        d.pop("build_threads")
+    for key, built_before in KEYS_ADDED_LATER.items():
+        if key in d and d[key] == built_before:
+            d.pop(key)
     d["build_version"] = BUILD_VERSION
     if tiny.kind == "habits":
         d["habits_recipe"] = HABITS_RECIPE
