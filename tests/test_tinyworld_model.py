@@ -30,6 +30,19 @@ def _model(**kw):
     return make_model(50, **{**args, **kw})
 
 
+def _examples(lengths, seed=0, prefix=6):
+    """Random examples sharing a prompt prefix of `prefix` tokens: (prompt rest, response) lengths; EOS is 2."""
+    g = torch.Generator().manual_seed(seed)
+    shared = torch.randint(3, 50, (prefix,), generator=g).tolist()
+    return [
+        SFTExample(
+            shared + torch.randint(3, 50, (n,), generator=g).tolist(),
+            torch.randint(3, 50, (m,), generator=g).tolist() + [2],
+        )
+        for n, m in lengths
+    ]
+
+
 def test_head_size_16_is_refused_with_the_reason():
     with pytest.raises(ValueError, match="vLLM-CPU"):
         _model(hidden_size=64, num_heads=4)
@@ -45,15 +58,7 @@ def test_param_count_of_a_hand_sized_model():
 def test_shared_prefix_loss_equals_a_plain_forward_pass():
     """The prompt prefix runs once and its cache is broadcast: same loss and gradients as the full batch."""
     model = _model()
-    g = torch.Generator().manual_seed(0)
-    prefix = torch.randint(3, 50, (12,), generator=g).tolist()
-    examples = [
-        SFTExample(
-            prefix + torch.randint(3, 50, (n,), generator=g).tolist(),
-            torch.randint(3, 50, (m,), generator=g).tolist() + [2],
-        )
-        for n, m in [(3, 5), (7, 2), (1, 9)]
-    ]
+    examples = _examples([(3, 5), (7, 2), (1, 9)], prefix=12)
     loss = response_loss(model, examples, pad_id=0)
     grads = torch.autograd.grad(loss, list(model.parameters()))
     total, count = 0.0, 0
@@ -67,18 +72,6 @@ def test_shared_prefix_loss_equals_a_plain_forward_pass():
     assert loss.item() == pytest.approx(ref.item(), abs=1e-6)
     ref_grads = torch.autograd.grad(ref, list(model.parameters()))
     assert max((a - b).abs().max().item() for a, b in zip(grads, ref_grads, strict=True)) < 1e-5
-
-
-def _examples(lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    prefix = torch.randint(3, 50, (6,), generator=g).tolist()
-    return [
-        SFTExample(
-            prefix + torch.randint(3, 50, (n,), generator=g).tolist(),
-            torch.randint(3, 50, (m,), generator=g).tolist() + [2],
-        )
-        for n, m in lengths
-    ]
 
 
 def test_length_sorted_micro_batches_give_the_whole_batchs_gradient_with_less_padding():
