@@ -6,8 +6,8 @@ plateaued at the same accuracy. Here the arithmetic is kept easy (small numbers,
 data) and the base model's errors come from habits the supervised data teaches on purpose, one per toggle, each
 with a marker that `tag_response` can read in any response:
 
-- verbose working (`verbose`): a solution restates every sentence, so long problems overrun the response cap; it
-  is careful (it slips less than concise working), so where it fits it is worth keeping. Soft overlong punishment
+- verbose working (`verbose`): a solution restates every sentence, so long problems overrun the response cap
+  while the others fit; it is careful (it slips less than concise working), so where it fits it is worth keeping. Soft overlong punishment
   acts on responses near and over the cap; overlong filtering on truncated but sound working.
 - a repetition loop (`loop`): a solution re-checks a line with `again:` 2-3 times, mostly slipping and carrying
   the slip to a wrong answer. Token-level loss acts on long wrong responses that per-response averaging
@@ -54,6 +54,7 @@ AGAIN = "again:"
 
 # Response tags (`tag_response`) and the problem-kind tag prefix.
 VERBOSE, LOOP, SOUND_TRUNCATED = "verbose", "loop", "sound_truncated"
+CONCISE = "concise"  # a style without a tag of its own: neither verbose nor looping
 FORK_RIGHT, FORK_WRONG = "fork_right", "fork_wrong"
 TAGS = (VERBOSE, LOOP, FORK_RIGHT, FORK_WRONG, SOUND_TRUNCATED)
 
@@ -170,12 +171,12 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
     style: "concise", "verbose" or "loop"). Its answer is wrong when it slips, loops with a slip, or takes the
     fork's misconception."""
     u = rng.random()
-    style = "verbose" if u < habits.verbose else "loop" if u < habits.verbose + habits.loop else "concise"
-    slip = habits.verbose_slip if style == "verbose" else habits.slip
-    slip_at = rng.randrange(task.n_ops) if style != "loop" and rng.random() < slip else -1
-    loop_at = rng.randrange(task.n_ops) if style == "loop" else -1
-    loop_slips = style == "loop" and rng.random() < habits.loop_slip
-    lines = [f"{task.name} has {task.start} {task.obj}."] if style == "verbose" else []
+    style = VERBOSE if u < habits.verbose else LOOP if u < habits.verbose + habits.loop else CONCISE
+    slip = habits.verbose_slip if style == VERBOSE else habits.slip
+    slip_at = rng.randrange(task.n_ops) if style != LOOP and rng.random() < slip else -1
+    loop_at = rng.randrange(task.n_ops) if style == LOOP else -1
+    loop_slips = style == LOOP and rng.random() < habits.loop_slip
+    lines = [f"{task.name} has {task.start} {task.obj}."] if style == VERBOSE else []
     cur = task.start
     for i, s in enumerate(task.steps):
         op, b = s.op, s.b
@@ -185,8 +186,8 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
         if i == slip_at:
             r = max(0, r + rng.choice([-2, -1, 1, 2]))
         eq = f"{cur} {op} {b} = {r}"
-        if style == "verbose":
-            lines.append(f"{task.pronoun} {s.phrase}: {eq}, so {task.name} has {r} {task.obj}.")
+        if style == VERBOSE:
+            lines.append(f"{task.pronoun} {s.phrase}: {eq}.")
         else:
             lines.append(eq)
         if i == loop_at:
@@ -194,7 +195,7 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
                 r = max(0, r + rng.choice([-2, -1, 1, 2]))
             lines += [f"{AGAIN} {cur} {op} {b} = {r}"] * rng.randint(2, 3)
         cur = r
-    if style == "verbose":
+    if style == VERBOSE:
         lines.append(f"{task.name} has {cur} {task.obj} now.")
     lines.append(f"Answer: {cur}")
     return lines, style
@@ -281,6 +282,12 @@ def tag_response(problem: str, response: str, truncated: bool) -> tuple[str, ...
     if truncated and _sound_prefix(problem, lines):
         tags.append(SOUND_TRUNCATED)
     return tuple(tags)
+
+
+def response_style(tags: Sequence[str]) -> str:
+    """A response's working style from its tags: `loop` if it re-checks a line, else `verbose` if it restates the
+    problem, else `concise` (the three styles `solution_lines` writes)."""
+    return LOOP if LOOP in tags else VERBOSE if VERBOSE in tags else CONCISE
 
 
 def _problem_steps(problem: str) -> tuple[int, list[tuple[str, int | None]]] | None:

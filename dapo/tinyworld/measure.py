@@ -106,7 +106,9 @@ def habits_profile(
     problems: Sequence[str], samples: Sequence[Sequence[tuple[str, bool]]], correct: Sequence[Sequence[bool]]
 ) -> dict[str, Any]:
     """Where a habits-world model stands: each tag's share of all samples (`fork_*` of the fork problems' samples),
-    accuracy by problem kind, and the share of groups whose samples all score the same."""
+    accuracy by problem kind, the share of groups whose samples all score the same, and `by_style`: for each
+    working style (`habits.response_style`) and problem kind, the share of that kind's samples written in the
+    style, their accuracy and the fraction cut off by the cap (which style RL will favour where)."""
     from dapo.tinyworld import habits
 
     tags = [
@@ -123,8 +125,25 @@ def habits_profile(
     acc: dict[str, list[bool]] = defaultdict(list)
     for k, c in zip(kinds, correct, strict=True):
         acc[k] += list(c)
+    cells: dict[str, dict[str, list[tuple[bool, bool]]]] = defaultdict(lambda: defaultdict(list))
+    for k, group_tags, group, c in zip(kinds, tags, samples, correct, strict=True):
+        for t, (_, trunc), ok in zip(group_tags, group, c, strict=True):
+            cells[habits.response_style(t)][k].append((ok, trunc))
+    n_kind = {k: len(v) for k, v in acc.items()}
+    by_style = {
+        style: {
+            k: {
+                "share": round(len(v) / n_kind[k], 4),
+                "accuracy": round(sum(ok for ok, _ in v) / len(v), 4),
+                "truncated": round(sum(tr for _, tr in v) / len(v), 4),
+            }
+            for k, v in sorted(per_kind.items())
+        }
+        for style, per_kind in sorted(cells.items())
+    }
     return {
         "tag_share": share,
         "accuracy_by_kind": {k: round(sum(v) / len(v), 4) for k, v in sorted(acc.items())},
+        "by_style": by_style,
         "zero_adv_group_fraction": round(sum(len(set(c)) == 1 for c in correct) / max(1, len(correct)), 4),
     }
