@@ -7,8 +7,9 @@ data) and the base model's errors come from habits the supervised data teaches o
 with a marker that `tag_response` can read in any response:
 
 - verbose working (`verbose`): a solution restates every sentence, so long problems overrun the response cap
-  while the others fit; it is careful (it slips less than concise working), so where it fits it is worth keeping. Soft overlong punishment
-  acts on responses near and over the cap; overlong filtering on truncated but sound working.
+  while the others fit; it is careful (it slips less than concise working), so where it fits it is worth keeping.
+  Soft overlong punishment acts on responses near and over the cap; overlong filtering on truncated but sound
+  working.
 - a repetition loop (`loop`): a solution re-checks a line with `again:` 2-3 times, mostly slipping and carrying
   the slip to a wrong answer. Token-level loss acts on long wrong responses that per-response averaging
   under-penalises.
