@@ -86,10 +86,10 @@ MIA = "Mia has 6 apples. She buys 4 more. She loses half of them. She gives away
     [
         ("6 + 4 = 10\n10 / 2 = 5\n5 - 3 = 2\nAnswer: 2", False, (H.FORK_RIGHT,)),
         ("6 + 4 = 10\n10 - 2 = 8\n8 - 3 = 5\nAnswer: 5", False, (H.FORK_WRONG,)),
-        ("Mia has 6 apples.\nShe buys 4 more: 6 + 4 = 10, so Mia has 10 apples.\nShe loses half", True,
+        ("Mia has 6 apples.\nShe buys 4 more: 6 + 4 = 10.\nShe loses half", True,
          (H.VERBOSE, H.SOUND_TRUNCATED)),
         # cut off after a wrong line: not sound
-        ("Mia has 6 apples.\nShe buys 4 more: 6 + 4 = 11, so Mia has 11 apples.\nShe loses half", True, (H.VERBOSE,)),
+        ("Mia has 6 apples.\nShe buys 4 more: 6 + 4 = 11.\nShe loses half", True, (H.VERBOSE,)),
         # cut off before any operation line was complete: not working yet
         ("Mia has 6 apples.\nShe buys 4", True, (H.VERBOSE,)),
         ("6 + 4 = 10\nagain: 6 + 4 = 11\nagain: 6 + 4 = 11\n11 - 2 = 9", True, (H.LOOP, H.FORK_WRONG)),
@@ -97,6 +97,26 @@ MIA = "Mia has 6 apples. She buys 4 more. She loses half of them. She gives away
 )  # fmt: skip
 def test_tags_read_the_markers_of_hand_written_responses(response, truncated, tags):
     assert H.tag_response(MIA, response, truncated) == tags
+
+
+def test_the_build_profile_splits_accuracy_and_truncation_by_working_style_and_problem_kind():
+    from dapo.tinyworld.measure import habits_profile
+
+    long = H.make_task(random.Random(2), H.LONG).text
+    verbose_cut = ("Mia has 6 apples.\nShe buys 4 more: 6 + 4 = 10.\nShe loses half", True)
+    samples = [
+        [verbose_cut, ("6 + 4 = 10\n10 / 2 = 5\n5 - 3 = 2\nAnswer: 2", False)],  # MIA: cut verbose, right concise
+        [("6 + 4 = 10\nagain: 6 + 4 = 11\nAnswer: 1", False), ("Answer: 3", False)],  # long: loop, concise
+    ]
+    p = habits_profile([MIA, long], samples, [[False, True], [False, False]])
+    by = p["by_style"]
+    assert by[H.VERBOSE] == {H.FORK: {"share": 0.5, "accuracy": 0.0, "truncated": 1.0}}
+    assert by[H.CONCISE] == {
+        H.FORK: {"share": 0.5, "accuracy": 1.0, "truncated": 0.0},
+        H.LONG: {"share": 0.5, "accuracy": 0.0, "truncated": 0.0},
+    }
+    assert by[H.LOOP] == {H.LONG: {"share": 0.5, "accuracy": 0.0, "truncated": 0.0}}
+    assert p["accuracy_by_kind"] == {H.FORK: 0.5, H.LONG: 0.0} and p["zero_adv_group_fraction"] == 0.5
 
 
 def test_the_tagger_turns_a_steps_groups_into_habit_metrics():
