@@ -52,7 +52,9 @@ BUILD_VERSION = 4
 # 4: each random batch run as length-sorted micro-batches (`HABITS_SFT_MICRO_BATCHES`): the same steps, less padding.
 # 5: a verbose line restates the operation's sentence but not the running total ("He buys 3 more: 5 + 3 = 8."), so
 #    verbose working fits the cap on core problems (with the total it was cut off on a third of them).
-HABITS_RECIPE = 5
+# 6: a loop re-checks its line once or twice, not two or three times, so a looping answer to a long problem fits
+#    the cap (three re-checks cut off more than half of them, and cut-off loops were wrong for a second reason).
+HABITS_RECIPE = 6
 SFT_BATCH = 32  # sequences per supervised step
 # The habits world's random batches mix 15- and 150-token solutions; run as length-sorted micro-batches (gradients
 # summed), a batch pads far less. The arithmetic world keeps one micro-batch: its worlds stay bit for bit.

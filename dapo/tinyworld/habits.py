@@ -10,7 +10,7 @@ with a marker that `tag_response` can read in any response:
   while the others fit; it is careful (it slips less than concise working), so where it fits it is worth keeping.
   Soft overlong punishment acts on responses near and over the cap; overlong filtering on truncated but sound
   working.
-- a repetition loop (`loop`): a solution re-checks a line with `again:` 2-3 times, mostly slipping and carrying
+- a repetition loop (`loop`): a solution re-checks a line with `again:` once or twice, mostly slipping and carrying
   the slip to a wrong answer. Token-level loss acts on long wrong responses that per-response averaging
   under-penalises.
 - a misconception fork (`fork_right` / `fork_wrong`): the supervised data writes `x - 2` for "loses half of them"
@@ -82,7 +82,7 @@ class Habits:
     """How the supervised solutions are written (each a probability)."""
 
     verbose: float  # a solution restates every sentence
-    loop: float  # a concise solution re-checks one line with `again:` 2-3 times
+    loop: float  # a concise solution re-checks one line with `again:` once or twice
     loop_slip: float  # ... and the first re-check slips (carried forward to a wrong answer)
     fork_right: float  # "loses half of them" is written as x / 2 (else x - 2)
     slip: float  # a concise solution has one wrong result (carried forward): working in one's head is careless
@@ -194,7 +194,7 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
         if i == loop_at:
             if loop_slips:
                 r = max(0, r + rng.choice([-2, -1, 1, 2]))
-            lines += [f"{AGAIN} {cur} {op} {b} = {r}"] * rng.randint(2, 3)
+            lines += [f"{AGAIN} {cur} {op} {b} = {r}"] * rng.randint(1, 2)
         cur = r
     if style == VERBOSE:
         lines.append(f"{task.name} has {cur} {task.obj} now.")
