@@ -139,3 +139,34 @@ def test_the_habits_world_config_refuses_shares_above_one():
         load_config(preset="tiny", overrides=["tiny.kind=habits", "tiny.mix_easy=0.6", "tiny.mix_long=0.5"])
     with pytest.raises(ConfigError, match="sft_loop"):
         load_config(preset="tiny", overrides=["tiny.kind=habits", "tiny.sft_verbose=0.9", "tiny.sft_loop=0.2"])
+
+
+def test_the_presets_working_styles_sit_where_each_toggle_needs_them_against_the_cap():
+    """The habits preset's supervised solutions, in the world's own tokens (the build's tokenizer corpus): verbose
+    working fits the cap on all but long problems and overruns it on every long one (overlong filtering and the soft
+    punishment act on it); concise working always fits, and on long problems some of it reaches the soft
+    punishment's buffer; a loop fits the cap on all but some long problems. Change the world's text and this says
+    which design assumption broke before a 15-minute build does."""
+    from dapo.config import load_config
+    from dapo.tinyworld.build import SFT_BATCH, TOKENIZER_CORPUS, supervised_solutions, world_splits, world_tokenizer
+
+    cfg = load_config(preset="tiny-habits")
+    tiny = cfg.tiny.model_copy(update={"sft_steps": TOKENIZER_CORPUS // SFT_BATCH + 1})  # the build's first problems
+    splits = world_splits(tiny)
+    solutions = supervised_solutions(tiny, splits.sft)
+    tokens = world_tokenizer(splits.sft, solutions)(solutions, add_special_tokens=False)["input_ids"]
+    lengths: dict[tuple[str, str], list[int]] = {}
+    for task, text, ids in zip(splits.sft, solutions, tokens, strict=True):
+        style = H.response_style(H.tag_response(task.text, text, False))
+        lengths.setdefault((style, H.problem_kind(task.text)), []).append(len(ids) + 1)  # + end of sequence
+    cap, buffer = cfg.rollout.max_response_length, cfg.algorithm.overlong_buffer_len
+    assert len(lengths) == 12  # 3 styles x 4 kinds with supervised solutions (none for the unsolvable kind)
+    for (style, kind), n in lengths.items():
+        over = sum(x > cap for x in n) / len(n)
+        if style == H.VERBOSE:
+            assert over == (1.0 if kind == H.LONG else 0.0), (style, kind, max(n), min(n))
+        elif style == H.CONCISE or kind != H.LONG:
+            assert over == 0.0, (style, kind, max(n))
+        else:  # loops on long problems
+            assert 0.0 < over < 0.3, over
+    assert max(lengths[H.CONCISE, H.LONG]) > cap - buffer >= max(lengths[H.CONCISE, H.CORE])

@@ -41,6 +41,8 @@ from dapo.tinyworld import habits
 from dapo.tinyworld.tasks import Splits, Task, make_large_eval, make_splits, solution_lines
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from dapo.config import RunConfig, TinyWorldConfig
 
 # Bump when the task generator, tokenizer, training recipe or build environment changes: old caches are rebuilt.
@@ -307,6 +309,17 @@ def supervised_solutions(tiny: TinyWorldConfig, tasks: list[Task]) -> list[str]:
     return out
 
 
+def world_tokenizer(sft_tasks: list[Task], solutions: list[str]) -> PreTrainedTokenizerBase:
+    """The world's BPE tokenizer, trained on the texts the model will see: chat roles, the DAPO template, the first
+    TOKENIZER_CORPUS supervised problems and their solutions."""
+    from dapo.data.prompts import apply_dapo_template
+    from dapo.tinyworld.tokenizer import train_tokenizer
+
+    corpus = [f"user\n{apply_dapo_template(t.text)}" for t in sft_tasks[:TOKENIZER_CORPUS]]
+    corpus += [f"assistant\n{s}" for s in solutions[:TOKENIZER_CORPUS]]
+    return train_tokenizer(corpus, VOCAB_SIZE)
+
+
 def _write_jsonl(path: Path, tasks: list[Task], prefix: str, *, kinds: bool = False) -> None:
     """One problem per line (id, problem, answer, n_ops; with `kinds`, the habits world's problem kind too)."""
     width = len(str(max(1, len(tasks) - 1)))
@@ -437,10 +450,9 @@ def _build(
 ) -> dict[str, Any]:
     import torch
 
-    from dapo.data.prompts import apply_dapo_template, build_prompt
+    from dapo.data.prompts import build_prompt
     from dapo.tinyworld.measure import measure
     from dapo.tinyworld.model import SFTExample, make_model, param_count, train_sft
-    from dapo.tinyworld.tokenizer import train_tokenizer
 
     report = progress or (lambda phase, done, total: None)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -459,9 +471,7 @@ def _build(
 
     # 2. tokenizer: trained on the texts the model will see (chat roles, DAPO template, problems, solutions)
     report("tokenizer", 0, 1)
-    corpus = [f"user\n{apply_dapo_template(t.text)}" for t in splits.sft[:TOKENIZER_CORPUS]]
-    corpus += [f"assistant\n{s}" for s in solutions[:TOKENIZER_CORPUS]]
-    tokenizer = train_tokenizer(corpus, VOCAB_SIZE)
+    tokenizer = world_tokenizer(splits.sft, solutions)
     report("tokenizer", 1, 1)
 
     def prompt_ids(tasks: list[Task]) -> list[list[int]]:
