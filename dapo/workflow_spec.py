@@ -193,6 +193,8 @@ def build_spec(
     experiment = config.get("experiment") or f"dapo-{name}"
     # the config's own tiny.dir (default results/tiny_world, where the tests cache it too): built once for both
     tiny_dir = Path(config.get("tiny_world") or base.tiny.dir).resolve()
+    if config.get("tiny_world") and base.model.path == "tiny":
+        _check_reused_world(tiny_dir, base)
     base_model = _base_model(base, results, tiny_dir)
     data = results / "data"
     # what every train call gets after its run's file, its design's overrides, the workflow's and its seed
@@ -292,6 +294,20 @@ def _resolve_runs(
     cfgs.update({(run, seed): resolve(run, seed) for run in designs for seed in seeds if (run, seed) not in cfgs})
     check_shared(cfgs)
     return chosen, problems, designs, cfgs
+
+
+def _check_reused_world(tiny_dir: Path, base: RunConfig) -> None:
+    """A world named by `tiny_world` must be the one the runs' `tiny.*` settings describe: otherwise its build would
+    rebuild it in place, over the world the user meant to reuse, before a single run starts."""
+    from dapo.tinyworld.build import world_mismatch
+
+    why = world_mismatch(tiny_dir, base.tiny)
+    if why:
+        raise WorkflowSpecError(
+            f"tiny_world={tiny_dir} (configs/workflow.yaml or --config) was {why}; reusing it would rebuild it in "
+            "place. Nothing was submitted. Pass the settings it was built with as overrides (--config "
+            "'overrides=[\"tiny.seed=...\"]'), or leave tiny_world unset to build this config's world at its tiny.dir."
+        )
 
 
 def _base_model(base: RunConfig, results: Path, tiny_dir: Path) -> dict[str, str]:

@@ -106,3 +106,21 @@ def test_dapo_plan_json_answers_an_error_with_the_fix(tmp_path, capsys):
     assert main(["plan", "--config", f"results={tmp_path}", "preset=qwen2.5-32b", "plan={gpu_memory_gib: 40}"]) == 1
     out = capsys.readouterr()
     assert "per-GPU memory" in out.out and "change the keys named" in out.err
+
+
+def test_a_reused_world_built_with_other_settings_is_refused_before_it_is_rebuilt_over(tmp_path):
+    """`tiny_world=DIR` names a world to reuse. Built with other tiny.* settings, the workflow's build would replace it
+    in place; the spec refuses instead, naming each key with both values, and reuses it once the overrides match."""
+    from dapo.tinyworld.build import world_hash
+
+    tiny = load_config(preset="tiny", overrides=["tiny.seed=7", "tiny.sft_steps=50"]).tiny
+    world = tmp_path / "world"
+    world.mkdir()
+    manifest = {"hash": world_hash(tiny), "build_version": 4, "tiny": tiny.model_dump(mode="json")}
+    (world / "manifest.json").write_text(json.dumps(manifest))
+    reuse = dict(results=str(tmp_path / "results"), tiny_world=str(world))
+    with pytest.raises(W.WorkflowSpecError, match=r"tiny.seed=7 \(this config: 0\), tiny.sft_steps=50 \(this config"):
+        W.build_spec(config(**reuse), with_plan=False)
+    spec = W.build_spec(config(**reuse, overrides=["tiny.seed=7", "tiny.sft_steps=50"]), with_plan=False)
+    assert spec["tiny_dir"] == str(world)
+    assert json.loads((world / "manifest.json").read_text()) == manifest  # untouched

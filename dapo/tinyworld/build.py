@@ -158,6 +158,27 @@ def is_built(root: str | Path, tiny: TinyWorldConfig) -> bool:
     )
 
 
+def world_mismatch(root: str | Path, tiny: TinyWorldConfig) -> str | None:
+    """Why the world built at `root` is not the one `tiny` describes, in the config's keys , or None when it is (or
+    nothing, or only part of this world, is built there yet)."""
+    m = read_manifest(root)
+    if m is None or m.get("hash") == world_hash(tiny):  # an unfinished build of this world is finished in place
+        return None
+    built = {**KEYS_ADDED_LATER, **m.get("tiny", {})}
+    want = tiny.model_dump(mode="json")
+    skip = set(UNHASHED_KEYS) | set(HABITS_ONLY_KEYS if tiny.kind == "arithmetic" else ARITHMETIC_ONLY_KEYS)
+    diff = [
+        f"tiny.{k}={built.get(k)} (this config: {v})" for k, v in want.items() if k not in skip and built.get(k) != v
+    ]
+    if diff:
+        return "built with " + ", ".join(diff)
+    recipe = f", habits recipe {HABITS_RECIPE}" if tiny.kind == "habits" else ""
+    return (
+        f"built by build version {m.get('build_version')} with the same settings, but this code builds version "
+        f"{BUILD_VERSION}{recipe}: the world's text or model would differ"
+    )
+
+
 @contextlib.contextmanager
 def _lock(root: Path) -> Iterator[None]:
     root.parent.mkdir(parents=True, exist_ok=True)
