@@ -197,8 +197,10 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
 
 
 def habit_tagger(cfg: RunConfig) -> HabitTagger | None:
-    """The habits world's tagger when a run trains on it (its train split and its model), else None."""
-    if cfg.tiny.kind == "habits" and cfg.data.train == "tiny" and cfg.model.path == "tiny":
+    """The habits world's tagger when a run starts from the habits world's model: `model.path: tiny`, or the world's
+    model directory, as the workflow passes it (with the world's split prepared as a file), else None."""
+    world_model = Path(cfg.tiny.dir, "model").resolve()
+    if cfg.tiny.kind == "habits" and (cfg.model.path == "tiny" or Path(cfg.model.path).resolve() == world_model):
         from dapo.tinyworld.habits import Tagger
 
         return Tagger()
