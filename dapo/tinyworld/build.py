@@ -159,8 +159,8 @@ def is_built(root: str | Path, tiny: TinyWorldConfig) -> bool:
 
 
 def world_mismatch(root: str | Path, tiny: TinyWorldConfig) -> str | None:
-    """Why the world built at `root` is not the one `tiny` describes, in the config's keys , or None when it is (or
-    nothing, or only part of this world, is built there yet)."""
+    """Why the world built at `root` is not the one `tiny` describes, named by the config's keys with both values; None
+    when it is, or when nothing, or only part of this world, is built there yet."""
     m = read_manifest(root)
     if m is None or m.get("hash") == world_hash(tiny):  # an unfinished build of this world is finished in place
         return None
