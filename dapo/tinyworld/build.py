@@ -124,14 +124,22 @@ def tiny_paths(root: str | Path) -> TinyPaths:
     return TinyPaths(root, root / "model", root / "train.jsonl", root / "eval.jsonl", root / "manifest.json")
 
 
-def world_hash(tiny: TinyWorldConfig) -> str:
-    """What the built world depends on: every `tiny.*` key but `dir`, and the build recipe version."""
-    d = tiny.model_dump(mode="json")
-    for key in UNHASHED_KEYS + (HABITS_ONLY_KEYS + ("kind",) if tiny.kind == "arithmetic" else ARITHMETIC_ONLY_KEYS):
+def _world_settings(tiny: dict[str, Any]) -> dict[str, Any]:
+    """The `tiny.*` settings (a config's, or a manifest's record of one) that define a world: those of its kind, but
+    `dir`, and without the keys added later at the value worlds were built with before them."""
+    arithmetic = tiny.get("kind", "arithmetic") == "arithmetic"
+    d = dict(tiny)
+    for key in UNHASHED_KEYS + (HABITS_ONLY_KEYS + ("kind",) if arithmetic else ARITHMETIC_ONLY_KEYS):
         d.pop(key, None)
     for key, built_before in KEYS_ADDED_LATER.items():
         if key in d and d[key] == built_before:
             d.pop(key)
+    return d
+
+
+def world_hash(tiny: TinyWorldConfig) -> str:
+    """What the built world depends on: every `tiny.*` key but `dir`, and the build recipe version."""
+    d = _world_settings(tiny.model_dump(mode="json"))
     d["build_version"] = BUILD_VERSION
     if tiny.kind == "habits":
         d["habits_recipe"] = HABITS_RECIPE
@@ -164,12 +172,10 @@ def world_mismatch(root: str | Path, tiny: TinyWorldConfig) -> str | None:
     m = read_manifest(root)
     if m is None or m.get("hash") == world_hash(tiny):  # an unfinished build of this world is finished in place
         return None
-    built = {**KEYS_ADDED_LATER, **m.get("tiny", {})}
-    want = tiny.model_dump(mode="json")
-    skip = set(UNHASHED_KEYS) | set(HABITS_ONLY_KEYS if tiny.kind == "arithmetic" else ARITHMETIC_ONLY_KEYS)
-    diff = [
-        f"tiny.{k}={built.get(k)} (this config: {v})" for k, v in want.items() if k not in skip and built.get(k) != v
-    ]
+    config = tiny.model_dump(mode="json")
+    built, want = _world_settings(m.get("tiny", {})), _world_settings(config)
+    shown = {k: built.get(k, KEYS_ADDED_LATER.get(k)) for k in [*want, *built]}  # a key it lacks: its value then
+    diff = [f"tiny.{k}={v} (this config: {config.get(k)})" for k, v in shown.items() if v != config.get(k)]
     if diff:
         return "built with " + ", ".join(diff)
     recipe = f", habits recipe {HABITS_RECIPE}" if tiny.kind == "habits" else ""
