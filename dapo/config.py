@@ -132,7 +132,10 @@ class TinyWorldConfig(_Section):
         0.2, ge=0, le=1, description="habits world: share of problems with the misconception fork (`loses half`)."
     )
     mix_long: float = Field(
-        0.1, ge=0, le=1, description="habits world: share of 5-6 operation problems (verbose working overruns the cap)."
+        0.1,
+        ge=0,
+        le=1,
+        description="habits world: share of 4-6 operation problems (verbose working overruns the cap on most).",
     )
     mix_unsolvable: float = Field(
         0.15,
@@ -147,6 +150,14 @@ class TinyWorldConfig(_Section):
         le=1,
         description="habits world: fraction of verbose solutions with a slip (tiny.sft_corruption is the concise "
         "ones'): careful working that is worth keeping where it fits the cap.",
+    )
+    sft_long_slip: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="habits world: fraction of concise solutions to long problems with a slip (unset: "
+        "tiny.sft_corruption): working many steps in one's head is careless, so verbose working is worth its "
+        "length there, where it fits the cap.",
     )
     sft_loop: float = Field(
         0.12,

@@ -56,7 +56,9 @@ BUILD_VERSION = 4
 #    verbose working fits the cap on core problems (with the total it was cut off on a third of them).
 # 6: a loop re-checks its line once or twice, not two or three times, so a looping answer to a long problem fits
 #    the cap (three re-checks cut off more than half of them, and cut-off loops were wrong for a second reason).
-HABITS_RECIPE = 6
+# 7: long problems have 4-6 operations (from 5-6), so verbose working fits the cap on some long problems and not
+#    on others; `tiny.sft_long_slip` lets concise working slip more on long problems, a reason to write longer.
+HABITS_RECIPE = 7
 SFT_BATCH = 32  # sequences per supervised step
 # The habits world's random batches mix 15- and 150-token solutions; run as length-sorted micro-batches (gradients
 # summed), a batch pads far less. The arithmetic world keeps one micro-batch: its worlds stay bit for bit.
@@ -78,8 +80,8 @@ TINY_LARGE = "tiny-large"
 UNHASHED_KEYS = ("dir", "n_eval_large")
 # tiny.* keys added after worlds had been built, with the value those worlds were built with: at that value a key is
 # left out of the hash, so the worlds stay valid. sft_connectives came after build 3 (a no-op at 0); kernels' avx2
-# are build 4's pins; build_threads: builds used one thread before it was a key.
-KEYS_ADDED_LATER = {"sft_connectives": 0.0, "kernels": "avx2", "build_threads": 1}
+# are build 4's pins; build_threads: builds used one thread before it was a key; sft_long_slip: habits recipe 7.
+KEYS_ADDED_LATER = {"sft_connectives": 0.0, "kernels": "avx2", "build_threads": 1, "sft_long_slip": None}
 # tiny.* keys that only one kind of world reads (left out of the other kind's hash)
 ARITHMETIC_ONLY_KEYS = ("difficulty", "sft_guess", "sft_connectives")
 HABITS_ONLY_KEYS = (
@@ -88,6 +90,7 @@ HABITS_ONLY_KEYS = (
     "mix_long",
     "mix_unsolvable",
     "sft_verbose_slip",
+    "sft_long_slip",
     "sft_loop",
     "sft_loop_slip",
     "sft_fork_right",
@@ -324,6 +327,7 @@ def supervised_solutions(tiny: TinyWorldConfig, tasks: list[Task]) -> list[str]:
             fork_right=tiny.sft_fork_right,
             slip=tiny.sft_corruption,
             verbose_slip=tiny.sft_verbose_slip,
+            long_slip=tiny.sft_long_slip,
         )
         return ["\n".join(habits.solution_lines(t, h, rng)[0]) for t in tasks]
     for t in tasks:

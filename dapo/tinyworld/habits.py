@@ -6,8 +6,9 @@ plateaued at the same accuracy. Here the arithmetic is kept easy (small numbers,
 data) and the base model's errors come from habits the supervised data teaches on purpose, one per toggle, each
 with a marker that `tag_response` can read in any response:
 
-- verbose working (`verbose`): a solution restates every sentence, so long problems overrun the response cap
-  while the others fit; it is careful (it slips less than concise working), so where it fits it is worth keeping.
+- verbose working (`verbose`): a solution restates every sentence, so most long problems overrun the response cap
+  while the others fit; it is careful (it slips less than concise working, which on long problems may slip far more
+  often: `Habits.long_slip`), so where it fits it is worth keeping, and on long problems worth the risk of the cap.
   Soft overlong punishment acts on responses near and over the cap; overlong filtering on truncated but sound
   working.
 - a repetition loop (`loop`): a solution re-checks a line with `again:` once or twice, mostly slipping and carrying
@@ -20,7 +21,8 @@ with a marker that `tag_response` can read in any response:
   (always wrong). Dynamic sampling acts on groups whose responses all score the same.
 
 Problem kinds (`problem_kind`, read from the problem text): `easy` (one operation), `core` (2-3), `fork` (2-3, one
-of them "loses half of them"), `long` (5-6 operations: concise working fits the cap, verbose working does not)
+of them "loses half of them"), `long` (4-6 operations: concise working fits the cap, verbose working
+fits it on the shorter ones only)
 and `unsolvable` (contains "squares them", an operation the supervised data never shows).
 
 Everything is a pure function of a `random.Random`, so a seed reproduces the same problems and solutions.
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
 EASY, CORE, FORK, LONG, UNSOLVABLE = "easy", "core", "fork", "long", "unsolvable"
 KINDS = (EASY, CORE, FORK, LONG, UNSOLVABLE)
 # operations per problem, by kind
-N_OPS = {EASY: (1, 1), CORE: (2, 3), FORK: (2, 3), LONG: (5, 6), UNSOLVABLE: (2, 3)}
+N_OPS = {EASY: (1, 1), CORE: (2, 3), FORK: (2, 3), LONG: (4, 6), UNSOLVABLE: (2, 3)}
 
 _ADD = ["buys {k} more", "finds {k} more", "gets {k} more"]
 _SUB = ["gives away {k}", "loses {k}", "sells {k}"]
@@ -87,6 +89,7 @@ class Habits:
     fork_right: float  # "loses half of them" is written as x / 2 (else x - 2)
     slip: float  # a concise solution has one wrong result (carried forward): working in one's head is careless
     verbose_slip: float = 0.0  # ... a verbose one (restating each sentence is careful: it slips less)
+    long_slip: float | None = None  # ... a concise one on a long problem (None: `slip`): many steps in one's head
 
 
 def _apply(a: int, op: str, b: int) -> int:
@@ -174,6 +177,8 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
     u = rng.random()
     style = VERBOSE if u < habits.verbose else LOOP if u < habits.verbose + habits.loop else CONCISE
     slip = habits.verbose_slip if style == VERBOSE else habits.slip
+    if style == CONCISE and habits.long_slip is not None and task.n_ops >= N_OPS[LONG][0]:
+        slip = habits.long_slip
     slip_at = rng.randrange(task.n_ops) if style != LOOP and rng.random() < slip else -1
     loop_at = rng.randrange(task.n_ops) if style == LOOP else -1
     loop_slips = style == LOOP and rng.random() < habits.loop_slip
