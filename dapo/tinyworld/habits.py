@@ -177,7 +177,7 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
     u = rng.random()
     style = VERBOSE if u < habits.verbose else LOOP if u < habits.verbose + habits.loop else CONCISE
     slip = habits.verbose_slip if style == VERBOSE else habits.slip
-    if style == CONCISE and habits.long_slip is not None and task.n_ops >= N_OPS[LONG][0]:
+    if style == CONCISE and habits.long_slip is not None and problem_kind(task.text) == LONG:
         slip = habits.long_slip
     slip_at = rng.randrange(task.n_ops) if style != LOOP and rng.random() < slip else -1
     loop_at = rng.randrange(task.n_ops) if style == LOOP else -1
