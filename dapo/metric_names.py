@@ -91,6 +91,9 @@ HABIT_ACC_CORE = "habit/accuracy_core"
 HABIT_ACC_FORK = "habit/accuracy_fork"
 HABIT_ACC_LONG = "habit/accuracy_long"
 HABIT_ACC_UNSOLVABLE = "habit/accuracy_unsolvable"
+HABIT_ACC_CONCISE = "habit/accuracy_concise"  # accuracy of each working style's responses (concise: neither tag)
+HABIT_ACC_VERBOSE = "habit/accuracy_verbose"
+HABIT_ACC_LOOP = "habit/accuracy_loop"
 
 # --- evaluation (k is the preset's n: avg@32 for the paper). Use the helpers below.
 EVAL_PREFIX = "eval"

@@ -129,6 +129,8 @@ def test_the_tagger_turns_a_steps_groups_into_habit_metrics():
     assert m[M.HABIT_FORK_RIGHT] == 1 / 4 and m[M.HABIT_FORK_WRONG] == 2 / 4  # of the fork problem's responses
     assert m[M.HABIT_LOOP] == 1 / 6 and m[M.HABIT_VERBOSE] == 1 / 6 and m[M.HABIT_SOUND_TRUNCATED] == 0
     assert m[M.HABIT_ACC_FORK] == 1 / 4 and m[M.HABIT_ACC_EASY] == 1.0 and M.HABIT_ACC_LONG not in m
+    # by working style, over both groups: concise 2 of 4 right, the one loop wrong, the one verbose answer right
+    assert (m[M.HABIT_ACC_CONCISE], m[M.HABIT_ACC_LOOP], m[M.HABIT_ACC_VERBOSE]) == (0.5, 0.0, 1.0)
     assert set(m) <= set(M.all_training_metrics())
 
 

@@ -351,7 +351,9 @@ class Tagger:
 
     - the share of responses with each tag (`habit/verbose`, ...); for `fork_right` / `fork_wrong`, of the fork
       problems' responses (how far the right operation has been adopted);
-    - the accuracy on each kind of problem in the step (`habit/accuracy_easy`, ...).
+    - the accuracy on each kind of problem in the step (`habit/accuracy_easy`, ...);
+    - the accuracy of each working style's responses (`habit/accuracy_concise`, `_verbose`, `_loop`): what RL sees
+      for or against a habit, a condition-side reading when a habit dies.
     """
 
     def tags(self, problem: str, response: str, truncated: bool) -> tuple[str, ...]:
@@ -377,6 +379,7 @@ class Tagger:
             LONG: M.HABIT_ACC_LONG,
             UNSOLVABLE: M.HABIT_ACC_UNSOLVABLE,
         }
+        by_style = {CONCISE: M.HABIT_ACC_CONCISE, VERBOSE: M.HABIT_ACC_VERBOSE, LOOP: M.HABIT_ACC_LOOP}
         out: dict[str, float] = {}
         every = [t for o in generated for t in o.tags]
         fork = [t for o in generated if o.kind == FORK for t in o.tags]
@@ -386,6 +389,12 @@ class Tagger:
                 out[name] = sum(tag in t for t in pool) / len(pool)
         for kind, name in accuracy.items():
             correct = [c for o in generated if o.kind == kind for c in o.correct]
+            if correct:
+                out[name] = sum(correct) / len(correct)
+        for style, name in by_style.items():
+            correct = [
+                c for o in generated for t, c in zip(o.tags, o.correct, strict=True) if response_style(t) == style
+            ]
             if correct:
                 out[name] = sum(correct) / len(correct)
         return out
