@@ -159,6 +159,14 @@ class TinyWorldConfig(_Section):
         "tiny.sft_corruption): working many steps in one's head is careless, so verbose working is worth its "
         "length there, where it fits the cap.",
     )
+    sft_combine: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="habits world: fraction of concise solutions to problems of two or more operations without the "
+        'fork that work the operations in pairs, writing only each pair\'s result ("6 + 4 then * 2 = 20"): a step '
+        "in one's head that the small model gets wrong on its own, so verbose working is worth its length.",
+    )
     sft_loop: float = Field(
         0.12,
         ge=0,

@@ -78,6 +78,31 @@ def test_a_plain_solution_is_right_and_each_habit_writes_what_it_says():
     assert H.LOOP in H.tag_response(tasks[0].text, "\n".join(loop), False)
 
 
+def test_combined_working_writes_each_pairs_result_only_and_leaves_the_fork_and_the_other_styles_alone():
+    rng = random.Random(2)
+    combined = H.Habits(0, 0, 0, fork_right=1.0, slip=0, combine=1.0)
+    for kind in (H.EASY, H.CORE, H.FORK, H.LONG):
+        for _ in range(40):
+            t = H.make_task(rng, kind)
+            lines, style = H.solution_lines(t, combined, rng)
+            work = lines[:-1]
+            assert style == H.CONCISE and lines[-1] == f"Answer: {t.answer}"  # no slip: pairs are worked right
+            if kind in (H.EASY, H.FORK):  # one operation, or the fork's line must stay readable: plain lines
+                assert len(work) == t.n_ops and not any(H.THEN in ln for ln in work)
+            else:  # 2-6 operations in ceil(n / 2) lines; each pair names both operations and one result
+                assert len(work) == (t.n_ops + 1) // 2
+                assert all(ln.count("=") == 1 for ln in work)
+                assert sum(ln.count(H.THEN) for ln in work) == t.n_ops // 2
+    t = H.make_task(random.Random(5), H.CORE)
+    other = {
+        "verbose": H.Habits(1.0, 0, 0, 1.0, 0, combine=1.0),
+        "loop": H.Habits(0, 1.0, 0, 1.0, 0, combine=1.0),
+    }
+    for style, habits in other.items():
+        lines, got = H.solution_lines(t, habits, random.Random(0))
+        assert got == style and not any(H.THEN in ln for ln in lines)
+
+
 MIA = "Mia has 6 apples. She buys 4 more. She loses half of them. She gives away 3. How many apples does Mia have now?"
 
 

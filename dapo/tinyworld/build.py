@@ -80,8 +80,15 @@ TINY_LARGE = "tiny-large"
 UNHASHED_KEYS = ("dir", "n_eval_large")
 # tiny.* keys added after worlds had been built, with the value those worlds were built with: at that value a key is
 # left out of the hash, so the worlds stay valid. sft_connectives came after build 3 (a no-op at 0); kernels' avx2
-# are build 4's pins; build_threads: builds used one thread before it was a key; sft_long_slip: habits recipe 7.
-KEYS_ADDED_LATER = {"sft_connectives": 0.0, "kernels": "avx2", "build_threads": 1, "sft_long_slip": None}
+# are build 4's pins; build_threads: builds used one thread before it was a key; sft_long_slip: habits recipe 7;
+# sft_combine: off, it draws nothing from the solutions' random stream, so recipe 7's worlds stay valid.
+KEYS_ADDED_LATER = {
+    "sft_connectives": 0.0,
+    "kernels": "avx2",
+    "build_threads": 1,
+    "sft_long_slip": None,
+    "sft_combine": 0.0,
+}
 # tiny.* keys that only one kind of world reads (left out of the other kind's hash)
 ARITHMETIC_ONLY_KEYS = ("difficulty", "sft_guess", "sft_connectives")
 HABITS_ONLY_KEYS = (
@@ -91,6 +98,7 @@ HABITS_ONLY_KEYS = (
     "mix_unsolvable",
     "sft_verbose_slip",
     "sft_long_slip",
+    "sft_combine",
     "sft_loop",
     "sft_loop_slip",
     "sft_fork_right",
@@ -328,6 +336,7 @@ def supervised_solutions(tiny: TinyWorldConfig, tasks: list[Task]) -> list[str]:
             slip=tiny.sft_corruption,
             verbose_slip=tiny.sft_verbose_slip,
             long_slip=tiny.sft_long_slip,
+            combine=tiny.sft_combine,
         )
         return ["\n".join(habits.solution_lines(t, h, rng)[0]) for t in tasks]
     for t in tasks:

@@ -17,6 +17,12 @@ with a marker that `tag_response` can read in any response:
 - a misconception fork (`fork_right` / `fork_wrong`): the supervised data writes `x - 2` for "loses half of them"
   most of the time and the right `x / 2` rarely. Clip-higher acts on such a rare token with positive advantage,
   where the upper clip binds.
+- combined working (`Habits.combine`, no tag of its own: a concise style): a concise solution works two operations
+  on one line and writes only the pair's result ("6 + 4 then * 2 = 20"). The data is as right as any concise
+  solution, but the step in one's head is one a 1M-parameter model gets wrong more often than two plain lines, so
+  its errors are the model's own, which a slip rate in the data is not (the model learns the arithmetic from the
+  other solutions and slips far less than its data does). Verbose working, one operation a line, is then worth
+  its length across the mix, not only where concise working slips.
 - a difficulty mix (problem kinds): one-operation problems (soon all correct) and a squaring step never shown
   (always wrong). Dynamic sampling acts on groups whose responses all score the same.
 
@@ -54,6 +60,7 @@ START_MAX = 12
 ADD_MAX = 9
 VALUE_MAX = 40  # every intermediate value stays in 1..VALUE_MAX (squares aside)
 AGAIN = "again:"
+THEN = "then"  # joins two operations worked on one line: "6 + 4 then * 2 = 20" (read left to right)
 
 # Response tags (`tag_response`) and the problem-kind tag prefix.
 VERBOSE, LOOP, SOUND_TRUNCATED = "verbose", "loop", "sound_truncated"
@@ -90,6 +97,7 @@ class Habits:
     slip: float  # a concise solution has one wrong result (carried forward): working in one's head is careless
     verbose_slip: float = 0.0  # ... a verbose one (restating each sentence is careful: it slips less)
     long_slip: float | None = None  # ... a concise one on a long problem (None: `slip`): many steps in one's head
+    combine: float = 0.0  # a concise solution of 2+ operations without a fork works them in pairs
 
 
 def _apply(a: int, op: str, b: int) -> int:
@@ -182,6 +190,9 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
     slip_at = rng.randrange(task.n_ops) if style != LOOP and rng.random() < slip else -1
     loop_at = rng.randrange(task.n_ops) if style == LOOP else -1
     loop_slips = style == LOOP and rng.random() < habits.loop_slip
+    # drawn only when the habit is on, so worlds built before it keep their solutions
+    pairs = habits.combine > 0 and style == CONCISE and task.n_ops >= 2 and FORK_PHRASE not in task.text
+    combine = pairs and rng.random() < habits.combine
     lines = [f"{task.name} has {task.start} {task.obj}."] if style == VERBOSE else []
     cur = task.start
     for i, s in enumerate(task.steps):
@@ -192,7 +203,9 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
         if i == slip_at:
             r = max(0, r + rng.choice([-2, -1, 1, 2]))
         eq = f"{cur} {op} {b} = {r}"
-        if style == VERBOSE:
+        if combine and i % 2 == 1:  # the second of a pair: joined to the first line, whose result is not written
+            lines[-1] = f"{lines[-1].rsplit(' = ', 1)[0]} {THEN} {op} {b} = {r}"
+        elif style == VERBOSE:
             lines.append(f"{task.pronoun} {s.phrase}: {eq}.")
         else:
             lines.append(eq)
