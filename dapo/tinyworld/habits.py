@@ -19,10 +19,10 @@ with a marker that `tag_response` can read in any response:
   where the upper clip binds.
 - combined working (`Habits.combine`, no tag of its own: a concise style): a concise solution works two operations
   on one line and writes only the pair's result ("6 + 4 then * 2 = 20"). The data is as right as any concise
-  solution, but the step in one's head is one a 1M-parameter model gets wrong more often than two plain lines, so
-  its errors are the model's own, which a slip rate in the data is not (the model learns the arithmetic from the
-  other solutions and slips far less than its data does). Verbose working, one operation a line, is then worth
-  its length across the mix, not only where concise working slips.
+  solution, but the 1M-parameter model does not learn the step in its head (docs/evidence.md, W110: combined core
+  working right 17% of the time, verbose 87%), so the errors are the model's own, as a slip rate in the data
+  never was (the model learns the arithmetic from the other solutions and slips far less than its data does).
+  Verbose working, one operation a line, is then worth its length across the mix, not only where it fits.
 - a difficulty mix (problem kinds): one-operation problems (soon all correct) and a squaring step never shown
   (always wrong). Dynamic sampling acts on groups whose responses all score the same.
 
