@@ -94,6 +94,14 @@ HABIT_ACC_UNSOLVABLE = "habit/accuracy_unsolvable"
 HABIT_ACC_CONCISE = "habit/accuracy_concise"  # accuracy of each working style's responses (concise: neither tag)
 HABIT_ACC_VERBOSE = "habit/accuracy_verbose"
 HABIT_ACC_LOOP = "habit/accuracy_loop"
+# mean length in tokens of each working style's wrong and right responses: which style makes wrong responses
+# longer than right ones (`response/length_wrong_over_right`, token-level loss's condition)
+HABIT_LEN_WRONG_CONCISE = "habit/length_wrong_concise"
+HABIT_LEN_WRONG_VERBOSE = "habit/length_wrong_verbose"
+HABIT_LEN_WRONG_LOOP = "habit/length_wrong_loop"
+HABIT_LEN_RIGHT_CONCISE = "habit/length_right_concise"
+HABIT_LEN_RIGHT_VERBOSE = "habit/length_right_verbose"
+HABIT_LEN_RIGHT_LOOP = "habit/length_right_loop"
 
 # --- evaluation (k is the preset's n: avg@32 for the paper). Use the helpers below.
 EVAL_PREFIX = "eval"

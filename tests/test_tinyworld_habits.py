@@ -156,6 +156,10 @@ def test_the_tagger_turns_a_steps_groups_into_habit_metrics():
     assert m[M.HABIT_ACC_FORK] == 1 / 4 and m[M.HABIT_ACC_EASY] == 1.0 and M.HABIT_ACC_LONG not in m
     # by working style, over both groups: concise 2 of 4 right, the one loop wrong, the one verbose answer right
     assert (m[M.HABIT_ACC_CONCISE], m[M.HABIT_ACC_LOOP], m[M.HABIT_ACC_VERBOSE]) == (0.5, 0.0, 1.0)
+    # lengths by style and outcome: concise right 9 and 5, wrong 9 and 9; the loop wrong at 30; verbose right at 20
+    assert (m[M.HABIT_LEN_RIGHT_CONCISE], m[M.HABIT_LEN_WRONG_CONCISE]) == (7.0, 9.0)
+    assert (m[M.HABIT_LEN_WRONG_LOOP], m[M.HABIT_LEN_RIGHT_VERBOSE]) == (30.0, 20.0)
+    assert M.HABIT_LEN_RIGHT_LOOP not in m and M.HABIT_LEN_WRONG_VERBOSE not in m  # no such responses
     assert set(m) <= set(M.all_training_metrics())
 
 

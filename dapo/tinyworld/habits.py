@@ -366,7 +366,9 @@ class Tagger:
       problems' responses (how far the right operation has been adopted);
     - the accuracy on each kind of problem in the step (`habit/accuracy_easy`, ...);
     - the accuracy of each working style's responses (`habit/accuracy_concise`, `_verbose`, `_loop`): what RL sees
-      for or against a habit, a condition-side reading when a habit dies.
+      for or against a habit, a condition-side reading when a habit dies;
+    - the mean length of each working style's wrong and right responses (`habit/length_wrong_concise`, ...): which
+      style makes wrong responses longer or shorter than right ones.
     """
 
     def tags(self, problem: str, response: str, truncated: bool) -> tuple[str, ...]:
@@ -393,6 +395,14 @@ class Tagger:
             UNSOLVABLE: M.HABIT_ACC_UNSOLVABLE,
         }
         by_style = {CONCISE: M.HABIT_ACC_CONCISE, VERBOSE: M.HABIT_ACC_VERBOSE, LOOP: M.HABIT_ACC_LOOP}
+        length = {
+            (CONCISE, False): M.HABIT_LEN_WRONG_CONCISE,
+            (VERBOSE, False): M.HABIT_LEN_WRONG_VERBOSE,
+            (LOOP, False): M.HABIT_LEN_WRONG_LOOP,
+            (CONCISE, True): M.HABIT_LEN_RIGHT_CONCISE,
+            (VERBOSE, True): M.HABIT_LEN_RIGHT_VERBOSE,
+            (LOOP, True): M.HABIT_LEN_RIGHT_LOOP,
+        }
         out: dict[str, float] = {}
         every = [t for o in generated for t in o.tags]
         fork = [t for o in generated if o.kind == FORK for t in o.tags]
@@ -404,10 +414,15 @@ class Tagger:
             correct = [c for o in generated if o.kind == kind for c in o.correct]
             if correct:
                 out[name] = sum(correct) / len(correct)
+        responses = [
+            (response_style(t), c, n) for o in generated for t, c, n in zip(o.tags, o.correct, o.lengths, strict=True)
+        ]
         for style, name in by_style.items():
-            correct = [
-                c for o in generated for t, c in zip(o.tags, o.correct, strict=True) if response_style(t) == style
-            ]
+            correct = [c for s, c, _ in responses if s == style]
             if correct:
                 out[name] = sum(correct) / len(correct)
+        for (style, right), name in length.items():
+            lengths = [n for s, c, n in responses if s == style and c == right]
+            if lengths:
+                out[name] = sum(lengths) / len(lengths)
         return out
