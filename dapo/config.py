@@ -68,12 +68,12 @@ class TinyWorldConfig(_Section):
         "repetition loop, a misconception fork, a difficulty mix; dapo/tinyworld/habits.py).",
     )
     seed: int = Field(0, description="Seed for the task generator, tokenizer and base-model training.")
-    kernels: Literal["avx2", "x86"] = Field(
-        "avx2",
-        description="CPU kernels the build (and the workflow's tiny runs) pin on x86-64: `avx2` (build 4's pins, "
-        "the default) gives worlds that differ between Intel and AMD CPUs (MKL dispatches by vendor); `x86` "
-        "(MKL_CBWR=COMPATIBLE, the habits world's) gives the same weights on both, at about twice the supervised "
-        "phase's CPU time.",
+    kernels: Literal["avx2", "portable"] = Field(
+        "portable",
+        description="CPU kernels the build (and the workflow's tiny runs) pin on x86-64: `portable` (the default: "
+        "AVX2 kernels, and MKL's Intel code paths on every CPU through a small preloaded library compiled with the "
+        "host's C compiler) gives the same weights on Intel and AMD CPUs; `avx2` (build 4's pins) gives worlds that "
+        "differ between them (MKL picks its code by CPU vendor). dapo/tinyworld/kernels.py",
     )
     build_threads: int = Field(
         1,

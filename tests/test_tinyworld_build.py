@@ -12,7 +12,7 @@ from dapo.cli import main
 from dapo.config import ConfigError, load_config
 from dapo.data.loaders import load_problems
 from dapo.data.prompts import build_prompt, encode_prompt
-from dapo.tinyworld import build
+from dapo.tinyworld import kernels
 from dapo.tinyworld.build import (
     ensure_large_eval,
     ensure_tiny_world,
@@ -132,7 +132,7 @@ def test_large_eval_split_is_drawn_beside_the_world_without_rebuilding_it(small)
         load_config(preset="tiny", overrides=["data.train=tiny-large"])
 
 
-@pytest.mark.skipif(not build.pinned_kernels("avx2"), reason="kernels are pinned on x86-64 only")
+@pytest.mark.skipif(not kernels.pinned_kernels("avx2"), reason="kernels are pinned on x86-64 only")
 def test_every_host_builds_the_same_world_whatever_kernels_it_would_pick(tmp_path, monkeypatch):
     """PyTorch picks its vector kernels by the host CPU (AVX2, AVX-512), and the supervised phase turns their
     rounding differences into another base model. A host that would pick other kernels is stood in for by the
@@ -148,48 +148,53 @@ def test_every_host_builds_the_same_world_whatever_kernels_it_would_pick(tmp_pat
     pinned = digest("default", "scalar-host"), digest("avx512", "avx512-host")
     assert pinned[0] == pinned[1]
     assert read_manifest(tmp_path / "scalar-host")["kernels"]["cpu_capability"] == "AVX2"
-    monkeypatch.setitem(build.KERNEL_PINS, "avx2", {})
+    monkeypatch.setitem(kernels.KERNEL_PINS, "portable", {})
     assert digest("default", "scalar-host-unpinned") != pinned[0]
 
 
 @pytest.fixture(scope="module")
 def mkl_vendor(tmp_path_factory) -> dict[str, str]:
-    """tests/native/mkl_vendor.c compiled twice: preloaded, MKL takes its Intel or its AMD code paths on any x86
-    host. A C compiler (`cc`) is part of the contributor set-up (README, "Contributing")."""
-    import subprocess
-    from pathlib import Path
-
-    src = Path(__file__).parent / "native" / "mkl_vendor.c"
-    out = {}
-    for vendor, flag in (("intel", "1"), ("amd", "0")):
-        lib = tmp_path_factory.mktemp("native") / f"mkl_as_{vendor}.so"
-        cmd = ["cc", f"-DAS_INTEL={flag}", "-shared", "-fPIC", "-O2", "-o", str(lib), str(src), "-ldl"]
-        subprocess.run(cmd, check=True)
-        out[vendor] = str(lib)
-    return out
+    """The MKL vendor library (dapo/tinyworld/mkl_vendor.c) compiled both ways: preloaded, MKL takes its Intel or
+    its AMD code paths on any x86 host."""
+    cache = tmp_path_factory.mktemp("native")
+    return {v: str(kernels.mkl_vendor_library(intel=v == "intel", cache=cache)) for v in ("intel", "amd")}
 
 
-@pytest.mark.skipif(not build.pinned_kernels("x86"), reason="kernels are pinned on x86-64 only")
-def test_the_x86_pins_build_the_same_world_on_intel_and_amd_and_avx2_does_not(tmp_path, monkeypatch, mkl_vendor):
-    """MKL picks its code paths by CPU vendor even under its AVX2 reproducibility branch, so Intel and AMD hosts
-    built different default worlds; its COMPATIBLE branch (`tiny.kernels: x86`) gives both the same weights. Each
-    vendor is stood in for by a preloaded library that answers MKL's vendor questions as that vendor's CPU would
-    (whichever vendor this host is). The stand-in covers MKL's vendor check only: that it is the whole difference
-    was measured once against a real Intel host (docs/evidence.md)."""
+@pytest.mark.skipif(not kernels.pinned_kernels("avx2"), reason="kernels are pinned on x86-64 only")
+def test_the_portable_pins_build_the_same_world_whichever_vendor_mkl_sees_and_avx2_does_not(
+    tmp_path, monkeypatch, mkl_vendor
+):
+    """MKL picks its code paths by CPU vendor (even under its reproducibility branches), so Intel and AMD hosts
+    built different default worlds; `tiny.kernels: portable` makes MKL take its Intel paths on every CPU. Each vendor
+    is stood in for by a library in the caller's LD_PRELOAD that answers MKL's vendor questions as that vendor's CPU
+    would (whichever vendor this host is): `portable` puts its own library first, so the stand-in changes nothing,
+    and its world is `avx2`'s Intel world; under `avx2` the stand-ins change the world (they are seen to act). That
+    MKL's Intel paths give the same bits on an AMD and an Intel host was measured on real hosts (docs/evidence.md)."""
 
-    def digest(kernels: str, vendor: str) -> str:
+    def digest(pins: str, vendor: str) -> str:
         monkeypatch.setenv("LD_PRELOAD", mkl_vendor[vendor])
-        root = tmp_path / f"{kernels}-{vendor}"
-        cfg = load_config(preset="tiny", overrides=SMALL + [f"tiny.dir={root}", f"tiny.kernels={kernels}"])
+        root = tmp_path / f"{pins}-{vendor}"
+        cfg = load_config(preset="tiny", overrides=SMALL + [f"tiny.dir={root}", f"tiny.kernels={pins}"])
         m = read_manifest(ensure_tiny_world(cfg))
-        assert m["kernels"]["MKL_CBWR"] == {"x86": "COMPATIBLE", "avx2": "AVX2"}[kernels]
+        assert m["kernels"]["MKL_CBWR"] == "AVX2" and m["kernels"].get("mkl_vendor_paths") == (
+            "intel" if pins == "portable" else None
+        )
         return m["weights_sha256"]
 
-    assert digest("x86", "amd") == digest("x86", "intel")
-    assert digest("avx2", "amd") != digest("avx2", "intel"), (
+    intel = digest("avx2", "intel")
+    assert digest("portable", "amd") == digest("portable", "intel") == intel
+    assert digest("avx2", "amd") != intel, (
         "MKL took the same paths as Intel and as AMD under MKL_CBWR=AVX2: an MKL that no longer dispatches by "
         "vendor (then `avx2` is enough), or a stand-in that no longer reaches it"
     )
+
+
+def test_portable_kernels_without_a_c_compiler_name_the_key_and_the_fix(tmp_path, monkeypatch):
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, no gcc
+    with pytest.raises(ConfigError, match=r"tiny.kernels: portable .* no C compiler .* tiny.kernels: avx2"):
+        kernels.mkl_vendor_library(intel=True, cache=tmp_path / "cache")
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
 def test_refuses_to_overwrite_a_directory_that_is_not_a_tiny_world(tmp_path):

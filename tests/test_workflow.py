@@ -558,7 +558,7 @@ def test_all_ablations_through_slurm(tmp_path, in_ci, tiny_world_dir):
         run = by_row[row]
         assert run.info.status == "FINISHED", (row, run.info.status)
         assert eval_avg(2) in run.data.metrics, (row, sorted(run.data.metrics))
-        if pinned_kernels("avx2"):  # the tiny preset's
+        if pinned_kernels("avx2"):  # on x86-64
             assert run.data.tags[TAG_CPU_KERNELS] == "AVX2", (row, run.data.tags)
     # a rerun skips finished work
     r2 = snakemake(

@@ -19,11 +19,11 @@ from dapo.tinyworld.build import (
     TINY_LARGE,
     ensure_large_eval,
     ensure_tiny_world,
-    pinned_kernels,
     resolve_model_path,
     resolve_source,
     tiny_paths,
 )
+from dapo.tinyworld.kernels import pinned_kernels
 
 __all__ = [
     "TINY",

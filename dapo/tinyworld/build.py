@@ -8,15 +8,9 @@ seconds, and a world built before the split existed stays valid. A build is writ
 directory and renamed into place under a file lock, so two processes asking for the same world never see a
 half-written one.
 
-The build runs in a child process with pinned CPU kernels (`KERNEL_PINS`, chosen by `tiny.kernels`): PyTorch, MKL
+The build runs in a child process with the CPU kernels `tiny.kernels` pins (`dapo.tinyworld.kernels`): PyTorch, MKL
 and oneDNN pick their vector code by the CPU they run on, and the supervised phase amplifies the rounding
-differences that follow into a different base model (measured: the same config built with AVX2 and with AVX-512
-kernels gave base avg@16 of 32.7 and 24.8). `avx2` pins all three to their AVX2 code: the world no longer depends
-on the kernels an AMD host would pick, nor on which process asks for it, but MKL still takes another code path on
-an Intel CPU (it dispatches by vendor), so an Intel host builds another world. `x86` adds MKL's `COMPATIBLE`
-reproducibility branch, the one MKL documents for results that agree across x86 processors: the same weights on
-Intel and AMD, with or without AVX-512, at about twice the supervised phase's CPU time (docs/evidence.md, "The
-same world on Intel and AMD").
+differences into a different base model. With `portable` (the default) Intel and AMD CPUs build the same weights.
 """
 
 from __future__ import annotations
@@ -26,7 +20,6 @@ import fcntl
 import hashlib
 import json
 import os
-import platform
 import random
 import shutil
 import subprocess
@@ -38,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dapo.tinyworld import habits
+from dapo.tinyworld.kernels import kernels_record, pinned_kernels
 from dapo.tinyworld.tasks import Splits, Task, make_large_eval, make_splits, solution_lines
 
 if TYPE_CHECKING:
@@ -107,15 +101,6 @@ HABITS_ONLY_KEYS = (
 # progress(phase, done, total): phases "tasks", "tokenizer", "sft", "measure"
 Progress = Callable[[str, int, int], None]
 
-# Environment of the build's child process on x86-64, and of the workflow's tiny runs (workflow/rules/train.smk),
-# by `tiny.kernels`. PyTorch's own kernels (ATen) and oneDNN use their AVX2 code whatever the host offers beyond it;
-# MKL's BLAS follows its conditional numerical reproducibility branch: `AVX2` still differs between Intel and AMD
-# CPUs (MKL checks the vendor), `COMPATIBLE` does not. vLLM's CPU kernels need no pin: its AVX2 and AVX-512 builds
-# sampled the same tokens with the same log-probs from the tiny model. Elsewhere (aarch64) nothing is pinned.
-KERNEL_PINS = {
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-    "x86": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-}
 # the child's stdout lines that carry progress and errors to the parent (anything else is passed through)
 _PROTOCOL = "@dapo-build "
 _CHILD = "import sys; from dapo.tinyworld.build import _child_main; sys.exit(_child_main(sys.argv[1:]))"
@@ -371,12 +356,6 @@ def _write_jsonl(path: Path, tasks: list[Task], prefix: str, *, kinds: bool = Fa
             fh.write(json.dumps(row) + "\n")
 
 
-def pinned_kernels(kernels: str) -> dict[str, str]:
-    """The environment that pins a `tiny.kernels` setting's CPU kernels on this machine (empty where nothing is
-    pinned)."""
-    return dict(KERNEL_PINS[kernels]) if platform.machine().lower() in ("x86_64", "amd64") else {}
-
-
 def weights_digest(model_dir: str | Path) -> str:
     """SHA-256 of the model's safetensors files, in name order: two builds made the same world when these agree."""
     h = hashlib.sha256()
@@ -600,7 +579,7 @@ def _build(
         "created_unix": time.time(),
         "build_seconds": round(time.perf_counter() - t0, 1),
         "build_cpu_seconds": round(time.process_time() - c0, 1),
-        "kernels": {**pinned_kernels(tiny.kernels), "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+        "kernels": {**kernels_record(tiny.kernels), "cpu_capability": torch.backends.cpu.get_cpu_capability()},
         "weights_sha256": weights_digest(out.model),
         "param_count": param_count(model),
         "vocab_size": len(tokenizer),

@@ -1,7 +1,8 @@
-/* Test plumbing: an LD_PRELOAD library that makes MKL answer its CPU-vendor questions as one vendor would, on any
- * x86 host: compiled with -DAS_INTEL=1 MKL takes its Intel code paths, with -DAS_INTEL=0 the paths it takes on
- * other vendors' CPUs (AMD's). tests/test_tinyworld_build.py builds the tiny world under both, so the test reads
- * the same on an Intel host and an AMD one.
+/* Preloaded (LD_PRELOAD), this library makes MKL answer its CPU-vendor questions as one vendor would, on any x86-64
+ * host: compiled with -DAS_INTEL=1 MKL takes its Intel code paths, with -DAS_INTEL=0 the paths it takes on other
+ * vendors' CPUs (AMD's). `tiny.kernels: portable` preloads the Intel one into the tiny world's build and runs, so
+ * that Intel and AMD CPUs build the same world (dapo/tinyworld/kernels.py); the tests preload either one to stand
+ * in for a CPU of that vendor.
  *
  * PyTorch's wheel links MKL statically into libtorch_cpu.so and exports MKL's service functions; its own calls to
  * them go through the PLT, so a preloaded definition wins. MKL asks two questions:
@@ -9,8 +10,8 @@
  *   mkl_serv_intel_cpu:      should it take the Intel paths? That depends on the reproducibility branch
  *                            (MKL_CBWR, read back with mkl_serv_cbwr_get(1)): 3 = COMPATIBLE answers no whatever the
  *                            vendor; every other branch answers the vendor check.
- * Checked against a real Intel Xeon: the default world built on an AMD EPYC with AS_INTEL=1 has the SHA-256 that a
- * fresh clone's CI built on that Xeon (docs/evidence.md). */
+ * Checked against real Intel Xeons: the default world (and a 60-step build) made on an AMD EPYC with AS_INTEL=1 has
+ * the SHA-256 that a real Xeon builds (docs/evidence.md). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
