@@ -12,7 +12,7 @@ case "${1:-start}" in
       apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null
     fi
     if ! command -v cc >/dev/null; then
-      echo "installing a C compiler (the MKL vendor stand-in of tests/test_tinyworld_build.py)"
+      echo "installing a C compiler (the tiny world's MKL vendor library, tiny.kernels: portable)"
       export DEBIAN_FRONTEND=noninteractive
       apt-get update -qq >/dev/null && apt-get install -y -qq gcc libc6-dev >/dev/null
     fi
