@@ -144,6 +144,20 @@ class TinyWorldConfig(_Section):
         description="habits world: share of problems with a squaring step the supervised data never shows "
         "(their groups all wrong). Core problems (2-3 operations) take the rest of the mix.",
     )
+    sft_mix_easy: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="habits world: share of one-operation problems among the supervised problems (unset: "
+        "tiny.mix_easy, renormalised without the unsolvable ones). With sft_mix_fork and sft_mix_long (core problems "
+        "take the rest): what the base model practised, apart from the RL prompts' mix.",
+    )
+    sft_mix_fork: float | None = Field(
+        None, ge=0, le=1, description="habits world: ... fork problems among the supervised problems (unset: mix_fork)."
+    )
+    sft_mix_long: float | None = Field(
+        None, ge=0, le=1, description="habits world: ... long problems among the supervised problems (unset: mix_long)."
+    )
     sft_verbose_slip: float = Field(
         0.0,
         ge=0,
@@ -191,6 +205,15 @@ class TinyWorldConfig(_Section):
         "entropy 0.25 -> 0.36 but not the upper clip fraction (docs/tiny-preset.md).",
     )
 
+    def sft_mix(self) -> tuple[float, float, float] | None:
+        """(easy, fork, long) shares of the supervised problems, each unset one the RL mix's; None when none is set
+        (the supervised problems then follow the RL mix, renormalised without the unsolvable ones)."""
+        own = (self.sft_mix_easy, self.sft_mix_fork, self.sft_mix_long)
+        if all(x is None for x in own):
+            return None
+        rl = (self.mix_easy, self.mix_fork, self.mix_long)
+        return tuple(r if x is None else x for x, r in zip(own, rl, strict=True))  # type: ignore[return-value]
+
     @model_validator(mode="after")
     def _habits_shares(self) -> TinyWorldConfig:
         if self.kind == "habits":
@@ -199,6 +222,12 @@ class TinyWorldConfig(_Section):
                 raise ValueError(
                     f"tiny.mix_easy + mix_fork + mix_long + mix_unsolvable = {mix:g} > 1 (core problems take the "
                     "rest); lower one of them"
+                )
+            sft_mix = self.sft_mix()
+            if sft_mix is not None and sum(sft_mix) > 1 + 1e-9:
+                raise ValueError(
+                    f"tiny.sft_mix_easy + sft_mix_fork + sft_mix_long = {sum(sft_mix):g} > 1 (core problems take the "
+                    "rest; an unset one is the RL mix's); lower one of them"
                 )
             if self.sft_verbose + self.sft_loop > 1 + 1e-9:
                 raise ValueError(

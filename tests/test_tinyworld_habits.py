@@ -52,6 +52,28 @@ def test_splits_are_seeded_disjoint_and_keep_the_squaring_step_out_of_the_superv
     assert [t.text for t in H.make_large_eval(3, MIX, 20, train | ev)][:5] == [t.text for t in large][:5]
 
 
+def test_the_supervised_problems_can_follow_a_mix_of_their_own_and_the_rl_prompts_stay_the_same():
+    """tiny.sft_mix_*: what the base model practised, apart from the RL prompts' mix; unset, the world is as before
+    (its hash and its supervised problems)."""
+    from dapo.config import load_config
+    from dapo.tinyworld.build import world_hash, world_splits
+
+    base = load_config(preset="tiny-habits").tiny.model_copy(update={"n_train": 300, "sft_steps": 40})
+    own = base.model_copy(update={"sft_mix_easy": 0.0, "sft_mix_long": 0.0})  # fork: the RL mix's
+    assert own.sft_mix() == (0.0, base.mix_fork, 0.0) and base.sft_mix() is None
+    a, b = world_splits(base), world_splits(own)
+    assert [t.text for t in a.train] == [t.text for t in b.train] and [t.text for t in a.eval] == [
+        t.text for t in b.eval
+    ]
+    kinds = Counter(H.problem_kind(t.text) for t in b.sft)
+    assert set(kinds) == {H.CORE, H.FORK} and 0.15 < kinds[H.FORK] / len(b.sft) < 0.25  # fork .2, core the rest
+    assert world_hash(own) != world_hash(base)
+    unset = base.model_copy(update={"sft_mix_easy": None})
+    assert world_hash(unset) == world_hash(base) and [t.text for t in world_splits(unset).sft] == [
+        t.text for t in a.sft
+    ]
+
+
 def test_a_plain_solution_is_right_and_each_habit_writes_what_it_says():
     rng = random.Random(1)
     tasks = [H.make_task(rng, k) for k in (H.CORE, H.FORK, H.LONG) for _ in range(50)]
@@ -170,6 +192,8 @@ def test_the_habits_world_config_refuses_shares_above_one():
         load_config(preset="tiny", overrides=["tiny.kind=habits", "tiny.mix_easy=0.6", "tiny.mix_long=0.5"])
     with pytest.raises(ConfigError, match="sft_loop"):
         load_config(preset="tiny", overrides=["tiny.kind=habits", "tiny.sft_verbose=0.9", "tiny.sft_loop=0.2"])
+    with pytest.raises(ConfigError, match="sft_mix_easy .* = 1.1"):  # the unset sft_mix_fork is mix_fork's 0.2
+        load_config(preset="tiny", overrides=["tiny.kind=habits", "tiny.sft_mix_easy=0.6", "tiny.sft_mix_long=0.3"])
 
 
 def test_the_presets_working_styles_sit_where_each_toggle_needs_them_against_the_cap():

@@ -75,13 +75,17 @@ UNHASHED_KEYS = ("dir", "n_eval_large")
 # tiny.* keys added after worlds had been built, with the value those worlds were built with: at that value a key is
 # left out of the hash, so the worlds stay valid. sft_connectives came after build 3 (a no-op at 0); kernels' avx2
 # are build 4's pins; build_threads: builds used one thread before it was a key; sft_long_slip: habits recipe 7;
-# sft_combine: off, it draws nothing from the solutions' random stream, so recipe 7's worlds stay valid.
+# sft_combine: off, it draws nothing from the solutions' random stream, so recipe 7's worlds stay valid; sft_mix_*:
+# unset, the supervised problems follow the RL mix as before.
 KEYS_ADDED_LATER = {
     "sft_connectives": 0.0,
     "kernels": "avx2",
     "build_threads": 1,
     "sft_long_slip": None,
     "sft_combine": 0.0,
+    "sft_mix_easy": None,
+    "sft_mix_fork": None,
+    "sft_mix_long": None,
 }
 # tiny.* keys that only one kind of world reads (left out of the other kind's hash)
 ARITHMETIC_ONLY_KEYS = ("difficulty", "sft_guess", "sft_connectives")
@@ -90,6 +94,9 @@ HABITS_ONLY_KEYS = (
     "mix_fork",
     "mix_long",
     "mix_unsolvable",
+    "sft_mix_easy",
+    "sft_mix_fork",
+    "sft_mix_long",
     "sft_verbose_slip",
     "sft_long_slip",
     "sft_combine",
@@ -304,7 +311,9 @@ def world_splits(tiny: TinyWorldConfig) -> Splits:
     """The world's RL train prompts, AIME-sized eval problems and supervised problems (pure in `tiny`)."""
     n_sft = tiny.sft_steps * SFT_BATCH
     if tiny.kind == "habits":
-        return habits.make_splits(tiny.seed, habits_mix(tiny), tiny.n_train, tiny.n_eval, n_sft)
+        own = tiny.sft_mix()
+        sft_mix = None if own is None else habits.Mix(easy=own[0], fork=own[1], long=own[2], unsolvable=0.0)
+        return habits.make_splits(tiny.seed, habits_mix(tiny), tiny.n_train, tiny.n_eval, n_sft, sft_mix)
     return make_splits(tiny.seed, tiny.difficulty, tiny.n_train, tiny.n_eval, n_sft)
 
 

@@ -220,17 +220,17 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
     return lines, style
 
 
-def make_splits(seed: int, mix: Mix, n_train: int, n_eval: int, n_sft: int) -> Splits:
+def make_splits(seed: int, mix: Mix, n_train: int, n_eval: int, n_sft: int, sft_mix: Mix | None = None) -> Splits:
     """Disjoint (by text) RL train prompts, eval problems and supervised problems. Train and eval follow `mix`
     (eval exactly, by largest remainder; train by draw). The supervised problems never contain the squaring step
-    (the unsolvable kind), and otherwise follow the mix renormalised."""
+    (the unsolvable kind), and otherwise follow `sft_mix` (None: `mix`) renormalised."""
     rng = random.Random(f"tinyworld-habits-{seed}")
     shares = mix.kinds()
     seen: set[str] = set()
     eval_tasks = [_fresh(rng, k, seen) for k in _exact_kinds(shares, n_eval)]
     eval_texts = set(seen)
     train = [_fresh(rng, _draw_kind(rng, shares), seen) for _ in range(n_train)]
-    sft_shares = tuple((k, w) for k, w in shares if k != UNSOLVABLE)
+    sft_shares = tuple((k, w) for k, w in (sft_mix or mix).kinds() if k != UNSOLVABLE)
     sft = [_fresh(rng, _draw_kind(rng, sft_shares), set(eval_texts), remember=False) for _ in range(n_sft)]
     return Splits(train=train, eval=eval_tasks, sft=sft)
 
