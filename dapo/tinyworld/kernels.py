@@ -7,7 +7,7 @@ with AVX-512 ones). ATen and oneDNN are pinned to their AVX2 code. MKL's BLAS is
 conditional numerical reproducibility (`MKL_CBWR=AVX2`), but within a branch MKL still picks its code by CPU
 *vendor*: it asks `mkl_serv_intel_cpu()` and takes its Intel paths only on a GenuineIntel CPU. Its other paths are
 not the same on every host, and not even its `COMPATIBLE` branch is: a real Intel Xeon built another world under it
-than an AMD EPYC did (docs/evidence.md, "The same world on Intel and AMD"). Its Intel paths under `AVX2` are: an AMD
+than an AMD EPYC did (docs/evidence.md, "On a real Intel host"). Its Intel paths under `AVX2` are: an AMD
 EPYC made to take them built the Intel Xeon's world bit for bit. So:
 
 - `avx2`: the AVX2 pins alone (build 4's): Intel and AMD CPUs build different worlds;
@@ -31,10 +31,8 @@ from pathlib import Path
 
 from dapo.config import ConfigError
 
-KERNEL_PINS = {
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-    "portable": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-}
+_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+KERNEL_PINS = {"avx2": _AVX2, "portable": _AVX2}  # the environment variables; portable adds the preload below
 MKL_INTEL_PATHS = ("portable",)  # the settings that make MKL take its Intel paths on every vendor's CPU
 MKL_VENDOR_SOURCE = Path(__file__).with_name("mkl_vendor.c")
 
