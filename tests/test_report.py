@@ -273,6 +273,24 @@ def test_user_rows_follow_the_paper_rows_and_survive_latex():
     assert r"06\_my\_variant & 45.0 &" in tex and r"row 01\_overlong\_filtering (+ Overlong" in tex
 
 
+def test_a_placebo_rows_change_is_read_against_its_twin_not_the_row_listed_above_it():
+    from dapo.designs import placebo_run
+    from dapo.report.runs import Experiment
+    from dapo.report.table1 import build_table1
+
+    placebo = placebo_run().name  # listed after row 05, a copy of row 04 with another sampling seed
+    runs = [
+        _run(row, seed, [(10, avg + seed)])
+        for row, avg in ((R[4], 40.0), (R[5], 60.0), (placebo, 42.0))
+        for seed in (0, 1)
+    ]
+    t = build_table1(Experiment("e", "uri", 4, runs))
+    assert [r.row for r in t.rows][-2:] == [R[5], placebo]
+    row = t.rows[-1]
+    assert row.delta == pytest.approx(2.0)  # against row 04 (40.5), not row 05 (60.5)
+    assert row.vs_first is None  # row 00 has no runs here
+
+
 # --------------------------------------------------------------- per-problem samples: problems x seeds intervals
 # Per-problem accuracy (percent) of each seed's final eval, 3 problems x 10 samples; the same numbers as the
 # hand-worked cases in tests/test_algos_evalstats.py.

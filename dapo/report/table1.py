@@ -24,7 +24,7 @@ import numpy as np
 
 from dapo import metric_names as M
 from dapo.algos.evalstats import Interval, contrast_interval, seed_mean_interval, welch_interval
-from dapo.designs import parse_run
+from dapo.designs import parse_run, placebo_twin
 from dapo.report.formats import Table, bounds, fmt
 from dapo.report.runs import Experiment, RunData
 
@@ -189,7 +189,9 @@ def build_table1(exp: Experiment, confidence: float = 0.95) -> Table1:
         tr.maj_mean = mean_of([e.maj for e in tr.evals])
         tr.updates = mean_of([e.updates for e in tr.evals])
         rows.append(tr)
+    by_name = {tr.row: tr for tr in rows}
     for above, tr in zip(rows, rows[1:], strict=False):
+        above = by_name.get(placebo_twin(tr.row) or "", above)  # a placebo is read against its twin, not row 05
         if tr.mean is not None and above.mean is not None:
             tr.delta_ci = difference_interval(tr.evals, above.evals, confidence)  # not None: both rows have evals
             tr.delta = tr.delta_ci.estimate if tr.delta_ci is not None else None
@@ -316,7 +318,8 @@ def table1_table(t: Table1) -> Table:
         f"CI ({c}%): problems x seeds when every run kept its final eval's samples (variance over problems of "
         "the seed-averaged accuracy, paired on problems for a Δ, plus the between-seed variance; t with "
         "Satterthwaite's df); else a t interval over seeds (Welch's for a Δ), or one run's bootstrap over "
-        "problems. Δ: change in our mean.",
+        "problems. Δ: change in our mean. A placebo row's Δ row above is against its twin (the same row, another "
+        "sampling seed): a clear change there is noise alone.",
     ]
     return Table(
         title=f"Table 1: eval avg@{k} per cumulative ablation row (ours vs paper)",
