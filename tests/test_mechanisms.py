@@ -249,3 +249,21 @@ def test_the_placebo_table_counts_clear_changes_and_the_conditions_only_mode_hid
     assert "1 of" in tables["placebo"].notes[0] and "clean" in tables["placebo"].notes[0]
     only = evidence_tables(_experiment({twin: same, placebo: moved}), conditions_only=True)
     assert set(only) == {"conditions"}
+
+
+def test_the_effects_figure_is_drawn_for_the_habits_world_only(tmp_path):
+    from dapo.report.pipeline import write_figures
+
+    steps = list(range(1, 10))
+    loops = {
+        "03_soft_overlong_punishment": [{M.HABIT_LOOP: (steps, [0.10 + 0.01 * s] * 9)} for s in range(3)],
+        "04_token_level_loss": [{M.HABIT_LOOP: (steps, [0.02 + 0.01 * s] * 9)} for s in range(3)],
+    }
+    drawn = {r.name: r for r in write_figures(_experiment(loops), tmp_path / "habits")}
+    effects = drawn["effects"]
+    assert (tmp_path / "habits" / "figures" / "effects.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not any(m.startswith("token_level_loss") for m in effects.missing)  # its panel has an interval
+    assert any(m.startswith("clip_higher") for m in effects.missing)  # rows 01/02 not run: named, not drawn blank
+    plain = {M.RESP_LEN_MEAN: (steps, [30.0] * 9)}  # the arithmetic world logs no habit: no version-2 figure
+    names = {r.name for r in write_figures(_experiment({"04_token_level_loss": [plain]}), tmp_path / "plain")}
+    assert "effects" not in names and not (tmp_path / "plain" / "figures" / "effects.png").exists()

@@ -611,7 +611,11 @@ def mechanisms_table(results: list[MechanismResult], confidence: float = 0.95, t
 
 
 def mechanisms_figure(
-    results: list[MechanismResult], out_dir: str | Path, name: str = "mechanisms", confidence: float = 0.95
+    results: list[MechanismResult],
+    out_dir: str | Path,
+    name: str = "mechanisms",
+    confidence: float = 0.95,
+    title: str = "Mechanisms",
 ) -> list[Path]:
     """One small panel per mechanism: Δ and its interval against 0, the paper's expected side shaded."""
     import matplotlib
@@ -643,7 +647,7 @@ def mechanisms_figure(
             f"{m.toggle}{' *' if m.primary else ''}\n{m.quantity}", rotation=0, ha="right", va="center", fontsize=6.5
         )
     fig.suptitle(
-        f"Mechanisms: Δ (with - without the toggle), {confidence:.0%} interval over seeds; green: the paper's side",
+        f"{title}: Δ (with - without the toggle), {confidence:.0%} interval over seeds; green: the paper's side",
         fontsize=9,
     )
     fig.tight_layout(rect=(0.25, 0, 1, 0.97))

@@ -7,8 +7,8 @@
                                 in the row without it, its effect, what it moves by construction, and the placebo
     out/marginal_effects.{md,csv,tex}  each toggle's effect under the cumulative, leave-one-out, one-at-a-time designs
     out/compute.{md,csv,tex}    tokens, wall-clock, GPU-hours (or CPU-hours) per row
-    out/figures/*.{png,pdf}     the paper's figures and the mechanisms' intervals; out/figures.json lists each with
-                                what it misses
+    out/figures/*.{png,pdf}     the paper's figures, the mechanisms' intervals and (habits world) version 2's
+                                effects' intervals; out/figures.json lists each with what it misses
     out/warnings.json           odd things about the runs (duplicates, unfinished runs, ...)
     out/report.md               all of it on one page, with a Missing section
 """
@@ -19,8 +19,9 @@ import json
 import sys
 from pathlib import Path
 
+from dapo import metric_names as M
 from dapo.report.compute import compute_table
-from dapo.report.evidence import evidence_tables
+from dapo.report.evidence import effect_results, evidence_tables
 from dapo.report.figures import FigureResult, make_figures
 from dapo.report.formats import write_table
 from dapo.report.load import load_experiment
@@ -99,6 +100,16 @@ def write_figures(exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates
             [f"{r.mechanism.toggle} / {r.mechanism.quantity}" for r in mech if r.interval is None],
         )
     )
+    if any(M.HABIT_LOOP in run.history for run in exp.runs):  # version 2's effects need the habits world's metrics
+        effects = effect_results(exp, "effect", confidence)
+        results.append(
+            FigureResult(
+                "effects",
+                f"Effects (version 2): each toggle's Δ and the headline, {confidence:.0%} interval over seeds",
+                mechanisms_figure(effects, out / "figures", "effects", confidence, title="Effects (version 2)"),
+                [f"{r.mechanism.toggle} / {r.mechanism.quantity}" for r in effects if r.interval is None],
+            )
+        )
     manifest = [
         {"name": r.name, "title": r.title, "files": [p.name for p in r.paths], "missing": r.missing} for r in results
     ]
