@@ -263,7 +263,7 @@ def test_the_effects_figure_is_drawn_for_the_habits_world_only(tmp_path):
     effects = drawn["effects"]
     assert (tmp_path / "habits" / "figures" / "effects.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not any(m.startswith("token_level_loss") for m in effects.missing)  # its panel has an interval
-    assert any(m.startswith("clip_higher") for m in effects.missing)  # rows 01/02 not run: named, not drawn blank
+    assert any(m.startswith("clip_higher") for m in effects.missing)  # rows 01/02 not run: listed, its panel says so
     plain = {M.RESP_LEN_MEAN: (steps, [30.0] * 9)}  # the arithmetic world logs no habit: no version-2 figure
     names = {r.name for r in write_figures(_experiment({"04_token_level_loss": [plain]}), tmp_path / "plain")}
     assert "effects" not in names and not (tmp_path / "plain" / "figures" / "effects.png").exists()
