@@ -26,7 +26,7 @@ from dapo.report.figures import FigureResult, make_figures
 from dapo.report.formats import write_table
 from dapo.report.load import load_experiment
 from dapo.report.marginal import confounds, marginal_effects, marginal_table
-from dapo.report.mechanisms import cumulative_results, mechanisms_figure, mechanisms_table
+from dapo.report.mechanisms import MechanismResult, cumulative_results, mechanisms_figure, mechanisms_table
 from dapo.report.runs import Experiment, XAxis
 from dapo.report.table1 import build_table1, table1_table
 
@@ -91,25 +91,21 @@ def write_figures(exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates
     out = Path(out_dir)
     results = make_figures(exp, out / "figures", x_axis)
     confidence = 0.95
-    mech = cumulative_results(exp, confidence)
-    results.append(
-        FigureResult(
-            "mechanisms",
-            f"Mechanisms: each toggle's Δ on its declared quantities, {confidence:.0%} interval over seeds",
-            mechanisms_figure(mech, out / "figures", confidence=confidence),
-            [f"{r.mechanism.toggle} / {r.mechanism.quantity}" for r in mech if r.interval is None],
+
+    def intervals(name: str, label: str, what: str, stats: list[MechanismResult]) -> FigureResult:
+        """One panel per statistic, its Δ and interval; statistics without an interval are listed as missing."""
+        return FigureResult(
+            name,
+            f"{label}: {what}, {confidence:.0%} interval over seeds",
+            mechanisms_figure(stats, out / "figures", name, confidence, title=label),
+            [f"{r.mechanism.toggle} / {r.mechanism.quantity}" for r in stats if r.interval is None],
         )
-    )
+
+    mech = cumulative_results(exp, confidence)
+    results.append(intervals("mechanisms", "Mechanisms", "each toggle's Δ on its declared quantities", mech))
     if any(M.HABIT_LOOP in run.history for run in exp.runs):  # version 2's effects need the habits world's metrics
         effects = effect_results(exp, "effect", confidence)
-        results.append(
-            FigureResult(
-                "effects",
-                f"Effects (version 2): each toggle's Δ and the headline, {confidence:.0%} interval over seeds",
-                mechanisms_figure(effects, out / "figures", "effects", confidence, title="Effects (version 2)"),
-                [f"{r.mechanism.toggle} / {r.mechanism.quantity}" for r in effects if r.interval is None],
-            )
-        )
+        results.append(intervals("effects", "Effects (version 2)", "each toggle's Δ and the headline", effects))
     manifest = [
         {"name": r.name, "title": r.title, "files": [p.name for p in r.paths], "missing": r.missing} for r in results
     ]
