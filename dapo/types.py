@@ -9,6 +9,12 @@ from typing import Literal, get_args
 # read by the config's schema and the algorithm alike.
 LossAggMode = Literal["seq-mean-token-mean", "token-mean", "group-token-mean", "seq-mean-token-sum"]
 LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
+# The policy loss by name (dapo.algos.policy_loss) and the rollout/learner mismatch correction
+# (dapo.algos.rollout_correction): one list each, read by the config's schema and the algorithm alike.
+PolicyLossName = Literal["ppo_clip", "gspo", "cispo", "clip_cov", "kl_cov"]
+POLICY_LOSSES: tuple[str, ...] = get_args(PolicyLossName)
+RolloutCorrection = Literal["none", "token_tis", "sequence_tis", "token_mis", "sequence_mis"]
+ROLLOUT_CORRECTIONS: tuple[str, ...] = get_args(RolloutCorrection)
 
 
 @dataclass(frozen=True)
@@ -46,3 +52,5 @@ class GroupOutcome:
     truncated: list[bool]
     tags: list[list[str]]  # per response, the habit tags (empty lists without a tagger)
     kind: str = ""  # the problem's kind, from the tagger ("" without one)
+    distinct: int = 0  # distinct responses in the group (0: not counted)
+    same_log_chance: float | None = None  # all the same: log P(G independent draws coincide); dapo.algos.metrics

@@ -32,7 +32,21 @@ SGD_LR = 1.0  # one SGD step = the gradient itself, so any normaliser error show
 CLIP = 0.5
 
 
-def loss_spec(mode: str) -> LossSpec:
+# The other policy losses, each with the aggregation its paper uses (GSPO: a mean per response) or a stricter one,
+# and settings that make each act on this small batch (every clip range binds; the covariance rules select tokens).
+POLICY_LOSS_CASES = {
+    "gspo": "seq-mean-token-mean",
+    "cispo": "token-mean",
+    "clip_cov": "token-mean",
+    "kl_cov": "group-token-mean",
+}
+POLICY_LOSS_SETTINGS = dict(
+    cispo_clip_max=1.1, clip_cov_ratio=0.05, clip_cov_lb=0.0, clip_cov_ub=10.0, kl_cov_ratio=0.05
+)
+SALT = 3  # the covariance rules' draw
+
+
+def loss_spec(mode: str, policy_loss: str = "ppo_clip") -> LossSpec:
     return LossSpec(
         eps_low=0.2,
         eps_high=0.28,
@@ -40,7 +54,15 @@ def loss_spec(mode: str) -> LossSpec:
         loss_agg=mode,
         seq_token_sum_constant=SEQ_SUM_C,
         temperature=0.7,
+        policy_loss=policy_loss,
+        **POLICY_LOSS_SETTINGS,
     )
+
+
+def is_weights(batch: PolicyBatch) -> torch.Tensor:
+    """Rollout-correction weights as the trainer makes them (on whole responses): fixed, varied, 0 on padding."""
+    g = torch.Generator().manual_seed(7)
+    return (torch.rand(batch.loss_mask.shape, generator=g) * 2.0) * (batch.old_logp != 0)
 
 
 def flat_params(learner: Learner) -> torch.Tensor:
@@ -82,12 +104,13 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             learner: Learner = learner,
             init_dir: Path = init_dir,
             pack: bool = False,
+            policy_loss: str = "ppo_clip",
         ) -> None:
             learner.load_checkpoint(init_dir)
-            learner.loss, learner.micro_batch_tokens = loss_spec(mode), budget
+            learner.loss, learner.micro_batch_tokens = loss_spec(mode, policy_loss), budget
             learner.pack_prompts = pack
             plan = [r for r in learner._plan(b) if r]
-            metrics = learner.update(b)
+            metrics = learner.update(b, salt=SALT)
             results[name] = {"params": flat_params(learner), "metrics": metrics, "micro_batches": len(plan)}
 
         if ename == "z2":
@@ -95,6 +118,15 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
                 for budget in (BIG_BUDGET, SMALL_BUDGET):
                     one(f"z2/{mode}/{budget}", mode, budget, part)
                     one(f"z2/{mode}/packed/{budget}", mode, budget, parts[True], pack=True)
+            for name, mode in POLICY_LOSS_CASES.items():
+                for budget in (BIG_BUDGET, SMALL_BUDGET):
+                    one(f"z2/{name}/{budget}", mode, budget, part, policy_loss=name)
+                    one(f"z2/{name}/packed/{budget}", mode, budget, parts[True], pack=True, policy_loss=name)
+            # The rollout correction's weights, made on whole responses, then split with the batch.
+            weighted = batch.select(list(range(len(batch))))
+            weighted.is_weights = is_weights(batch)
+            for budget in (BIG_BUDGET, SMALL_BUDGET):
+                one(f"z2/is_weights/{budget}", "token-mean", budget, weighted.shard(rank, world))
             # Every rank given the whole mini-batch (no sharding): exact too, only the compute repeats.
             one("z2/whole-on-every-rank", "group-token-mean", SMALL_BUDGET, batch)
             # A NaN advantage on one response that trains (on the last rank only, at world size 2).

@@ -25,7 +25,8 @@ import torch  # noqa: E402
 from dapo import distributed as dist  # noqa: E402
 from dapo.learner import Learner, LossSpec, PolicyBatch, response_mask  # noqa: E402
 from dapo.rollout import make_engine  # noqa: E402
-from dapo.rollout.replicas import ReplicaLayout, sampling_seed  # noqa: E402
+from dapo.rollout.replicas import ReplicaLayout, split_samples  # noqa: E402
+from dapo.rollout.seeds import sampling_seed, share_seeds  # noqa: E402
 
 PROMPTS = [[5, 17, 33, 60], [100, 7], [250, 251, 252, 9, 11, 3]]
 N, MAX_TOKENS = 4, 12
@@ -70,7 +71,13 @@ def main() -> None:
     learner.offload_states()
     engine = make_engine("vllm", model_dir, dtype="float32", max_model_len=128, seed=0, tensor_parallel_size=tp)
 
-    prompts, responses, _ = flat(engine.generate(PROMPTS, N, MAX_TOKENS, seed=sampling_seed(0, 1, layout.replica)))
+    share = split_samples(len(PROMPTS), N, layout.num_replicas)[layout.replica]  # the trainer's split and seeds
+
+    def sample(call: int) -> list:
+        seeds = share_seeds(sampling_seed(0, call), share.prompts, share.counts, share.first)
+        return engine.generate([PROMPTS[i] for i in share.prompts], share.counts, MAX_TOKENS, seeds=seeds)
+
+    prompts, responses, _ = flat(sample(1))
     before_sync = engine.score(prompts, responses)
     engine.sleep()
     learner.reload_states()
@@ -83,9 +90,7 @@ def main() -> None:
     learner.offload_states()
     engine.wake_up()
     synced = engine.score(prompts, responses)
-    new_prompts, new_responses, sampled = flat(
-        engine.generate(PROMPTS, N, MAX_TOKENS, seed=sampling_seed(0, 2, layout.replica))
-    )
+    new_prompts, new_responses, sampled = flat(sample(2))
     learner.reload_states()
     torch.save(
         {

@@ -40,7 +40,7 @@ class ScriptedEngine:
     def __init__(self, eos: int) -> None:
         self.eos, self.calls = eos, []
 
-    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):  # noqa: ANN001, ANN201
+    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seeds=None):  # noqa: ANN001, ANN201
         idx = [p[0] - 1 for p in prompt_ids]
         counts = per_prompt_counts(n, len(idx))
         self.calls.append({"counts": counts, "problems": idx})

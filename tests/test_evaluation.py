@@ -29,7 +29,7 @@ class OracleEngine:
         self.answer_for = answer_for
         self.calls: list[tuple] = []
 
-    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):  # noqa: ANN001, ANN201
+    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seeds=None):  # noqa: ANN001, ANN201
         self.calls.append((prompt_ids, n, max_tokens, temperature, top_p))
         out = []
         for p, k in zip(prompt_ids, per_prompt_counts(n, len(prompt_ids)), strict=True):
@@ -115,7 +115,7 @@ def test_sharded_evaluation_gives_the_one_call_result_and_stops_between_shards()
     eng = OracleEngine(answer)
     one = ReplicaLayout(1, 1, 0)
     prompts = [[i] for i in range(len(PROBLEMS))]
-    sharded = evaluate_on_replicas(eng, one, PROBLEMS, prompts, settings(), seed_for=lambda k: k, shard_sequences=4)
+    sharded = evaluate_on_replicas(eng, one, PROBLEMS, prompts, settings(), seed_base=0, shard_sequences=4)
     assert [c[0] for c in eng.calls] == [[[0]], [[1]], [[2]]]  # 4 sequences a shard: one problem of n=4
     assert sharded is not None and sharded.metrics == whole.metrics and sharded.samples == whole.samples
 
@@ -126,7 +126,7 @@ def test_sharded_evaluation_gives_the_one_call_result_and_stops_between_shards()
         PROBLEMS,
         prompts,
         settings(),
-        seed_for=lambda k: k,
+        seed_base=0,
         shard_sequences=8,
         should_stop=lambda: polls.append(1) or True,
     )

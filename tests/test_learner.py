@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from dapo import metric_names as M
 from dapo.algos.aggregation import MODES, aggregate
 from dapo.algos.metrics import clip_fractions, clipped_upper_old_prob
+from dapo.algos.policy_loss import covariance_selection, per_token_loss
 from dapo.algos.surrogate import clipped_surrogate
 from dapo.distributed import first_slurm_host, launcher_env
 from dapo.learner import (
@@ -374,6 +375,94 @@ def test_update_does_not_depend_on_micro_batches_ranks_or_packing(world, mode):
             assert got["metrics"][M.POLICY_LOSS] == pytest.approx(ref["metrics"][M.POLICY_LOSS], abs=1e-6)
             assert got["metrics"][M.CLIPFRAC_HIGH] == pytest.approx(ref["metrics"][M.CLIPFRAC_HIGH], abs=1e-9)
             assert got["metrics"][M.CLIPFRAC_HIGH_RARE] == pytest.approx(ref["metrics"][M.CLIPFRAC_HIGH_RARE], abs=1e-9)
+
+
+def policy_loss_step(model, batch: PolicyBatch, name: str, is_weights: torch.Tensor | None = None):
+    """The named policy loss (dapo.algos.policy_loss) on the whole mini-batch, from the definitions, one SGD step
+    with lr 1: the covariance rules select over the whole batch from the current log-probs."""
+    mode = W.POLICY_LOSS_CASES.get(name, "token-mean")
+    spec = W.loss_spec(mode, name)
+    model.zero_grad()
+    logp = reference_logp(model, batch, spec.temperature)
+    selected = None
+    if name in ("clip_cov", "kl_cov"):
+        selected = covariance_selection(
+            name,
+            logp.detach(),
+            batch.old_logp,
+            batch.advantages,
+            batch.loss_mask,
+            torch.arange(len(batch)),
+            W.SALT,
+            ratio=spec.clip_cov_ratio if name == "clip_cov" else spec.kl_cov_ratio,
+            eps_low=spec.eps_low,
+            eps_high=spec.eps_high,
+            dual_clip_c=spec.dual_clip_c,
+            lb=spec.clip_cov_lb,
+            ub=spec.clip_cov_ub,
+        )
+    out = per_token_loss(
+        name,
+        logp,
+        batch.old_logp,
+        batch.advantages,
+        batch.loss_mask,
+        eps_low=spec.eps_low,
+        eps_high=spec.eps_high,
+        dual_clip_c=spec.dual_clip_c,
+        cispo_clip_max=spec.cispo_clip_max,
+        kl_cov_coef=spec.kl_cov_coef,
+        selected=selected,
+    )
+    per_token = out.loss if is_weights is None else out.loss * is_weights
+    loss = aggregate(per_token, batch.loss_mask, mode, batch.group_ids, seq_sum_constant=spec.seq_token_sum_constant)
+    loss.backward()
+    params = torch.cat([(p.detach().double() - W.SGD_LR * p.grad.double()).reshape(-1) for p in model.parameters()])
+    model.zero_grad()
+    return params, float(loss.detach()), out
+
+
+@pytest.mark.parametrize("name", list(W.POLICY_LOSS_CASES))
+def test_each_policy_loss_is_its_definition_in_any_split(world, name):
+    """GSPO, CISPO, Clip-Cov and KL-Cov through the learner: the whole-batch step of their definitions, the same on
+    1 and 2 ranks, in 1 or 4 micro-batches, packed or not (GSPO's ratio needs whole responses; the covariance rules
+    the whole mini-batch's means and k-th token), with each loss's own metric over the whole mini-batch."""
+    ref, ref_loss, out = policy_loss_step(world["model"], world["batch"], name)
+    init = world["w1"]["z2/init"]["params"]
+    assert (ref - init).abs().max() > 1e-2
+    first = world["w1"][f"z2/{name}/{W.BIG_BUDGET}"]
+    assert first["metrics"][M.POLICY_LOSS] == pytest.approx(ref_loss, abs=1e-6)
+    m = world["batch"].loss_mask > 0
+    if name == "gspo":  # responses with a clipped sequence ratio, of those with a loss token
+        own = (M.SEQ_CLIPFRAC_HIGH, float((out.clipped_upper & m).any(-1).sum()) / float(m.any(-1).sum()))
+    else:
+        flag = out.capped if name == "cispo" else out.selected
+        own = (
+            M.CISPO_CAPPED_FRAC if name == "cispo" else M.COV_SELECTED_FRAC,
+            float((flag & m).sum()) / float(m.sum()),
+        )
+    assert own[1] > 0  # the loss's own mechanism acts on this batch
+    for w in ("w1", "w2"):
+        for case in (W.BIG_BUDGET, W.SMALL_BUDGET, f"packed/{W.BIG_BUDGET}", f"packed/{W.SMALL_BUDGET}"):
+            got = world[w][f"z2/{name}/{case}"]
+            assert (got["params"] - ref).abs().max() < TOL, (w, case)
+            assert got["metrics"][M.POLICY_LOSS] == pytest.approx(ref_loss, abs=1e-6), (w, case)
+            assert got["metrics"][own[0]] == pytest.approx(own[1], abs=1e-9), (w, case)
+
+
+def test_rollout_correction_weights_are_exact_in_any_split(world):
+    """The rollout correction's weights (made on whole responses) multiply each token's clipped loss: the learner's
+    step is that definition's, on 1 or 2 ranks and in 1 or 4 micro-batches."""
+    batch = world["batch"]
+    w = W.is_weights(batch)
+    ref, ref_loss, _ = policy_loss_step(world["model"], batch, "ppo_clip", is_weights=w)
+    unweighted = world["w1"][f"z2/token-mean/{W.BIG_BUDGET}"]["params"]
+    assert (ref - unweighted).abs().max() > 1e-3  # the weights change the step
+    for wname in ("w1", "w2"):
+        for budget in (W.BIG_BUDGET, W.SMALL_BUDGET):
+            got = world[wname][f"z2/is_weights/{budget}"]
+            assert (got["params"] - ref).abs().max() < TOL, (wname, budget)
+            assert got["metrics"][M.POLICY_LOSS] == pytest.approx(ref_loss, abs=1e-6)
 
 
 def test_the_whole_mini_batch_on_every_rank_gives_the_same_step(world):

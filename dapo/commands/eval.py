@@ -85,9 +85,10 @@ def run(args: argparse.Namespace) -> int:
         cpu_kv_cache_gib=cfg.rollout.cpu_kv_cache_gib,
         enable_sleep_mode=False,
         config_overrides=cfg.model.config_overrides,
+        batch_invariant=cfg.rollout.batch_invariant,
     )
     try:
-        result = evaluate(engine, problems, prompts, eval_settings(cfg), sample_seed=cfg.trainer.seed)
+        result = evaluate(engine, problems, prompts, eval_settings(cfg), seed_base=cfg.trainer.seed)
     finally:
         engine.close()
     samples_path = write_samples(result.samples, out / "samples.jsonl")

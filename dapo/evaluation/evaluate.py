@@ -24,6 +24,7 @@ from typing import Any
 from dapo.metric_names import EVAL_LEN_MEAN, EVAL_TRUNC_FRAC
 from dapo.rollout.base import RolloutEngine
 from dapo.rollout.replicas import ReplicaLayout, Share, map_on_replicas, merge_by_prompt
+from dapo.rollout.seeds import share_seeds
 from dapo.types import Problem
 
 
@@ -76,7 +77,7 @@ def evaluate(
     prompt_ids: Sequence[list[int]],
     settings: EvalSettings,
     *,
-    sample_seed: int | None = None,
+    seed_base: int | None = None,
 ) -> EvalResult:
     """Sample, score and summarise, in this process.
 
@@ -85,13 +86,14 @@ def evaluate(
         problems: P problems (their answers are what the responses are checked against).
         prompt_ids: their P prompts, built and tokenised (`dapo.data.prompts.tokenize_problems`).
         settings: how to sample and summarise.
-        sample_seed: the sampling seed (None: the engine's own stream).
+        seed_base: the base of the sampling seeds: sample j of problem i is drawn with
+            `dapo.rollout.seeds.sample_seed(seed_base, i, j)` (None: the engine's own stream).
     Returns:
         EvalResult: metrics in percent; samples [P * n] dicts with problem_id, sample_index, text, extracted,
         answer, score, correct, truncated, num_tokens.
     """
     _check(problems, prompt_ids)
-    records = sample_and_score(engine, list(problems), [list(p) for p in prompt_ids], settings, sample_seed)
+    records = sample_and_score(engine, list(problems), [list(p) for p in prompt_ids], settings, seed_base)
     return summarise(records, settings)
 
 
@@ -102,7 +104,7 @@ def evaluate_on_replicas(
     prompt_ids: Sequence[list[int]],
     settings: EvalSettings,
     *,
-    seed_for: Callable[[int], int],
+    seed_base: int,
     shard_sequences: int,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> EvalResult | None:
@@ -110,7 +112,8 @@ def evaluate_on_replicas(
 
     Args:
         layout: the job's replicas (one process: a single replica, and this is `evaluate` in shards).
-        seed_for: shard index -> this replica's sampling seed for it (`sampling_seed(..., shard, replica)`).
+        seed_base: the base of the sampling seeds, as in `evaluate` (problem i is its index in `problems`): the
+            samples do not depend on the shards or on which replica draws them.
         shard_sequences: responses per shard over all replicas (at least one problem's n): the longest stretch
             between two stop checks is one shard's generation.
         should_stop: polled before each shard but the first (collective, on every rank).
@@ -122,13 +125,19 @@ def evaluate_on_replicas(
     for k, start in enumerate(range(0, len(items), per_shard)):
         if k > 0 and should_stop():
             return None
-        seed = seed_for(k)
 
         def run(
-            items: list[tuple[Problem, list[int]]], share: Share, leader: bool, seed: int = seed
+            items: list[tuple[Problem, list[int]]], share: Share, leader: bool, start: int = start
         ) -> list[list[dict[str, Any]]]:
             got = sample_and_score(
-                engine, [p for p, _ in items], [q for _, q in items], settings, seed, score=leader, share=share
+                engine,
+                [p for p, _ in items],
+                [q for _, q in items],
+                settings,
+                seed_base,
+                score=leader,
+                share=share,
+                offset=start,
             )
             ends = list(itertools.accumulate(share.counts))  # the records, problem by problem
             return [got[e - c : e] for c, e in zip(share.counts, ends, strict=True)] if leader else []
@@ -151,22 +160,26 @@ def sample_and_score(
     problems: list[Problem],
     prompt_ids: list[list[int]],
     settings: EvalSettings,
-    sample_seed: int | None,
+    seed_base: int | None,
     *,
     score: bool = True,
     share: Share | None = None,
+    offset: int = 0,
 ) -> list[dict[str, Any]]:
     """n samples per problem, scored: one record per sample (see `evaluate`), problem by problem. `score=False`
     samples only and returns [] (a tensor-parallel member whose leader keeps the result). With a replica's
-    `share`, `share.counts[i]` samples of problem i, indexed from `share.first[i]`."""
+    `share`, `share.counts[i]` samples of problem i, indexed from `share.first[i]`; `offset` + the share's batch
+    index is the problem's index for its sample seeds."""
     from dapo.rewards import score_responses
 
     s = settings
     counts = share.counts if share is not None else [s.n] * len(problems)
     first = share.first if share is not None else [0] * len(problems)
+    index = share.prompts if share is not None else list(range(len(problems)))
+    seeds = None if seed_base is None else share_seeds(seed_base, [offset + i for i in index], counts, first)
     groups = (
         engine.generate(
-            prompt_ids, n=counts, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=sample_seed
+            prompt_ids, n=counts, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seeds=seeds
         )
         if problems
         else []

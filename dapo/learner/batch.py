@@ -34,6 +34,11 @@ class LossSpec:
         loss_agg: `seq-mean-token-mean`, `token-mean`, `group-token-mean` or `seq-mean-token-sum`.
         seq_token_sum_constant: the divisor C of `seq-mean-token-sum` (e.g. the max response length).
         temperature: the sampling temperature; logits are divided by it, as when sampling.
+        policy_loss: the per-token loss by name (`dapo.algos.policy_loss`): ppo_clip (the paper's), gspo, cispo,
+            clip_cov, kl_cov; eps_low / eps_high are GSPO's sequence clip range and Clip-Cov's PPO clip too.
+        cispo_clip_max: CISPO's cap on the importance weight.
+        clip_cov_ratio, clip_cov_lb, clip_cov_ub: Clip-Cov's share of tokens and covariance band.
+        kl_cov_ratio, kl_cov_coef: KL-Cov's share of tokens and the coefficient of their |log-ratio| penalty.
     """
 
     eps_low: float = 0.2
@@ -43,6 +48,13 @@ class LossSpec:
     loss_agg: str = "seq-mean-token-mean"
     seq_token_sum_constant: float | None = None
     temperature: float = 1.0
+    policy_loss: str = "ppo_clip"
+    cispo_clip_max: float = 5.0
+    clip_cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 2e-4
+    kl_cov_coef: float = 1.0
 
 
 def response_mask(response_ids: list[list[int]], width: int | None = None) -> Tensor:
@@ -77,6 +89,10 @@ class PolicyBatch:
         old_logp: [N, R] log-probs under the policy that sampled (from `Learner.compute_logprobs`); needed by
             `Learner.update`, not by `compute_logprobs`.
         ref_logp: [N, R] reference-policy log-probs, only when `LossSpec.kl_coef > 0`.
+        is_weights: [N, R] the rollout correction's importance weights (`dapo.algos.rollout_correction`), which
+            multiply each token's policy loss; None: no correction.
+        sample_ids: [N] int, each response's index in the rollout step's batch (kept through `select` and `shard`:
+            what the covariance losses' random draw is keyed by); None: 0 .. N-1.
     """
 
     prompt_ids: list[list[int]]
@@ -86,16 +102,20 @@ class PolicyBatch:
     group_ids: Tensor
     old_logp: Tensor | None = None
     ref_logp: Tensor | None = None
+    is_weights: Tensor | None = None
+    sample_ids: Tensor | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
+        if self.sample_ids is None:
+            self.sample_ids = torch.arange(n)
         if len(self.response_ids) != n or self.advantages.shape != (n,) or self.group_ids.shape != (n,):
             raise ValueError(
                 f"PolicyBatch: {n} prompts, {len(self.response_ids)} responses, advantages "
                 f"{tuple(self.advantages.shape)}, group_ids {tuple(self.group_ids.shape)}: need N each"
             )
         width = max((len(r) for r in self.response_ids), default=0)
-        for name in ("loss_mask", "old_logp", "ref_logp"):
+        for name in ("loss_mask", "old_logp", "ref_logp", "is_weights"):
             t = getattr(self, name)
             if t is not None and (t.dim() != 2 or t.shape[0] != n or t.shape[1] < width):
                 raise ValueError(
@@ -121,6 +141,8 @@ class PolicyBatch:
             group_ids=self.group_ids[idx],
             old_logp=pick(self.old_logp),
             ref_logp=pick(self.ref_logp),
+            is_weights=pick(self.is_weights),
+            sample_ids=self.sample_ids[idx],
         )
 
     def shard_rows(self, rank: int, world_size: int, *, pack_prompts: bool = False) -> list[int]:

@@ -29,8 +29,9 @@ from torch import Tensor
 
 from dapo import metric_names as M
 from dapo.algos.aggregation import group_token_counts, local_counts, token_weights, weighted_sum
-from dapo.algos.surrogate import clipped_surrogate
-from dapo.distributed import all_reduce, init_distributed
+from dapo.algos.policy_loss import COVARIANCE_LOSSES, covariance_selection, per_token_loss
+from dapo.algos.surrogate import k3_to_reference
+from dapo.distributed import all_gather, all_reduce, init_distributed
 from dapo.learner.batch import LossSpec, MicroBatch, PolicyBatch, dummy_micro_batch
 from dapo.learner.forward import ChunkedForward
 from dapo.learner.model import check_packable, copy_tokenizer_files, load_policy, prepare_deepspeed
@@ -53,6 +54,10 @@ SUMMED_METRICS: tuple[str, ...] = (
     M.KL_REF,
     M.CLIPFRAC_HIGH_RARE,
     "rare_positive_tokens",  # the denominator of CLIPFRAC_HIGH_RARE (not logged)
+    M.SEQ_CLIPFRAC_LOW,  # responses, not tokens: over the mini-batch's responses with a loss token
+    M.SEQ_CLIPFRAC_HIGH,
+    M.CISPO_CAPPED_FRAC,
+    M.COV_SELECTED_FRAC,
 )
 _CKPT_TAG = "learner"
 # A token is rare below this old-policy probability: the paper's Fig 3a finds the upper-clipped tokens' mean
@@ -169,14 +174,18 @@ class Learner(ChunkedForward):
         return logp, entropy
 
     # ------------------------------------------------------------------------------------------ update
-    def update(self, batch: PolicyBatch) -> dict[str, float]:
+    def update(self, batch: PolicyBatch, *, salt: int = 0) -> dict[str, float]:
         """One optimizer step on this rank's part of a mini-batch (every rank calls it with its part).
+
+        `salt` keys the covariance losses' random draw (`dapo.algos.policy_loss.token_keys`): the trainer passes
+        its update count, so a resumed run draws the same tokens.
 
         Returns metrics over the whole mini-batch (all ranks), keyed by `dapo.metric_names`: policy loss, lower
         and upper clip fractions, mean old probability of upper-clipped tokens (NaN if none), dual-clip
         fraction, approx KL to the old policy, entropy of the current policy on loss tokens, KL to the
         reference (with ref_logp), gradient norm before clipping, lr, cumulative skipped steps, and
-        UPDATE_SKIPPED (1.0 when this step was skipped as non-finite).
+        UPDATE_SKIPPED (1.0 when this step was skipped as non-finite); and the chosen loss's own (sequence clip
+        fractions for GSPO, capped weights for CISPO, selected tokens for Clip-Cov and KL-Cov).
         """
         if batch.old_logp is None:
             raise ValueError("update needs batch.old_logp (Learner.compute_logprobs before the first update)")
@@ -193,6 +202,7 @@ class Learner(ChunkedForward):
             group_tokens=counts.group_tokens,
             seq_sum_constant=spec.seq_token_sum_constant,
         )
+        selected = self._covariance_selection(batch, salt)
         # Accumulated on the device, in SUMMED_METRICS order: no host sync per micro-batch.
         sums = torch.zeros(len(SUMMED_METRICS), dtype=torch.float64, device=self.dist.device)
         local_bad = torch.zeros((), dtype=torch.bool, device=self.dist.device)
@@ -202,7 +212,7 @@ class Learner(ChunkedForward):
             self.engine.set_gradient_accumulation_boundary(last)
             if rows:
                 mb = self._collate(batch, rows)
-                loss, part = self._micro_loss(batch, mb, weights)
+                loss, part = self._micro_loss(batch, mb, weights, selected)
                 sums += torch.stack([part[name] for name in SUMMED_METRICS])
                 local_bad |= ~torch.isfinite(loss.detach())
             else:
@@ -215,7 +225,32 @@ class Learner(ChunkedForward):
             self.engine.backward(loss * world, scale_wrt_gas=False)
         grad_norm, applied = self._step()
         summed = dict(zip(SUMMED_METRICS, all_reduce(sums, "sum").tolist(), strict=True))
-        return self._metrics(summed, counts.num_tokens, grad_norm, applied)
+        return self._metrics(summed, counts, grad_norm, applied)
+
+    def _covariance_selection(self, batch: PolicyBatch, salt: int) -> Tensor | None:
+        """Clip-Cov's and KL-Cov's tokens of this rank's rows, [N, R] bool, chosen over the whole mini-batch from a
+        no-grad pass of the current policy (`dapo.algos.policy_loss.covariance_selection`). None for the others."""
+        spec = self.loss
+        if spec.policy_loss not in COVARIANCE_LOSSES:
+            return None
+        logp, _ = self._per_token(batch, with_entropy=False)  # collective under ZeRO-3: every rank runs it
+        return covariance_selection(
+            spec.policy_loss,
+            logp,
+            batch.old_logp,
+            batch.advantages,
+            batch.loss_mask,
+            batch.sample_ids,
+            salt,
+            ratio=spec.clip_cov_ratio if spec.policy_loss == "clip_cov" else spec.kl_cov_ratio,
+            eps_low=spec.eps_low,
+            eps_high=spec.eps_high,
+            dual_clip_c=spec.dual_clip_c,
+            lb=spec.clip_cov_lb,
+            ub=spec.clip_cov_ub,
+            sum_over_ranks=lambda x: all_reduce(x, "sum"),
+            gather_from_ranks=all_gather,
+        )
 
     def _global_counts(self, batch: PolicyBatch) -> MiniBatchCounts:
         """The aggregation's counts over every rank's part of the mini-batch. One all-reduce; two for the
@@ -230,31 +265,59 @@ class Learner(ChunkedForward):
         total = all_reduce(torch.cat([head, group_token_counts(batch.loss_mask, batch.group_ids, slots)]), "sum")
         return MiniBatchCounts(float(total[0]), float(total[1]), total[2:])
 
-    def _micro_loss(self, batch: PolicyBatch, mb: MicroBatch, weights: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def _micro_loss(
+        self, batch: PolicyBatch, mb: MicroBatch, weights: Tensor, selected: Tensor | None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The micro-batch's share of the mini-batch loss (its weighted sum) and of the update's metric sums. The
+        forward's flat per-token outputs are laid out as [rows, width] so every loss sees whole responses."""
         spec, dev = self.loss, self.dist.device
-        logp, entropy = self._forward(mb, with_entropy=True)
-        r, c = mb.token_rows, mb.token_cols
-        old = batch.old_logp[r, c].to(dev)
-        ref = batch.ref_logp[r, c].to(dev) if batch.ref_logp is not None else None
-        out = clipped_surrogate(
+        logp_flat, entropy_flat = self._forward(mb, with_entropy=True)
+        idx = torch.as_tensor(mb.rows, dtype=torch.long)
+        where = torch.full((len(batch),), -1, dtype=torch.long)
+        where[idx] = torch.arange(len(idx))
+        at = (where[mb.token_rows].to(dev), mb.token_cols.to(dev))
+        width = int(mb.token_cols.max()) + 1
+
+        def grid(flat: Tensor) -> Tensor:  # differentiable: the gradient flows back to the flat outputs
+            return torch.zeros(len(idx), width, dtype=flat.dtype, device=dev).index_put(at, flat)
+
+        def take(t: Tensor) -> Tensor:  # a per-token batch tensor's rows of this micro-batch
+            return t[idx, :width].to(dev)
+
+        logp, old, m = grid(logp_flat), take(batch.old_logp), take(batch.loss_mask) > 0
+        adv = batch.advantages[idx].to(dev)
+        out = per_token_loss(
+            spec.policy_loss,
             logp,
             old,
-            batch.advantages[r].to(dev),
-            spec.eps_low,
-            spec.eps_high,
-            spec.dual_clip_c,
-            ref,
-            spec.kl_coef,
+            adv,
+            m,
+            eps_low=spec.eps_low,
+            eps_high=spec.eps_high,
+            dual_clip_c=spec.dual_clip_c,
+            cispo_clip_max=spec.cispo_clip_max,
+            kl_cov_coef=spec.kl_cov_coef,
+            selected=None if selected is None else take(selected),
         )
-        loss = weighted_sum(out.loss, weights[r, c].to(dev))
-        m = batch.loss_mask[r, c].to(dev) > 0
+        per_token = out.loss
+        if batch.is_weights is not None:  # the rollout correction: after the clip, before the KL term
+            per_token = per_token * take(batch.is_weights)
+        kl = None
+        if batch.ref_logp is not None:
+            kl = k3_to_reference(logp, take(batch.ref_logp))
+            if spec.kl_coef > 0:
+                per_token = per_token + spec.kl_coef * kl
+        loss = weighted_sum(per_token, take(weights))
         log_r = (logp.detach() - old).double()
 
         def msum(x: Tensor, where: Tensor = m) -> Tensor:
             return torch.where(where, x.detach().double(), torch.zeros((), dtype=torch.float64, device=dev)).sum()
 
+        def rows_with(flag: Tensor) -> Tensor:  # responses with a loss token where `flag` is set
+            return (flag & m).any(dim=-1).double().sum()
+
         upper = out.clipped_upper & m
-        rare_pos = m & (old.exp() < RARE_TOKEN_PROB) & (batch.advantages[r].to(dev) > 0)
+        rare_pos = m & (old.exp() < RARE_TOKEN_PROB) & (adv[:, None] > 0)
         zero = torch.zeros((), dtype=torch.float64, device=dev)
         part = {
             M.POLICY_LOSS: loss.detach().double(),
@@ -263,10 +326,14 @@ class Learner(ChunkedForward):
             M.DUAL_CLIPFRAC: msum(out.dual_clipped.double()),
             M.CLIP_HIGH_PROB: msum(old.exp(), upper),  # sum of pi_old over upper-clipped tokens
             M.APPROX_KL: msum(torch.expm1(log_r) - log_r),
-            M.ENTROPY: msum(entropy),
-            M.KL_REF: msum(out.kl) if out.kl is not None else zero,
+            M.ENTROPY: msum(grid(entropy_flat)),
+            M.KL_REF: msum(kl) if kl is not None else zero,
             M.CLIPFRAC_HIGH_RARE: msum(upper.double(), rare_pos),
             "rare_positive_tokens": msum(rare_pos.double()),
+            M.SEQ_CLIPFRAC_LOW: rows_with(out.clipped_lower),
+            M.SEQ_CLIPFRAC_HIGH: rows_with(out.clipped_upper),
+            M.CISPO_CAPPED_FRAC: msum(out.capped.double()) if out.capped is not None else zero,
+            M.COV_SELECTED_FRAC: msum(out.selected.double()) if out.selected is not None else zero,
         }
         return loss, part
 
@@ -293,17 +360,26 @@ class Learner(ChunkedForward):
             norm = float(norm) if norm is not None else math.nan
         return norm, applied
 
-    def _metrics(self, s: dict[str, float], num_tokens: float, grad_norm: float, applied: bool) -> dict[str, float]:
+    def _metrics(
+        self, s: dict[str, float], counts: MiniBatchCounts, grad_norm: float, applied: bool
+    ) -> dict[str, float]:
         """The update's metrics from the all-reduced sums (keyed by SUMMED_METRICS)."""
 
         def frac(x: float, n: float) -> float:
             return x / n if n > 0 else math.nan
 
+        num_tokens, loss = counts.num_tokens, self.loss.policy_loss
         per_token = [M.CLIPFRAC_LOW, M.CLIPFRAC_HIGH, M.DUAL_CLIPFRAC, M.APPROX_KL, M.ENTROPY]
         if self.loss.kl_coef > 0:
             per_token.append(M.KL_REF)
+        if loss == "cispo":
+            per_token.append(M.CISPO_CAPPED_FRAC)
+        if loss in COVARIANCE_LOSSES:
+            per_token.append(M.COV_SELECTED_FRAC)
         out = {M.POLICY_LOSS: s[M.POLICY_LOSS]}  # already the mini-batch loss (the aggregation's weights)
         out.update({name: frac(s[name], num_tokens) for name in per_token})
+        if loss == "gspo":
+            out.update({name: frac(s[name], counts.num_seqs) for name in (M.SEQ_CLIPFRAC_LOW, M.SEQ_CLIPFRAC_HIGH)})
         out[M.CLIP_HIGH_PROB] = frac(s[M.CLIP_HIGH_PROB], s[M.CLIPFRAC_HIGH])  # mean over upper-clipped tokens
         out[M.CLIPFRAC_HIGH_RARE] = frac(s[M.CLIPFRAC_HIGH_RARE], s["rare_positive_tokens"])
         out.update(

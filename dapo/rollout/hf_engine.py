@@ -5,8 +5,9 @@ Simplifications: no paged KV cache or continuous batching (prompts are generated
 `sleep`/`wake_up` move the model off and back onto the GPU (the weights are kept, like vLLM's sleep level 1).
 `generate` keeps each step's processed scores ([sequences, V] per step) to read the sampled tokens' log-probs, so
 chunks shrink to fit `score_budget_bytes`: fine for small vocabularies (the tiny world); use vLLM for real models.
-The log-prob of each sampled token is taken under the *sampling* distribution (after temperature and top-p),
-which vLLM's raw log-probs are not; the learner recomputes old log-probs itself, so neither enters the loss.
+The log-prob of each sampled token is taken under the *sampling* distribution (after temperature and top-p), as
+vLLM's are (`logprobs_mode="processed_logprobs"`): the behaviour policy's log-prob, which the trainer compares with
+the learner's and the rollout correction reweights by.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor
 
 from dapo.rollout.base import RolloutEngine, dtype_name, per_prompt_counts, strip_prefix
+from dapo.rollout.seeds import call_seed, seed_global_generators
 from dapo.types import Sample
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -30,7 +32,9 @@ class HFEngine(RolloutEngine):
         model_path: a local Hugging Face model directory (with its tokenizer).
         dtype: "float32" / "bfloat16" / "auto".
         max_model_len: prompt + response cap; `max_tokens` is lowered to fit it.
-        seed: seeds torch's generator once; a `generate` call without a seed continues the stream.
+        seed: seeds torch's generator once; a `generate` call without seeds continues the stream.
+        batch_invariant: sample one response per call, each under its own seed (`rollout.batch_invariant`): the
+            samples then do not depend on how a batch was split among replicas, at the cost of batching.
         max_batch_sequences: sequences decoded at once (prompts are chunked so P_chunk * n <= this).
         score_budget_bytes: memory for the per-step scores kept during one chunk (at least one prompt's n).
         config_overrides: config.json values set before the model is built (`model.config_overrides`).
@@ -46,6 +50,7 @@ class HFEngine(RolloutEngine):
         max_batch_sequences: int = 512,
         score_budget_bytes: int = 2 << 30,
         config_overrides: Mapping[str, Any] | None = None,
+        batch_invariant: bool = False,
     ) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -60,6 +65,7 @@ class HFEngine(RolloutEngine):
         self.max_batch_sequences = max_batch_sequences
         self.score_budget_bytes = score_budget_bytes
         self.generator_seed = seed
+        self.batch_invariant = batch_invariant
         torch.manual_seed(seed)
         eos = self.tokenizer.eos_token_id
         gen_eos = self.model.generation_config.eos_token_id
@@ -84,11 +90,22 @@ class HFEngine(RolloutEngine):
         max_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        seed: int | None = None,
+        seeds: Sequence[Sequence[int]] | None = None,
     ) -> list[list[Sample]]:
-        if seed is not None:
-            torch.manual_seed(seed)  # transformers samples from torch's global generator (CUDA ones included)
-        counts = per_prompt_counts(n, len(prompt_ids))
+        counts = per_prompt_counts(n, len(prompt_ids), seeds)
+        if seeds is not None and self.batch_invariant:
+            # one response per call, under its own seed: each sample is a function of its seed alone
+            out = []
+            for p, group_seeds in zip(prompt_ids, seeds, strict=True):
+                group = []
+                for s in group_seeds:
+                    torch.manual_seed(s)
+                    group.append(self._generate_chunk([p], 1, max_tokens, temperature, top_p)[0][0])
+                out.append(group)
+            return out
+        if seeds is not None:
+            # transformers samples a batch from torch's global generator (CUDA ones included): seeded once per call
+            seed_global_generators(call_seed(seeds))
         if len(set(counts)) > 1:  # transformers returns as many sequences for every prompt: one row per sample
             rows = [p for p, k in zip(prompt_ids, counts, strict=True) for _ in range(k)]
             flat = iter(self.generate(rows, 1, max_tokens, temperature, top_p))

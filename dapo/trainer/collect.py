@@ -29,9 +29,11 @@ from typing import Any
 import torch
 
 from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats, keep_groups
+from dapo.algos.metrics import group_sameness
 from dapo.algos.overlong import soft_overlong_penalty
 from dapo.rollout.base import RolloutEngine
-from dapo.rollout.replicas import ReplicaLayout, map_on_replicas, merge_by_prompt, sampling_seed
+from dapo.rollout.replicas import ReplicaLayout, Share, map_on_replicas, merge_by_prompt
+from dapo.rollout.seeds import sampling_seed, share_seeds
 from dapo.trainer.components import HabitTagger, Scorer
 from dapo.types import GroupOutcome, Problem, Sample
 
@@ -63,6 +65,7 @@ class Group:
 
 def outcome_of(g: Group, kind: str = "") -> GroupOutcome:
     """What the metrics keep of one generated group."""
+    distinct, same_log_chance = group_sameness([x.response_ids for x in g.samples], [x.logprobs for x in g.samples])
     return GroupOutcome(
         correct=list(g.correct),
         rewards=g.rewards,
@@ -70,6 +73,8 @@ def outcome_of(g: Group, kind: str = "") -> GroupOutcome:
         truncated=[x.truncated for x in g.samples],
         tags=[list(t) for t in g.tags] or [[] for _ in g.samples],
         kind=kind,
+        distinct=distinct,
+        same_log_chance=same_log_chance,
     )
 
 
@@ -188,7 +193,8 @@ class ReplicaSampler:
         scorer: (responses, answers) -> scores; run by each replica's leader on its own share.
         layout: the job's replicas.
         s: rollout settings.
-        seed: the run's seed; replica k samples batch b of step t with `sampling_seed(seed, TRAIN_STREAM, t, b, k)`.
+        seed: the run's seed; sample j of prompt i of generation batch b of step t is drawn with
+            `sample_seed(sampling_seed(seed, TRAIN_STREAM, t, b), i, j)`, whichever replica draws it.
         tagger: tags each response with its habits (the tiny habits world), where the replica scores it.
     """
 
@@ -208,12 +214,12 @@ class ReplicaSampler:
         """The sampling function of rollout step `step` (1-based), for `collect`."""
 
         def sample(problems: list[Problem], prompts: list[list[int]], gen_batch: int) -> Sampled:
-            seed = sampling_seed(self.seed, TRAIN_STREAM, step, gen_batch, self.layout.replica)
+            base = sampling_seed(self.seed, TRAIN_STREAM, step, gen_batch)
             parts = map_on_replicas(
                 self.layout,
                 list(zip(problems, prompts, strict=True)),
                 self.s.n,
-                lambda items, share, lead: self._share(items, share.counts, lead, seed),
+                lambda items, share, lead: self._share(items, share, lead, base),
             )
             pieces = merge_by_prompt(len(problems), [(share, part.groups) for share, part in parts])
             return Sampled(
@@ -223,12 +229,13 @@ class ReplicaSampler:
 
         return sample
 
-    def _share(self, items: list[tuple[Problem, list[int]]], counts: list[int], leader: bool, seed: int) -> Sampled:
+    def _share(self, items: list[tuple[Problem, list[int]]], share: Share, leader: bool, base: int) -> Sampled:
         s = self.s
         problems, prompts = [p for p, _ in items], [list(q) for _, q in items]
+        seeds = share_seeds(base, share.prompts, share.counts, share.first)
         t0 = time.perf_counter()
         outs = self.engine.generate(
-            prompts, n=counts, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=seed
+            prompts, n=share.counts, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seeds=seeds
         )
         t1 = time.perf_counter()
         if not leader:  # a tensor-parallel member: the same samples as its leader, whose result is kept

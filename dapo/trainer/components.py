@@ -43,8 +43,9 @@ class PolicyLearner(Protocol):
         """(log-probs [N, R], entropies [N, R]) of the batch's responses under the current weights, no grad."""
         ...
 
-    def update(self, batch: PolicyBatch) -> dict[str, float]:
-        """One optimizer step on this rank's shard of a mini-batch; metrics keyed by `dapo.metric_names`."""
+    def update(self, batch: PolicyBatch, *, salt: int = 0) -> dict[str, float]:
+        """One optimizer step on this rank's shard of a mini-batch; metrics keyed by `dapo.metric_names`. `salt`
+        keys any random draw of the loss (the trainer's update count: the same again after a resume)."""
         ...
 
     def named_parameters_for_sync(self) -> Iterable[tuple[str, Tensor]]:

@@ -37,8 +37,10 @@ from dapo import metric_names as M
 from dapo.algos.dynamic_sampling import RefillCapReached
 from dapo.evaluation.evaluate import evaluate_on_replicas, write_samples
 from dapo.fsio import atomic_write
-from dapo.rollout.replicas import ReplicaLayout, sampling_seed
-from dapo.trainer import DONE_FILE, FAILURE_EXIT_CODE, RESUME_EXIT_CODE
+from dapo.rollout.base import SyncError
+from dapo.rollout.replicas import ReplicaLayout
+from dapo.rollout.seeds import sampling_seed
+from dapo.trainer import DONE_FILE, FAILURE_EXIT_CODE, RESUME_EXIT_CODE, TRIPWIRE_EXIT_CODE
 from dapo.trainer import checkpoint as ck
 from dapo.trainer.collect import EVAL_STREAM, ReplicaSampler, StopDuringRefill
 from dapo.trainer.components import Components, MetricsTracker, NullTracker
@@ -46,6 +48,7 @@ from dapo.trainer.data_order import PromptOrder
 from dapo.trainer.progress import Progress
 from dapo.trainer.signals import Deadline, StopFlag, job_end_time
 from dapo.trainer.step import Counters, PartialStep, StepIO, StepSettings, StopMidStep, rollout_step
+from dapo.trainer.tripwires import TripwireError, Tripwires
 from dapo.types import Problem
 
 log = logging.getLogger("dapo.train")
@@ -74,6 +77,7 @@ class RunSettings:
     config_hash: str
     params: dict[str, Any] = field(default_factory=dict)  # logged once, as MLflow params
     tags: dict[str, str] = field(default_factory=dict)  # MLflow tags that line runs up in the UI
+    tripwires: Tripwires = field(default_factory=lambda: Tripwires(logprob_gap=None))  # checked after each step
 
 
 @dataclass
@@ -253,6 +257,11 @@ class Trainer:
                 self._note(f"FAILED: {e}")
                 self._mark("failed", "FAILED")
                 return FAILURE_EXIT_CODE
+            except (TripwireError, SyncError) as e:  # no checkpoint: the state it would save came from a broken path
+                log.error("%s", e)
+                self._note(f"STOPPED by a tripwire: {e}")
+                self._mark("failed", "FAILED")
+                return TRIPWIRE_EXIT_CODE
 
     def _one_step(self) -> int | None:
         n = self.counters
@@ -288,6 +297,9 @@ class Trainer:
         self.tracker.log_metrics(_finite(metrics), step=n.step)
         if self.progress is not None:
             self.progress.update(n.step, metrics)
+        problem = self.s.tripwires.check(n.step, metrics)  # every rank holds the same metrics: all stop together
+        if problem is not None:
+            raise TripwireError(problem)
         limit = self.s.step.max_consecutive_nonfinite
         if n.gave_up(limit):
             last = ck.latest_checkpoint(self.run_dir)
@@ -341,11 +353,9 @@ class Trainer:
             es.problems,
             es.prompts,
             es.settings,
-            seed_for=lambda shard: sampling_seed(self.s.seed, EVAL_STREAM, step, shard, layout.replica),
-            # shards of the train batch: the same shards, and so the same sampling seeds, in every row of a ladder
-            # (dynamic sampling's larger generation batch would otherwise draw a different eval of the same
-            # model); no longer than a training generation batch, so evaluation adds nothing to the worst-case
-            # signal-to-checkpoint latency
+            seed_base=sampling_seed(self.s.seed, EVAL_STREAM, step),
+            # shards no longer than a training generation batch, so evaluation adds nothing to the worst-case
+            # signal-to-checkpoint latency (the samples do not depend on the shards: `seed_base`)
             shard_sequences=rollout.train_batch_size * rollout.n,
             should_stop=self._stop_requested,
         )

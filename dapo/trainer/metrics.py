@@ -5,7 +5,9 @@ Which population each metric describes:
 - all-correct / all-wrong fractions (Fig 3b), groups with all-zero advantages, the accuracy of every generated
   response and how much longer the wrong ones are: every generated group, before the dynamic-sampling filter (with
   the filter, the trained groups are never all-correct by construction);
-- dynamic sampling counts and tokens: every generation batch of the step, dropped groups included.
+- dynamic sampling counts and tokens: every generation batch of the step, dropped groups included;
+- the engine-vs-learner gap (`mismatch/`): the sampled tokens of the groups that trained (the learner computes old
+  log-probs of those only); the groups' diversity: every generated group.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import torch
 
 from dapo import metric_names as M
 from dapo.algos.advantages import group_advantages
-from dapo.algos.metrics import group_outcome_fractions
+from dapo.algos.metrics import IMPLAUSIBLE_LOG_CHANCE, group_outcome_fractions
+from dapo.algos.rollout_correction import mismatch_stats
 from dapo.trainer.collect import Collected
 from dapo.trainer.rollout_batch import RolloutBatch
 
@@ -52,6 +55,32 @@ def _trained_metrics(col: Collected, batch: RolloutBatch) -> dict[str, float]:
     if batch.entropy is not None:
         m = batch.response_mask
         out[M.ENTROPY] = float((batch.entropy.double() * m).sum() / m.sum().clamp(min=1))
+    out.update(_mismatch_metrics(batch))
+    return out
+
+
+# a sampled token is "beyond" when the engine and the learner disagree on its probability by more than a factor 2
+MISMATCH_TOKEN_BOUND = math.log(2.0)
+
+
+def _mismatch_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """The engine-vs-learner gap on the sampled tokens (`dapo.algos.rollout_correction.mismatch_stats`), and what
+    the rollout correction did; nothing for an engine that gives no log-probs."""
+    if batch.engine_logprobs is None or batch.old_logprobs is None:
+        return {}
+    st = mismatch_stats(batch.old_logprobs, batch.engine_logprobs, batch.response_mask, MISMATCH_TOKEN_BOUND)
+    out = {
+        M.MISMATCH_ABS_DIFF: st["abs_diff"],
+        M.MISMATCH_K3: st["k3"],
+        M.MISMATCH_SEQ_MAX: st["seq_abs_diff_max"],
+        M.MISMATCH_BEYOND_FRAC: st["beyond_frac"],
+    }
+    names = {
+        "weight_mean": M.CORRECTION_WEIGHT_MEAN,
+        "capped_frac": M.CORRECTION_CAPPED_FRAC,
+        "masked_frac": M.CORRECTION_MASKED_FRAC,
+    }
+    out.update({names[k]: v for k, v in batch.correction.items()})
     return out
 
 
@@ -83,6 +112,13 @@ def _generated_metrics(col: Collected, norm_adv_by_std: bool) -> dict[str, float
     out[M.ALL_CORRECT_FRAC], out[M.ALL_WRONG_FRAC] = group_outcome_fractions(all_correct)
     all_adv = group_advantages(torch.tensor(col.all_rewards, dtype=torch.float64), norm_by_std=norm_adv_by_std)
     out[M.ZERO_ADV_GROUP_FRAC] = float((all_adv == 0).all(dim=1).double().mean())
+    counted = [o for o in col.generated if o.distinct > 0]
+    if counted:  # how alike each group's responses are: samples that are not independent repeat themselves
+        out[M.DISTINCT_RESPONSES] = sum(o.distinct for o in counted) / len(counted)
+        out[M.IDENTICAL_GROUP_FRAC] = sum(o.distinct == 1 for o in counted) / len(counted)
+        out[M.IMPLAUSIBLE_GROUP_FRAC] = sum(
+            o.same_log_chance is not None and o.same_log_chance < IMPLAUSIBLE_LOG_CHANCE for o in counted
+        ) / len(counted)
     st = col.stats
     out[M.DS_GEN_BATCHES] = st.gen_batches
     out[M.DS_GROUPS_KEPT] = st.groups_kept

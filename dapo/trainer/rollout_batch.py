@@ -15,7 +15,7 @@ rollout step:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from dapo.algos.advantages import group_advantages
 from dapo.algos.overlong import overlong_loss_mask
-from dapo.learner.batch import PolicyBatch
+from dapo.learner.batch import PolicyBatch, pad_rows
 from dapo.trainer.collect import Group
 
 
@@ -39,9 +39,12 @@ class RolloutBatch:
     truncated: Tensor  # [N] bool, finish reason "length"
     response_mask: Tensor  # [N, T] float32, 1 on response tokens
     loss_mask: Tensor  # [N, T] float32, response_mask with filtered rows zeroed
+    engine_logprobs: Tensor | None = None  # [N, T] the engine's, of its samples (None: an engine that gives none)
     old_logprobs: Tensor | None = None  # [N, T] from the learner, before any update of the step
     entropy: Tensor | None = None  # [N, T] of the old policy on the sampled tokens
     ref_logprobs: Tensor | None = None  # [N, T] of the frozen reference policy (only with the KL term)
+    is_weights: Tensor | None = None  # [N, T] the rollout correction's weights (algorithm.rollout_correction)
+    correction: dict[str, float] = field(default_factory=dict)  # what the correction did (its metrics)
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -57,6 +60,7 @@ class RolloutBatch:
             group_ids=self.group_ids,
             old_logp=self.old_logprobs,
             ref_logp=self.ref_logprobs,
+            is_weights=self.is_weights,
         )
 
     def rows(self, idx: Sequence[int]) -> RolloutBatch:
@@ -93,6 +97,11 @@ def build_batch(groups: Sequence[Group], *, norm_adv_by_std: bool, overlong_filt
     truncated = torch.tensor([s.finish_reason == "length" for s in samples], dtype=torch.bool)
     loss_mask = overlong_loss_mask(response_mask, truncated) if overlong_filter else response_mask.clone()
     group_ids = torch.arange(len(groups)).repeat_interleave(torch.tensor([len(g.samples) for g in groups]))
+    engine_logprobs = (
+        pad_rows([s.logprobs for s in samples], width)  # type: ignore[misc]
+        if all(s.logprobs is not None for s in samples)
+        else None
+    )
     return RolloutBatch(
         prompt_ids=[list(g.prompt_ids) for g in groups for _ in g.samples],
         response_ids=[list(s.response_ids) for s in samples],
@@ -101,6 +110,7 @@ def build_batch(groups: Sequence[Group], *, norm_adv_by_std: bool, overlong_filt
         truncated=truncated,
         response_mask=response_mask,
         loss_mask=loss_mask,
+        engine_logprobs=engine_logprobs,
     )
 
 

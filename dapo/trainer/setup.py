@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from dapo.learner import Learner, ReferencePolicy
     from dapo.rewards.score import Score
     from dapo.trainer.loop import RunSettings
+    from dapo.trainer.tripwires import Tripwires
 
 log = logging.getLogger("dapo.train")
 
@@ -62,7 +63,9 @@ def run_settings(cfg: RunConfig) -> RunSettings:
     )
     step = StepSettings(
         rollout=rollout,
-        **_pick(a, "norm_adv_by_std", "overlong_filter"),
+        **_pick(a, "norm_adv_by_std", "overlong_filter", "rollout_correction"),
+        correction_cap=a.rollout_correction_cap,
+        correction_floor=a.rollout_correction_floor,
         **_pick(t, "mini_batch_size", "epochs", "seed", "max_consecutive_nonfinite", "pack_prompts"),
     )
     return RunSettings(
@@ -74,6 +77,21 @@ def run_settings(cfg: RunConfig) -> RunSettings:
         config_hash=cfg.config_hash(),
         params=cfg.flat(),
         tags=run_tags(cfg),
+        tripwires=tripwires(cfg),
+    )
+
+
+def tripwires(cfg: RunConfig) -> Tripwires:
+    """The tripwires of a run (dapo.trainer.tripwires): the log-prob gap's bound for the dtype the engine and the
+    learner run in (trainer.logprob_gap_bound overrides it), checked only where the engine's log-probs are of the
+    distribution the learner computes (top_p 1)."""
+    from dapo.rollout.base import dtype_name
+    from dapo.trainer.tripwires import LOGPROB_GAP_BOUND, Tripwires
+
+    dtype = dtype_name(cfg.model.dtype)
+    bound = cfg.trainer.logprob_gap_bound or LOGPROB_GAP_BOUND.get(dtype)
+    return Tripwires(
+        logprob_gap=bound if cfg.rollout.top_p >= 1.0 else None, dtype=dtype, enabled=cfg.trainer.tripwires
     )
 
 
@@ -166,6 +184,7 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
         cpu_kv_cache_gib=r.cpu_kv_cache_gib,
         enable_sleep_mode=r.enable_sleep_mode,
         config_overrides=cfg.model.config_overrides,
+        batch_invariant=r.batch_invariant,
     )
 
     def scorer(texts: list[str], answers: list[str]) -> list[Score]:
@@ -215,7 +234,8 @@ def make_learner(cfg: RunConfig, path: str) -> Learner:
     loss = LossSpec(
         seq_token_sum_constant=a.seq_token_sum_constant or r.max_response_length,
         temperature=r.temperature,
-        **_pick(a, "eps_low", "eps_high", "dual_clip_c", "kl_coef", "loss_agg"),
+        **_pick(a, "eps_low", "eps_high", "dual_clip_c", "kl_coef", "loss_agg", "policy_loss", "cispo_clip_max"),
+        **_pick(a, "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "kl_cov_coef"),
     )
     return Learner(
         path,

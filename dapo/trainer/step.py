@@ -40,6 +40,7 @@ import torch
 from dapo import distributed as dist
 from dapo import metric_names as M
 from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats
+from dapo.algos.rollout_correction import correction_weights
 from dapo.learner.batch import PolicyBatch
 from dapo.learner.learner import UPDATE_SKIPPED
 from dapo.rollout.base import RolloutEngine
@@ -77,6 +78,9 @@ class StepSettings:
     seed: int
     max_consecutive_nonfinite: int  # stop updating after this many skipped updates in a row
     pack_prompts: bool = False  # the learner's: a shard then counts each prompt once per rank (PolicyBatch.shard)
+    rollout_correction: str = "none"  # importance weights for the engine/learner gap (dapo.algos.rollout_correction)
+    correction_cap: float = 2.0  # its C
+    correction_floor: float | None = None  # its lower masking bound (masked forms)
 
 
 @dataclass
@@ -214,6 +218,20 @@ def prepare(io: StepIO, s: StepSettings, resume: PartialStep | None) -> PartialS
         batch.old_logprobs, batch.entropy = sharded_logprobs(io.learner.compute_logprobs, pb, s.pack_prompts)
         if io.reference is not None:
             batch.ref_logprobs = sharded_logprobs(_with_no_entropy(io.reference), pb, s.pack_prompts)[0]
+        if s.rollout_correction != "none":  # on whole responses, before any split: exact for sequence weights
+            if batch.engine_logprobs is None:
+                raise ValueError(
+                    f"algorithm.rollout_correction={s.rollout_correction} needs the engine's log-probs of its samples, "
+                    "and this engine returned none"
+                )
+            batch.is_weights, batch.correction = correction_weights(
+                batch.old_logprobs,
+                batch.engine_logprobs,
+                batch.response_mask,
+                s.rollout_correction,  # type: ignore[arg-type]
+                s.correction_cap,
+                s.correction_floor,
+            )
         t_old = time.perf_counter() - t0
     return PartialStep(collected=col, batch=batch, timings={**col.timings, "old_logprob": t_old})
 
@@ -232,7 +250,8 @@ def update(step: int, part: PartialStep, io: StepIO, s: StepSettings, counters: 
                 part.timings["update"] = part.timings.get("update", 0.0) + time.perf_counter() - t_upd
                 raise StopMidStep(dataclasses.replace(part, updates_done=k))
             rows = policy_batch.select(group_rows(batch, plan[k]))
-            out = io.learner.update(rows.shard(dist.rank(), dist.world_size(), pack_prompts=s.pack_prompts))
+            shard = rows.shard(dist.rank(), dist.world_size(), pack_prompts=s.pack_prompts)
+            out = io.learner.update(shard, salt=counters.grad_updates)  # salt: the covariance losses' draw
             part.update_stats.append(out)
             counters.grad_updates += 1
             if out.get(UPDATE_SKIPPED):

@@ -8,6 +8,9 @@ the same patches with `install(faults, monkeypatch.setattr)`:
     DAPO_TEST_FAIL_AT=RANK:STEP  that rank raises in rollout step STEP's first update; STEP 0: while the run's
                                  parts are built, before the learner joins the others in its first collective
     DAPO_TEST_POISON_STEP=S      from rollout step S on, advantages are NaN, so every update's loss is non-finite
+    DAPO_TEST_SYNC=skip:TEXT     the weight sync after each step streams no tensor whose name contains TEXT (a layer
+                                 the engine's loader skips); DAPO_TEST_SYNC=nothing: it streams none at all
+    DAPO_TEST_SAME_SEEDS=1       every sample of a prompt gets its first sample's seed (replicas sharing a seed)
 
 Every point wraps a function the package has anyway, at a boundary where a crash could leave MLflow and the run
 directory disagreeing: the patches below name them.
@@ -27,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 KILL_ENV, FAIL_ENV, POISON_ENV = "DAPO_TEST_KILL_AT", "DAPO_TEST_FAIL_AT", "DAPO_TEST_POISON_STEP"
+SYNC_ENV, SEEDS_ENV = "DAPO_TEST_SYNC", "DAPO_TEST_SAME_SEEDS"
+ENV_VARS = (KILL_ENV, FAIL_ENV, POISON_ENV, SYNC_ENV, SEEDS_ENV)
 POINTS = (
     "tracking.before_log",  # a step's metrics are about to be written (or spooled): Tracker.log_metrics starts
     "tracking.after_log",  # they were written (or spooled): Tracker.log_metrics returned
@@ -44,6 +49,8 @@ class Faults:
     kill_at: tuple[str, int] | None = None  # (point, n-th pass)
     fail_at: tuple[int, int] | None = None  # (rank, rollout step)
     poison_from_step: int = 0
+    sync: str = ""  # "" | "nothing" | "skip:<text>"
+    same_seeds: bool = False
 
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ = os.environ) -> Faults:
@@ -56,6 +63,8 @@ class Faults:
             kill_at=(point, int(nth or 1)) if kill else None,
             fail_at=(int(rank), int(step)) if fail else None,
             poison_from_step=int(env.get(POISON_ENV, "0") or 0),
+            sync=env.get(SYNC_ENV, ""),
+            same_seeds=env.get(SEEDS_ENV, "") == "1",
         )
 
 
@@ -90,7 +99,7 @@ class FaultyLearner:
     def __init__(self, inner: Any, faults: Faults) -> None:
         self._inner, self._faults = inner, faults
 
-    def update(self, batch: Any) -> dict[str, float]:
+    def update(self, batch: Any, *, salt: int = 0) -> dict[str, float]:
         import torch
 
         from dapo import distributed as dist
@@ -100,7 +109,7 @@ class FaultyLearner:
             raise RuntimeError(f"test hook {FAIL_ENV}: rank {dist.rank()} fails in rollout step {step}")
         if f.poison_from_step and step >= f.poison_from_step:
             batch = dataclasses.replace(batch, advantages=torch.full_like(batch.advantages, float("nan")))
-        return self._inner.update(batch)
+        return self._inner.update(batch, salt=salt)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -156,7 +165,37 @@ def _patch_tracking(module: Any, faults: Faults, setattr_: Callable) -> None:
     setattr_(journal, "rewrite", _around(journal.rewrite, faults, before="tracking.replayed"))
 
 
+def _patch_step(module: Any, faults: Faults, setattr_: Callable) -> None:
+    if not faults.sync:
+        return
+
+    def sync(engine: Any, learner: Any) -> float:
+        stream = learner.named_parameters_for_sync()
+        if faults.sync == "nothing":
+            kept: Any = iter(())
+        else:
+            text = faults.sync.removeprefix("skip:")
+            kept = ((n, t) for n, t in stream if text not in n)
+        engine.sync_weights(kept)
+        return 0.0
+
+    setattr_(module, "sync", sync)
+
+
+def _patch_collect(module: Any, faults: Faults, setattr_: Callable) -> None:
+    if not faults.same_seeds:
+        return
+    share_seeds = module.share_seeds
+
+    def same(*args: Any, **kwargs: Any) -> list[list[int]]:
+        return [[g[0]] * len(g) for g in share_seeds(*args, **kwargs)]
+
+    setattr_(module, "share_seeds", same)
+
+
 PATCHES: dict[str, Callable[[Any, Faults, Callable], None]] = {
+    "dapo.trainer.step": _patch_step,
+    "dapo.trainer.collect": _patch_collect,
     "dapo.trainer.loop": _patch_loop,
     "dapo.trainer.setup": _patch_setup,
     "dapo.trainer.checkpoint": _patch_checkpoint,

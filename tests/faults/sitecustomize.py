@@ -4,7 +4,8 @@ variables ask for (`dapo_faults`), so that the package itself carries no test ma
 
 import os
 
-if any(os.environ.get(name) for name in ("DAPO_TEST_KILL_AT", "DAPO_TEST_FAIL_AT", "DAPO_TEST_POISON_STEP")):
+FAULTS = ("DAPO_TEST_KILL_AT", "DAPO_TEST_FAIL_AT", "DAPO_TEST_POISON_STEP", "DAPO_TEST_SYNC", "DAPO_TEST_SAME_SEEDS")
+if any(os.environ.get(name) for name in FAULTS):
     import dapo_faults
 
     dapo_faults.install_on_import(dapo_faults.Faults.from_env())

