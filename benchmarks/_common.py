@@ -97,6 +97,7 @@ def random_qwen2(
     tie: bool = False,
     max_positions: int = 4096,
     seed: int = 0,
+    kv_heads: int | None = None,
 ) -> Path:
     """A randomly initialised Qwen2ForCausalLM (float32) saved with a tokenizer, cached under MODEL_CACHE/name.
 
@@ -127,7 +128,7 @@ def random_qwen2(
         intermediate_size=intermediate or 4 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=heads,
+        num_key_value_heads=kv_heads or heads,
         max_position_embeddings=max_positions,
         tie_word_embeddings=tie,
         rope_theta=10000.0,

@@ -118,6 +118,8 @@ class CostInputs:
         """Mean response length `fraction` of the way through the run (0: first step, 1: last)."""
         return self.response_tokens_start + (self.response_tokens_end - self.response_tokens_start) * fraction
 
+    covariance_forward: bool = False  # Clip-Cov / KL-Cov: a no-grad forward per update before it (the selection)
+
 
 @dataclass(frozen=True)
 class StepCost:
@@ -177,8 +179,11 @@ def step_cost(c: CostInputs, mean_response: float, gen_batches: float) -> StepCo
     per_group = c.mean_prompt_tokens + c.n * m if c.pack_prompts else c.n * seq
     train_tokens = c.prompts_per_step * per_group
     # update: forward + backward (2x) + the recompute of checkpointed layers; old log-probs: one forward;
-    # the reference policy's log-probs: one more when the KL term is on
-    passes = 3 + (1 if c.gradient_checkpointing else 0) + 1 + (1 if c.reference_forward else 0)
+    # the reference policy's log-probs: one more when the KL term is on; the covariance losses' selection: one more
+    passes = (
+        3 + (1 if c.gradient_checkpointing else 0) + 1 + (1 if c.reference_forward else 0)
+        + (1 if c.covariance_forward else 0)
+    )  # fmt: skip
     flops = train_tokens * passes * forward_flops_per_token(s, seq / 2)
     train = flops / (w * r.bf16_tflops * 1e12 * c.train_mfu)
 

@@ -16,6 +16,10 @@ GRPO plus the first toggle *is* row 01), the design reuses that row's runs rathe
 
     from dapo.designs import design_runs, marginal_pairs
     design_runs("leave_one_out")      # [RunSpec(name="dapo_minus_overlong_filtering", ...), ...]
+
+A fourth design compares the losses researchers set against DAPO's (`variant_runs`): configs/variants/ holds one file
+per variant, each inheriting a ladder row (its parent) and setting only the keys that variant owns (`VARIANT_KEYS`),
+checked like a row (`variants`); each variant runs beside its parent.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any, Literal
 
 import yaml
 
-from dapo.config import ABLATIONS_DIR, PRESETS_DIR, ConfigError, load_config, read_chain, resolve_preset
+from dapo.config import ABLATIONS_DIR, PRESETS_DIR, REPO_ROOT, ConfigError, load_config, read_chain, resolve_preset
 
 Design = Literal["cumulative", "leave_one_out", "one_at_a_time"]
 DESIGNS: tuple[Design, ...] = ("cumulative", "leave_one_out", "one_at_a_time")
@@ -55,8 +59,8 @@ class RunSpec:
     name: str  # the MLflow row tag and run folder: a ladder row, or dapo_minus_<t> / grpo_plus_<t>
     config: Path  # the ladder row file it starts from
     overrides: tuple[str, ...]  # section.key=value, `tracking.row=<name>` last; empty for a ladder row
-    design: Design
-    toggle: str | None  # None for a design's reference run
+    design: str  # one of DESIGNS, or "variants"
+    toggle: str | None  # None for a design's reference run (a variant's name for a variant run)
 
 
 def ladder(ablations_dir: Path = ABLATIONS_DIR) -> list[str]:
@@ -184,15 +188,99 @@ def placebo_twin(name: str) -> str | None:
     return name[len(PLACEBO_PREFIX) :] if name.startswith(PLACEBO_PREFIX) and len(name) > len(PLACEBO_PREFIX) else None
 
 
-def all_design_runs(ablations_dir: Path = ABLATIONS_DIR) -> dict[str, RunSpec]:
-    """Every run name any design uses -> its spec (a ladder row appears once, as itself), and the placebo."""
+def all_design_runs(ablations_dir: Path = ABLATIONS_DIR, variants_dir: Path | None = None) -> dict[str, RunSpec]:
+    """Every run name any design uses -> its spec (a ladder row appears once, as itself), the placebo and the
+    variants (`variant_runs`; `variants_dir` None: configs/variants/, when it exists)."""
     out: dict[str, RunSpec] = {}
     for design in DESIGNS:
         for spec in design_runs(design, ablations_dir):
             out.setdefault(spec.name, spec)
     placebo = placebo_run(ablations_dir)
     out[placebo.name] = placebo
+    for spec in variant_runs(variants_dir or VARIANTS_DIR, ablations_dir):
+        out.setdefault(spec.name, spec)
     return out
+
+
+# ------------------------------------------------------------------------------------------------- variants
+VARIANTS_DIR = REPO_ROOT / "configs" / "variants"
+# The keys each variant may set (its file's own keys, `inherits:` and `tracking.row` aside): the loss it names and
+# that loss's parameters (dapo/algos/policy_loss.py), or for Dr. GRPO the advantage and the normaliser its paper
+# changes, or for the rollout correction its mode and bounds. A variant setting anything else would measure more than
+# itself: refused, as a ladder row is.
+VARIANT_KEYS: dict[str, frozenset[str]] = {
+    "gspo": frozenset({"algorithm.policy_loss", "algorithm.eps_low", "algorithm.eps_high", "algorithm.loss_agg"}),
+    "cispo": frozenset({"algorithm.policy_loss", "algorithm.cispo_clip_max", "algorithm.loss_agg"}),
+    "clip_cov": frozenset(
+        {"algorithm.policy_loss", "algorithm.clip_cov_ratio", "algorithm.clip_cov_lb", "algorithm.clip_cov_ub"}
+    ),
+    "kl_cov": frozenset({"algorithm.policy_loss", "algorithm.kl_cov_ratio", "algorithm.kl_cov_coef"}),
+    "dr_grpo": frozenset({"algorithm.norm_adv_by_std", "algorithm.loss_agg", "algorithm.seq_token_sum_constant"}),
+    "tis": frozenset(
+        {"algorithm.rollout_correction", "algorithm.rollout_correction_cap", "algorithm.rollout_correction_floor"}
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One file of configs/variants/: its name (the file's stem), the ladder row it inherits and what it sets."""
+
+    name: str
+    parent: str  # a ladder row: "05_dynamic_sampling"
+    path: Path
+    values: dict[str, Any]
+
+
+def variants(variants_dir: Path = VARIANTS_DIR, ablations_dir: Path = ABLATIONS_DIR) -> tuple[Variant, ...]:
+    """Every variant file, checked: a known name (`VARIANT_KEYS`), a parent that is a row of the ladder, and no key
+    but its own. Raises ConfigError naming the file, the key and the fix."""
+    variants_dir, ablations_dir = Path(variants_dir), Path(ablations_dir).resolve()
+    rows = set(ladder(ablations_dir))
+    out = []
+    for path in sorted(variants_dir.glob("*.yaml")):
+        name = path.stem
+        if name not in VARIANT_KEYS:
+            raise ConfigError(
+                f"{path}: no variant is named {name!r}; the variants are {', '.join(VARIANT_KEYS)} (a new one "
+                "needs its keys in dapo.designs.VARIANT_KEYS)"
+            )
+        chain = read_chain(path)
+        parent = chain[-2][0] if len(chain) > 1 else None
+        if parent is None or parent.parent != ablations_dir or parent.stem not in rows:
+            raise ConfigError(
+                f"{path}: a variant inherits a row of the ladder ({ablations_dir}), not "
+                f"{parent or 'nothing'}: set `inherits: ../ablations/<row>.yaml`"
+            )
+        own = _dotted(chain[-1][1])
+        if own.get(ROW_KEY, name) != name:
+            raise ConfigError(f"{path}: `{ROW_KEY}: {own[ROW_KEY]}`: a variant's row is its file's name, {name}")
+        values = {k: v for k, v in own.items() if k != ROW_KEY}
+        extra = sorted(set(values) - VARIANT_KEYS[name])
+        if extra:
+            raise ConfigError(
+                f"{path}: sets `{extra[0]}`{' (and ' + ', '.join(extra[1:]) + ')' if extra[1:] else ''}, which is not "
+                f"a key of variant {name} (its keys: {', '.join(sorted(VARIANT_KEYS[name]))}): a variant changes only "
+                "its own keys against its parent row, as a ladder row does; move scale keys to a preset"
+            )
+        if not values:
+            raise ConfigError(f"{path}: sets none of its keys ({', '.join(sorted(VARIANT_KEYS[name]))})")
+        out.append(Variant(name, parent.stem, path, values))
+    return tuple(out)
+
+
+def variant_runs(variants_dir: Path = VARIANTS_DIR, ablations_dir: Path = ABLATIONS_DIR) -> list[RunSpec]:
+    """The variants design: each variant (run name = its file's stem) and each variant's parent row, parents first."""
+    vs = variants(variants_dir, ablations_dir) if Path(variants_dir).is_dir() else ()
+    parents = sorted({v.parent for v in vs})
+    return [_ladder_spec(p, "variants", None, ablations_dir) for p in parents] + [
+        RunSpec(v.name, v.path, (f"{ROW_KEY}={v.name}",), "variants", v.name) for v in vs
+    ]
+
+
+def variant_pairs(variants_dir: Path = VARIANTS_DIR, ablations_dir: Path = ABLATIONS_DIR) -> list[tuple[str, str]]:
+    """(variant, its parent row) for every variant."""
+    return [(v.name, v.parent) for v in variants(variants_dir, ablations_dir)]
 
 
 def marginal_pairs(design: Design, ablations_dir: Path = ABLATIONS_DIR) -> list[tuple[str, str, str]]:

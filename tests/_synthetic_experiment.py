@@ -40,6 +40,7 @@ def curves(
         M.CLIP_HIGH_PROB: 0.12 + 0.04 * frac + 0.005 * row_index,
         M.ALL_CORRECT_FRAC: 0.05 + (0.25 + 0.04 * row_index) * frac,
         M.ACC_MEAN: avg / 100,
+        M.ACC_GENERATED: avg / 100 + rng.normal(0, 0.01, steps.size),
         M.GRAD_UPDATES: steps * float(updates_per_step),
         M.ROLLOUT_STEP: steps.astype(float),
         M.DS_TOKENS_GENERATED: tokens,

@@ -90,3 +90,44 @@ def test_a_design_run_is_its_reference_row_file_plus_the_toggles_keys(tmp_path):
     assert "configs/ablations/00_naive_grpo.yaml" in plus and "algorithm.loss_agg=token-mean" in plus
     row = cmds["02_clip_higher"]  # a ladder row's command is unchanged: its own file, no design overrides
     assert "configs/ablations/02_clip_higher.yaml" in row and "tracking.row=" not in row
+
+
+@pytest.mark.parametrize("preset", ["tiny", "qwen2.5-32b"])
+def test_all_variants_plans_each_variant_beside_its_parent(tmp_path, preset):
+    """`snakemake all_variants` (a dry run, for the tiny and the paper's preset): every variant file and the ladder
+    rows they inherit, each seed, then one variants report."""
+    r = dry_run("all_variants", "--config", f"results={tmp_path}", f"preset={preset}", "seeds=[0,1,2]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    stats = _job_stats(r.stdout)
+    runs = {"00_naive_grpo", "05_dynamic_sampling", "gspo", "cispo", "clip_cov", "kl_cov", "dr_grpo", "tis"}
+    assert stats["train"] == 3 * len(runs) and stats["variants_report"] == 1
+    cmds = _train_commands(r.stdout)
+    assert set(cmds) == runs
+    assert "configs/variants/gspo.yaml" in cmds["gspo"] and "tracking.row=gspo" in cmds["gspo"]
+    assert "configs/ablations/05_dynamic_sampling.yaml" in cmds["05_dynamic_sampling"]
+    assert str(tmp_path / preset / "report" / "variants" / "variants.md") in r.stdout
+    if preset == "qwen2.5-32b":
+        assert "Clip-Cov and KL-Cov add one no-grad forward pass per update" in r.stderr
+
+
+def test_a_variant_that_sets_more_than_its_keys_is_refused_with_the_file_and_the_key(tmp_path):
+    from dapo.config import ConfigError
+    from dapo.designs import ABLATIONS_DIR, variants
+
+    d = tmp_path / "variants"
+    d.mkdir()
+    parent = os.path.relpath(ABLATIONS_DIR / "05_dynamic_sampling.yaml", d)
+    (d / "gspo.yaml").write_text(
+        f"inherits: {parent}\nalgorithm:\n  policy_loss: gspo\n  eps_low: 3.0e-4\ntrainer:\n  lr: 1.0e-5\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        variants(d)
+    assert str(d / "gspo.yaml") in str(err.value) and "`trainer.lr`" in str(err.value)
+    assert "not a key of variant gspo" in str(err.value)
+    (d / "gspo.yaml").write_text("algorithm:\n  policy_loss: gspo\n")  # no parent row
+    with pytest.raises(ConfigError, match="inherits a row of the ladder"):
+        variants(d)
+    (d / "gspo.yaml").unlink()
+    (d / "gpso.yaml").write_text(f"inherits: {parent}\nalgorithm:\n  policy_loss: gspo\n")
+    with pytest.raises(ConfigError, match="no variant is named 'gpso'"):
+        variants(d)

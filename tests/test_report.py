@@ -130,8 +130,12 @@ def test_compute_table_counts_tokens_and_gpu_hours(full_report):
 
 
 def test_every_figure_is_written_as_png_and_pdf(full_report):
+    import numpy as np
+    from _synthetic_experiment import curves
+
+    logged = set(curves(0, 50.0, 0, np.arange(3), 32, 16))
     for spec in FIGURES:
-        if spec.needs is not None:  # the habits world's figures: not drawn for runs that never logged a habit
+        if spec.needs is not None and spec.needs not in logged:  # e.g. the habits world's: not drawn without habits
             assert not (full_report / "figures" / f"{spec.name}.png").exists()
             continue
         png, pdf = full_report / "figures" / f"{spec.name}.png", full_report / "figures" / f"{spec.name}.pdf"
@@ -442,3 +446,39 @@ def test_runs_that_differ_in_more_than_their_toggle_are_reported_as_not_a_clean_
         )
         assert f"{R[2]} vs {R[1]}" not in text  # clip-higher's change is its own
     assert any("Not a clean ablation" in w for w in json.loads((tmp_path / "confounded" / "warnings.json").read_text()))
+
+
+def test_the_variants_report_compares_each_variant_with_its_parent_row(tmp_path):
+    """Variant runs in the experiment: report/variants.md holds every declared statistic of each variant against the
+    ladder row its file inherits (Δ over seeds with Welch's interval) and figures/variants.png draws them; a report
+    without variant runs writes neither and does not call them missing."""
+    from _synthetic_experiment import build_synthetic_experiment
+
+    from dapo.report.pipeline import build_report
+    from dapo.report.variants import VARIANT_STATISTICS
+
+    uri = f"sqlite:///{tmp_path}/v.db"
+    finals = {
+        "00_naive_grpo": [20.0, 22.0, 21.0],
+        "dr_grpo": [30.0, 33.0, 31.0],
+        "05_dynamic_sampling": [40.0, 41.0, 42.0],
+    }
+    finals["gspo"] = [40.5, 40.0, 42.5]
+    build_synthetic_experiment(uri, "v", finals, k=4, total_steps=10, eval_every=5)
+    out = tmp_path / "report"
+    build_report("v", uri, out)
+    rows = list(csv.DictReader((out / "variants.csv").open()))
+    assert {(r["variant"], r["parent"]) for r in rows} == {
+        ("dr_grpo", "00_naive_grpo"),
+        ("gspo", "05_dynamic_sampling"),
+    }
+    assert len(rows) == 2 * len(VARIANT_STATISTICS)
+    final = {r["variant"]: r for r in rows if r["statistic"] == "final"}
+    assert float(final["dr_grpo"]["delta"]) == pytest.approx(31.333 - 21.0, abs=0.01)
+    assert final["dr_grpo"]["verdict"] == "clear change" and final["gspo"]["verdict"] == "no clear change"
+    assert all(r["delta"] for r in rows), "every declared statistic has a value"
+    assert (out / "figures" / "variants.png").is_file() and "## Variants" in (out / "report.md").read_text()
+    plain = tmp_path / "plain"
+    build_synthetic_experiment(uri, "plain", {k: finals[k] for k in ("00_naive_grpo", "05_dynamic_sampling")}, k=4)
+    build_report("plain", uri, plain)
+    assert not (plain / "variants.md").exists() and "variants" not in (plain / "report.md").read_text()

@@ -62,13 +62,31 @@ def test_tiny_spec_has_every_run_with_its_command_and_the_cpu_plan(tmp_path):
     assert spec["resources"]["train"]["slurm_extra"] == "--signal=USR1@60 --open-mode=append"
     assert spec["local_launcher"]["train"] == "env" and spec["refusal"] is None
     assert "CPU only (no GPU budget)" in spec["plan_text"] and "+ Dynamic Sampling (DAPO)" in spec["plan_text"]
-    assert set(spec["designs"]) == {"leave_one_out", "one_at_a_time", "designs", "evidence"}
+    assert set(spec["designs"]) == {"leave_one_out", "one_at_a_time", "designs", "evidence", "variants"}
+    # the variants design: each variant of configs/variants/ and the rows they inherit, every one a run of the spec
+    variants = spec["designs"]["variants"]
+    assert {"gspo", "cispo", "clip_cov", "kl_cov", "dr_grpo", "tis", "00_naive_grpo", "05_dynamic_sampling"} <= set(
+        variants
+    )
+    assert all(v in spec["runs"] for v in variants)
+    gspo = spec["runs"]["gspo"]["seeds"]["0"]["train_args"]
+    assert gspo[1].endswith("configs/variants/gspo.yaml") and "tracking.row=gspo" in gspo
     assert W.build_spec(config(results=str(tmp_path)), with_plan=False)["plan_text"] is None
 
 
 def test_the_paper_plan_fits_and_a_small_gpu_is_refused_with_the_keys(tmp_path):
     spec = W.build_spec(config(preset="qwen2.5-32b", results=str(tmp_path)), jobs=64)
     assert spec["refusal"] is None and ": fits" in spec["plan_text"] and "cost per row" in spec["plan_text"]
+    # the variants' costs: what they change, and a line each
+    text = spec["plan_text"]
+    assert "variants (`all_variants`" in text and "Clip-Cov and KL-Cov add one no-grad forward" in text
+    names = ("05_dynamic_sampling", "gspo", "clip_cov")
+    rows = {
+        ln.split()[0]: ln.split()[1:] for ln in text.splitlines() if ln.startswith("    ") and ln.split()[0] in names
+    }
+    assert rows["gspo"] == rows["05_dynamic_sampling"]  # the same cost as its parent, column for column
+    train_s = {k: float(v[4].split("-")[0]) for k, v in rows.items()}  # "train s" at the first step
+    assert train_s["clip_cov"] > train_s["05_dynamic_sampling"]  # one more forward pass per update
     assert spec["resources"]["train"]["gres"] == "gpu:h100:8" and spec["base_model"]["source"] == "hub"
     small = config(preset="qwen2.5-32b", results=str(tmp_path))
     small["plan"] = {**small["plan"], "gpu_memory_gib": 40}

@@ -32,7 +32,7 @@ from dapo.report.figures import save_figure
 from dapo.report.formats import Table, bounds
 from dapo.report.runs import Experiment, RunData
 
-Statistic = Literal["mean", "successive_diff_sd", "at_common_updates", "rise"]
+Statistic = Literal["mean", "successive_diff_sd", "at_common_updates", "rise", "final", "area_updates", "area_tokens"]
 Window = Literal["all", "last_third", "first_third"]
 Role = Literal["mechanism", "condition", "effect", "wiring"]
 
@@ -70,6 +70,9 @@ class Mechanism:
             "successive_diff_sd": f"s.d. of step-to-step change, {window}",
             "at_common_updates": "at equal gradient updates (last common)",
             "rise": "mean over the last third minus mean over the first third",
+            "final": "at the last step",
+            "area_updates": "area under the curve over gradient updates (its mean)",
+            "area_tokens": "area under the curve over tokens generated, to the pair's common budget (its mean)",
         }[self.statistic]
 
     def condition_label(self) -> str:
@@ -385,11 +388,46 @@ def _last_step(run: RunData, series_steps: np.ndarray) -> int:
     return int(series_steps.max())
 
 
-def run_statistic(m: Mechanism, run: RunData, k: int, common_updates: float | None = None) -> float | None:
-    """The declared statistic of one run; None when the run did not log what it needs."""
+def _area(x: np.ndarray, y: np.ndarray, end: float) -> float | None:
+    """The mean of y over [x[0], end] by the trapezoid rule (y interpolated at `end`); None without a span."""
+    keep = np.isfinite(y)
+    x, y = x[keep], y[keep]
+    if x.size < 2 or end <= x[0]:
+        return None
+    inside = x < end
+    xs = np.concatenate([x[inside], [end]])
+    ys = np.concatenate([y[inside], [float(np.interp(end, x, y))]])
+    return float(np.sum((xs[1:] - xs[:-1]) * (ys[1:] + ys[:-1]) / 2) / (end - xs[0]))
+
+
+def tokens_axis(run: RunData, steps: np.ndarray) -> np.ndarray | None:
+    """Cumulative tokens generated at each rollout step (the run's own counter), None when it did not log it."""
+    tot = run.history.get(M.DS_TOKENS_GENERATED_TOTAL)
+    if tot is None or not tot.steps.size:
+        return None
+    return np.interp(steps, np.concatenate([[0], tot.steps]), np.concatenate([[0.0], tot.values]))
+
+
+def run_statistic(
+    m: Mechanism, run: RunData, k: int, common_updates: float | None = None, common_tokens: float | None = None
+) -> float | None:
+    """The declared statistic of one run; None when the run did not log what it needs. `common_updates` and
+    `common_tokens`: where the compared runs' curves end together (`at_common_updates`, `area_tokens`)."""
     s = run.history.get(m.metric_name(k))
     if s is None or not s.steps.size:
         return None
+    if m.statistic == "final":
+        return s.last()[1]
+    if m.statistic in ("area_updates", "area_tokens"):
+        train = s.steps >= 1
+        steps, values = s.steps[train], s.values[train]
+        if m.statistic == "area_updates":
+            x = run.x_of(steps, "updates")
+            return _area(x, values, float(x.max())) if x.size else None
+        x = tokens_axis(run, steps)
+        if x is None or common_tokens is None:
+            return None
+        return _area(x, values, common_tokens)
     if m.statistic == "at_common_updates":
         if common_updates is None:
             return None
@@ -429,6 +467,12 @@ def common_updates(runs: list[RunData], metric: str) -> float | None:
     return min(ends) if ends else None
 
 
+def common_tokens(runs: list[RunData]) -> float | None:
+    """The fewest tokens any of the runs generated in all: the budget a token-axis area is taken to."""
+    ends = [float(s.values.max()) for r in runs if (s := r.history.get(M.DS_TOKENS_GENERATED_TOTAL)) and s.steps.size]
+    return min(ends) if ends else None
+
+
 @dataclass
 class MechanismResult:
     mechanism: Mechanism
@@ -462,12 +506,13 @@ def compare_mechanism(
     runs_b, runs_a = exp.runs_of(with_row), exp.runs_of(without_row)
     metric = m.metric_name(exp.k)
     cu = common_updates(runs_b + runs_a, metric) if m.statistic == "at_common_updates" else None
+    ct = common_tokens(runs_b + runs_a) if m.statistic == "area_tokens" else None
     lacking = []
     for runs, values, row in ((runs_b, res.with_values, with_row), (runs_a, res.without_values, without_row)):
         if not runs:
             res.missing.append(f"row {row}: no runs")
         for run in runs:
-            v = run_statistic(m, run, exp.k, cu)
+            v = run_statistic(m, run, exp.k, cu, ct)
             if v is None:
                 lacking.append(run.label)
             else:

@@ -7,6 +7,7 @@
                                 in the row without it, its effect, what it moves by construction, and the placebo
     out/marginal_effects.{md,csv,tex}  each toggle's effect under the cumulative, leave-one-out, one-at-a-time designs
     out/compute.{md,csv,tex}    tokens, wall-clock, GPU-hours (or CPU-hours) per row
+    out/variants.{md,csv,tex}   each variant of configs/variants/ against its parent row (when variant runs exist)
     out/figures/*.{png,pdf}     the paper's figures, the mechanisms' intervals and (habits world) version 2's
                                 effects' intervals; out/figures.json lists each with what it misses
     out/warnings.json           odd things about the runs (duplicates, unfinished runs, ...)
@@ -29,6 +30,7 @@ from dapo.report.marginal import confounds, marginal_effects, marginal_table
 from dapo.report.mechanisms import MechanismResult, cumulative_results, mechanisms_figure, mechanisms_table
 from dapo.report.runs import Experiment, XAxis
 from dapo.report.table1 import build_table1, table1_table
+from dapo.report.variants import variant_results, variants_figure, variants_table
 
 TABLES = ("table1", "conditions", "effects", "wiring", "placebo", "mechanisms", "marginal_effects", "compute")
 
@@ -71,8 +73,13 @@ def write_tables(
     write_table(marg, out, "marginal_effects")
     comp = compute_table(exp, t1, gpus_per_run, cpus_per_run)
     write_table(comp, out, "compute")
+    variants = variant_results(exp, confidence)
+    vt = variants_table(variants, confidence) if variants else None
+    if vt is not None:  # only where variants ran: a ladder's report has no such section
+        write_table(vt, out, "variants")
     (out / "warnings.json").write_text(json.dumps(exp.warnings, indent=1))
     missing = t1.missing + mech.missing + [m for t in v2.values() for m in t.missing] + marg.missing + comp.missing
+    missing += vt.missing if vt is not None else []
     warn(exp.warnings + [f"missing: {m}" for m in missing])
     return missing
 
@@ -106,6 +113,16 @@ def write_figures(exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates
     if any(M.HABIT_LOOP in run.history for run in exp.runs):  # version 2's effects need the habits world's metrics
         effects = effect_results(exp, "effect", confidence)
         results.append(intervals("effects", "Effects (version 2)", "each toggle's Δ and the headline", effects))
+    variants = variant_results(exp, confidence)
+    if variants:
+        results.append(
+            FigureResult(
+                "variants",
+                f"Variants: each against its parent row, {confidence:.0%} interval over seeds",
+                variants_figure(variants, out / "figures", confidence),
+                [f"{v} / {r.mechanism.quantity}" for v, _, rs in variants for r in rs if r.interval is None],
+            )
+        )
     manifest = [
         {"name": r.name, "title": r.title, "files": [p.name for p in r.paths], "missing": r.missing} for r in results
     ]
@@ -122,8 +139,10 @@ def write_index(out_dir: str | Path, experiment: str = "") -> Path:
     out = Path(out_dir)
     parts = [f"# DAPO ablation report{': ' + experiment if experiment else ''}", ""]
     missing: list[str] = []
-    for stem in TABLES:
+    for stem in (*TABLES, "variants"):
         p = out / f"{stem}.md"
+        if stem == "variants" and not p.is_file():
+            continue  # written only where variants ran
         if p.is_file():
             text = p.read_text()
             body, _, miss = text.partition("### Missing")

@@ -21,7 +21,7 @@ rule design_report:
     log:
         RESULTS / "logs" / "report_{design}.log",
     wildcard_constraints:
-        design="|".join(DESIGN_RUNS),
+        design="|".join(d for d in DESIGN_RUNS if d != "variants"),  # the variants' report is its own rule
     localrule: True
     params:
         args=lambda wc: [
@@ -57,4 +57,32 @@ rule all_evidence:
     seed; then their report, whose version-2 mechanisms table counts what changed between the placebo and its twin."""
     input:
         design_report("evidence"),
+    localrule: True
+
+
+VARIANTS_REPORT = [RESULTS / "report" / "variants" / f"{t}.{ext}" for t in ("variants", *REPORT_TABLES) for ext in ("md", "csv", "tex")]
+
+
+rule variants_report:
+    """The report of the variants design: report/variants/variants.md (each variant against the ladder row it
+    inherits: final avg@k, the accuracy areas over updates and over tokens, entropy, tokens per step, each with its
+    interval over seeds) and figures/variants.png, beside the usual tables."""
+    input:
+        lambda wc: [m for name in DESIGN_RUNS["variants"] for m in row_outputs(name)],
+    output:
+        VARIANTS_REPORT,
+    log:
+        RESULTS / "logs" / "report_variants.log",
+    localrule: True
+    params:
+        args=["--experiment", EXPERIMENT, "--tracking-uri", TRACKING_URI, "--out", RESULTS / "report" / "variants"],
+    shell:
+        "dapo report {params.args:q} > {log:q} 2>&1"
+
+
+rule all_variants:
+    """Each variant of configs/variants/ (GSPO, CISPO, Clip-Cov, KL-Cov, Dr. GRPO, the rollout correction) and the
+    ladder row it inherits, every seed; then their report (rule variants_report)."""
+    input:
+        VARIANTS_REPORT,
     localrule: True
