@@ -17,7 +17,7 @@ DAPO_CPU_DEFAULTS += DS_ACCELERATOR
 endif
 export DAPO_CPU_DEFAULTS
 
-.PHONY: setup ablation test services stop-services lint
+.PHONY: setup ablation test services stop-services lint peers
 setup:
 	@bash scripts/bootstrap.sh
 
@@ -26,6 +26,9 @@ ablation: setup
 
 test: setup
 	python -m pytest $(ARGS)
+
+peers: setup         ## verl's loss code beside the venv (.peers/verl), for tests/test_peer_parity.py
+	bash scripts/peers.sh
 
 services:            ## a one-node SLURM cluster (with accounting) and Chromium, for the integration tests
 	bash scripts/services.sh start

@@ -5,11 +5,11 @@ and the CPU time each side spends per token (all its processes), which a busy ma
     .venv/bin/python benchmarks/bench_replicas.py [--quick] [--rounds 3] [--reps 3] [--model tiny|world]
         [--omp-wait default|passive]
 
-Both sides run the trainer's path (`dapo.rollout.replicas.map_on_replicas` over `make_engine("vllm", ...)`), on
-the tiny world's base model (`--model world`, built if missing) or a random Qwen2 of the same shape (`tiny`,
-default: no build). Each side is a fresh launch (engine start excluded from the timing: one warm-up call, then
-`--reps` timed calls, the median kept); launches alternate A, B, A, B for `--rounds` rounds so the shared
-machine's drift falls on both. The tokens counted are those returned (every replica's). Both sides keep OpenMP's
+Both sides run the trainer's path (`dapo.rollout.replicas.split_samples` and `gather_shares` over
+`make_engine("vllm", ...)`), on the tiny world's base model (`--model world`, built if missing) or a random Qwen2 of
+the same shape (`tiny`, default: no build). Each side is a fresh launch (engine start excluded from the timing: one
+warm-up call, then `--reps` timed calls, the median kept); launches alternate A, B, A, B for `--rounds` rounds so the
+shared machine's drift falls on both. The tokens counted are those returned (every replica's). Both sides keep OpenMP's
 default waiting policy (what `dapo train` gets); `--omp-wait passive` sets OMP_WAIT_POLICY=PASSIVE on both and
 records a separate section.
 """
@@ -46,7 +46,7 @@ def worker(model: str, reps: int, out: str) -> None:
 
     from dapo import distributed as dist
     from dapo.rollout import make_engine
-    from dapo.rollout.replicas import ReplicaLayout, map_on_replicas
+    from dapo.rollout.replicas import ReplicaLayout, gather_shares, split_samples
     from dapo.rollout.seeds import sampling_seed, share_seeds
 
     dist.init_distributed()
@@ -59,21 +59,15 @@ def worker(model: str, reps: int, out: str) -> None:
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
         base = sampling_seed(0, k)
-        parts = map_on_replicas(
-            layout,
-            prompts,
-            N,
-            lambda items, share, lead: sum(
-                len(s.response_ids)
-                for g in engine.generate(
-                    items,
-                    share.counts,
-                    MAX_TOKENS,
-                    seeds=share_seeds(base, share.prompts, share.counts, share.first),
-                )
-                for s in g
-            ),
+        shares = split_samples(len(prompts), N, layout.num_replicas)
+        share = shares[layout.replica]
+        groups = engine.generate(
+            [prompts[i] for i in share.prompts],
+            share.counts,
+            MAX_TOKENS,
+            seeds=share_seeds(base, share.prompts, share.counts, share.first),
         )
+        parts = gather_shares(layout, shares, sum(len(s.response_ids) for g in groups for s in g))
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         return wall, sum(tokens for _, tokens in parts), sum(dist.all_gather(cpu))  # CPU seconds of every rank
 

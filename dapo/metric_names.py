@@ -47,8 +47,8 @@ ENTROPY = "actor/entropy"  # mean entropy of generated tokens (Figs 2, 4, 5)
 POLICY_LOSS = "actor/pg_loss"  # policy-gradient loss, mean over the step's updates
 CLIPFRAC_LOW = "actor/clipfrac_lower"  # ratio < 1 - eps_low with A < 0 (bound active)
 CLIPFRAC_HIGH = "actor/clipfrac_upper"  # ratio > 1 + eps_high with A > 0 (bound active)
-# of the loss tokens with positive advantage and old probability below RARE_TOKEN_PROB (dapo.learner), the fraction
-# clipped at the upper bound: where clip-higher acts (rare tokens that a right answer would raise; Fig 3a)
+# of the loss tokens with positive advantage and old probability below RARE_TOKEN_PROB (dapo.algos.metrics), the
+# fraction clipped at the upper bound: where clip-higher acts (rare tokens that a right answer would raise; Fig 3a)
 CLIPFRAC_HIGH_RARE = "actor/clipfrac_upper_rare"
 CLIP_HIGH_PROB = "actor/clipped_upper_old_prob"  # Fig 3a: mean pi_old of tokens clipped at the upper bound
 # fraction of loss tokens where the dual-clip bound (A < 0) was active; 0 when off

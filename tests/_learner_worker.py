@@ -107,9 +107,9 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             policy_loss: str = "ppo_clip",
         ) -> None:
             learner.load_checkpoint(init_dir)
-            learner.loss, learner.micro_batch_tokens = loss_spec(mode, policy_loss), budget
-            learner.pack_prompts = pack
-            plan = [r for r in learner._plan(b) if r]
+            learner.loss, learner.passes.micro_batch_tokens = loss_spec(mode, policy_loss), budget
+            learner.passes.pack_prompts = pack
+            plan = [r for r in learner.passes.plan(b) if r]
             metrics = learner.update(b, salt=SALT)
             results[name] = {"params": flat_params(learner), "metrics": metrics, "micro_batches": len(plan)}
 

@@ -1,4 +1,5 @@
-"""Metric helpers: clip fractions, Fig 3a probability, approximate KL, Fig 3b group fractions."""
+"""The metric formulas' one owner (dapo.algos.metrics): an update's sums and metrics (clip fractions over loss
+tokens, Fig 3a's probability, the k3 approximate KL, rare positive tokens clipped above), Fig 3b's group fractions."""
 
 from __future__ import annotations
 
@@ -7,55 +8,76 @@ import math
 import pytest
 import torch
 
-from dapo.algos.metrics import (
-    approx_kl,
-    clip_fractions,
-    clipped_upper_old_prob,
-    group_outcome_fractions,
-    masked_mean,
-)
-from dapo.algos.surrogate import clipped_surrogate
+from dapo import metric_names as M
+from dapo.algos.metrics import RARE_TOKEN_PROB, group_outcome_fractions, update_metrics, update_sums
+from dapo.algos.surrogate import SurrogateOut, clipped_surrogate
 
 MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
 
 
-def test_clip_fractions_over_loss_tokens_only():
+def metrics(out: SurrogateOut, old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, **kw):
+    """One whole mini-batch's metrics: its sums, divided."""
+    sums = update_sums(out, torch.tensor(0.0), old, new, adv, mask, torch.zeros_like(old))
+    m = mask.to(torch.bool)
+    return update_metrics(
+        {k: float(v) for k, v in sums.items()},
+        float(m.sum()),
+        float(m.any(-1).sum()),
+        kw.get("loss", "ppo_clip"),
+        False,
+    )
+
+
+def flags(lower: torch.Tensor, upper: torch.Tensor) -> SurrogateOut:
+    z = torch.zeros_like(lower)
+    return SurrogateOut(
+        loss=z.float(), clipped_lower=lower, clipped_upper=upper, dual_clipped=z, ratio=z.float(), kl=None
+    )
+
+
+def test_clip_fractions_over_loss_tokens_only_and_fig3a_over_the_upper_clipped():
     lower = torch.tensor([[True, False, False, True], [False, False, False, False]])  # (0, 3) is padding
-    upper = torch.tensor([[False, True, False, False], [True, False, True, False]])  # (1, 2) is padding
-    assert clip_fractions(lower, upper, MASK) == (pytest.approx(0.25), pytest.approx(0.5))
+    upper = torch.tensor([[False, True, False, True], [True, False, True, False]])  # (0, 3), (1, 2) are padding
+    old = torch.log(torch.tensor([[0.1, 0.3, 0.9, 0.5], [0.1, 0.5, 0.5, 0.5]]))
+    m = metrics(flags(lower, upper), old, old, torch.ones(2), MASK)
+    assert (m[M.CLIPFRAC_LOW], m[M.CLIPFRAC_HIGH]) == (pytest.approx(0.25), pytest.approx(0.5))
+    assert m[M.CLIP_HIGH_PROB] == pytest.approx(0.2)  # mean pi_old of the two upper-clipped loss tokens
+    none = metrics(flags(lower, torch.zeros_like(upper)), old, old, torch.ones(2), MASK)
+    assert math.isnan(none[M.CLIP_HIGH_PROB])  # nothing clipped: no point, not 0
 
 
-def test_fig3a_mean_old_prob_of_upper_clipped_tokens():
-    old_logp = torch.log(torch.tensor([[0.1, 0.3, 0.9, 0.5], [0.05, 0.5, 0.5, 0.5]]))
-    upper = torch.tensor([[True, True, False, True], [False, False, False, False]])  # (0, 3) is padding
-    assert clipped_upper_old_prob(old_logp, upper, MASK) == pytest.approx(0.2)
-    assert math.isnan(clipped_upper_old_prob(old_logp, torch.zeros_like(upper), MASK))
-
-
-def test_with_the_surrogate_flags():
+def test_with_the_surrogate_flags_and_rare_positive_tokens():
     # Low-probability tokens whose probability grew beyond 1 + eps_high are the ones clipped at the top.
     old = torch.log(torch.tensor([[0.05, 0.5, 0.6]]))
     new = torch.log(torch.tensor([[0.1, 0.55, 0.3]]))
     out = clipped_surrogate(new, old, torch.tensor([1.0]), 0.2, 0.28)
-    mask = torch.ones(1, 3, dtype=torch.bool)
-    assert clip_fractions(out.clipped_lower, out.clipped_upper, mask) == (0.0, pytest.approx(1 / 3))
-    assert clipped_upper_old_prob(old, out.clipped_upper, mask) == pytest.approx(0.05)
+    m = metrics(out, old, new, torch.tensor([1.0]), torch.ones(1, 3, dtype=torch.bool))
+    assert (m[M.CLIPFRAC_LOW], m[M.CLIPFRAC_HIGH]) == (0.0, pytest.approx(1 / 3))
+    assert m[M.CLIP_HIGH_PROB] == pytest.approx(0.05)
+    assert 0.05 < RARE_TOKEN_PROB < 0.5 and m[M.CLIPFRAC_HIGH_RARE] == 1.0  # the one rare positive token: clipped
 
 
 def test_approx_kl_k3():
-    logp = torch.log(torch.tensor([[0.5, 0.5]]))
+    new = torch.log(torch.tensor([[0.5, 0.5]]))
     old = torch.log(torch.tensor([[0.25, 0.5]]))
+    z = torch.zeros(1, 2, dtype=torch.bool)
     # r = 2: 2 - 1 - log 2; r = 1: 0. Second token is padding.
-    assert approx_kl(logp, old, torch.tensor([[True, False]])) == pytest.approx(1 - math.log(2))
-    assert approx_kl(logp, old, torch.tensor([[True, True]])) == pytest.approx((1 - math.log(2)) / 2)
+    assert metrics(flags(z, z), old, new, torch.ones(1), torch.tensor([[True, False]]))[M.APPROX_KL] == pytest.approx(
+        1 - math.log(2)
+    )
+    both = metrics(flags(z, z), old, new, torch.ones(1), torch.tensor([[True, True]]))
+    assert both[M.APPROX_KL] == pytest.approx((1 - math.log(2)) / 2)
+
+
+def test_a_loss_own_metric_is_reported_for_that_loss_only():
+    z = torch.zeros(2, 4, dtype=torch.bool)
+    gspo = metrics(flags(z, MASK), torch.zeros(2, 4), torch.zeros(2, 4), torch.ones(2), MASK, loss="gspo")
+    assert gspo[M.SEQ_CLIPFRAC_HIGH] == 1.0 and M.SEQ_CLIPFRAC_HIGH not in metrics(
+        flags(z, MASK), torch.zeros(2, 4), torch.zeros(2, 4), torch.ones(2), MASK
+    )
 
 
 def test_group_outcome_fractions():
     correct = torch.tensor([[True, True], [False, False], [True, False], [True, True]])
     assert group_outcome_fractions(correct) == (0.5, 0.25)
     assert all(math.isnan(x) for x in group_outcome_fractions(torch.zeros(0, 4, dtype=torch.bool)))
-
-
-def test_masked_mean_empty_is_nan():
-    assert math.isnan(masked_mean(torch.ones(2, 2), torch.zeros(2, 2)))
-    assert masked_mean(torch.tensor([[1.0, 3.0]]), torch.tensor([[1, 1]])) == 2.0

@@ -15,6 +15,7 @@ import yaml
 
 from dapo.config import ConfigError, load_config
 from dapo.data.loaders import DataError, load_problems_with_stats
+from dapo.tinyworld import TinyWorld
 from dapo.trainer.preflight import preflight
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
@@ -63,7 +64,7 @@ def test_a_bad_config_is_refused_with_its_message(case, model_dir, tmp_path):
     with pytest.raises((ConfigError, DataError)) as err:
         cfg = load_config(path, preset="tiny")
         assert stage == "preflight", f"{case.name} loaded without an error"
-        preflight(cfg, world=1)
+        preflight(cfg, world_size=1, world=TinyWorld(cfg))
     for text in expects:
         assert text in str(err.value), f"{case.name}: {text!r} not in:\n{err.value}"
 

@@ -68,7 +68,7 @@ def test_trained_batch_reports_truncated_loss_share_and_zero_advantage_groups(ov
     groups = [_group([3, 2], [False, True], [False, False]), _group([4, 1], [False, True], [True, False])]
     batch = build_batch(groups, norm_adv_by_std=True, overlong_filter=overlong_filter)
     col = Collected(groups, RefillStats(gen_batches=1), [outcome_of(g) for g in groups])
-    m = rollout_metrics(col, batch, norm_adv_by_std=True)
+    m = rollout_metrics(col, batch, {}, norm_adv_by_std=True)
     # loss tokens 3 + 2 + 4 + 1 = 10, of them on truncated responses 2 + 1 = 3; the filter zeroes those rows
     assert m[M.TRUNC_LOSS_TOKEN_FRAC] == pytest.approx(share)
     assert m[M.ZERO_ADV_TRAINED_FRAC] == pytest.approx(0.5)

@@ -20,7 +20,7 @@ import torch
 from dapo.rollout import RolloutEngine, make_engine
 from dapo.rollout.replicas import (
     ReplicaLayout,
-    map_on_replicas,
+    gather_shares,
     merge_by_prompt,
     split_evenly,
     split_samples,
@@ -212,6 +212,23 @@ def test_vllm_stale_packed_head_is_repacked(vllm_world, monkeypatch: pytest.Monk
 
     perturb(model, seed=8)
     engine.sync_weights(model.state_dict().items())  # reload, repack the head, reset the prefix cache
+    assert mean_abs_diff(engine.score(prompts, responses), hf_logprobs(model, prompts, responses)) < FP32_TOL
+
+
+@pytest.mark.slow
+def test_vllm_refuses_a_sync_that_reads_nothing_or_skips_a_layer(vllm_world) -> None:
+    """vLLM only logs what its in-place reload did not load; the engine makes both an error (`SyncError`, which the
+    trainer turns into exit 2): a stream it read none of, and one without layer 0's weights. A whole sync after
+    them works again."""
+    from dapo.rollout.base import SyncError
+
+    d, engine, model = vllm_world
+    with pytest.raises(SyncError, match="after reading 0 of the learner's tensors"):
+        engine.sync_weights([])
+    with pytest.raises(SyncError, match=r"did not load every parameter.*model\.layers\.0\."):
+        engine.sync_weights((k, v) for k, v in model.state_dict().items() if ".layers.0." not in k)
+    engine.sync_weights(model.state_dict().items())
+    prompts, responses = [PROMPTS[0]], [[40, 41, 42]]
     assert mean_abs_diff(engine.score(prompts, responses), hf_logprobs(model, prompts, responses)) < FP32_TOL
 
 
@@ -479,12 +496,9 @@ def test_split_samples_gives_every_replica_part_of_every_group(prompts: int, n: 
     ]
 
 
-def test_map_on_replicas_in_one_process_is_the_plain_call() -> None:
-    seen = []
-    out = map_on_replicas(
-        ReplicaLayout(1, 1, 0), [1, 2, 3], 4, lambda items, share, lead: seen.append((share.counts, lead)) or sum(items)
-    )
-    assert [r for _, r in out] == [6] and seen == [([4, 4, 4], True)]
+def test_gather_shares_in_one_process_is_the_replicas_own_result() -> None:
+    shares = split_samples(3, 4, 1)
+    assert gather_shares(ReplicaLayout(1, 1, 0), shares, "mine") == [(shares[0], "mine")]
 
 
 @pytest.mark.slow

@@ -126,20 +126,20 @@ def _partial_step():
     """What the loop hands the checkpoint when a stop comes before an update: the collected groups, the batch with
     its old log-probs (tensors), the updates done and their metrics."""
     from dapo.algos.dynamic_sampling import RefillStats
+    from dapo.learner.batch import PolicyBatch
     from dapo.trainer.collect import Collected
-    from dapo.trainer.rollout_batch import RolloutBatch
     from dapo.trainer.step import PartialStep
 
     groups = _refill_state()["acc"].state_dict()["kept"]
-    batch = RolloutBatch(
+    batch = PolicyBatch(
         prompt_ids=[[1, 2], [1, 2]],
         response_ids=[[3, 4], [5]],
-        group_ids=torch.tensor([0, 0]),
         advantages=torch.tensor([0.7, -0.7]),
+        loss_mask=torch.tensor([[1.0, 1.0], [0.0, 0.0]]),
+        group_ids=torch.tensor([0, 0]),
+        old_logp=torch.tensor([[-0.5, -0.25], [-1.0, 0.0]]),
         truncated=torch.tensor([False, True]),
         response_mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
-        loss_mask=torch.tensor([[1.0, 1.0], [0.0, 0.0]]),
-        old_logprobs=torch.tensor([[-0.5, -0.25], [-1.0, 0.0]]),
     )
     collected = Collected(groups, RefillStats(gen_batches=1, groups_kept=1), _refill_state()["generated"])
     return PartialStep(collected=collected, batch=batch, updates_done=1, update_stats=[{"actor/pg_loss": 0.25}])
@@ -165,7 +165,7 @@ def test_rng_and_a_part_done_step_round_trip_through_json_and_safetensors(tmp_pa
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expect
     assert type(back) is type(partial) and back.updates_done == 1 and back.update_stats == partial.update_stats
     assert back.collected == partial.collected and back.collected.groups[0].samples[0].logprobs == [-0.5, -0.25]
-    for f in ("group_ids", "advantages", "truncated", "response_mask", "loss_mask", "old_logprobs"):
+    for f in ("group_ids", "advantages", "truncated", "response_mask", "loss_mask", "old_logp", "sample_ids"):
         a, b = getattr(back.batch, f), getattr(partial.batch, f)
         assert a.dtype == b.dtype and torch.equal(a, b), f
     assert back.batch.entropy is None and back.batch.response_ids == [[3, 4], [5]]

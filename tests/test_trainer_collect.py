@@ -12,7 +12,7 @@ from dapo.algos.dynamic_sampling import RefillCapReached
 from dapo.rollout.base import per_prompt_counts
 from dapo.rollout.replicas import ReplicaLayout
 from dapo.trainer import collect as C
-from dapo.trainer.collect import ReplicaSampler, RolloutSettings, StopDuringRefill, collect
+from dapo.trainer.collect import RolloutSettings, Sampler, StopDuringRefill, collect
 from dapo.types import Problem, Sample
 
 
@@ -79,8 +79,8 @@ MIXED = [("A", 5, "stop"), ("B", 5, "stop"), ("A", 5, "stop"), ("B", 5, "stop")]
 WRONG_VARIED_LEN = [("B", 2, "stop"), ("B", 12, "stop"), ("B", 14, "stop"), ("B", 16, "length")]
 
 
-def sampler(engine, s: RolloutSettings, step: int = 1):
-    return ReplicaSampler(engine, score_fn, ReplicaLayout(1, 1, 0), s, seed=0).for_step(step)
+def sampler(engine, s: RolloutSettings):
+    return Sampler(engine, score_fn, ReplicaLayout(1, 1, 0), s, seed=0)
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def test_without_dynamic_sampling_every_group_trains(clock):
     engine = ScriptedEngine({0: ALL_RIGHT, 1: MIXED, 2: ALL_WRONG}, clock)
     next_batch, _ = make_source(3)
     s = RolloutSettings(n=4, max_tokens=16, train_batch_size=3)
-    out = collect(sampler(engine, s), next_batch, s)
+    out = collect(sampler(engine, s), 1, next_batch, s)
     assert [g.problem.id for g in out.groups] == ["0", "1", "2"]
     assert out.groups[1].scores == [1.0, -1.0, 1.0, -1.0]
     assert out.groups[1].rewards == out.groups[1].scores  # no penalty when off
@@ -114,7 +114,7 @@ def test_soft_overlong_penalty_shapes_rewards_eq13(clock):
         overlong_buffer_len=8,
         overlong_penalty_factor=1.0,
     )
-    g = collect(sampler(engine, s), next_batch, s).groups[0]
+    g = collect(sampler(engine, s), 1, next_batch, s).groups[0]
     assert g.penalties == [0.0, -0.5, -0.75, -1.0]
     assert g.rewards == [-1.0, -1.5, -1.75, -2.0]
 
@@ -136,7 +136,7 @@ def test_refill_accounting_counts_every_batch(clock):
         overlong_penalty=True,
         overlong_buffer_len=8,
     )
-    out = collect(sampler(engine, s), next_batch, s)
+    out = collect(sampler(engine, s), 1, next_batch, s)
     assert [g.problem.id for g in out.groups] == ["1", "3"]
     st = out.stats
     assert (st.gen_batches, st.groups_generated, st.groups_kept, st.groups_filtered, st.groups_surplus) == (
@@ -169,7 +169,7 @@ def test_refill_cap_partial_trains_on_what_was_kept(clock):
         max_num_gen_batches=2,
         at_refill_cap="partial",
     )
-    out = collect(sampler(engine, s), next_batch, s)
+    out = collect(sampler(engine, s), 1, next_batch, s)
     assert [g.problem.id for g in out.groups] == ["1", "1"]
     assert out.stats.hit_cap and not out.stats.full and out.stats.gen_batches == 2
 
@@ -187,7 +187,7 @@ def test_refill_cap_fail_raises_with_counts(clock):
         at_refill_cap="fail",
     )
     with pytest.raises(RefillCapReached, match="max_num_gen_batches=3") as e:
-        collect(sampler(engine, s), next_batch, s)
+        collect(sampler(engine, s), 1, next_batch, s)
     assert e.value.stats.gen_batches == 3 and e.value.stats.groups_kept == 0
 
 
@@ -196,7 +196,7 @@ def test_stop_mid_refill_then_resume_gives_the_uninterrupted_result(clock):
     s = RolloutSettings(
         n=4, max_tokens=16, dynamic_sampling=True, train_batch_size=3, gen_batch_size=2, max_num_gen_batches=0
     )
-    ref = collect(sampler(ScriptedEngine(script, clock), s), make_source(6)[0], s)
+    ref = collect(sampler(ScriptedEngine(script, clock), s), 1, make_source(6)[0], s)
 
     import pickle
 
@@ -204,10 +204,10 @@ def test_stop_mid_refill_then_resume_gives_the_uninterrupted_result(clock):
     engine = ScriptedEngine(script, clock)
     stops = iter([True])
     with pytest.raises(StopDuringRefill) as e:
-        collect(sampler(engine, s), next_batch, s, should_stop=lambda: next(stops, False))
+        collect(sampler(engine, s), 1, next_batch, s, should_stop=lambda: next(stops, False))
     assert engine.calls == [[0, 1]] and pos["i"] == 2  # stopped after the first batch, before the next
     state = pickle.loads(pickle.dumps(e.value.state))  # it goes through a checkpoint file
-    out = collect(sampler(engine, s), next_batch, s, resume=state)
+    out = collect(sampler(engine, s), 1, next_batch, s, resume=state)
     assert [g.problem.id for g in out.groups] == [g.problem.id for g in ref.groups] == ["1", "3", "4"]
     assert out.stats == ref.stats
     assert out.all_correct == ref.all_correct

@@ -313,38 +313,23 @@ def test_vllm_engine_trains_two_steps(world, tmp_path, vllm):
     assert h[M.CORRECTION_WEIGHT_MEAN][2] == pytest.approx(1.0, abs=1e-3) and h[M.CORRECTION_CAPPED_FRAC][2] == 0
 
 
-@pytest.mark.parametrize(
-    ("engine", "fault"),
-    [("vllm", "skip:layers.0."), ("vllm", "nothing"), ("hf", "skip:layers.0.")],
-    ids=["vllm-skips-a-layer", "vllm-loads-nothing", "hf-skips-a-layer"],
-)
-def test_a_weight_sync_that_does_not_load_stops_the_run(world, tmp_path, request, engine, fault):
-    """A sync that skips a layer or loads nothing stops the run with exit 2 and the likely cause, without a checkpoint
-    of the broken state: through vLLM at the first sync (the engine sees that vLLM read none of the learner's tensors,
-    or that vLLM left parameters unloaded); through an engine that cannot tell (transformers), at the next step, by
-    the tripwire on the engine-vs-learner gap. Row 03 at a larger learning rate, so that the policy moves (the soft
-    punishment varies the rewards of this tiny world's all-wrong groups)."""
-    if engine == "vllm":
-        request.getfixturevalue("vllm")
+def test_a_weight_sync_that_does_not_load_stops_the_run(world, tmp_path):
+    """A sync that skips a layer, through an engine that cannot tell (transformers; vLLM refuses it itself, see
+    tests/test_rollout.py): the next step's engine-vs-learner gap is beyond rounding, and the run stops with exit 2
+    naming the cause, without a checkpoint of the broken state. Row 03 at a larger learning rate, so that the policy
+    moves (the soft punishment varies the rewards of this tiny world's all-wrong groups)."""
     run_dir = tmp_path / "run"
     rc = train(
         run_dir,
-        args(world, tmp_path, "03_soft_overlong_punishment", f"rollout.engine={engine}", "trainer.total_steps=3",
-             "eval.every=0", "trainer.lr=1e-3", "trainer.checkpoint_every=0"),
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        DAPO_TEST_SYNC=fault,
+        args(world, tmp_path, "03_soft_overlong_punishment", "trainer.total_steps=3", "eval.every=0",
+             "trainer.lr=1e-3", "trainer.checkpoint_every=0"),
+        DAPO_TEST_SYNC="skip:layers.0.",
     )  # fmt: skip
     text = log_text(run_dir)
     assert rc == 2, text[-3000:]
-    if engine == "hf":
-        assert "rollout step 2: the engine's log-probs of its own samples differ from the learner's" in text
-        assert "weight sync did not load" in text
-    elif fault == "nothing":
-        assert "reload_weights returned after reading 0 of the learner's tensors" in text
-    else:
-        assert "vLLM did not load every parameter" in text and "model.layers.0." in text
-    assert "STOPPED by a tripwire" in text and not (run_dir / "DONE.json").exists()
-    assert not ck.list_checkpoints(run_dir)
+    assert "rollout step 2: the engine's log-probs of its own samples differ from the learner's" in text
+    assert "weight sync did not load" in text and "STOPPED by a tripwire" in text
+    assert not (run_dir / "DONE.json").exists() and not ck.list_checkpoints(run_dir)
 
 
 def test_samples_that_are_not_independent_stop_the_run(world, tmp_path):

@@ -237,7 +237,7 @@ def metrics_of(tr: Trainer) -> dict:
 
 def same_run(a: Trainer, b: Trainer) -> None:
     """The same final weights and the same logged values (timings aside) at every step."""
-    assert torch.equal(a.c.learner.w, b.c.learner.w)
+    assert torch.equal(a.components.learner.w, b.components.learner.w)
     ma, mb = metrics_of(a), metrics_of(b)
     assert {k for k in ma if not k.startswith(("time/", "perf/"))} == {
         k for k in mb if not k.startswith(("time/", "perf/"))
@@ -256,7 +256,7 @@ def _no_git(monkeypatch):
 def test_counters_minibatches_and_metrics(tmp_path):
     tr = make(tmp_path)
     assert tr.run() == 0
-    lrn = tr.c.learner
+    lrn = tr.components.learner
     # 4 prompts / 2 per mini-batch x 2 epochs = 4 updates per rollout step, never counting generation batches
     assert tr.counters.step == 6 and tr.counters.grad_updates == 24 and lrn.lr_steps == 6
     assert len(lrn.minibatches) == 24 and all(len(mb) == 2 * 3 for mb in lrn.minibatches)
@@ -277,7 +277,7 @@ def test_counters_minibatches_and_metrics(tmp_path):
     assert rec["tags"][M.TAG_STATUS] == "finished" and rec["status"] == "FINISHED"
     done = json.loads((tmp_path / "run" / "DONE.json").read_text())
     assert done["step"] == 6 and done["grad_updates"] == 24 and (tmp_path / "run" / "final" / "w.pt").is_file()
-    assert tr.c.engine.synced[-1] == pytest.approx(float(lrn.w.sum()))  # the engine holds the final weights
+    assert tr.components.engine.synced[-1] == pytest.approx(float(lrn.w.sum()))  # the engine holds the final weights
 
 
 def test_engine_and_learner_take_turns_on_the_accelerator(tmp_path):
@@ -285,7 +285,7 @@ def test_engine_and_learner_take_turns_on_the_accelerator(tmp_path):
     fakes assert the learner's states are back for every learner call), and is synced before it wakes."""
     tr = make(tmp_path, "trainer.total_steps=3", eval_set=EVAL)
     assert tr.run() == 0
-    ev = tr.c.engine.events
+    ev = tr.components.engine.events
     step = ["wake_up", "generate", "sleep", "sync"]
     # the final evaluation (eval.every=0): 4 shards after the last step's sync
     assert ev == step * 3 + ["wake_up"] + ["generate"] * 4
@@ -295,7 +295,7 @@ def test_overlong_filter_zeroes_truncated_rows_in_what_the_learner_sees(tmp_path
     for row, expect_zero in (("00_naive_grpo", False), ("01_overlong_filtering", True)):
         tr = make(tmp_path / row, "trainer.total_steps=1", "trainer.epochs=1", row=row)
         assert tr.run() == 0
-        for mb in tr.c.learner.minibatches:
+        for mb in tr.components.learner.minibatches:
             truncated = torch.tensor([len(r) == 8 for r in mb.response_ids])  # the fake's cap-length responses
             trunc_rows = mb.loss_mask[truncated]
             assert trunc_rows.numel() > 0
@@ -325,10 +325,10 @@ def test_sigterm_between_updates_resumes_to_the_uninterrupted_run(tmp_path):
     state, _, partial = ck.load_checkpoint_state(latest)
     assert isinstance(partial, PartialStep) and partial.updates_done == 3 and state["step"] == 2
     assert state["grad_updates"] == 2 * 4 + 3
-    generated = cut.c.engine.calls
+    generated = cut.components.engine.calls
     resumed = make(tmp_path / "cut")
     assert resumed.run() == 0
-    assert resumed.c.engine.calls == 3  # steps 4-6: step 3's generation was not redone
+    assert resumed.components.engine.calls == 3  # steps 4-6: step 3's generation was not redone
     assert generated == 3
     same_run(ref, resumed)
 
@@ -337,7 +337,7 @@ def test_sigterm_between_generation_batches_resumes_to_the_uninterrupted_run(tmp
     ds = ("algorithm.dynamic_sampling=true", "algorithm.gen_batch_size=2", "algorithm.max_num_gen_batches=0")
     ref = make(tmp_path / "ref", *ds)
     assert ref.run() == 0
-    calls = ref.c.engine.calls
+    calls = ref.components.engine.calls
     # 2 prompts a batch, 4 groups to keep: every step needs 2 batches or more; stop in step 2's first one
     first_of_step2 = int(metrics_of(ref)[M.DS_GEN_BATCHES][1]) + 1
     cut = make(tmp_path / "cut", *ds, engine=FakeEngine(sigterm_at=first_of_step2))
@@ -346,7 +346,7 @@ def test_sigterm_between_generation_batches_resumes_to_the_uninterrupted_run(tmp
     assert isinstance(partial, PartialStep) and partial.refill is not None
     resumed = make(tmp_path / "cut", *ds)
     assert resumed.run() == 0
-    assert cut.c.engine.calls + resumed.c.engine.calls == calls  # no generation batch done twice
+    assert cut.components.engine.calls + resumed.components.engine.calls == calls  # no generation batch done twice
     same_run(ref, resumed)
 
 
@@ -359,11 +359,11 @@ def test_sigterm_during_evaluation_redoes_that_evaluation_after_resume(tmp_path)
     assert cut.run() == RESUME_EXIT_CODE
     state, _, _ = ck.load_checkpoint_state(ck.latest_checkpoint(tmp_path / "cut" / "run"))
     assert state["step"] == 2 and state["eval_due"] is True
-    assert cut.c.engine.calls == 8  # the shards after the signal were not sampled
+    assert cut.components.engine.calls == 8  # the shards after the signal were not sampled
     assert M.eval_avg(2) not in metrics_of(cut) or 2 not in metrics_of(cut)[M.eval_avg(2)]
     resumed = make(tmp_path / "cut", "eval.every=2", eval_set=EVAL)
     assert resumed.run() == 0
-    assert resumed.c.engine.events[:2] == ["sync", "wake_up"]  # restore syncs, then the owed eval runs first
+    assert resumed.components.engine.events[:2] == ["sync", "wake_up"]  # restore syncs, then the owed eval runs first
     assert sorted(metrics_of(resumed)[M.eval_avg(2)]) == [0, 2, 4, 6]
     same_run(ref, resumed)
     done = json.loads((tmp_path / "cut" / "run" / "DONE.json").read_text())
@@ -418,7 +418,7 @@ def test_sigterm_during_the_final_save_exits_for_resume_then_finishes(tmp_path):
     assert tr.run() == RESUME_EXIT_CODE
     assert not (tmp_path / "run" / "DONE.json").exists()
     again = make(tmp_path)
-    assert again.run() == 0 and again.c.engine.calls == 0  # nothing trained twice
+    assert again.run() == 0 and again.components.engine.calls == 0  # nothing trained twice
     assert json.loads((tmp_path / "run" / "DONE.json").read_text())["step"] == 6
 
 

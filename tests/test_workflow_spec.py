@@ -150,10 +150,10 @@ def test_a_workflow_run_on_the_habits_world_counts_its_habits(tmp_path, preset, 
     its prepared split as a file), not `model.path: tiny`: a habits-world run must still get the habit tagger, or its
     `habit/*` metrics, which the version-2 conditions read, are never logged."""
     from dapo.cli import build_parser
-    from dapo.trainer.setup import habit_tagger
+    from dapo.tinyworld import TinyWorld
 
     spec = W.build_spec(config(results=str(tmp_path), preset=preset, rows=["00_naive_grpo"]), with_plan=False)
     args = build_parser().parse_args(["train", *spec["runs"]["00_naive_grpo"]["seeds"]["0"]["train_args"]])
     cfg = load_config(args.config, preset=args.preset, overrides=args.overrides)
     assert cfg.model.path != "tiny" and cfg.data.train.endswith("train.jsonl")  # as the workflow runs it
-    assert (habit_tagger(cfg) is not None) is tagged
+    assert (TinyWorld(cfg).tagger(cfg.model.path) is not None) is tagged

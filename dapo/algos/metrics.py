@@ -1,48 +1,121 @@
-"""Metric helpers over loss tokens (docs/algorithm.md section 7; Fig 3a and Fig 3b of the paper).
-
-All take tensors and return python floats. A mean over an empty set is NaN (never a warning or an error): for
-Fig 3a "no token was clipped at the upper bound" is not the same as "their mean probability was 0", so a
-tracker should skip or show NaN points rather than log 0.
+"""The formulas of the metrics an update and a rollout step log (docs/algorithm.md section 7; Figs 3a and 3b of the
+paper), their one owner: the learner adds up `update_sums` over micro-batches and ranks and logs `update_metrics`;
+the trainer's step metrics call `group_outcome_fractions` and `group_sameness`. A mean over an empty set is NaN
+(never a warning or an error).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
 
+from dapo import metric_names as M
+from dapo.algos.surrogate import SurrogateOut
 
-def masked_mean(values: Tensor, mask: Tensor) -> float:
-    """Mean of `values` where `mask` is set ([N, T] each); NaN when the mask is empty."""
+# A token is rare below this old-policy probability: the paper's Fig 3a finds the upper-clipped tokens' mean
+# probability below 0.2, and such a token with positive advantage is what clip-higher lets rise (section 3.1).
+RARE_TOKEN_PROB = 0.2
+# What one update adds up, in the order its vector is all-reduced: each a float64 sum over loss tokens (the
+# SEQ_CLIPFRAC_* over responses) of one micro-batch, which the learner sums over micro-batches and ranks before
+# `update_metrics` divides. RARE_POSITIVE is the denominator of CLIPFRAC_HIGH_RARE (not logged).
+RARE_POSITIVE = "rare_positive_tokens"
+UPDATE_SUMS: tuple[str, ...] = (
+    M.POLICY_LOSS,
+    M.CLIPFRAC_LOW,
+    M.CLIPFRAC_HIGH,
+    M.DUAL_CLIPFRAC,
+    M.CLIP_HIGH_PROB,
+    M.APPROX_KL,
+    M.ENTROPY,
+    M.KL_REF,
+    M.CLIPFRAC_HIGH_RARE,
+    RARE_POSITIVE,
+    M.SEQ_CLIPFRAC_LOW,
+    M.SEQ_CLIPFRAC_HIGH,
+    M.CISPO_CAPPED_FRAC,
+    M.COV_SELECTED_FRAC,
+)
+
+
+def update_sums(
+    out: SurrogateOut,
+    loss: Tensor,
+    old_logp: Tensor,
+    logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    entropy: Tensor,
+    kl: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """One micro-batch's part of every update metric (`UPDATE_SUMS`), as 0-d float64 tensors on the inputs' device.
+
+    Args:
+        out: the policy loss's per-token flags (`dapo.algos.policy_loss.per_token_loss`), [N, T] each.
+        loss: this micro-batch's part of the mini-batch loss (its weighted sum), 0-d.
+        old_logp, logp: [N, T] log pi_old and log pi_theta of the sampled tokens; advantages [N].
+        mask: [N, T] the loss mask; entropy: [N, T] of the current policy; kl: [N, T] k3 to the reference, or None.
+
+    The sums: clip flags where a bound was active (the upper one for Fig 3a's probability, CLIP_HIGH_PROB = sum of
+    pi_old over upper-clipped tokens); APPROX_KL = sum of r - 1 - log r, r = pi_theta / pi_old (the k3 estimate of
+    KL(pi_old || pi_theta) on pi_old's samples); rare positive tokens (pi_old < RARE_TOKEN_PROB, A > 0) and those of
+    them clipped above; responses with a clipped sequence ratio (GSPO); capped weights (CISPO); selected tokens (the
+    covariance losses)."""
     m = mask.to(torch.bool)
-    n = int(m.sum().item())
-    if n == 0:
-        return math.nan
-    return float(values.detach().to(torch.float64)[m].sum().item() / n)
+    zero = torch.zeros((), dtype=torch.float64, device=loss.device)
+
+    def msum(x: Tensor, where: Tensor = m) -> Tensor:
+        return torch.where(where, x.detach().double(), zero).sum()
+
+    def rows_with(flag: Tensor) -> Tensor:  # responses with a loss token where `flag` is set
+        return (flag & m).any(dim=-1).double().sum()
+
+    log_r = (logp.detach() - old_logp.detach()).double()
+    upper = out.clipped_upper & m
+    rare_pos = m & (old_logp.exp() < RARE_TOKEN_PROB) & (advantages.reshape(-1, 1) > 0)
+    return {
+        M.POLICY_LOSS: loss.detach().double(),
+        M.CLIPFRAC_LOW: msum(out.clipped_lower.double()),
+        M.CLIPFRAC_HIGH: msum(upper.double()),
+        M.DUAL_CLIPFRAC: msum(out.dual_clipped.double()),
+        M.CLIP_HIGH_PROB: msum(old_logp.exp(), upper),
+        M.APPROX_KL: msum(torch.expm1(log_r) - log_r),
+        M.ENTROPY: msum(entropy),
+        M.KL_REF: msum(kl) if kl is not None else zero,
+        M.CLIPFRAC_HIGH_RARE: msum(upper.double(), rare_pos),
+        RARE_POSITIVE: msum(rare_pos.double()),
+        M.SEQ_CLIPFRAC_LOW: rows_with(out.clipped_lower),
+        M.SEQ_CLIPFRAC_HIGH: rows_with(out.clipped_upper),
+        M.CISPO_CAPPED_FRAC: msum(out.capped.double()) if out.capped is not None else zero,
+        M.COV_SELECTED_FRAC: msum(out.selected.double()) if out.selected is not None else zero,
+    }
 
 
-def clip_fractions(clipped_lower: Tensor, clipped_upper: Tensor, mask: Tensor) -> tuple[float, float]:
-    """(lower, upper): fractions of loss tokens whose lower / upper clip bound was active. [N, T] each.
+def update_metrics(
+    sums: Mapping[str, float], num_tokens: float, num_seqs: float, policy_loss: str, with_kl: bool
+) -> dict[str, float]:
+    """An update's metrics from its sums (`update_sums`, added up over micro-batches and ranks) and the mini-batch's
+    loss tokens and responses: fractions and means of the loss tokens, the mean pi_old of the upper-clipped ones
+    (Fig 3a), the share of rare positive tokens clipped above, and the chosen loss's own (GSPO's sequence clip
+    fractions, CISPO's capped share, the covariance losses' selected share). A mean over nothing is NaN, never 0: for
+    Fig 3a "no token was clipped" is not "their mean probability was 0", so a tracker skips the point."""
 
-    Logged separately because clip-higher only moves the upper one; a combined fraction hides its effect.
-    """
-    return masked_mean(clipped_lower.float(), mask), masked_mean(clipped_upper.float(), mask)
+    def frac(x: float, n: float) -> float:
+        return x / n if n > 0 else math.nan
 
-
-def clipped_upper_old_prob(old_logp: Tensor, clipped_upper: Tensor, mask: Tensor) -> float:
-    """Fig 3a: mean old-policy probability exp(old_logp) of loss tokens clipped at the upper bound; NaN if none.
-
-    The paper's point: these are low-probability tokens (mean below 0.2), the exploration clip-higher frees.
-    """
-    return masked_mean(torch.exp(old_logp.detach()), clipped_upper.to(torch.bool) & mask.to(torch.bool))
-
-
-def approx_kl(logp: Tensor, old_logp: Tensor, mask: Tensor) -> float:
-    """k3 estimate of KL(pi_old || pi_theta) on tokens sampled from pi_old, averaged over loss tokens:
-    r - 1 - log r with r = pi_theta / pi_old (>= 0, unbiased, low variance)."""
-    log_r = (logp.detach() - old_logp.detach()).to(torch.float64)
-    return masked_mean(torch.expm1(log_r) - log_r, mask)
+    per_token = [M.CLIPFRAC_LOW, M.CLIPFRAC_HIGH, M.DUAL_CLIPFRAC, M.APPROX_KL, M.ENTROPY]
+    per_token += [M.KL_REF] if with_kl else []
+    per_token += [M.CISPO_CAPPED_FRAC] if policy_loss == "cispo" else []
+    per_token += [M.COV_SELECTED_FRAC] if policy_loss in ("clip_cov", "kl_cov") else []
+    out = {M.POLICY_LOSS: sums[M.POLICY_LOSS]}  # already the mini-batch loss (the aggregation's weights)
+    out.update({name: frac(sums[name], num_tokens) for name in per_token})
+    if policy_loss == "gspo":
+        out.update({name: frac(sums[name], num_seqs) for name in (M.SEQ_CLIPFRAC_LOW, M.SEQ_CLIPFRAC_HIGH)})
+    out[M.CLIP_HIGH_PROB] = frac(sums[M.CLIP_HIGH_PROB], sums[M.CLIPFRAC_HIGH])
+    out[M.CLIPFRAC_HIGH_RARE] = frac(sums[M.CLIPFRAC_HIGH_RARE], sums[RARE_POSITIVE])
+    return out
 
 
 def group_outcome_fractions(correct: Tensor) -> tuple[float, float]:

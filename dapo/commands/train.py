@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     guard = StartupGuard(RESUME_EXIT_CODE).install()  # first: a preemption while loading exits 75, not 143
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from dapo.config import load_config
+    from dapo.tinyworld import TinyWorld
     from dapo.trainer.preflight import launched_world_size, preflight
 
     cfg = load_config(args.config, preset=args.preset, overrides=args.overrides)
@@ -76,11 +77,12 @@ def run(args: argparse.Namespace) -> int:
             log.info("%s/%s exists: this run is finished, nothing to do", run_dir, DONE_FILE)
             code = 0
             return code
-        preflight(cfg, world)
+        world_plugin = TinyWorld(cfg)  # the tiny world's names (`tiny`) and habit tags: the trainer imports no world
+        preflight(cfg, world, world_plugin)
         if rank == 0 and not _open_run(cfg, run_dir):
             code = RESUME_EXIT_CODE  # the tracking server did not answer: nothing was done, try again later
             return code
-        code = _train(cfg, run_dir, args.progress, guard)
+        code = _train(cfg, run_dir, args.progress, guard, world_plugin)
         return code
     except BaseException as e:
         code = _exit_code_of(e)
@@ -103,7 +105,7 @@ def _exit_code_of(e: BaseException) -> int:
     return 1
 
 
-def _train(cfg, run_dir: Path, progress: str, guard) -> int:  # noqa: ANN001 (RunConfig, StartupGuard: lazy)
+def _train(cfg, run_dir: Path, progress: str, guard, world) -> int:  # noqa: ANN001 (RunConfig, StartupGuard, World)
     from dapo import distributed as dist
     from dapo.trainer.loop import Trainer
     from dapo.trainer.setup import build_components, run_settings
@@ -115,7 +117,7 @@ def _train(cfg, run_dir: Path, progress: str, guard) -> int:  # noqa: ANN001 (Ru
     # A stop signal's StartupStop (a SystemExit) is not reported: every rank gets that signal itself.
     dist.init_distributed(timeout_s=cfg.trainer.collective_timeout_s)
     with dist.FailureWatch():
-        components = build_components(cfg, run_dir)
+        components = build_components(cfg, run_dir, world)
     try:
         return Trainer(
             run_settings(cfg), run_dir, components, progress={"auto": None, "bar": True, "log": False}[progress]

@@ -23,7 +23,7 @@ from typing import Any
 
 from dapo.metric_names import EVAL_LEN_MEAN, EVAL_TRUNC_FRAC
 from dapo.rollout.base import RolloutEngine
-from dapo.rollout.replicas import ReplicaLayout, Share, map_on_replicas, merge_by_prompt
+from dapo.rollout.replicas import ReplicaLayout, Share, gather_shares, merge_by_prompt, split_samples
 from dapo.rollout.seeds import share_seeds
 from dapo.types import Problem
 
@@ -126,24 +126,22 @@ def evaluate_on_replicas(
         if k > 0 and should_stop():
             return None
 
-        def run(
-            items: list[tuple[Problem, list[int]]], share: Share, leader: bool, start: int = start
-        ) -> list[list[dict[str, Any]]]:
-            got = sample_and_score(
-                engine,
-                [p for p, _ in items],
-                [q for _, q in items],
-                settings,
-                seed_base,
-                score=leader,
-                share=share,
-                offset=start,
-            )
-            ends = list(itertools.accumulate(share.counts))  # the records, problem by problem
-            return [got[e - c : e] for c, e in zip(share.counts, ends, strict=True)] if leader else []
-
         shard = items[start : start + per_shard]
-        for pieces in merge_by_prompt(len(shard), map_on_replicas(layout, shard, settings.n, run)):
+        shares = split_samples(len(shard), settings.n, layout.num_replicas)
+        share = shares[layout.replica]  # this replica's part of the shard's samples
+        got = sample_and_score(
+            engine,
+            [shard[i][0] for i in share.prompts],
+            [shard[i][1] for i in share.prompts],
+            settings,
+            seed_base,
+            score=layout.is_leader,
+            share=share,
+            offset=start,
+        )
+        ends = list(itertools.accumulate(share.counts))  # the records, problem by problem
+        mine = [got[e - c : e] for c, e in zip(share.counts, ends, strict=True)] if layout.is_leader else []
+        for pieces in merge_by_prompt(len(shard), gather_shares(layout, shares, mine)):
             records += [r for piece in pieces for r in piece]
     return summarise(records, settings)
 

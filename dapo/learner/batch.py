@@ -93,6 +93,12 @@ class PolicyBatch:
             multiply each token's policy loss; None: no correction.
         sample_ids: [N] int, each response's index in the rollout step's batch (kept through `select` and `shard`:
             what the covariance losses' random draw is keyed by); None: 0 .. N-1.
+
+    The trainer carries its rollout step in this one type from the rollout to the learner
+    (`dapo.trainer.rollout_batch.build_batch`); four fields are its own, for the step's metrics, and the learner reads
+    none of them: `truncated` [N] bool (finish reason "length"), `response_mask` [N, R] (1 on response tokens, the
+    loss mask before overlong filtering), `engine_logp` [N, R] (the rollout engine's log-probs of its samples) and
+    `entropy` [N, R] (the old policy's, on the sampled tokens).
     """
 
     prompt_ids: list[list[int]]
@@ -104,6 +110,10 @@ class PolicyBatch:
     ref_logp: Tensor | None = None
     is_weights: Tensor | None = None
     sample_ids: Tensor | None = None
+    truncated: Tensor | None = None
+    response_mask: Tensor | None = None
+    engine_logp: Tensor | None = None
+    entropy: Tensor | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
@@ -115,7 +125,7 @@ class PolicyBatch:
                 f"{tuple(self.advantages.shape)}, group_ids {tuple(self.group_ids.shape)}: need N each"
             )
         width = max((len(r) for r in self.response_ids), default=0)
-        for name in ("loss_mask", "old_logp", "ref_logp", "is_weights"):
+        for name in ("loss_mask", "old_logp", "ref_logp", "is_weights", "response_mask", "engine_logp", "entropy"):
             t = getattr(self, name)
             if t is not None and (t.dim() != 2 or t.shape[0] != n or t.shape[1] < width):
                 raise ValueError(
@@ -143,6 +153,10 @@ class PolicyBatch:
             ref_logp=pick(self.ref_logp),
             is_weights=pick(self.is_weights),
             sample_ids=self.sample_ids[idx],
+            truncated=pick(self.truncated),
+            response_mask=pick(self.response_mask),
+            engine_logp=pick(self.engine_logp),
+            entropy=pick(self.entropy),
         )
 
     def shard_rows(self, rank: int, world_size: int, *, pack_prompts: bool = False) -> list[int]:

@@ -1,5 +1,5 @@
-"""The per-token forward that the learner and the reference policy share: this rank's responses, in token-budget
-micro-batches, through the model's chunked log-prob head (`PolicyModule.forward`).
+"""The per-token forward that the learner and the reference policy share (each holds a `ChunkedForward`): this
+rank's responses, in token-budget micro-batches, through the model's chunked log-prob head (`PolicyModule.forward`).
 
 Both run under DeepSpeed, so the same rules hold for both: every rank runs the same number of micro-batch passes
 (a rank with fewer runs empty dummy passes), because under ZeRO-3 each forward gathers parameters collectively.
@@ -7,6 +7,7 @@ Both run under DeepSpeed, so the same rules hold for both: every rank runs the s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,11 +25,17 @@ from dapo.learner.batch import (
 )
 
 
+@dataclass
 class ChunkedForward:
-    """Mixin: micro-batch planning and the chunked-head forward of a DeepSpeed-wrapped `PolicyModule`.
+    """Micro-batch planning and the chunked-head forward of a DeepSpeed-wrapped `PolicyModule`: the learner and the
+    reference policy each hold one (`.passes`), built once their DeepSpeed engine exists.
 
-    The class using it sets `engine` (the DeepSpeed engine), `dist` (`DistInfo`), `micro_batch_tokens`,
-    `chunk_size`, `pack_prompts`, and provides `temperature` (the sampling temperature the logits are divided by).
+    Attributes:
+        engine: the DeepSpeed engine around the `PolicyModule`.
+        dist: this rank's place in the job (`dapo.distributed.DistInfo`).
+        micro_batch_tokens: the padded-token budget of a micro-batch.
+        chunk_size: positions per chunk of the log-prob head.
+        pack_prompts: one copy of each prompt per micro-batch row (`dapo.learner.batch`).
     """
 
     engine: Any
@@ -36,9 +43,8 @@ class ChunkedForward:
     micro_batch_tokens: int
     chunk_size: int
     pack_prompts: bool
-    temperature: float
 
-    def _plan(self, batch: PolicyBatch) -> list[list[Any]]:
+    def plan(self, batch: PolicyBatch) -> list[list[Any]]:
         """Micro-batches of this rank (sequence indices, or packed rows of them with `pack_prompts`), padded with
         empty ones ([]: a dummy pass) to the most any rank has."""
         if self.pack_prompts:
@@ -52,35 +58,37 @@ class ChunkedForward:
         most = max(1, int(all_reduce(torch.tensor([len(plan)], dtype=torch.float64), "max").item()))
         return plan + [[] for _ in range(most - len(plan))]
 
-    def _collate(self, batch: PolicyBatch, item: list[Any]) -> MicroBatch:
+    def collate(self, batch: PolicyBatch, item: list[Any]) -> MicroBatch:
+        """The model inputs of one planned micro-batch ([]: the dummy pass)."""
         if not item:
             return dummy_micro_batch()
         if self.pack_prompts:
             return collate_packed(batch.prompt_ids, batch.response_ids, item)
         return collate(batch.prompt_ids, batch.response_ids, item)
 
-    def _forward(self, mb: MicroBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    def run(self, mb: MicroBatch, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """(log-probs [T], entropies [T] or None) of the micro-batch's targets, logits divided by `temperature`."""
         dev = self.dist.device
         return self.engine(
             input_ids=mb.input_ids.to(dev),
             attention_mask=mb.attention_mask.to(dev),
             positions=mb.positions.to(dev),
             targets=mb.targets.to(dev),
-            temperature=self.temperature,
+            temperature=temperature,
             chunk_size=self.chunk_size,
             with_entropy=with_entropy,
             position_ids=None if mb.position_ids is None else mb.position_ids.to(dev),
         )
 
     @torch.no_grad()
-    def _per_token(self, batch: PolicyBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    def per_token(self, batch: PolicyBatch, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         """(logp [N, R], entropy [N, R] or None), float32 on the CPU, zeros after each response."""
         n, width = batch.loss_mask.shape
         logp = torch.zeros(n, width, dtype=torch.float32)
         entropy = torch.zeros(n, width, dtype=torch.float32) if with_entropy else None
-        for rows in self._plan(batch):
-            mb = self._collate(batch, rows)
-            lp, ent = self._forward(mb, with_entropy=with_entropy)
+        for rows in self.plan(batch):
+            mb = self.collate(batch, rows)
+            lp, ent = self.run(mb, temperature, with_entropy)
             if rows:
                 logp[mb.token_rows, mb.token_cols] = lp.float().cpu()
                 if entropy is not None:

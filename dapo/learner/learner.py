@@ -29,6 +29,7 @@ from torch import Tensor
 
 from dapo import metric_names as M
 from dapo.algos.aggregation import group_token_counts, local_counts, token_weights, weighted_sum
+from dapo.algos.metrics import UPDATE_SUMS, update_metrics, update_sums
 from dapo.algos.policy_loss import COVARIANCE_LOSSES, covariance_selection, per_token_loss
 from dapo.algos.surrogate import k3_to_reference
 from dapo.distributed import all_gather, all_reduce, init_distributed
@@ -39,30 +40,7 @@ from dapo.learner.optim import deepspeed_config, lr_at, make_optimizer, resolve_
 
 # The per-update "this step was skipped" flag (1.0 / 0.0); the cumulative count is M.NONFINITE_SKIPPED.
 UPDATE_SKIPPED = M.UPDATE_SKIPPED
-# What each micro-batch adds to the update's metrics, in the order of the vector that is all-reduced once per
-# update: each entry is a float64 sum over loss tokens that `_metrics` turns into the metric of that name (a
-# fraction of the loss tokens, or for CLIP_HIGH_PROB a mean over the upper-clipped ones). Both sides index it by
-# name, so an entry added here cannot shift the others.
-SUMMED_METRICS: tuple[str, ...] = (
-    M.POLICY_LOSS,
-    M.CLIPFRAC_LOW,
-    M.CLIPFRAC_HIGH,
-    M.DUAL_CLIPFRAC,
-    M.CLIP_HIGH_PROB,
-    M.APPROX_KL,
-    M.ENTROPY,
-    M.KL_REF,
-    M.CLIPFRAC_HIGH_RARE,
-    "rare_positive_tokens",  # the denominator of CLIPFRAC_HIGH_RARE (not logged)
-    M.SEQ_CLIPFRAC_LOW,  # responses, not tokens: over the mini-batch's responses with a loss token
-    M.SEQ_CLIPFRAC_HIGH,
-    M.CISPO_CAPPED_FRAC,
-    M.COV_SELECTED_FRAC,
-)
 _CKPT_TAG = "learner"
-# A token is rare below this old-policy probability: the paper's Fig 3a finds the upper-clipped tokens' mean
-# probability below 0.2, and such a token with positive advantage is what clip-higher lets rise (section 3.1).
-RARE_TOKEN_PROB = 0.2
 
 
 @dataclass(frozen=True)
@@ -75,7 +53,7 @@ class MiniBatchCounts:
     group_tokens: Tensor | None = None
 
 
-class Learner(ChunkedForward):
+class Learner:
     """The policy being trained, under a DeepSpeed engine. See `dapo.learner` for the API and its contracts."""
 
     def __init__(
@@ -103,8 +81,6 @@ class Learner(ChunkedForward):
         self.dist = init_distributed()
         self.model_path, self.loss, self.zero_stage = model_path, loss, zero_stage
         self.base_lr, self.warmup_steps = lr, warmup_steps
-        self.micro_batch_tokens, self.chunk_size = micro_batch_tokens, logprob_chunk_size
-        self.pack_prompts = pack_prompts  # one prompt per group in the forward (dapo.learner.batch)
         self.dtype = resolve_dtype(dtype)
         # ZeRO-0 in float32 steps the bare torch optimizer, which neither skips a non-finite step nor reports the
         # norm: the learner computes the norm itself (`_step`) and clips with it, instead of DeepSpeed computing
@@ -122,6 +98,8 @@ class Learner(ChunkedForward):
             else optimizer(list(policy.parameters()))
         )
         self.engine, *_ = deepspeed.initialize(model=policy, optimizer=self._torch_opt, config=ds_config)
+        # micro-batches and the chunked head; `pack_prompts`: one prompt per group in the forward (learner.batch)
+        self.passes = ChunkedForward(self.engine, self.dist, micro_batch_tokens, logprob_chunk_size, pack_prompts)
         if zero_stage == 3:
             # The head weight is read in PolicyModule.forward, outside the head module's own forward.
             deepspeed.zero.register_external_parameter(self.engine.module, self.engine.module.head_weight())
@@ -156,11 +134,6 @@ class Learner(ChunkedForward):
                 group["lr"] = value
 
     # ------------------------------------------------------------------------------------------ forward
-    @property
-    def temperature(self) -> float:
-        """The sampling temperature the logits are divided by (from the loss spec)."""
-        return self.loss.temperature
-
     @torch.no_grad()
     def compute_logprobs(self, batch: PolicyBatch) -> tuple[Tensor, Tensor]:
         """Per-token log-probs and entropies of this rank's responses under the current weights.
@@ -169,7 +142,7 @@ class Learner(ChunkedForward):
             (logp [N, R], entropy [N, R]) float32 on the CPU, R = batch.loss_mask.shape[1], zeros after each
             response. Every rank must call it (ZeRO-3 gathers weights collectively).
         """
-        logp, entropy = self._per_token(batch, with_entropy=True)
+        logp, entropy = self.passes.per_token(batch, self.loss.temperature, with_entropy=True)
         assert entropy is not None
         return logp, entropy
 
@@ -203,20 +176,20 @@ class Learner(ChunkedForward):
             seq_sum_constant=spec.seq_token_sum_constant,
         )
         selected = self._covariance_selection(batch, salt)
-        # Accumulated on the device, in SUMMED_METRICS order: no host sync per micro-batch.
-        sums = torch.zeros(len(SUMMED_METRICS), dtype=torch.float64, device=self.dist.device)
+        # Accumulated on the device, in UPDATE_SUMS order: no host sync per micro-batch.
+        sums = torch.zeros(len(UPDATE_SUMS), dtype=torch.float64, device=self.dist.device)
         local_bad = torch.zeros((), dtype=torch.bool, device=self.dist.device)
-        plan = self._plan(batch)
+        plan = self.passes.plan(batch)
         for k, rows in enumerate(plan):
             last = k == len(plan) - 1
             self.engine.set_gradient_accumulation_boundary(last)
             if rows:
-                mb = self._collate(batch, rows)
+                mb = self.passes.collate(batch, rows)
                 loss, part = self._micro_loss(batch, mb, weights, selected)
-                sums += torch.stack([part[name] for name in SUMMED_METRICS])
+                sums += torch.stack([part[name] for name in UPDATE_SUMS])
                 local_bad |= ~torch.isfinite(loss.detach())
             else:
-                lp, _ = self._forward(dummy_micro_batch(), with_entropy=False)
+                lp, _ = self.passes.run(dummy_micro_batch(), self.loss.temperature, with_entropy=False)
                 loss = lp.sum() * 0.0
             if last and bool(all_reduce(local_bad.double().reshape(1), "max").item()):
                 # A non-finite loss anywhere: make every rank's gradient non-finite, so the overflow check
@@ -224,8 +197,9 @@ class Learner(ChunkedForward):
                 loss = loss * float("nan")
             self.engine.backward(loss * world, scale_wrt_gas=False)
         grad_norm, applied = self._step()
-        summed = dict(zip(SUMMED_METRICS, all_reduce(sums, "sum").tolist(), strict=True))
-        return self._metrics(summed, counts, grad_norm, applied)
+        summed = dict(zip(UPDATE_SUMS, all_reduce(sums, "sum").tolist(), strict=True))
+        metrics = update_metrics(summed, counts.num_tokens, counts.num_seqs, spec.policy_loss, spec.kl_coef > 0)
+        return {**metrics, M.GRAD_NORM: grad_norm, M.LR: self.lr, UPDATE_SKIPPED: 0.0 if applied else 1.0}
 
     def _covariance_selection(self, batch: PolicyBatch, salt: int) -> Tensor | None:
         """Clip-Cov's and KL-Cov's tokens of this rank's rows, [N, R] bool, chosen over the whole mini-batch from a
@@ -233,7 +207,8 @@ class Learner(ChunkedForward):
         spec = self.loss
         if spec.policy_loss not in COVARIANCE_LOSSES:
             return None
-        logp, _ = self._per_token(batch, with_entropy=False)  # collective under ZeRO-3: every rank runs it
+        # the current policy's log-probs; collective under ZeRO-3: every rank runs it
+        logp, _ = self.passes.per_token(batch, self.loss.temperature, with_entropy=False)
         return covariance_selection(
             spec.policy_loss,
             logp,
@@ -271,7 +246,7 @@ class Learner(ChunkedForward):
         """The micro-batch's share of the mini-batch loss (its weighted sum) and of the update's metric sums. The
         forward's flat per-token outputs are laid out as [rows, width] so every loss sees whole responses."""
         spec, dev = self.loss, self.dist.device
-        logp_flat, entropy_flat = self._forward(mb, with_entropy=True)
+        logp_flat, entropy_flat = self.passes.run(mb, spec.temperature, with_entropy=True)
         idx = torch.as_tensor(mb.rows, dtype=torch.long)
         where = torch.full((len(batch),), -1, dtype=torch.long)
         where[idx] = torch.arange(len(idx))
@@ -308,33 +283,7 @@ class Learner(ChunkedForward):
             if spec.kl_coef > 0:
                 per_token = per_token + spec.kl_coef * kl
         loss = weighted_sum(per_token, take(weights))
-        log_r = (logp.detach() - old).double()
-
-        def msum(x: Tensor, where: Tensor = m) -> Tensor:
-            return torch.where(where, x.detach().double(), torch.zeros((), dtype=torch.float64, device=dev)).sum()
-
-        def rows_with(flag: Tensor) -> Tensor:  # responses with a loss token where `flag` is set
-            return (flag & m).any(dim=-1).double().sum()
-
-        upper = out.clipped_upper & m
-        rare_pos = m & (old.exp() < RARE_TOKEN_PROB) & (adv[:, None] > 0)
-        zero = torch.zeros((), dtype=torch.float64, device=dev)
-        part = {
-            M.POLICY_LOSS: loss.detach().double(),
-            M.CLIPFRAC_LOW: msum(out.clipped_lower.double()),
-            M.CLIPFRAC_HIGH: msum(upper.double()),
-            M.DUAL_CLIPFRAC: msum(out.dual_clipped.double()),
-            M.CLIP_HIGH_PROB: msum(old.exp(), upper),  # sum of pi_old over upper-clipped tokens
-            M.APPROX_KL: msum(torch.expm1(log_r) - log_r),
-            M.ENTROPY: msum(grid(entropy_flat)),
-            M.KL_REF: msum(kl) if kl is not None else zero,
-            M.CLIPFRAC_HIGH_RARE: msum(upper.double(), rare_pos),
-            "rare_positive_tokens": msum(rare_pos.double()),
-            M.SEQ_CLIPFRAC_LOW: rows_with(out.clipped_lower),
-            M.SEQ_CLIPFRAC_HIGH: rows_with(out.clipped_upper),
-            M.CISPO_CAPPED_FRAC: msum(out.capped.double()) if out.capped is not None else zero,
-            M.COV_SELECTED_FRAC: msum(out.selected.double()) if out.selected is not None else zero,
-        }
+        part = update_sums(out, loss, old, logp, adv, m, grid(entropy_flat), kl)
         return loss, part
 
     def _step(self) -> tuple[float, bool]:
@@ -359,37 +308,6 @@ class Learner(ChunkedForward):
             norm = self.engine.get_global_grad_norm()
             norm = float(norm) if norm is not None else math.nan
         return norm, applied
-
-    def _metrics(
-        self, s: dict[str, float], counts: MiniBatchCounts, grad_norm: float, applied: bool
-    ) -> dict[str, float]:
-        """The update's metrics from the all-reduced sums (keyed by SUMMED_METRICS)."""
-
-        def frac(x: float, n: float) -> float:
-            return x / n if n > 0 else math.nan
-
-        num_tokens, loss = counts.num_tokens, self.loss.policy_loss
-        per_token = [M.CLIPFRAC_LOW, M.CLIPFRAC_HIGH, M.DUAL_CLIPFRAC, M.APPROX_KL, M.ENTROPY]
-        if self.loss.kl_coef > 0:
-            per_token.append(M.KL_REF)
-        if loss == "cispo":
-            per_token.append(M.CISPO_CAPPED_FRAC)
-        if loss in COVARIANCE_LOSSES:
-            per_token.append(M.COV_SELECTED_FRAC)
-        out = {M.POLICY_LOSS: s[M.POLICY_LOSS]}  # already the mini-batch loss (the aggregation's weights)
-        out.update({name: frac(s[name], num_tokens) for name in per_token})
-        if loss == "gspo":
-            out.update({name: frac(s[name], counts.num_seqs) for name in (M.SEQ_CLIPFRAC_LOW, M.SEQ_CLIPFRAC_HIGH)})
-        out[M.CLIP_HIGH_PROB] = frac(s[M.CLIP_HIGH_PROB], s[M.CLIPFRAC_HIGH])  # mean over upper-clipped tokens
-        out[M.CLIPFRAC_HIGH_RARE] = frac(s[M.CLIPFRAC_HIGH_RARE], s["rare_positive_tokens"])
-        out.update(
-            {
-                M.GRAD_NORM: grad_norm,
-                M.LR: self.lr,
-                UPDATE_SKIPPED: 0.0 if applied else 1.0,
-            }
-        )
-        return out
 
     # ------------------------------------------------------------------------------------------ colocation
     def offload_states(self) -> None:

@@ -31,7 +31,7 @@ from dapo.learner.model import check_packable, load_policy, prepare_deepspeed
 from dapo.learner.optim import deepspeed_config, resolve_dtype
 
 
-class ReferencePolicy(ChunkedForward):
+class ReferencePolicy:
     """The frozen reference policy pi_ref of the k3 KL term (see the module docstring)."""
 
     def __init__(
@@ -50,9 +50,7 @@ class ReferencePolicy(ChunkedForward):
 
         prepare_deepspeed()
         self.dist = init_distributed()
-        self.model_path = model_path
-        self.micro_batch_tokens, self.chunk_size = micro_batch_tokens, logprob_chunk_size
-        self.temperature, self.pack_prompts = temperature, pack_prompts
+        self.model_path, self.temperature = model_path, temperature
         self.dtype = resolve_dtype(dtype)
         # Stages 1 and 2 partition optimizer state and gradients only; without either they would be stage 0.
         self.zero_stage = 3 if zero_stage == 3 else 0
@@ -66,10 +64,11 @@ class ReferencePolicy(ChunkedForward):
             # The head weight is read in PolicyModule.forward, outside the head module's own forward.
             deepspeed.zero.register_external_parameter(self.engine.module, self.engine.module.head_weight())
         self.engine.eval()
+        self.passes = ChunkedForward(self.engine, self.dist, micro_batch_tokens, logprob_chunk_size, pack_prompts)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: PolicyBatch) -> Tensor:
         """Per-token log-probs [N, R] (float32, CPU, zeros after each response) of this rank's responses under the
         reference policy, at the sampling temperature. Every rank must call it."""
-        logp, _ = self._per_token(batch, with_entropy=False)
+        logp, _ = self.passes.per_token(batch, self.temperature, with_entropy=False)
         return logp

@@ -18,7 +18,9 @@ Confidence intervals (docs/evidence.md has the reasoning):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -219,98 +221,65 @@ def fmt_interval(iv: Interval | None, digits: int = 1) -> str:
     return f"{point} [{fmt(iv.low, digits, signed=True)}, {fmt(iv.high, digits, signed=True)}]"
 
 
+def _avg_text(r: Any) -> str:
+    if r.mean is None:
+        return "missing"
+    return fmt(r.mean) if r.std is None else f"{fmt(r.mean)} ± {fmt(r.std)}"
+
+
+def _interval_columns(name: str, get: Callable[[Any], Interval | None]) -> list[tuple[str, Callable[[Any], Any]]]:
+    """A difference's three CSV columns: its estimate and bounds."""
+    return [
+        (name, lambda r: bounds(get(r))[0]),
+        (f"{name}_ci_low", lambda r: bounds(get(r))[1]),
+        (f"{name}_ci_high", lambda r: bounds(get(r))[2]),
+    ]
+
+
 def table1_table(t: Table1) -> Table:
-    """Display form of Table 1 (Markdown / CSV / LaTeX via dapo.report.formats)."""
+    """Display form of Table 1 (Markdown / CSV / LaTeX via dapo.report.formats). Each column is one record, its
+    header and how a row gives its value, so a column is added in one place."""
     k, c = t.k, round(100 * t.confidence)
     first = t.rows[0].row if t.rows else "00"
-    columns = [
-        "Row",
-        f"avg@{k} (mean ± s.d.)",
-        f"{c}% CI",
-        f"Δ row above [{c}% CI]",
-        f"Δ vs row {first[:2]} [{c}% CI]",
-        "Paper avg@32",
-        "Paper Δ",
-        f"pass@{k}",
-        f"maj@{k}",
-        "Seeds",
-        "Updates",
-        "CI method",
+    shown: list[tuple[str, Callable[[Any], str]]] = [
+        ("Row", lambda r: r.label),
+        (f"avg@{k} (mean ± s.d.)", _avg_text),
+        (f"{c}% CI", lambda r: f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]" if r.ci_low is not None else "—"),
+        (f"Δ row above [{c}% CI]", lambda r: fmt_interval(r.delta_ci)),
+        (f"Δ vs row {first[:2]} [{c}% CI]", lambda r: fmt_interval(r.vs_first)),
+        ("Paper avg@32", lambda r: fmt(r.paper, 0)),
+        ("Paper Δ", lambda r: fmt(r.paper_delta, 0, signed=True)),
+        (f"pass@{k}", lambda r: fmt(r.pass_mean)),
+        (f"maj@{k}", lambda r: fmt(r.maj_mean)),
+        ("Seeds", lambda r: str(len(r.evals))),
+        ("Updates", lambda r: fmt(r.updates, 0)),
+        ("CI method", lambda r: r.ci_method or "—"),
     ]
-    cells, raw = [], []
-    for r in t.rows:
-        if r.mean is None:
-            avg_txt = "missing"
-        elif r.std is None:
-            avg_txt = fmt(r.mean)
-        else:
-            avg_txt = f"{fmt(r.mean)} ± {fmt(r.std)}"
-        ci_txt = f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]" if r.ci_low is not None else "—"
-        seeds = [e.seed for e in r.evals]
-        cells.append(
-            [
-                r.label,
-                avg_txt,
-                ci_txt,
-                fmt_interval(r.delta_ci),
-                fmt_interval(r.vs_first),
-                fmt(r.paper, 0),
-                fmt(r.paper_delta, 0, signed=True),
-                fmt(r.pass_mean),
-                fmt(r.maj_mean),
-                str(len(seeds)),
-                fmt(r.updates, 0),
-                r.ci_method or "—",
-            ]
-        )
-        raw.append(
-            [
-                r.row,
-                r.label,
-                k,
-                len(seeds),
-                " ".join(str(s) for s in seeds),
-                r.mean,
-                r.std,
-                r.ci_low,
-                r.ci_high,
-                r.ci_method,
-                *bounds(r.delta_ci),
-                *bounds(r.vs_first),
-                r.paper,
-                r.paper_delta,
-                r.pass_mean,
-                r.maj_mean,
-                r.updates,
-                " ".join(str(e.avg) for e in r.evals),
-                " ".join(str(e.step) for e in r.evals),
-            ]
-        )
-    csv_cols = [
-        "row",
-        "label",
-        "k",
-        "n_seeds",
-        "seeds",
-        "avg_mean",
-        "avg_std",
-        "ci_low",
-        "ci_high",
-        "ci_method",
-        "delta",
-        "delta_ci_low",
-        "delta_ci_high",
-        "vs_first",
-        "vs_first_ci_low",
-        "vs_first_ci_high",
-        "paper_avg",
-        "paper_delta",
-        "pass_mean",
-        "maj_mean",
-        "updates",
-        "avg_per_seed",
-        "final_step",
+    raw: list[tuple[str, Callable[[Any], Any]]] = [
+        ("row", lambda r: r.row),
+        ("label", lambda r: r.label),
+        ("k", lambda r: k),
+        ("n_seeds", lambda r: len(r.evals)),
+        ("seeds", lambda r: " ".join(str(e.seed) for e in r.evals)),
+        ("avg_mean", lambda r: r.mean),
+        ("avg_std", lambda r: r.std),
+        ("ci_low", lambda r: r.ci_low),
+        ("ci_high", lambda r: r.ci_high),
+        ("ci_method", lambda r: r.ci_method),
+        *_interval_columns("delta", lambda r: r.delta_ci),
+        *_interval_columns("vs_first", lambda r: r.vs_first),
+        ("paper_avg", lambda r: r.paper),
+        ("paper_delta", lambda r: r.paper_delta),
+        ("pass_mean", lambda r: r.pass_mean),
+        ("maj_mean", lambda r: r.maj_mean),
+        ("updates", lambda r: r.updates),
+        ("avg_per_seed", lambda r: " ".join(str(e.avg) for e in r.evals)),
+        ("final_step", lambda r: " ".join(str(e.step) for e in r.evals)),
     ]
+    columns = [h for h, _ in shown]
+    cells = [[value(r) for _, value in shown] for r in t.rows]
+    csv_cols = [h for h, _ in raw]
+    raw_rows = [[value(r) for _, value in raw] for r in t.rows]
     notes = [
         f"Experiment {t.experiment!r}; each run's last eval; values in percent. Paper: one seed, AIME 2024 "
         f"avg@32; reference {PAPER_REFERENCE[0]} {PAPER_REFERENCE[1]}. Updates: gradient updates behind the "
@@ -326,7 +295,7 @@ def table1_table(t: Table1) -> Table:
         columns=columns,
         cells=cells,
         csv_columns=csv_cols,
-        csv_rows=raw,
+        csv_rows=raw_rows,
         notes=notes,
         missing=list(t.missing),
     )

@@ -12,8 +12,8 @@ sample-major (sample j of prompt i is j * P + i) and replica k takes the k-th of
 size, so with R dividing n every replica draws n / R samples of every prompt. A prompt's responses tend to share
 a length (its difficulty sets them); cut by prompts, the replica that drew the hard prompts generates the most
 tokens and every other replica waits for it. Each replica's first rank (the leader) keeps its result, an
-all-gather hands every rank the leaders' results with their shares, and the caller puts each prompt's samples
-back together in sample order (`merge_by_prompt`), so the batch comes out the same whatever R is.
+all-gather hands every rank the leaders' results with their shares (`gather_shares`), and the caller puts each
+prompt's samples back together in sample order (`merge_by_prompt`), so the batch comes out the same whatever R is.
 
 Seeds: every sample's seed is a function of the run's seed, where the call sits (step, generation batch) and the
 sample's place in the batch (prompt, index in its group), not of the replica that draws it (`dapo.rollout.seeds`):
@@ -23,7 +23,7 @@ of replicas.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -125,29 +125,19 @@ def split_samples(num_prompts: int, n: int, replicas: int) -> list[Share]:
     return shares
 
 
-def map_on_replicas(
-    layout: ReplicaLayout, items: Sequence[T], n: int, fn: Callable[[list[T], Share, bool], R]
-) -> list[tuple[Share, R]]:
-    """Apply `fn(items of the share, share, is_leader)` on every replica's share of `len(items)` prompts x `n`
-    samples (`split_samples`); return each replica's share and its leader's result, in replica order, on every
-    rank. Collective: every rank must call it with the same `items` and `n`.
-
-    `fn` runs on every rank of a replica (tensor-parallel members must all call the engine); a member that is not
-    the leader may return anything cheap (it is dropped), which spares it work such as scoring. A replica whose
-    share is empty (fewer samples than replicas) still calls `fn`, with no items.
-    """
-    shares = split_samples(len(items), n, layout.num_replicas)
-    share = shares[layout.replica]
-    result = fn([items[i] for i in share.prompts], share, layout.is_leader)
+def gather_shares(layout: ReplicaLayout, shares: Sequence[Share], mine: R) -> list[tuple[Share, R]]:
+    """Every replica's share with its leader's result, in replica order, on every rank. Collective: every rank calls
+    it with its replica's `shares` entry's result (`split_samples` over `layout.num_replicas`); a member that is not
+    its replica's leader may pass anything cheap (it is dropped). One process: its own result."""
     if layout.world_size == 1:
-        return [(share, result)]
-    gathered = dist.all_gather(result if layout.is_leader else None)
+        return [(shares[0], mine)]
+    gathered = dist.all_gather(mine if layout.is_leader else None)
     return [(shares[k], gathered[r]) for k, r in enumerate(layout.leader_ranks)]
 
 
 def merge_by_prompt(num_prompts: int, parts: Sequence[tuple[Share, Sequence[T]]]) -> list[list[T]]:
-    """Each prompt's pieces, in sample order, from the replicas' results (`map_on_replicas` output whose result
-    holds one piece per prompt of its share, in share order): `num_prompts` lists of pieces."""
+    """Each prompt's pieces, in sample order, from the replicas' results (`gather_shares`' output, each result one
+    piece per prompt of its share, in share order): `num_prompts` lists of pieces."""
     pieces: list[list[tuple[int, T]]] = [[] for _ in range(num_prompts)]
     for share, result in parts:
         if len(result) != len(share.prompts):

@@ -9,7 +9,8 @@
 `ensure_tiny_world(cfg)` builds it when missing (or built from another tiny config) and returns `<tiny.dir>`;
 `resolve_model_path(cfg)` turns `model.path: tiny` into `<tiny.dir>/model`, `resolve_source(cfg, split)` turns
 `data.train` / `data.eval` (`tiny`, `tiny-large`) into file paths. `pinned_kernels(tiny.kernels)` is the environment
-that pins the CPU kernels of the build and of the workflow's tiny runs. Nothing heavy is imported here.
+that pins the CPU kernels of the build and of the workflow's tiny runs. `TinyWorld(cfg)` is what the world adds to a
+run, as the trainer's `World` plug-in (`dapo train` passes it in). Nothing heavy is imported here.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from dapo.tinyworld.build import (
     tiny_paths,
 )
 from dapo.tinyworld.kernels import pinned_kernels
+from dapo.tinyworld.plugin import TinyWorld
 
 __all__ = [
     "TINY",
     "TINY_LARGE",
+    "TinyWorld",
     "ensure_large_eval",
     "ensure_tiny_world",
     "pinned_kernels",

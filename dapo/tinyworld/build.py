@@ -281,11 +281,12 @@ def ensure_large_eval(cfg: RunConfig) -> Path:
     return path
 
 
-def resolve_source(cfg: RunConfig, split: str) -> str:
-    """`data.train` (split "train") or `data.eval` (split "eval") as a loadable path or hub id: `tiny` is the
-    tiny world's `train.jsonl` / `eval.jsonl` (the AIME-sized split), `tiny-large` its large eval split; both are
-    made first when missing. Anything else is returned unchanged."""
-    source = cfg.data.train if split == "train" else cfg.data.eval
+def resolve_source(cfg: RunConfig, split: str, source: str | None = None) -> str:
+    """`data.train` (split "train") or `data.eval` (split "eval"), or `source` when given, as a loadable path or hub
+    id: `tiny` is the tiny world's `train.jsonl` / `eval.jsonl` (the AIME-sized split), `tiny-large` its large eval
+    split; both are made first when missing. Anything else is returned unchanged."""
+    if source is None:
+        source = cfg.data.train if split == "train" else cfg.data.eval
     if source == TINY:
         paths = tiny_paths(ensure_tiny_world(cfg))
         return str(paths.train if split == "train" else paths.eval)
@@ -476,6 +477,18 @@ def _build(
     max_prompt_length: int,
     progress: Progress | None,
 ) -> dict[str, Any]:
+    """Build one world into `out_dir` and return its manifest (in the child process `ensure_tiny_world` starts, with
+    the CPU kernels pinned). In order, each phase reported to `progress` as it goes:
+
+    1. tasks: the train / eval splits (written as JSONL) and the supervised problems with their worked solutions
+       (`world_splits`, `supervised_solutions`: pure in `tiny`);
+    2. tokenizer: a byte-level BPE trained on the texts the model will see, with the chat template;
+    3. sft: the Qwen2 base model (`tiny.hidden_size`, ...) trained `tiny.sft_steps` steps on the solutions;
+    4. the model, tokenizer and generation config saved, so transformers and vLLM load them offline;
+    5. measure: the base model's avg@n / pass@n on the eval split and its groups' statistics on train prompts (the
+       `eval_*` and `group_*` settings), which the manifest keeps beside the config, the weights' SHA-256 and the
+       build's wall and CPU time.
+    """
     import torch
 
     from dapo.data.prompts import build_prompt

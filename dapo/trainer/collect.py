@@ -6,11 +6,11 @@ sampling keeps a group iff its *correctness* varies (not the shaped reward) and 
 `gen_batch_size` prompts until `train_batch_size` groups are kept or the cap is reached (`RefillAccumulator`). Without
 dynamic sampling one batch of `train_batch_size` prompts is generated and every group trains.
 
-Replicas (`dapo.rollout.replicas`): each generation batch is cut into one share of its samples per replica (part
-of every prompt's group where it can, so no replica draws all the responses of the hardest prompts); each replica
-generates and scores its share (scoring where the samples are spreads the verifier's CPU work over the job instead
-of piling it on one rank), and an all-gather gives every rank every replica's part, put back together into the
-batch's groups in order. Every rank then runs the same refill decision on the same groups, so the kept count is
+Replicas (`Sampler.sample`, `dapo.rollout.replicas`): each generation batch is cut into one share of its samples per
+replica (part of every prompt's group where it can, so no replica draws all the responses of the hardest prompts);
+each replica generates and scores its share (scoring where the samples are spreads the verifier's CPU work over the
+job instead of piling it on one rank), and an all-gather gives every rank every replica's part, put back together
+into the batch's groups in order. Every rank then runs the same refill decision on the same groups, so the kept count is
 over all replicas, every replica stops at the same generation batch, and the token count includes what every
 replica generated, dropped groups included.
 
@@ -32,7 +32,7 @@ from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats, keep_gro
 from dapo.algos.metrics import group_sameness
 from dapo.algos.overlong import soft_overlong_penalty
 from dapo.rollout.base import RolloutEngine
-from dapo.rollout.replicas import ReplicaLayout, Share, map_on_replicas, merge_by_prompt
+from dapo.rollout.replicas import ReplicaLayout, Share, gather_shares, merge_by_prompt, split_samples
 from dapo.rollout.seeds import sampling_seed, share_seeds
 from dapo.trainer.components import HabitTagger, Scorer
 from dapo.types import GroupOutcome, Problem, Sample
@@ -103,10 +103,6 @@ class Sampled:
 
     groups: list[Group]
     timings: dict[str, float]
-
-
-# (problems, prompt ids, index of the generation batch within the step) -> the scored groups of every replica
-SampleFn = Callable[[list[Problem], list[list[int]], int], Sampled]
 
 
 @dataclass
@@ -185,7 +181,7 @@ def join_groups(pieces: Sequence[Group]) -> Group:
     )
 
 
-class ReplicaSampler:
+class Sampler:
     """Generation batches on every rollout replica of the job (one replica, and no collective, in one process).
 
     Args:
@@ -195,7 +191,7 @@ class ReplicaSampler:
         s: rollout settings.
         seed: the run's seed; sample j of prompt i of generation batch b of step t is drawn with
             `sample_seed(sampling_seed(seed, TRAIN_STREAM, t, b), i, j)`, whichever replica draws it.
-        tagger: tags each response with its habits (the tiny habits world), where the replica scores it.
+        tagger: what a world knows of its responses (the habits world: tags, problem kinds, habit metrics), or None.
     """
 
     def __init__(
@@ -210,35 +206,42 @@ class ReplicaSampler:
         self.engine, self.scorer, self.layout, self.s, self.seed = engine, scorer, layout, s, seed
         self.tagger = tagger
 
-    def for_step(self, step: int) -> SampleFn:
-        """The sampling function of rollout step `step` (1-based), for `collect`."""
+    def sample(self, step: int, gen_batch: int, problems: list[Problem], prompts: list[list[int]]) -> Sampled:
+        """Generation batch `gen_batch` of rollout step `step` (1-based): this replica generates and scores its
+        share of the samples, and every rank gets every replica's part, put back together into the batch's groups.
+        Collective: every rank calls it with the same prompts."""
+        shares = split_samples(len(problems), self.s.n, self.layout.num_replicas)
+        share = shares[self.layout.replica]
+        base = sampling_seed(self.seed, TRAIN_STREAM, step, gen_batch)
+        mine = self._generate_and_score(
+            [problems[i] for i in share.prompts], [prompts[i] for i in share.prompts], share, base
+        )
+        parts = gather_shares(self.layout, shares, mine)
+        pieces = merge_by_prompt(len(problems), [(sh, part.groups) for sh, part in parts])
+        return Sampled(
+            [join_groups(p) for p in pieces],
+            {k: max(part.timings.get(k, 0.0) for _, part in parts) for k in ("generate", "score")},
+        )
 
-        def sample(problems: list[Problem], prompts: list[list[int]], gen_batch: int) -> Sampled:
-            base = sampling_seed(self.seed, TRAIN_STREAM, step, gen_batch)
-            parts = map_on_replicas(
-                self.layout,
-                list(zip(problems, prompts, strict=True)),
-                self.s.n,
-                lambda items, share, lead: self._share(items, share, lead, base),
-            )
-            pieces = merge_by_prompt(len(problems), [(share, part.groups) for share, part in parts])
-            return Sampled(
-                [join_groups(p) for p in pieces],
-                {k: max(part.timings.get(k, 0.0) for _, part in parts) for k in ("generate", "score")},
-            )
+    def kind(self, problem: str) -> str:
+        """The problem's kind for the step's metrics ("" without a tagger)."""
+        return self.tagger.kind(problem) if self.tagger is not None else ""
 
-        return sample
+    def world_metrics(self, generated: Sequence[GroupOutcome]) -> dict[str, float]:
+        """The tagger's metrics over every generated group of a step (the habits world's `habit/*`), else none."""
+        return self.tagger.metrics(generated) if self.tagger is not None else {}
 
-    def _share(self, items: list[tuple[Problem, list[int]]], share: Share, leader: bool, base: int) -> Sampled:
+    def _generate_and_score(
+        self, problems: list[Problem], prompts: list[list[int]], share: Share, base: int
+    ) -> Sampled:
         s = self.s
-        problems, prompts = [p for p, _ in items], [list(q) for _, q in items]
         seeds = share_seeds(base, share.prompts, share.counts, share.first)
         t0 = time.perf_counter()
         outs = self.engine.generate(
             prompts, n=share.counts, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seeds=seeds
         )
         t1 = time.perf_counter()
-        if not leader:  # a tensor-parallel member: the same samples as its leader, whose result is kept
+        if not self.layout.is_leader:  # a tensor-parallel member: the same samples as its leader, whose result is kept
             return Sampled([], {"generate": t1 - t0})
         texts = [smp.text for group in outs for smp in group]
         answers = [pb.answer for pb, group in zip(problems, outs, strict=True) for _ in group]
@@ -248,32 +251,32 @@ class ReplicaSampler:
 
 
 def collect(
-    sample: SampleFn,
+    sampler: Sampler,
+    step: int,
     next_batch: Callable[[int], tuple[list[Problem], list[list[int]]]],
     s: RolloutSettings,
     *,
     should_stop: Callable[[], bool] = lambda: False,
     resume: dict[str, Any] | None = None,
-    kind: Callable[[str], str] = lambda problem: "",
 ) -> Collected:
-    """One rollout step's groups, refilling when dynamic sampling is on.
+    """Rollout step `step`'s groups, refilling when dynamic sampling is on.
 
     Args:
-        sample: generates and scores one generation batch on every replica (`ReplicaSampler.for_step`).
+        sampler: generates and scores each generation batch on every replica (`Sampler.sample`).
+        step: the rollout step (1-based).
         next_batch: k -> the next k problems and their prompt token ids (the seeded data order; every rank draws
             the same ones).
         s: rollout settings.
         should_stop: polled before each refill batch (on every rank: make it collective); when True, raises
             `StopDuringRefill` with the state.
         resume: a `StopDuringRefill.state` to continue from (after a restart).
-        kind: problem text -> its kind, for the metrics of every generated group (`HabitTagger.kind`).
 
     Raises:
         RefillCapReached: at the cap with at_refill_cap="fail" (its `.stats` has the counts).
     """
     if not s.dynamic_sampling:
         problems, prompts = next_batch(s.train_batch_size)
-        batch = sample(problems, prompts, 0)
+        batch = sampler.sample(step, 0, problems, prompts)
         groups = batch.groups
         stats = RefillStats(
             gen_batches=1,
@@ -282,7 +285,7 @@ def collect(
             tokens_generated=sum(g.num_tokens for g in groups),
             full=True,
         )
-        generated = [outcome_of(g, kind(g.problem.problem)) for g in groups]
+        generated = [outcome_of(g, sampler.kind(g.problem.problem)) for g in groups]
         return Collected(groups, stats, generated, dict(batch.timings))
 
     if resume is not None:
@@ -295,11 +298,11 @@ def collect(
         if acc.stats.gen_batches > 0 and should_stop():
             raise StopDuringRefill({"acc": acc, "generated": generated, "timings": timings})
         problems, prompts = next_batch(gen_size)
-        batch = sample(problems, prompts, acc.stats.gen_batches)
+        batch = sampler.sample(step, acc.stats.gen_batches, problems, prompts)
         for k, v in batch.timings.items():
             timings[k] = timings.get(k, 0.0) + v
         groups = batch.groups
-        generated += [outcome_of(g, kind(g.problem.problem)) for g in groups]
+        generated += [outcome_of(g, sampler.kind(g.problem.problem)) for g in groups]
         keep = keep_groups(torch.tensor([g.correct for g in groups], dtype=torch.bool))
         acc.add(groups, keep, sum(g.num_tokens for g in groups))  # may raise RefillCapReached
     kept, stats = acc.result()

@@ -83,6 +83,37 @@ class HabitTagger(Protocol):
     def metrics(self, generated: Sequence[GroupOutcome]) -> dict[str, float]: ...
 
 
+class World(Protocol):
+    """What a world, a model and data built rather than downloaded, adds to a run: where its names lead and what it
+    knows of its responses. The command that wires a run provides it (`dapo.tinyworld.TinyWorld` for the tiny
+    worlds); the trainer imports no world. A run of a hub model and hub data uses `PlainWorld`."""
+
+    def model_path(self, path: str) -> str:
+        """`model.path` as a loadable path or hub id (the tiny world's `tiny`: its base model, built on first use)."""
+        ...
+
+    def data_source(self, split: str, source: str) -> str:
+        """`data.train` (split "train") or `data.eval` ("eval") as a loadable path or hub id."""
+        ...
+
+    def tagger(self, model_path: str) -> HabitTagger | None:
+        """The tagger of runs that start from `model_path` (the habits world's base model), else None."""
+        ...
+
+
+class PlainWorld:
+    """No world: names are what they say, responses carry no tags."""
+
+    def model_path(self, path: str) -> str:
+        return path
+
+    def data_source(self, split: str, source: str) -> str:
+        return source
+
+    def tagger(self, model_path: str) -> HabitTagger | None:
+        return None
+
+
 class MetricsTracker(Protocol):
     run_id: str | None
 

@@ -42,7 +42,7 @@ from dapo.rollout.replicas import ReplicaLayout
 from dapo.rollout.seeds import sampling_seed
 from dapo.trainer import DONE_FILE, FAILURE_EXIT_CODE, RESUME_EXIT_CODE, TRIPWIRE_EXIT_CODE
 from dapo.trainer import checkpoint as ck
-from dapo.trainer.collect import EVAL_STREAM, ReplicaSampler, StopDuringRefill
+from dapo.trainer.collect import EVAL_STREAM, Sampler, StopDuringRefill
 from dapo.trainer.components import Components, MetricsTracker, NullTracker
 from dapo.trainer.data_order import PromptOrder
 from dapo.trainer.progress import Progress
@@ -124,11 +124,11 @@ class Trainer:
         *,
         progress: bool | None = None,
     ) -> None:
-        self.s, self.run_dir, self.c = settings, Path(run_dir), components
+        self.settings, self.run_dir, self.components = settings, Path(run_dir), components
         self.progress_rich = progress
         self.layout = ReplicaLayout.of_this_process(components.tensor_parallel_size)
         self.learner = components.learner
-        self.sampler = ReplicaSampler(
+        self.sampler = Sampler(
             components.engine,
             components.scorer,
             self.layout,
@@ -137,7 +137,7 @@ class Trainer:
             components.tagger,
         )
         self.order = PromptOrder(len(components.problems), settings.seed)
-        self.rs = RunState(config_hash=settings.config_hash)
+        self.run_state = RunState(config_hash=settings.config_hash)
         self.partial: PartialStep | None = None  # a step cut off by a stop, to finish first
         self.last_eval: dict[str, float] | None = None
         self.tracker: MetricsTracker = NullTracker()
@@ -150,20 +150,23 @@ class Trainer:
     # ---------------------------------------------------------------------------------------------- state
     @property
     def counters(self) -> Counters:
-        return self.rs.counters
+        return self.run_state.counters
 
     @property
     def run_id(self) -> str | None:
-        return self.rs.mlflow_run_id
+        return self.run_state.mlflow_run_id
 
     def state(self) -> RunState:
         """The run's state now, as a checkpoint stores it."""
         return replace(
-            self.rs, counters=replace(self.rs.counters), elapsed_s=self.elapsed(), data_order=self.order.state_dict()
+            self.run_state,
+            counters=replace(self.run_state.counters),
+            elapsed_s=self.elapsed(),
+            data_order=self.order.state_dict(),
         )
 
     def elapsed(self) -> float:
-        return self.rs.elapsed_s + time.monotonic() - self._t0
+        return self.run_state.elapsed_s + time.monotonic() - self._t0
 
     def save(self, *, partial: PartialStep | None = None, state: RunState | None = None, rng: Any = None) -> Path:
         self.learner.reload_states()  # DeepSpeed saves the states from where they live in training
@@ -174,7 +177,7 @@ class Trainer:
             state.to_json(),
             self.learner.save_checkpoint,
             refill=partial,
-            keep=self.s.keep_checkpoints,
+            keep=self.settings.keep_checkpoints,
             rng=rng,
         )
         if dist.is_main():
@@ -188,19 +191,19 @@ class Trainer:
             return False
         state, rng, partial = ck.load_checkpoint_state(path)
         saved = RunState.from_json(state)
-        if saved.config_hash != self.s.config_hash:
+        if saved.config_hash != self.settings.config_hash:
             log.warning(
                 "resuming %s with a different config (hash %s, checkpoint %s)",
                 path,
-                self.s.config_hash,
+                self.settings.config_hash,
                 saved.config_hash,
             )
         ck.load_learner(self.learner, path)  # weights-only: a checkpoint folder cannot run code
-        self.rs = replace(saved, config_hash=self.s.config_hash)
+        self.run_state = replace(saved, config_hash=self.settings.config_hash)
         self.order.load_state_dict(saved.data_order)
         self.partial = partial
         ck.set_rng_state(rng)
-        self.c.engine.sync_weights(self.learner.named_parameters_for_sync())
+        self.components.engine.sync_weights(self.learner.named_parameters_for_sync())
         log.info(
             "resumed from %s at rollout step %d (%d updates)", path, self.counters.step, self.counters.grad_updates
         )
@@ -227,20 +230,22 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resumed = self.restore()
         if dist.is_main():
-            self.tracker = self.c.make_tracker(self.run_id)
-            self.progress = Progress(self.s.total_steps, self.counters.step, rich=self.progress_rich)
+            self.tracker = self.components.make_tracker(self.run_id)
+            self.progress = Progress(self.settings.total_steps, self.counters.step, rich=self.progress_rich)
         if self.run_id is None:
-            self.rs.mlflow_run_id = self.tracker.run_id
-            self.tracker.log_params(self.s.params)
-        self.tracker.set_tags({**self.s.tags, M.TAG_REPLICAS: str(self.layout.num_replicas), M.TAG_STATUS: "running"})
-        if not resumed and self.s.eval_every > 0:
-            self.rs.eval_due = True  # the base model's point
+            self.run_state.mlflow_run_id = self.tracker.run_id
+            self.tracker.log_params(self.settings.params)
+        self.tracker.set_tags(
+            {**self.settings.tags, M.TAG_REPLICAS: str(self.layout.num_replicas), M.TAG_STATUS: "running"}
+        )
+        if not resumed and self.settings.eval_every > 0:
+            self.run_state.eval_due = True  # the base model's point
         with self._stop:
             try:
                 while True:
-                    if self.rs.eval_due:
+                    if self.run_state.eval_due:
                         self._evaluate()
-                    if self.counters.step >= self.s.total_steps:
+                    if self.counters.step >= self.settings.total_steps:
                         break
                     code = self._one_step()
                     if code is not None:
@@ -271,15 +276,14 @@ class Trainer:
         resume, self.partial = self.partial, None
         try:
             io = StepIO(
-                self.sampler.for_step(step),
+                self.sampler,
                 self._next_prompts,
-                self.c.engine,
+                self.components.engine,
                 self.learner,
-                reference=self.c.reference,
-                tagger=self.c.tagger,
+                reference=self.components.reference,
                 should_stop=self._stop_requested,
             )
-            metrics = rollout_step(step, io, self.s.step, n, resume)
+            metrics = rollout_step(step, io, self.settings.step, n, resume)
         except StopDuringRefill as e:
             self.save(partial=PartialStep(refill=e.state))
             return self._preempted()
@@ -297,10 +301,10 @@ class Trainer:
         self.tracker.log_metrics(_finite(metrics), step=n.step)
         if self.progress is not None:
             self.progress.update(n.step, metrics)
-        problem = self.s.tripwires.check(n.step, metrics)  # every rank holds the same metrics: all stop together
+        problem = self.settings.tripwires.check(n.step, metrics)  # every rank holds the same metrics: all stop together
         if problem is not None:
             raise TripwireError(problem)
-        limit = self.s.step.max_consecutive_nonfinite
+        limit = self.settings.step.max_consecutive_nonfinite
         if n.gave_up(limit):
             last = ck.latest_checkpoint(self.run_dir)
             raise NonFiniteError(
@@ -309,18 +313,18 @@ class Trainer:
                 f"NaN/inf. Last good checkpoint: {last or 'none'}. Lower trainer.lr, check the data, or resume "
                 f"from that checkpoint."
             )
-        every = self.s.eval_every
-        self.rs.eval_due = self.c.eval_set is not None and (
-            (every > 0 and n.step % every == 0) or n.step == self.s.total_steps
+        every = self.settings.eval_every
+        self.run_state.eval_due = self.components.eval_set is not None and (
+            (every > 0 and n.step % every == 0) or n.step == self.settings.total_steps
         )
-        if self.rs.eval_due:
+        if self.run_state.eval_due:
             self._evaluate()
         if self.deadline.should_stop(time.monotonic() - t_start):  # the next step would end past the margin
             self._stop.request()
         if self._stop_requested():
             self.save()
             return self._preempted()
-        every = self.s.checkpoint_every
+        every = self.settings.checkpoint_every
         # while updates are being skipped, keep the last good checkpoint rather than overwrite it
         if every and n.step % every == 0 and n.nonfinite_streak == 0:
             self.save()
@@ -329,7 +333,7 @@ class Trainer:
 
     def _next_prompts(self, k: int) -> tuple[list[Problem], list[list[int]]]:
         idx = self.order.take(k)
-        return [self.c.problems[i] for i in idx], [self.c.prompts[i] for i in idx]
+        return [self.components.problems[i] for i in idx], [self.components.prompts[i] for i in idx]
 
     def _stop_requested(self) -> bool:
         """Collective: True on every rank when any rank got a stop signal."""
@@ -339,21 +343,21 @@ class Trainer:
     def _evaluate(self) -> None:
         """Evaluate the current weights on every replica and log at the current step; raises `_StopInEval` when a
         stop request cuts it off (between shards)."""
-        es = self.c.eval_set
+        es = self.components.eval_set
         if es is None:
-            self.rs.eval_due = False
+            self.run_state.eval_due = False
             return
         t0 = time.perf_counter()
-        step, layout, rollout = self.counters.step, self.layout, self.s.step.rollout
+        step, layout, rollout = self.counters.step, self.layout, self.settings.step.rollout
         self.learner.offload_states()
-        self.c.engine.wake_up()
+        self.components.engine.wake_up()
         result = evaluate_on_replicas(
-            self.c.engine,
+            self.components.engine,
             layout,
             es.problems,
             es.prompts,
             es.settings,
-            seed_base=sampling_seed(self.s.seed, EVAL_STREAM, step),
+            seed_base=sampling_seed(self.settings.seed, EVAL_STREAM, step),
             # shards no longer than a training generation batch, so evaluation adds nothing to the worst-case
             # signal-to-checkpoint latency (the samples do not depend on the shards: `seed_base`)
             shard_sequences=rollout.train_batch_size * rollout.n,
@@ -361,7 +365,7 @@ class Trainer:
         )
         if result is None:
             raise _StopInEval()
-        self.rs.eval_due = False
+        self.run_state.eval_due = False
         metrics = dict(result.metrics)
         metrics[M.TIME_EVAL] = time.perf_counter() - t0
         self.tracker.log_metrics(_finite(metrics), step=step)

@@ -21,21 +21,25 @@ from dapo import metric_names as M
 from dapo.algos.advantages import group_advantages
 from dapo.algos.metrics import IMPLAUSIBLE_LOG_CHANCE, group_outcome_fractions
 from dapo.algos.rollout_correction import mismatch_stats
+from dapo.learner.batch import PolicyBatch
 from dapo.trainer.collect import Collected
-from dapo.trainer.rollout_batch import RolloutBatch
 
 
-def rollout_metrics(col: Collected, batch: RolloutBatch | None, *, norm_adv_by_std: bool) -> dict[str, float]:
-    """Reward, accuracy, advantage, response and dynamic-sampling metrics of one rollout step (`batch` None:
-    no group trained, only the generation-side metrics)."""
-    out = _generated_metrics(col, norm_adv_by_std)
+def rollout_metrics(
+    collected: Collected, batch: PolicyBatch | None, correction: dict[str, float], *, norm_adv_by_std: bool
+) -> dict[str, float]:
+    """Reward, accuracy, advantage, response, dynamic-sampling and engine-vs-learner metrics of one rollout step
+    (`batch` None: no group trained, only the generation-side metrics); `correction`: what the rollout correction
+    did (`dapo.algos.rollout_correction.correction_weights`' stats, empty without one)."""
+    out = _generated_metrics(collected, norm_adv_by_std)
     if batch is not None:
-        out.update(_trained_metrics(col, batch))
+        out.update(_trained_metrics(collected, batch))
+        out.update(_mismatch_metrics(batch, correction))
     return out
 
 
-def _trained_metrics(col: Collected, batch: RolloutBatch) -> dict[str, float]:
-    groups = col.groups
+def _trained_metrics(collected: Collected, batch: PolicyBatch) -> dict[str, float]:
+    groups = collected.groups
     scores = torch.tensor([x for g in groups for x in g.scores], dtype=torch.float64)
     pens = torch.tensor([x for g in groups for x in g.penalties], dtype=torch.float64)
     correct = torch.tensor([x for g in groups for x in g.correct], dtype=torch.float64)
@@ -55,7 +59,6 @@ def _trained_metrics(col: Collected, batch: RolloutBatch) -> dict[str, float]:
     if batch.entropy is not None:
         m = batch.response_mask
         out[M.ENTROPY] = float((batch.entropy.double() * m).sum() / m.sum().clamp(min=1))
-    out.update(_mismatch_metrics(batch))
     return out
 
 
@@ -63,12 +66,12 @@ def _trained_metrics(col: Collected, batch: RolloutBatch) -> dict[str, float]:
 MISMATCH_TOKEN_BOUND = math.log(2.0)
 
 
-def _mismatch_metrics(batch: RolloutBatch) -> dict[str, float]:
+def _mismatch_metrics(batch: PolicyBatch, correction: dict[str, float]) -> dict[str, float]:
     """The engine-vs-learner gap on the sampled tokens (`dapo.algos.rollout_correction.mismatch_stats`), and what
     the rollout correction did; nothing for an engine that gives no log-probs."""
-    if batch.engine_logprobs is None or batch.old_logprobs is None:
+    if batch.engine_logp is None or batch.old_logp is None:
         return {}
-    st = mismatch_stats(batch.old_logprobs, batch.engine_logprobs, batch.response_mask, MISMATCH_TOKEN_BOUND)
+    st = mismatch_stats(batch.old_logp, batch.engine_logp, batch.response_mask, MISMATCH_TOKEN_BOUND)
     out = {
         M.MISMATCH_ABS_DIFF: st["abs_diff"],
         M.MISMATCH_K3: st["k3"],
@@ -80,11 +83,11 @@ def _mismatch_metrics(batch: RolloutBatch) -> dict[str, float]:
         "capped_frac": M.CORRECTION_CAPPED_FRAC,
         "masked_frac": M.CORRECTION_MASKED_FRAC,
     }
-    out.update({names[k]: v for k, v in batch.correction.items()})
+    out.update({names[k]: v for k, v in correction.items()})
     return out
 
 
-def _mechanism_metrics(batch: RolloutBatch) -> dict[str, float]:
+def _mechanism_metrics(batch: PolicyBatch) -> dict[str, float]:
     """What two toggles act on, measured on the trained batch: the share of the loss's tokens that belong to
     truncated responses (overlong filtering drives it to 0) and the share of trained groups whose advantages are
     all 0, which carry no gradient (dynamic sampling drives it to 0)."""
@@ -99,27 +102,27 @@ def _mechanism_metrics(batch: RolloutBatch) -> dict[str, float]:
     return {M.TRUNC_LOSS_TOKEN_FRAC: trunc_share, M.ZERO_ADV_TRAINED_FRAC: zero_groups}
 
 
-def _generated_metrics(col: Collected, norm_adv_by_std: bool) -> dict[str, float]:
+def _generated_metrics(collected: Collected, norm_adv_by_std: bool) -> dict[str, float]:
     out: dict[str, float] = {}
-    correct = [c for o in col.generated for c in o.correct]
-    lengths = [n for o in col.generated for n in o.lengths]
+    correct = [c for o in collected.generated for c in o.correct]
+    lengths = [n for o in collected.generated for n in o.lengths]
     out[M.ACC_GENERATED] = sum(correct) / len(correct) if correct else math.nan
     right = [n for n, c in zip(lengths, correct, strict=True) if c]
     wrong = [n for n, c in zip(lengths, correct, strict=True) if not c]
     if right and wrong:
         out[M.LEN_WRONG_OVER_RIGHT] = (sum(wrong) / len(wrong)) / (sum(right) / len(right))
-    all_correct = torch.tensor(col.all_correct, dtype=torch.bool)
+    all_correct = torch.tensor(collected.all_correct, dtype=torch.bool)
     out[M.ALL_CORRECT_FRAC], out[M.ALL_WRONG_FRAC] = group_outcome_fractions(all_correct)
-    all_adv = group_advantages(torch.tensor(col.all_rewards, dtype=torch.float64), norm_by_std=norm_adv_by_std)
+    all_adv = group_advantages(torch.tensor(collected.all_rewards, dtype=torch.float64), norm_by_std=norm_adv_by_std)
     out[M.ZERO_ADV_GROUP_FRAC] = float((all_adv == 0).all(dim=1).double().mean())
-    counted = [o for o in col.generated if o.distinct > 0]
+    counted = [o for o in collected.generated if o.distinct > 0]
     if counted:  # how alike each group's responses are: samples that are not independent repeat themselves
         out[M.DISTINCT_RESPONSES] = sum(o.distinct for o in counted) / len(counted)
         out[M.IDENTICAL_GROUP_FRAC] = sum(o.distinct == 1 for o in counted) / len(counted)
         out[M.IMPLAUSIBLE_GROUP_FRAC] = sum(
             o.same_log_chance is not None and o.same_log_chance < IMPLAUSIBLE_LOG_CHANCE for o in counted
         ) / len(counted)
-    st = col.stats
+    st = collected.stats
     out[M.DS_GEN_BATCHES] = st.gen_batches
     out[M.DS_GROUPS_KEPT] = st.groups_kept
     out[M.DS_GROUPS_DROPPED] = st.groups_dropped

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo.config import ConfigError, RunConfig
+from dapo.trainer.components import PlainWorld, World
 
 log = logging.getLogger("dapo.train")
 SHOWN = 3
@@ -79,26 +80,18 @@ def check_model_path(cfg: RunConfig) -> None:
             )
 
 
-def _tokenizer_path(cfg: RunConfig) -> str:
-    if cfg.model.path == "tiny":
-        from dapo.tinyworld import resolve_model_path
-
-        return resolve_model_path(cfg)
-    return cfg.model.path
-
-
-def check_data(cfg: RunConfig, tokenizer: Any = None) -> None:
-    """Train and eval sets load, are not empty, and keep prompts under `data.max_prompt_length`."""
+def check_data(cfg: RunConfig, world: World, tokenizer: Any = None) -> None:
+    """Train and eval sets load, are not empty, and keep prompts under `data.max_prompt_length` (`world` resolves
+    their names, and the model's, as the run will)."""
     from dapo.data.loaders import load_problems_with_stats
     from dapo.data.prompts import tokenize_problems
-    from dapo.tinyworld import resolve_source  # one reading of `tiny` / `tiny-large`, shared with the loaders
 
     if tokenizer is None:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(_tokenizer_path(cfg))
+        tokenizer = AutoTokenizer.from_pretrained(world.model_path(cfg.model.path))
     limit = cfg.data.max_prompt_length
-    sources = {split: resolve_source(cfg, split) for split in ("train", "eval")}
+    sources = {split: world.data_source(split, getattr(cfg.data, split)) for split in ("train", "eval")}
     loaded = {split: (src, *load_problems_with_stats(src)) for split, src in sources.items()}
     for split, (source, problems, stats) in loaded.items():  # every file readable first, then lengths
         kept, _, dropped = tokenize_problems(
@@ -158,9 +151,9 @@ def check_rollout_engine(cfg: RunConfig, installed: tuple[str, str] | None | boo
         )
 
 
-def preflight(cfg: RunConfig, world: int | None = None) -> None:
-    """Everything above, cheapest first."""
-    check_world_size(cfg, launched_world_size() if world is None else world)
+def preflight(cfg: RunConfig, world_size: int | None = None, world: World | None = None) -> None:
+    """Everything above, cheapest first. `world`: what a built world adds to the run (None: `PlainWorld`)."""
+    check_world_size(cfg, launched_world_size() if world_size is None else world_size)
     check_rollout_engine(cfg)
     check_model_path(cfg)
-    check_data(cfg)
+    check_data(cfg, world or PlainWorld())

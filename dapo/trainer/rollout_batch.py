@@ -1,5 +1,6 @@
-"""The rollout step's batch (`RolloutBatch`): advantages, the overlong-filter loss mask, and the shuffled
-mini-batches, built from the kept groups. What the learner receives is its view of it, `dapo.learner.PolicyBatch`.
+"""The rollout step's batch, built from the kept groups: advantages, the overlong-filter loss mask, and the shuffled
+mini-batches. It is the learner's own type, `dapo.learner.PolicyBatch`, from here to the updates: one batch, one name
+for each of its tensors (`old_logp`, the old policy's log-probs, set by the step).
 
 The paper's sections 2.2 (GRPO's group-normalised advantage) and 3.4 (overlong filtering). From the kept groups of a
 rollout step:
@@ -15,11 +16,9 @@ rollout step:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from dapo.algos.advantages import group_advantages
 from dapo.algos.overlong import overlong_loss_mask
@@ -27,58 +26,7 @@ from dapo.learner.batch import PolicyBatch, pad_rows
 from dapo.trainer.collect import Group
 
 
-@dataclass
-class RolloutBatch:
-    """N responses, flattened group by group (G consecutive rows per prompt). Tensors are right-padded to T, the
-    longest response in the batch."""
-
-    prompt_ids: list[list[int]]
-    response_ids: list[list[int]]
-    group_ids: Tensor  # [N] long, index of the prompt (group) each response belongs to
-    advantages: Tensor  # [N] float32
-    truncated: Tensor  # [N] bool, finish reason "length"
-    response_mask: Tensor  # [N, T] float32, 1 on response tokens
-    loss_mask: Tensor  # [N, T] float32, response_mask with filtered rows zeroed
-    engine_logprobs: Tensor | None = None  # [N, T] the engine's, of its samples (None: an engine that gives none)
-    old_logprobs: Tensor | None = None  # [N, T] from the learner, before any update of the step
-    entropy: Tensor | None = None  # [N, T] of the old policy on the sampled tokens
-    ref_logprobs: Tensor | None = None  # [N, T] of the frozen reference policy (only with the KL term)
-    is_weights: Tensor | None = None  # [N, T] the rollout correction's weights (algorithm.rollout_correction)
-    correction: dict[str, float] = field(default_factory=dict)  # what the correction did (its metrics)
-
-    def __len__(self) -> int:
-        return len(self.response_ids)
-
-    def to_policy_batch(self) -> PolicyBatch:
-        """The learner's view (`dapo.learner.PolicyBatch`): ids, advantages, loss mask, groups, old (and
-        reference) log-probs."""
-        return PolicyBatch(
-            prompt_ids=self.prompt_ids,
-            response_ids=self.response_ids,
-            advantages=self.advantages,
-            loss_mask=self.loss_mask,
-            group_ids=self.group_ids,
-            old_logp=self.old_logprobs,
-            ref_logp=self.ref_logprobs,
-            is_weights=self.is_weights,
-        )
-
-    def rows(self, idx: Sequence[int]) -> RolloutBatch:
-        """A sub-batch of the given response rows (padding width kept)."""
-        ix = torch.as_tensor(list(idx), dtype=torch.long)
-        out = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, Tensor):
-                out[f.name] = v[ix]
-            elif isinstance(v, list):
-                out[f.name] = [v[i] for i in idx]
-            else:
-                out[f.name] = v
-        return replace(self, **out)
-
-
-def build_batch(groups: Sequence[Group], *, norm_adv_by_std: bool, overlong_filter: bool) -> RolloutBatch:
+def build_batch(groups: Sequence[Group], *, norm_adv_by_std: bool, overlong_filter: bool) -> PolicyBatch:
     """Advantages and loss masks for the groups that train.
 
     Args:
@@ -97,20 +45,20 @@ def build_batch(groups: Sequence[Group], *, norm_adv_by_std: bool, overlong_filt
     truncated = torch.tensor([s.finish_reason == "length" for s in samples], dtype=torch.bool)
     loss_mask = overlong_loss_mask(response_mask, truncated) if overlong_filter else response_mask.clone()
     group_ids = torch.arange(len(groups)).repeat_interleave(torch.tensor([len(g.samples) for g in groups]))
-    engine_logprobs = (
+    engine_logp = (
         pad_rows([s.logprobs for s in samples], width)  # type: ignore[misc]
         if all(s.logprobs is not None for s in samples)
         else None
     )
-    return RolloutBatch(
+    return PolicyBatch(
         prompt_ids=[list(g.prompt_ids) for g in groups for _ in g.samples],
         response_ids=[list(s.response_ids) for s in samples],
-        group_ids=group_ids,
         advantages=adv,
+        loss_mask=loss_mask,
+        group_ids=group_ids,
         truncated=truncated,
         response_mask=response_mask,
-        loss_mask=loss_mask,
-        engine_logprobs=engine_logprobs,
+        engine_logp=engine_logp,
     )
 
 
@@ -128,7 +76,7 @@ def minibatch_plan(num_groups: int, mini_batch_size: int, epochs: int, seed: int
     return plan
 
 
-def group_rows(batch: RolloutBatch, group_idx: Sequence[int]) -> list[int]:
+def group_rows(batch: PolicyBatch, group_idx: Sequence[int]) -> list[int]:
     """Response rows of the given groups, group by group."""
     gid = batch.group_ids
     return [int(r) for g in group_idx for r in (gid == g).nonzero().flatten()]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from dapo import metric_names as M
 from dapo.config import REPO_ROOT, RunConfig
-from dapo.trainer.components import Components, EvalSet, HabitTagger, MetricsTracker
+from dapo.trainer.components import Components, EvalSet, MetricsTracker, PlainWorld, World
 from dapo.types import Problem
 
 if TYPE_CHECKING:
@@ -115,27 +115,23 @@ def run_tags(cfg: RunConfig) -> dict[str, str]:
     }
 
 
-def model_path(cfg: RunConfig) -> str:
-    """`model.path`, with `tiny` resolved to the tiny world's base model (built on first use)."""
-    if cfg.model.path == "tiny":
-        from dapo.tinyworld import resolve_model_path
-
-        return resolve_model_path(cfg)
-    return cfg.model.path
+def model_path(cfg: RunConfig, world: World) -> str:
+    """`model.path` as the world resolves it (the tiny world's `tiny`: its base model, built on first use)."""
+    return world.model_path(cfg.model.path)
 
 
-def load_problems(cfg: RunConfig, split: str) -> list[Problem]:
-    """Train or eval problems from `data.train` / `data.eval` (`tiny`, `tiny-large`: the tiny world's JSONL, made if
-    needed; else a hub id or a local .jsonl/.parquet, deduplicated by `dapo.data`)."""
+def load_problems(cfg: RunConfig, split: str, world: World) -> list[Problem]:
+    """Train or eval problems from `data.train` / `data.eval` as the world resolves them (a hub id or a local
+    .jsonl/.parquet, deduplicated by `dapo.data`)."""
     from dapo.data.loaders import load_problems as load
-    from dapo.tinyworld import resolve_source
 
-    return load(resolve_source(cfg, split))
+    return load(world.data_source(split, cfg.data.train if split == "train" else cfg.data.eval))
 
 
-def build_components(cfg: RunConfig, run_dir: Path) -> Components:
-    """Tiny world (when asked for), data, tokenizer, this rank's rollout engine, learner, reward, eval set and
-    tracker. Every rank of a job calls it at the same time (engines build their groups collectively)."""
+def build_components(cfg: RunConfig, run_dir: Path, world: World | None = None) -> Components:
+    """The world's model and data (built when asked for), the tokenizer, this rank's rollout engine, the learner,
+    reward, eval set and tracker. Every rank of a job calls it at the same time (engines build their groups
+    collectively). `world`: what a built world adds (the command wiring the run passes it; None: `PlainWorld`)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -149,18 +145,22 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
     from dapo.tracking import Tracker
 
     d, r, a, t = cfg.data, cfg.rollout, cfg.algorithm, cfg.trainer
+    world = world or PlainWorld()
     # torchrun / srun ranks (or one process): join the group now (the learner and the engines adopt it), so that
-    # rank 0 alone builds the tiny world when it is missing while the others wait for it.
+    # rank 0 alone builds a world when it is missing while the others wait for it.
     main = dist.init_distributed(timeout_s=t.collective_timeout_s).is_main
     ReplicaLayout.of_this_process(r.tensor_parallel_size)  # a layout that cannot be built fails before any load
     if main:
-        model_path(cfg)
-        load_problems(cfg, "train")
+        model_path(cfg, world)
+        load_problems(cfg, "train", world)
     dist.barrier()
-    path = model_path(cfg)
+    path = model_path(cfg, world)
     tok = AutoTokenizer.from_pretrained(path)
     problems, prompts, dropped = tokenize_problems(
-        load_problems(cfg, "train"), tok, use_chat_template=d.use_chat_template, max_prompt_length=d.max_prompt_length
+        load_problems(cfg, "train", world),
+        tok,
+        use_chat_template=d.use_chat_template,
+        max_prompt_length=d.max_prompt_length,
     )
     if dropped:
         log.warning("dropped %d training prompts longer than data.max_prompt_length=%d", dropped, d.max_prompt_length)
@@ -168,7 +168,7 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
         raise ValueError(f"no training prompts left from data.train={d.train!r}")
     learner = make_learner(cfg, path)
     reference = make_reference(cfg, path) if cfg.algorithm.kl_coef > 0 else None
-    eval_set = make_eval_set(cfg, tok)
+    eval_set = make_eval_set(cfg, tok, world)
     max_len = d.max_prompt_length + max(r.max_response_length, cfg.resolved_eval_max_tokens())
     # every rank samples: one engine per rollout replica (tensor_parallel_size ranks share one); on GPUs the
     # engine sizes its KV cache from the memory it finds free, so the learner's states make room first
@@ -201,7 +201,7 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
         )
 
     return Components(
-        tagger=habit_tagger(cfg),
+        tagger=world.tagger(cfg.model.path),
         engine=engine,
         learner=learner,
         problems=problems,
@@ -213,17 +213,6 @@ def build_components(cfg: RunConfig, run_dir: Path) -> Components:
         cleanup=shutdown_pools,
         reference=reference,
     )
-
-
-def habit_tagger(cfg: RunConfig) -> HabitTagger | None:
-    """The habits world's tagger when a run starts from the habits world's model: `model.path: tiny`, or the world's
-    model directory, as the workflow passes it (with the world's split prepared as a file), else None."""
-    world_model = Path(cfg.tiny.dir, "model").resolve()
-    if cfg.tiny.kind == "habits" and (cfg.model.path == "tiny" or Path(cfg.model.path).resolve() == world_model):
-        from dapo.tinyworld.habits import Tagger
-
-        return Tagger()
-    return None
 
 
 def make_learner(cfg: RunConfig, path: str) -> Learner:
@@ -265,12 +254,12 @@ def make_reference(cfg: RunConfig, path: str) -> ReferencePolicy:
     return ReferencePolicy(path, temperature=cfg.rollout.temperature, **_learner_model(cfg))
 
 
-def make_eval_set(cfg: RunConfig, tokenizer: Any) -> EvalSet:
+def make_eval_set(cfg: RunConfig, tokenizer: Any, world: World) -> EvalSet:
     """The eval problems (data.eval), their prompts, and eval.* as `EvalSettings`."""
     from dapo.data.prompts import tokenize_problems
 
     problems, prompts, dropped = tokenize_problems(
-        load_problems(cfg, "eval"),
+        load_problems(cfg, "eval", world),
         tokenizer,
         use_chat_template=cfg.data.use_chat_template,
         max_prompt_length=cfg.data.max_prompt_length,

@@ -44,10 +44,10 @@ from dapo.algos.rollout_correction import correction_weights
 from dapo.learner.batch import PolicyBatch
 from dapo.learner.learner import UPDATE_SKIPPED
 from dapo.rollout.base import RolloutEngine
-from dapo.trainer.collect import Collected, Group, RolloutSettings, SampleFn, collect
-from dapo.trainer.components import HabitTagger, PolicyLearner, ReferencePolicy
+from dapo.trainer.collect import Collected, Group, RolloutSettings, Sampler, collect
+from dapo.trainer.components import PolicyLearner, ReferencePolicy
 from dapo.trainer.metrics import mean_update_stats, rollout_metrics
-from dapo.trainer.rollout_batch import RolloutBatch, build_batch, group_rows, minibatch_plan
+from dapo.trainer.rollout_batch import build_batch, group_rows, minibatch_plan
 from dapo.types import GroupOutcome, Problem, Sample
 
 log = logging.getLogger("dapo.train")
@@ -103,21 +103,20 @@ class StepIO:
     """What one rollout step talks to.
 
     Attributes:
-        sample: generates and scores one generation batch on every replica (`collect.ReplicaSampler.for_step`).
+        sampler: generates and scores each generation batch on every replica (`collect.Sampler`; with a world's
+            tagger, its habit tags and metrics).
         next_prompts: k -> the next k problems and prompt ids of the seeded data order.
         engine: this rank's rollout engine (slept during the updates, synced at the end).
         learner: the policy.
         reference: the frozen policy of the KL term, when `kl_coef > 0`.
-        tagger: the world's habit tags and metrics (the tiny habits world), counted over every generated group.
         should_stop: collective poll of the stop flag, between phases.
     """
 
-    sample: SampleFn
+    sampler: Sampler
     next_prompts: Callable[[int], tuple[list[Problem], list[list[int]]]]
     engine: RolloutEngine
     learner: PolicyLearner
     reference: ReferencePolicy | None = None
-    tagger: HabitTagger | None = None
     should_stop: Callable[[], bool] = lambda: False
 
 
@@ -130,10 +129,11 @@ class PartialStep:
 
     refill: dict[str, Any] | None = None
     collected: Collected | None = None
-    batch: RolloutBatch | None = None
+    batch: PolicyBatch | None = None
     updates_done: int = 0
     update_stats: list[dict[str, float]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    correction: dict[str, float] = field(default_factory=dict)  # what the rollout correction did (its metrics)
 
 
 # Everything a PartialStep holds, for a checkpoint loader that allows only named types.
@@ -142,7 +142,7 @@ PARTIAL_STEP_TYPES = (
     Collected,
     Group,
     GroupOutcome,
-    RolloutBatch,
+    PolicyBatch,
     Problem,
     Sample,
     RefillAccumulator,
@@ -181,78 +181,78 @@ def rollout_step(
     if resume is None:
         seed_step(s.seed, step)
     if resume is None or resume.refill is not None:  # 1-7
-        part = prepare(io, s, resume)
+        partial = prepare(step, io, s, resume)
     else:
-        part = resume  # cut off between updates: the batch and its old log-probs are in the checkpoint
+        partial = resume  # cut off between updates: the batch and its old log-probs are in the checkpoint
     lr = io.learner.schedule(step - 1)  # the warm-up counts rollout steps, not updates
-    update(step, part, io, s, counters)  # 8
-    m = step_metrics(step, part, counters, s, io.tagger)  # 9
+    update(step, partial, io, s, counters)  # 8
+    metrics = step_metrics(step, partial, counters, s, io.sampler)  # 9
     t_sync = sync(io.engine, io.learner)  # 10
-    m.update(timing_metrics(part, lr, counters, t_sync, time.perf_counter() - t_step))
-    return m
+    metrics.update(timing_metrics(partial, lr, counters, t_sync, time.perf_counter() - t_step))
+    return metrics
 
 
-def prepare(io: StepIO, s: StepSettings, resume: PartialStep | None) -> PartialStep:
+def prepare(step: int, io: StepIO, s: StepSettings, resume: PartialStep | None) -> PartialStep:
     """Steps 1-7: the step's groups, their advantages and loss mask, and old log-probs; no update done yet."""
     # 1-4. generate G responses per prompt on every replica, score them, shape the rewards (soft overlong
     # punishment) and, with dynamic sampling, refill until enough groups have varied correctness
     io.learner.offload_states()
     io.engine.wake_up()
-    col = collect(
-        io.sample,
+    collected = collect(
+        io.sampler,
+        step,
         io.next_prompts,
         s.rollout,
         should_stop=io.should_stop,
         resume=resume.refill if resume else None,
-        kind=io.tagger.kind if io.tagger else lambda problem: "",
     )
     io.engine.sleep()
     io.learner.reload_states()
-    batch, t_old = None, 0.0
-    if col.groups:
+    batch, correction, t_old = None, {}, 0.0
+    if collected.groups:
         # 5-6. group-normalised advantages and the overlong-filter loss mask
-        batch = build_batch(col.groups, norm_adv_by_std=s.norm_adv_by_std, overlong_filter=s.overlong_filter)
+        batch = build_batch(collected.groups, norm_adv_by_std=s.norm_adv_by_std, overlong_filter=s.overlong_filter)
         # 7. old log-probs (and the reference policy's, for a KL term), each rank on its shard, gathered
         t0 = time.perf_counter()
-        pb = batch.to_policy_batch()
-        batch.old_logprobs, batch.entropy = sharded_logprobs(io.learner.compute_logprobs, pb, s.pack_prompts)
+        batch.old_logp, batch.entropy = sharded_logprobs(io.learner.compute_logprobs, batch, s.pack_prompts)
         if io.reference is not None:
-            batch.ref_logprobs = sharded_logprobs(_with_no_entropy(io.reference), pb, s.pack_prompts)[0]
+            batch.ref_logp = sharded_logprobs(_with_no_entropy(io.reference), batch, s.pack_prompts)[0]
         if s.rollout_correction != "none":  # on whole responses, before any split: exact for sequence weights
-            if batch.engine_logprobs is None:
+            if batch.engine_logp is None:
                 raise ValueError(
                     f"algorithm.rollout_correction={s.rollout_correction} needs the engine's log-probs of its samples, "
                     "and this engine returned none"
                 )
-            batch.is_weights, batch.correction = correction_weights(
-                batch.old_logprobs,
-                batch.engine_logprobs,
+            batch.is_weights, correction = correction_weights(
+                batch.old_logp,
+                batch.engine_logp,
                 batch.response_mask,
                 s.rollout_correction,  # type: ignore[arg-type]
                 s.correction_cap,
                 s.correction_floor,
             )
         t_old = time.perf_counter() - t0
-    return PartialStep(collected=col, batch=batch, timings={**col.timings, "old_logprob": t_old})
+    timings = {**collected.timings, "old_logprob": t_old}
+    return PartialStep(collected=collected, batch=batch, timings=timings, correction=correction)
 
 
-def update(step: int, part: PartialStep, io: StepIO, s: StepSettings, counters: Counters) -> None:
-    """Step 8: epochs x (groups / mini_batch_size) optimizer steps, the ones `part` has not done yet; appends each
-    update's stats to `part.update_stats`. Raises `StopMidStep` (carrying `part`) when a stop comes between two."""
-    col, batch = part.collected, part.batch
-    assert col is not None
+def update(step: int, partial: PartialStep, io: StepIO, s: StepSettings, counters: Counters) -> None:
+    """Step 8: epochs x (groups / mini_batch_size) optimizer steps, the ones `partial` has not done yet; appends each
+    update's stats to `partial.update_stats`. Raises `StopMidStep` (carrying `partial`) when a stop comes between
+    two."""
+    collected, batch = partial.collected, partial.batch
+    assert collected is not None
     t_upd = time.perf_counter()
     if batch is not None:
-        policy_batch = batch.to_policy_batch()
-        plan = minibatch_plan(len(col.groups), s.mini_batch_size, s.epochs, s.seed, step)
-        for k in range(len(part.update_stats), len(plan)):
+        plan = minibatch_plan(len(collected.groups), s.mini_batch_size, s.epochs, s.seed, step)
+        for k in range(len(partial.update_stats), len(plan)):
             if io.should_stop():
-                part.timings["update"] = part.timings.get("update", 0.0) + time.perf_counter() - t_upd
-                raise StopMidStep(dataclasses.replace(part, updates_done=k))
-            rows = policy_batch.select(group_rows(batch, plan[k]))
-            shard = rows.shard(dist.rank(), dist.world_size(), pack_prompts=s.pack_prompts)
+                partial.timings["update"] = partial.timings.get("update", 0.0) + time.perf_counter() - t_upd
+                raise StopMidStep(dataclasses.replace(partial, updates_done=k))
+            mini_batch = batch.select(group_rows(batch, plan[k]))
+            shard = mini_batch.shard(dist.rank(), dist.world_size(), pack_prompts=s.pack_prompts)
             out = io.learner.update(shard, salt=counters.grad_updates)  # salt: the covariance losses' draw
-            part.update_stats.append(out)
+            partial.update_stats.append(out)
             counters.grad_updates += 1
             if out.get(UPDATE_SKIPPED):
                 counters.nonfinite_total += 1
@@ -271,25 +271,24 @@ def update(step: int, part: PartialStep, io: StepIO, s: StepSettings, counters: 
         log.warning(
             "rollout step %d: no informative group within %d generation batches; no update",
             step,
-            col.stats.gen_batches,
+            collected.stats.gen_batches,
         )
-    part.timings["update"] = part.timings.get("update", 0.0) + time.perf_counter() - t_upd
+    partial.timings["update"] = partial.timings.get("update", 0.0) + time.perf_counter() - t_upd
 
 
 def step_metrics(
-    step: int, part: PartialStep, counters: Counters, s: StepSettings, tagger: HabitTagger | None
+    step: int, partial: PartialStep, counters: Counters, s: StepSettings, sampler: Sampler
 ) -> dict[str, float]:
     """Step 9: the step is done; its counters and metrics (Table 1's training curves, the mechanisms' inputs)."""
-    col, batch, stats = part.collected, part.batch, part.update_stats
-    assert col is not None
+    collected, batch, stats = partial.collected, partial.batch, partial.update_stats
+    assert collected is not None
     counters.step = step
-    counters.tokens_total += col.stats.tokens_generated
-    m = rollout_metrics(col, batch, norm_adv_by_std=s.norm_adv_by_std)
-    if tagger is not None:
-        m.update(tagger.metrics(col.generated))
-    m.update(mean_update_stats([x for x in stats if not x.get(UPDATE_SKIPPED)], UPDATE_KEYS))
-    m.update(mean_update_stats(stats, [UPDATE_SKIPPED]))  # the fraction of this step's updates skipped
-    return m
+    counters.tokens_total += collected.stats.tokens_generated
+    metrics = rollout_metrics(collected, batch, partial.correction, norm_adv_by_std=s.norm_adv_by_std)
+    metrics.update(sampler.world_metrics(collected.generated))  # the habits world's `habit/*`
+    metrics.update(mean_update_stats([x for x in stats if not x.get(UPDATE_SKIPPED)], UPDATE_KEYS))
+    metrics.update(mean_update_stats(stats, [UPDATE_SKIPPED]))  # the fraction of this step's updates skipped
+    return metrics
 
 
 def sync(engine: RolloutEngine, learner: PolicyLearner) -> float:
@@ -300,10 +299,12 @@ def sync(engine: RolloutEngine, learner: PolicyLearner) -> float:
     return time.perf_counter() - t0
 
 
-def timing_metrics(part: PartialStep, lr: float, counters: Counters, t_sync: float, t_step: float) -> dict[str, float]:
+def timing_metrics(
+    partial: PartialStep, lr: float, counters: Counters, t_sync: float, t_step: float
+) -> dict[str, float]:
     """The step's counters, lr and phase timings."""
-    col, timings = part.collected, part.timings
-    assert col is not None
+    collected, timings = partial.collected, partial.timings
+    assert collected is not None
     gen_t = timings.get("generate", 0.0)
     return {
         M.ROLLOUT_STEP: counters.step,
@@ -317,12 +318,12 @@ def timing_metrics(part: PartialStep, lr: float, counters: Counters, t_sync: flo
         M.TIME_UPDATE: timings["update"],
         M.TIME_SYNC: t_sync,
         M.TIME_STEP: t_step,
-        M.TOKENS_PER_SEC: col.stats.tokens_generated / gen_t if gen_t > 0 else math.nan,
+        M.TOKENS_PER_SEC: collected.stats.tokens_generated / gen_t if gen_t > 0 else math.nan,
     }
 
 
 def sharded_logprobs(
-    compute: Callable[[PolicyBatch], tuple[torch.Tensor, torch.Tensor]], pb: PolicyBatch, pack_prompts: bool = False
+    compute: Callable[[PolicyBatch], tuple[torch.Tensor, torch.Tensor]], batch: PolicyBatch, pack_prompts: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`compute` (per-token values [N, T], e.g. log-probs and entropies) over the whole batch: each rank computes
     its token-balanced shard of rows (`PolicyBatch.shard_rows`, as the updates split), and the ranks gather them
@@ -330,10 +331,10 @@ def sharded_logprobs(
     normaliser), so any split gives the same numbers."""
     world = dist.world_size()
     if world == 1:
-        return compute(pb)
-    rows = pb.shard_rows(dist.rank(), world, pack_prompts=pack_prompts)
-    lp, ent = compute(pb.select(rows))
-    a, b = torch.zeros_like(pb.loss_mask), torch.zeros_like(pb.loss_mask)
+        return compute(batch)
+    rows = batch.shard_rows(dist.rank(), world, pack_prompts=pack_prompts)
+    lp, ent = compute(batch.select(rows))
+    a, b = torch.zeros_like(batch.loss_mask), torch.zeros_like(batch.loss_mask)
     for r, part_a, part_b in dist.all_gather((rows, lp, ent)):
         if r:
             a[r], b[r] = part_a, part_b
@@ -341,8 +342,8 @@ def sharded_logprobs(
 
 
 def _with_no_entropy(reference: ReferencePolicy) -> Callable[[PolicyBatch], tuple[torch.Tensor, torch.Tensor]]:
-    def compute(pb: PolicyBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        lp = reference.compute_logprobs(pb)
+    def compute(batch: PolicyBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        lp = reference.compute_logprobs(batch)
         return lp, torch.zeros_like(lp)
 
     return compute
