@@ -81,3 +81,16 @@ def test_group_outcome_fractions():
     correct = torch.tensor([[True, True], [False, False], [True, False], [True, True]])
     assert group_outcome_fractions(correct) == (0.5, 0.25)
     assert all(math.isnan(x) for x in group_outcome_fractions(torch.zeros(0, 4, dtype=torch.bool)))
+
+
+def test_every_update_metric_of_every_loss_reaches_the_step_metrics():
+    """What the learner reports for each loss is averaged into the step's metrics (and so logged), the entropy
+    aside: the step logs the old policy's over the whole batch."""
+    from dapo.algos.metrics import UPDATE_SUMS
+    from dapo.trainer.step import UPDATE_KEYS
+    from dapo.types import POLICY_LOSSES
+
+    sums = dict.fromkeys(UPDATE_SUMS, 1.0)
+    for loss in POLICY_LOSSES:
+        reported = set(update_metrics(sums, 10.0, 2.0, loss, with_kl=True)) - {M.ENTROPY}
+        assert reported <= set(UPDATE_KEYS), (loss, reported - set(UPDATE_KEYS))

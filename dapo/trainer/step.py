@@ -52,7 +52,8 @@ from dapo.types import GroupOutcome, Problem, Sample
 
 log = logging.getLogger("dapo.train")
 
-# Keys the learner's update() reports, averaged over the step's updates.
+# Keys the learner's update() reports, averaged over the step's updates: every one `dapo.algos.metrics.update_metrics`
+# gives but the entropy (the step logs the old policy's, over the whole batch), and the gradient norm.
 UPDATE_KEYS = (
     M.POLICY_LOSS,
     M.CLIPFRAC_LOW,
@@ -62,6 +63,10 @@ UPDATE_KEYS = (
     M.DUAL_CLIPFRAC,
     M.APPROX_KL,
     M.KL_REF,
+    M.SEQ_CLIPFRAC_LOW,
+    M.SEQ_CLIPFRAC_HIGH,
+    M.CISPO_CAPPED_FRAC,
+    M.COV_SELECTED_FRAC,
     M.GRAD_NORM,
 )
 
