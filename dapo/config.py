@@ -427,8 +427,8 @@ class TrainerConfig(_Section):
     tripwires: bool = Field(
         True,
         description="Stop the run (exit 2, with the likely cause) when the engine does not sample from the learner's "
-        "weights (mismatch/logprob_abs_diff above its bound: a weight sync that did not load) or most groups are "
-        "identical responses no independent sampling would give (replicas sharing seeds). false: log only. "
+        "weights (mismatch/logprob_abs_diff above its bound: a weight sync that did not load) or most groups "
+        "repeat responses as no independent sampling would (replicas sharing seeds). false: log only. "
         "docs/distributed.md",
     )
     logprob_gap_bound: float | None = Field(

@@ -78,9 +78,9 @@ MISMATCH_BEYOND_FRAC = (
 )
 DISTINCT_RESPONSES = "mismatch/distinct_responses"  # distinct responses per generated group, mean
 IDENTICAL_GROUP_FRAC = "mismatch/identical_group_frac"  # generated groups whose responses are all the same
-# ... of which independent samples would coincide with probability below 1e-6 (dapo.algos.metrics): samples
-# that were not drawn independently (replicas sharing seeds)
-IMPLAUSIBLE_GROUP_FRAC = "mismatch/implausible_identical_frac"
+# generated groups whose repeated responses independent samples would give with probability below 1e-6
+# (dapo.algos.metrics.group_sameness): samples that were not drawn independently (replicas sharing seeds)
+IMPLAUSIBLE_GROUP_FRAC = "mismatch/implausible_repeat_frac"
 # rollout correction (`algorithm.rollout_correction`): mean importance weight over response tokens
 CORRECTION_WEIGHT_MEAN = "mismatch/correction_weight_mean"
 CORRECTION_CAPPED_FRAC = "mismatch/correction_capped_frac"  # TIS: share of responses or tokens whose ratio exceeded C

@@ -53,4 +53,4 @@ class GroupOutcome:
     tags: list[list[str]]  # per response, the habit tags (empty lists without a tagger)
     kind: str = ""  # the problem's kind, from the tagger ("" without one)
     distinct: int = 0  # distinct responses in the group (0: not counted)
-    same_log_chance: float | None = None  # all the same: log P(G independent draws coincide); dapo.algos.metrics
+    repeat_log_chance: float | None = None  # log-chance bound of its repeats under independent draws (None: none)

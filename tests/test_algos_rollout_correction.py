@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -105,6 +106,25 @@ def test_group_sameness() -> None:
     _, chance = group_sameness([[5, 6, 7]] * 8, [[math.log(0.9)] * 3] * 8)
     assert chance > IMPLAUSIBLE_LOG_CHANCE
     assert group_sameness([[5]] * 4, [None] * 4) == (1, None)  # no log-probs: nothing to judge by
+    # two replicas drawing the same seeds: every response twice (4 distinct of 8), each pair log C(8,2) + log p
+    group = [[k] * 30 for k in range(4)] * 2
+    distinct, chance = group_sameness(group, [lp] * 8)
+    assert distinct == 4 and chance == pytest.approx(4 * (math.log(28) + 30 * math.log(0.7)))
+    assert chance < IMPLAUSIBLE_LOG_CHANCE
+    # one pair of short confident answers among distinct ones: the bound is capped at a chance of 1
+    assert group_sameness([[1], [1], [2], [3]], [[math.log(0.5)]] * 4) == (3, 0.0)
+
+
+def test_group_sameness_bounds_the_chance_of_repeats_under_independent_draws() -> None:
+    """Over groups drawn independently, a log-chance below log(alpha) happens in at most a share alpha of them: the
+    bound is one (a loose bound would still pass; a bound that is too small, e.g. without C(G, k), fails)."""
+    rng = np.random.default_rng(0)
+    probs = np.array([0.2, 0.1, 0.05] + [0.65 / 200] * 200)  # a few likely responses and a long tail
+    groups = rng.choice(len(probs), size=(40_000, 8), p=probs)
+    logp = np.log(probs)
+    chances = np.array([group_sameness([[int(r)] for r in g], [[float(logp[r])] for r in g])[1] or 0.0 for g in groups])
+    for alpha in (0.3, 0.1, 0.03, 0.01):
+        assert (chances < math.log(alpha)).mean() <= alpha
 
 
 def test_tripwires_fire_on_a_gap_or_implausible_groups_and_stay_silent_otherwise() -> None:
@@ -114,7 +134,7 @@ def test_tripwires_fire_on_a_gap_or_implausible_groups_and_stay_silent_otherwise
     msg = t.check(3, {**quiet, M.MISMATCH_ABS_DIFF: 0.05})
     assert msg is not None and "weight sync did not load" in msg and "rollout step 3" in msg
     msg = t.check(1, {**quiet, M.IMPLAUSIBLE_GROUP_FRAC: 0.9})
-    assert msg is not None and "sharing one seed" in msg
+    assert msg is not None and "sharing one seed" in msg and "repeat responses" in msg
     assert Tripwires(logprob_gap=None).check(1, {**quiet, M.MISMATCH_ABS_DIFF: 5.0}) is None  # top_p < 1: unchecked
     assert Tripwires(logprob_gap=1e-3, enabled=False).check(1, {M.MISMATCH_ABS_DIFF: 5.0}) is None
     assert t.check(1, {}) is None  # an engine without log-probs logs no gap

@@ -333,16 +333,17 @@ def test_a_weight_sync_that_does_not_load_stops_the_run(world, tmp_path):
 
 
 def test_samples_that_are_not_independent_stop_the_run(world, tmp_path):
-    """Every sample of a prompt drawn with one seed (the fault a numpy-seeded vLLM had: replicas sharing seeds):
-    each group is one response repeated, which independent draws of these responses would almost never give, so
-    the run stops after its first step with exit 2 and the likely cause. (The HF engine samples each response alone
-    under its seed with rollout.batch_invariant, so equal seeds give equal responses, as on a GPU's vLLM.)"""
+    """Two replicas drawing the same seeds (the fault a numpy-seeded vLLM had): each replica's half of a group
+    repeats the other's, so every response comes twice, which independent draws of these responses would almost
+    never give; the run stops after its first step with exit 2 and the likely cause. (The HF engine samples each
+    response alone under its seed with rollout.batch_invariant, so equal seeds give equal responses, as on a GPU's
+    vLLM. One seed for a whole group, the cruder fault, is a case of `test_group_sameness`.)"""
     run_dir = tmp_path / "run"
     rc = train(
         run_dir,
         args(world, tmp_path, "00_naive_grpo", "rollout.batch_invariant=true", "eval.every=0"),
-        DAPO_TEST_SAME_SEEDS="1",
+        DAPO_TEST_SAME_SEEDS="2",
     )
     text = log_text(run_dir)
     assert rc == 2, text[-3000:]
-    assert "rollout step 1:" in text and "are identical responses" in text and "sharing one seed" in text
+    assert "rollout step 1:" in text and "repeat responses" in text and "sharing one seed" in text

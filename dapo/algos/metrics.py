@@ -130,26 +130,44 @@ def group_outcome_fractions(correct: Tensor) -> tuple[float, float]:
     return float(c.all(dim=1).float().mean().item()), float((~c).all(dim=1).float().mean().item())
 
 
-# A group of identical responses is implausible for independent samples when the chance of the coincidence is below
-# this: a one-in-a-million event (log 1e-6). A confident policy repeating a short answer stays above it (8 copies of
-# a 3-token answer at p = 0.9 a token: log chance -2.2); independent samples of a 30-token response at 0.7 a token
-# fall far below (-75).
+# A group's repeats are implausible for independent samples when the chance of them is below this: a one-in-a-million
+# event (log 1e-6). A confident policy repeating a short answer stays above it (8 copies of a 3-token answer at
+# p = 0.9 a token: log chance -2.2); independent samples of a 30-token response at 0.7 a token fall far below
+# (8 copies: -75; 4 responses twice each, what two replicas sharing seeds give: -29).
 IMPLAUSIBLE_LOG_CHANCE = math.log(1e-6)
 
 
 def group_sameness(responses: list[list[int]], logprobs: list[list[float] | None]) -> tuple[int, float | None]:
-    """How alike a group's responses are: (distinct responses, log-chance of the coincidence).
+    """How alike a group's responses are: (distinct responses, log of the chance of its repeats).
+
+    Independent draws repeat a response only as often as its probability allows. For a group of G draws in which
+    responses r_1 .. r_m (probabilities p_1 .. p_m under the engine's own log-probs) occur k_1 .. k_m >= 2 times,
+    the chance that G independent draws repeat any responses at most that probable at least that often is at most
+
+        prod_i C(G, k_i) p_i^(k_i - 1)
+
+    (a union bound over which responses repeat, each count binomial, the multinomial's counts negatively
+    associated), so each repeated response contributes log C(G, k_i) + (k_i - 1) log p_i, and only those below
+    zero are kept (dropping one keeps the bound). G copies of one response give (G - 1) log p; replicas sharing a
+    seed give every response of the group twice (or R times over R replicas), which the bound catches too.
 
     Args:
         responses: the G responses of one prompt, as token ids.
         logprobs: the engine's log-prob of each sampled token of each response (its sampling distribution), or None.
 
     Returns:
-        The number of distinct responses, and for a group whose G >= 2 responses are all the same, the log of the
-        probability that G independent draws all give it, (G - 1) * log p(response) (None when they differ or
-        the engine gave no log-probs). Below `IMPLAUSIBLE_LOG_CHANCE`, the samples were not drawn independently.
+        The number of distinct responses, and the log-chance bound (None when nothing repeats or the engine gave
+        no log-probs). Below `IMPLAUSIBLE_LOG_CHANCE`, the samples were not drawn independently.
     """
-    distinct = len({tuple(r) for r in responses})
-    if distinct != 1 or len(responses) < 2 or logprobs[0] is None:
+    first: dict[tuple[int, ...], int] = {}
+    counts: dict[tuple[int, ...], int] = {}
+    for i, r in enumerate(responses):
+        key = tuple(r)
+        first.setdefault(key, i)
+        counts[key] = counts.get(key, 0) + 1
+    distinct, g = len(counts), len(responses)
+    repeated = [(key, k) for key, k in counts.items() if k >= 2]
+    if not repeated or any(logprobs[first[key]] is None for key, _ in repeated):
         return distinct, None
-    return distinct, (len(responses) - 1) * float(sum(logprobs[0]))
+    terms = [math.log(math.comb(g, k)) + (k - 1) * float(sum(logprobs[first[key]])) for key, k in repeated]
+    return distinct, sum(min(t, 0.0) for t in terms)

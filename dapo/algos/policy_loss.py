@@ -12,7 +12,9 @@ Every loss is a pure function of per-token tensors [N, T] (N responses, T padded
 
   computed per token in GSPO-token form, log s_{i,t} = sg(log s_i) + log pi_theta(y_t) - sg(log pi_theta(y_t)):
   the value is s_i at every token and the gradient, averaged over a response's tokens (the paper's
-  `seq-mean-token-mean`), is that of s_i. The paper's range: eps_low 3e-4, eps_high 4e-4.
+  `seq-mean-token-mean`), is that of s_i; under `token-mean` a response's gradient is weighted by its length, which
+  GSPO does not do (configs/variants/gspo.yaml sets the paper's aggregation). The paper's range: eps_low 3e-4,
+  eps_high 4e-4.
 - `cispo` (MiniMax-M1, arXiv 2506.13585, Eq. 4-5; the loss ScaleRL, arXiv 2510.13786, settled on): REINFORCE
   with the token's importance weight clipped and stopped, so no token's gradient is dropped by the clip:
 

@@ -40,7 +40,10 @@ SEED_MASK = 0x7FFFFFFF
 
 def sampling_seed(seed: int, *where: int) -> int:
     """The base seed of one sampling call from the run's seed and where the call sits, e.g. (stream, step,
-    generation batch): the same again in a resumed run. Sample seeds are hashed from it (`sample_seed`)."""
+    generation batch): the same again in a resumed run. Sample seeds are hashed from it (`sample_seed`).
+
+    numpy's seeding treats trailing zeros as absent ([s, 1, 3] and [s, 1, 3, 0] give the same base): the callers'
+    streams differ in the first key after the seed (TRAIN_STREAM, EVAL_STREAM), so no two calls share a base."""
     return int(np.random.default_rng([seed, *where]).integers(2**31 - 1))
 
 

@@ -65,7 +65,7 @@ class Group:
 
 def outcome_of(g: Group, kind: str = "") -> GroupOutcome:
     """What the metrics keep of one generated group."""
-    distinct, same_log_chance = group_sameness([x.response_ids for x in g.samples], [x.logprobs for x in g.samples])
+    distinct, repeat_log_chance = group_sameness([x.response_ids for x in g.samples], [x.logprobs for x in g.samples])
     return GroupOutcome(
         correct=list(g.correct),
         rewards=g.rewards,
@@ -74,7 +74,7 @@ def outcome_of(g: Group, kind: str = "") -> GroupOutcome:
         tags=[list(t) for t in g.tags] or [[] for _ in g.samples],
         kind=kind,
         distinct=distinct,
-        same_log_chance=same_log_chance,
+        repeat_log_chance=repeat_log_chance,
     )
 
 

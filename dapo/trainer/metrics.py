@@ -120,7 +120,7 @@ def _generated_metrics(collected: Collected, norm_adv_by_std: bool) -> dict[str,
         out[M.DISTINCT_RESPONSES] = sum(o.distinct for o in counted) / len(counted)
         out[M.IDENTICAL_GROUP_FRAC] = sum(o.distinct == 1 for o in counted) / len(counted)
         out[M.IMPLAUSIBLE_GROUP_FRAC] = sum(
-            o.same_log_chance is not None and o.same_log_chance < IMPLAUSIBLE_LOG_CHANCE for o in counted
+            o.repeat_log_chance is not None and o.repeat_log_chance < IMPLAUSIBLE_LOG_CHANCE for o in counted
         ) / len(counted)
     st = collected.stats
     out[M.DS_GEN_BATCHES] = st.gen_batches

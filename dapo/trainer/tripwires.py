@@ -8,10 +8,11 @@ rise and vLLM only logs a warning:
   log-probs of its own samples with the learner's old log-probs of the same tokens (`mismatch/logprob_abs_diff`,
   the mean |d log p|); the two hold the same weights after the previous step's sync, so only the engines' rounding
   separates them. Above `LOGPROB_GAP_BOUND` for the run's dtype, the run stops.
-- Samples that are not independent (replicas or requests sharing a seed): a prompt's G responses come out the same.
-  A confident policy repeats short answers too, so the test is the chance of the coincidence under independent
-  sampling (`dapo.algos.metrics.group_sameness`): when most groups are identical responses that independent draws
-  would give with probability below 1e-6 (`mismatch/implausible_identical_frac` > 0.5), the run stops.
+- Samples that are not independent (replicas or requests sharing a seed): a prompt's G responses repeat, all the
+  same (one seed for the group) or each R times (R replicas drawing the same seeds). A confident policy repeats
+  short answers too, so the test is the chance of the repeats under independent sampling
+  (`dapo.algos.metrics.group_sameness`): when most groups hold repeats that independent draws would give with
+  probability below 1e-6 (`mismatch/implausible_repeat_frac` > 0.5), the run stops.
 
 Either stops the run with exit 2 (final: a requeue would fail the same way) and a message naming the likely cause.
 `trainer.tripwires: false` logs the metrics without stopping.
@@ -36,7 +37,7 @@ from dapo import metric_names as M
 
 # mean |log p_learner - log p_engine| over sampled tokens above which the engine is not on the learner's weights
 LOGPROB_GAP_BOUND = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.1}
-# share of groups that are implausibly identical (independent samples: essentially never) above which to stop
+# share of groups with implausible repeats (independent samples: essentially never) above which to stop
 IMPLAUSIBLE_GROUPS_BOUND = 0.5
 
 
@@ -52,7 +53,7 @@ class Tripwires:
         logprob_gap: the bound on `mismatch/logprob_abs_diff`; None: not checked (top_p < 1, where the engine's
             log-probs are those of a truncated distribution the learner does not compute).
         dtype: the run's dtype, for the message.
-        implausible_groups: the bound on `mismatch/implausible_identical_frac`.
+        implausible_groups: the bound on `mismatch/implausible_repeat_frac`.
         enabled: False logs the metrics without stopping (`trainer.tripwires`).
     """
 
@@ -79,11 +80,12 @@ class Tripwires:
         same = metrics.get(M.IMPLAUSIBLE_GROUP_FRAC)
         if same is not None and same > self.implausible_groups:
             return (
-                f"rollout step {step}: {same:.0%} of the generated groups are identical responses that independent "
-                f"samples would give with probability below 1e-6 ({M.IMPLAUSIBLE_GROUP_FRAC}; bound "
-                f"{self.implausible_groups:.0%}): a prompt's responses were not sampled independently, so their "
-                f"advantages are zero and nothing is learned. Likely cause: replicas or requests sharing one seed "
-                f"(an engine that ignores per-request seeds, or a vLLM outside the supported range; "
-                f"dapo/rollout/seeds.py). To train on regardless, set trainer.tripwires=false."
+                f"rollout step {step}: {same:.0%} of the generated groups repeat responses as independent samples "
+                f"would with probability below 1e-6 ({M.IMPLAUSIBLE_GROUP_FRAC}; bound "
+                f"{self.implausible_groups:.0%}): a prompt's responses were not sampled independently, so a group "
+                f"holds fewer samples than it counts (all alike: zero advantages, nothing learned). Likely cause: "
+                f"replicas or requests sharing one seed (an engine that ignores per-request seeds, or a vLLM "
+                f"outside the supported range; dapo/rollout/seeds.py). To train on regardless, set "
+                f"trainer.tripwires=false."
             )
         return None

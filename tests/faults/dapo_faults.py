@@ -10,7 +10,8 @@ the same patches with `install(faults, monkeypatch.setattr)`:
     DAPO_TEST_POISON_STEP=S      from rollout step S on, advantages are NaN, so every update's loss is non-finite
     DAPO_TEST_SYNC=skip:TEXT     the weight sync after each step streams no tensor whose name contains TEXT (a layer
                                  the engine's loader skips); DAPO_TEST_SYNC=nothing: it streams none at all
-    DAPO_TEST_SAME_SEEDS=1       every sample of a prompt gets its first sample's seed (replicas sharing a seed)
+    DAPO_TEST_SAME_SEEDS=R       each prompt's sample seeds repeat R times, as R replicas drawing the same seeds give
+                                 (each its share of the group: samples 0 .. G/R - 1 again); R = G: one seed a group
 
 Every point wraps a function the package has anyway, at a boundary where a crash could leave MLflow and the run
 directory disagreeing: the patches below name them.
@@ -50,7 +51,7 @@ class Faults:
     fail_at: tuple[int, int] | None = None  # (rank, rollout step)
     poison_from_step: int = 0
     sync: str = ""  # "" | "nothing" | "skip:<text>"
-    same_seeds: bool = False
+    same_seeds: int = 0  # R: the replicas that share seeds (0: none)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ = os.environ) -> Faults:
@@ -64,7 +65,7 @@ class Faults:
             fail_at=(int(rank), int(step)) if fail else None,
             poison_from_step=int(env.get(POISON_ENV, "0") or 0),
             sync=env.get(SYNC_ENV, ""),
-            same_seeds=env.get(SEEDS_ENV, "") == "1",
+            same_seeds=int(env.get(SEEDS_ENV, "0") or 0),
         )
 
 
@@ -188,7 +189,8 @@ def _patch_collect(module: Any, faults: Faults, setattr_: Callable) -> None:
     share_seeds = module.share_seeds
 
     def same(*args: Any, **kwargs: Any) -> list[list[int]]:
-        return [[g[0]] * len(g) for g in share_seeds(*args, **kwargs)]
+        seeds = share_seeds(*args, **kwargs)
+        return [[g[j % max(1, len(g) // faults.same_seeds)] for j in range(len(g))] for g in seeds]
 
     setattr_(module, "share_seeds", same)
 
