@@ -571,3 +571,29 @@ def test_config_overrides_reach_the_learner_and_both_engines(tmp_path: Path, vll
     assert learner.engine.module.lm.config.max_position_embeddings == 2048
     with pytest.raises(ValueError, match=r"max_positon_embeddings.*config\.json names"):  # a typo is refused
         apply_config_overrides(load_hf(Path(model)).config, {"max_positon_embeddings": 2048}, model)
+
+
+def test_skipped_weights_are_seen_even_when_vllm_logs_only_errors():
+    """vLLM's report of unloaded weights is a warning from a child of the "vllm" logger; a user's
+    VLLM_LOGGING_LEVEL=ERROR must not hide it from the sync's check, nor change the level for good."""
+    import logging
+
+    from dapo.rollout.vllm_engine import SyncError, _SkippedWeights
+
+    vllm_log = logging.getLogger("vllm")
+    before = vllm_log.level
+    vllm_log.setLevel(logging.ERROR)
+    try:
+        with _SkippedWeights.capture() as skipped:
+            logging.getLogger("vllm.model_executor.model_loader.reload.inplace").warning(
+                "Following weights were not loaded from checkpoint: %s", {"model.layers.0.mlp.up_proj.weight"}
+            )
+            logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").warning(
+                "%s: Failed to load weights", "RotaryEmbedding"
+            )  # logged on good syncs too: not a failure
+        assert vllm_log.level == logging.ERROR
+        assert len(skipped.messages) == 1
+        with pytest.raises(SyncError, match="up_proj"):
+            skipped.check()
+    finally:
+        vllm_log.setLevel(before)

@@ -40,6 +40,7 @@ requests of a batch, so it samples with its generators seeded once per call from
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -205,13 +206,9 @@ class VLLMEngine(RolloutEngine):
             )
         if self._asleep and not self._weights_valid:
             self.llm.wake_up(tags=["weights"])  # buffers back, contents stale: the reload fills them
-        stream, skipped = _Stream(named_tensors), _SkippedWeights()
-        vllm_log = logging.getLogger("vllm")  # vLLM's loggers propagate to it; the engine runs in this process
-        vllm_log.addHandler(skipped)
-        try:
+        stream = _Stream(named_tensors)
+        with _SkippedWeights.capture() as skipped:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
-        finally:
-            vllm_log.removeHandler(skipped)
         stream.check_drained()  # vLLM only logs what it skipped: a reload that did not read or load it all is an error
         skipped.check()
         self.llm.collective_rpc(_repack_lm_head)
@@ -228,8 +225,10 @@ class VLLMEngine(RolloutEngine):
         if self._asleep:
             if not self._weights_valid:
                 raise RuntimeError("wake_up before sync_weights: after a level-2 sleep the weights are gone")
-            if not self.llm.wake_up(tags=["kv_cache"]):
-                self.llm.wake_up()  # anything else still asleep (scheduling)
+            # 0.32 and later return whether all is awake (else "scheduling" is still paused); older releases return
+            # None and have nothing else asleep (a second call would log "Executor is not sleeping" every step)
+            if self.llm.wake_up(tags=["kv_cache"]) is False:
+                self.llm.wake_up()
             self._asleep = False
 
     def close(self) -> None:
@@ -260,15 +259,35 @@ def _sample(prompt: list[int], c: Any) -> Sample:
 
 
 class _SkippedWeights(logging.Handler):
-    """Collects vLLM's own report of parameters its in-place reload left unloaded (0.16 and later log
-    "Following weights were not loaded from checkpoint: {...}" for unquantized models, and only then: its
-    "<Layer>: Failed to load weights" lines also come on every good sync, for layers without weights)."""
+    """Collects vLLM's own report of parameters its in-place reload left unloaded: 0.16 and later log "Following
+    weights were not loaded from checkpoint: {...}" (a warning, for unquantized models; from
+    `vllm.v1.worker.gpu_model_runner` in 0.16, `vllm.model_executor.model_loader.reload.inplace` in 0.32 and 0.33).
+    Only that line counts: 0.32's "<Layer>: Failed to load weights" lines come on good syncs too. A fused layer
+    with one shard missing (k_proj of qkv_proj) is not reported at all: `_Stream.check_drained` and the log-prob
+    tripwire are the guards there."""
 
     PREFIX = "Following weights were not loaded"
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.messages: list[str] = []
+
+    @classmethod
+    @contextlib.contextmanager
+    def capture(cls) -> Iterator[_SkippedWeights]:
+        """Collect while the block runs, from the "vllm" logger that all of vLLM's propagate to (the engine runs in
+        this process). A user's VLLM_LOGGING_LEVEL=ERROR would drop the warning before any handler sees it, so the
+        logger lets warnings through meanwhile; vLLM's own handler keeps its level, so its output is unchanged."""
+        log, handler = logging.getLogger("vllm"), cls()
+        level = log.level
+        if log.getEffectiveLevel() > logging.WARNING:
+            log.setLevel(logging.WARNING)
+        log.addHandler(handler)
+        try:
+            yield handler
+        finally:
+            log.removeHandler(handler)
+            log.setLevel(level)
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = record.getMessage()
