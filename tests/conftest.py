@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -40,6 +41,19 @@ def _launcher_env_restored():
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+# What `dapo train` run in the pytest process leaves installed: its start-up guard stays (disarmed) until the
+# process exits, which a CLI wants and a later test in the same worker must not inherit.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+@pytest.fixture(autouse=True)
+def _stop_signal_handlers_restored():
+    saved = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
 
 
 def ci() -> bool:

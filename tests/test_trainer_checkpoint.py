@@ -92,14 +92,18 @@ def test_prompt_order_is_seeded_resumable_and_covers_each_epoch():
         PromptOrder(11, seed=3).load_state_dict(saved)
 
 
-def test_stop_flag_catches_sigterm_and_sigusr1():
+def test_stop_flag_catches_sigterm_and_sigusr1_and_gives_back_the_handler_it_found():
+    def outer(signum, frame):  # what was installed before the loop: StartupGuard in `dapo train`
+        pass
+
+    signal.signal(signal.SIGTERM, outer)
     with StopFlag() as flag:
         assert not flag.requested
         os.kill(os.getpid(), signal.SIGUSR1)
         assert flag.requested and flag.signum == signal.SIGUSR1
         os.kill(os.getpid(), signal.SIGTERM)  # a second signal keeps the first
         assert flag.signum == signal.SIGUSR1
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is outer
 
 
 # ------------------------------------------------------------------------------------------ no pickles
