@@ -152,6 +152,28 @@ def param_count(path: Path) -> int:
     return v * h * (1 if c.get("tie_word_embeddings") else 2) + n * per_layer
 
 
+def tiny_training_prompts() -> tuple[Any, str, list, list]:
+    """The tiny preset's config, its world's base model (the world is built on first use), and its training
+    problems with their prompts tokenized as the preset does (chat template, prompt cap)."""
+    from transformers import AutoTokenizer
+
+    from dapo.config import load_config
+    from dapo.data.loaders import load_problems
+    from dapo.data.prompts import tokenize_problems
+    from dapo.tinyworld import ensure_tiny_world, tiny_paths
+
+    cfg = load_config(preset="tiny")
+    paths = tiny_paths(Path(ensure_tiny_world(cfg)))
+    tok = AutoTokenizer.from_pretrained(str(paths.model))
+    problems, prompts, _ = tokenize_problems(
+        load_problems(str(paths.train)),
+        tok,
+        use_chat_template=cfg.data.use_chat_template,
+        max_prompt_length=cfg.data.max_prompt_length,
+    )
+    return cfg, str(paths.model), problems, prompts
+
+
 # ---------------------------------------------------------------------------------------------- output
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     try:

@@ -26,29 +26,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="8 prompts, nothing recorded")
     args = ap.parse_args()
     import torch
-    from _common import machine, md_table, print_table, record
-    from transformers import AutoTokenizer
+    from _common import machine, md_table, print_table, record, tiny_training_prompts
 
     from dapo.algos.advantages import group_advantages
     from dapo.algos.rollout_correction import mismatch_stats
-    from dapo.config import load_config
-    from dapo.data.loaders import load_problems
-    from dapo.data.prompts import tokenize_problems
     from dapo.learner import Learner, LossSpec, PolicyBatch, pad_rows, response_mask
     from dapo.rewards import score_responses
     from dapo.rollout import make_engine
     from dapo.rollout.seeds import share_seeds
-    from dapo.tinyworld import ensure_tiny_world, tiny_paths
     from dapo.trainer.metrics import MISMATCH_TOKEN_BOUND
 
     info = machine()
-    cfg = load_config(preset="tiny")
-    world = Path(ensure_tiny_world(cfg))
-    model = str(tiny_paths(world).model)
-    tok = AutoTokenizer.from_pretrained(model)
-    problems, prompts, _ = tokenize_problems(
-        load_problems(str(tiny_paths(world).train)), tok, use_chat_template=True, max_prompt_length=128
-    )
+    cfg, model, problems, prompts = tiny_training_prompts()
     b = 8 if args.quick else cfg.trainer.train_batch_size
     n, max_tokens = cfg.rollout.n, cfg.rollout.max_response_length
     problems, prompts = problems[:b], prompts[:b]

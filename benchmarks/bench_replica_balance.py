@@ -35,26 +35,14 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--quick", action="store_true", help="3 batches, nothing recorded")
     args = ap.parse_args()
-    from _common import machine, md_table, print_table, record
-    from transformers import AutoTokenizer
+    from _common import machine, md_table, print_table, record, tiny_training_prompts
 
-    from dapo.config import load_config
-    from dapo.data.loaders import load_problems
-    from dapo.data.prompts import tokenize_problems
     from dapo.rollout import make_engine
     from dapo.rollout.replicas import split_evenly, split_samples
     from dapo.rollout.seeds import share_seeds
-    from dapo.tinyworld import ensure_tiny_world, tiny_paths
 
     info = machine()
-    cfg = load_config(preset="tiny")
-    world = Path(ensure_tiny_world(cfg))
-    model = str(tiny_paths(world).model)
-    tok = AutoTokenizer.from_pretrained(model)
-    problems = load_problems(str(tiny_paths(world).train))
-    _, prompts, _ = tokenize_problems(
-        problems, tok, use_chat_template=cfg.data.use_chat_template, max_prompt_length=cfg.data.max_prompt_length
-    )
+    cfg, model, problems, prompts = tiny_training_prompts()
     b, n, max_tokens = cfg.trainer.train_batch_size, cfg.rollout.n, cfg.rollout.max_response_length
     batches = 3 if args.quick else args.batches
     engine = make_engine("vllm", model, dtype=cfg.model.dtype, max_model_len=cfg.data.max_prompt_length + max_tokens)
