@@ -45,11 +45,10 @@ def _launcher_env_restored():
 
 # What `dapo train` run in the pytest process leaves installed: its start-up guard stays (disarmed) until the
 # process exits, which a CLI wants and a later test in the same worker must not inherit.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
 @pytest.fixture(autouse=True)
 def _stop_signal_handlers_restored():
+    from dapo.trainer.signals import STOP_SIGNALS
+
     saved = {s: signal.getsignal(s) for s in STOP_SIGNALS}
     yield
     for s, handler in saved.items():
