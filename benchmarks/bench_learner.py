@@ -88,7 +88,7 @@ def plain_side(path: Path, batch, chunk: int = 1024, fused: bool = False):
     """dapo's model path and loss without DeepSpeed: the same PolicyModule (chunked head), clipped surrogate and
     token-mean weights, with a bare torch AdamW and clip_grad_norm_. Isolates the engine's share of an update."""
     from dapo.algos.aggregation import token_weights, weighted_sum
-    from dapo.algos.surrogate import clipped_surrogate
+    from dapo.algos.policy_loss import clipped_surrogate
     from dapo.learner.batch import collate
     from dapo.learner.model import load_policy
 
@@ -118,7 +118,7 @@ def plain_side(path: Path, batch, chunk: int = 1024, fused: bool = False):
             with_entropy=True,
         )
         r, c = mb.token_rows, mb.token_cols
-        out = clipped_surrogate(logp, batch.old_logp[r, c], batch.advantages[r], 0.2, 0.28, None, None, 0.0)
+        out = clipped_surrogate(logp, batch.old_logp[r, c], batch.advantages[r], 0.2, 0.28, None)
         weighted_sum(out.loss, weights[r, c]).backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
         opt.step()

@@ -29,11 +29,11 @@ def main() -> None:
     from _common import machine, md_table, print_table, record, tiny_training_prompts
 
     from dapo.algos.advantages import group_advantages
-    from dapo.algos.rollout_correction import mismatch_stats
+    from dapo.algos.metrics import mismatch_stats
     from dapo.learner import Learner, LossSpec, PolicyBatch, pad_rows, response_mask
     from dapo.rewards import score_responses
     from dapo.rollout import make_engine
-    from dapo.rollout.seeds import share_seeds
+    from dapo.rollout.replicas import share_seeds
     from dapo.trainer.metrics import MISMATCH_TOKEN_BOUND
 
     info = machine()

@@ -38,8 +38,7 @@ def main() -> None:
     from _common import machine, md_table, print_table, record, tiny_training_prompts
 
     from dapo.rollout import make_engine
-    from dapo.rollout.replicas import split_evenly, split_samples
-    from dapo.rollout.seeds import share_seeds
+    from dapo.rollout.replicas import share_seeds, split_evenly, split_samples
 
     info = machine()
     cfg, model, problems, prompts = tiny_training_prompts()

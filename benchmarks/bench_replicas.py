@@ -46,8 +46,7 @@ def worker(model: str, reps: int, out: str) -> None:
 
     from dapo import distributed as dist
     from dapo.rollout import make_engine
-    from dapo.rollout.replicas import ReplicaLayout, gather_shares, split_samples
-    from dapo.rollout.seeds import sampling_seed, share_seeds
+    from dapo.rollout.replicas import ReplicaLayout, gather_shares, sampling_seed, share_seeds, split_samples
 
     dist.init_distributed()
     layout = ReplicaLayout.of_this_process(1)

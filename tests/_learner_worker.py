@@ -4,9 +4,9 @@
         MODEL_DIR BATCH.pt OUT.pt WORK_DIR
 
 The same `run_cases` runs in the pytest process for world size 1, so both worlds execute identical code. Each
-case starts from the model's initial weights (a DeepSpeed checkpoint taken right after construction), takes
-this rank's shard of the mini-batch (split by tokens, so groups straddle the ranks), makes one update and records
-the full (gathered) parameters. Rank 0
+case starts from the model's initial weights (a DeepSpeed checkpoint taken right after construction), makes one
+update on the whole mini-batch (each rank trains its shard, split by tokens, so groups straddle the ranks) and
+records the full (gathered) parameters. Rank 0
 writes {case name: {"params": float64 vector, "metrics": dict, "micro_batches": int}} to OUT.pt.
 """
 
@@ -88,10 +88,9 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             micro_batch_tokens=BIG_BUDGET,
             logprob_chunk_size=7,
         )
-        rank, world = learner.dist.rank, learner.dist.world_size
-        # Split by tokens: at world size 2 some groups have responses on both ranks (the test checks it).
-        parts = {pack: batch.shard(rank, world, pack_prompts=pack) for pack in (False, True)}
-        part = parts[False]
+        world = learner.dist.world_size
+        # Every rank passes the whole mini-batch; the learner trains its shard, split by tokens: at world size 2 some
+        # groups have responses on both ranks (the test checks it).
         init_dir = work_dir / f"init_{ename}_w{world}"
         learner.save_checkpoint(init_dir)
         results[f"{ename}/init"] = {"params": flat_params(learner)}
@@ -109,38 +108,37 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             learner.load_checkpoint(init_dir)
             learner.loss, learner.passes.micro_batch_tokens = loss_spec(mode, policy_loss), budget
             learner.passes.pack_prompts = pack
-            plan = [r for r in learner.passes.plan(b) if r]
+            mine = b.shard(learner.dist.rank, learner.dist.world_size, pack_prompts=pack)  # what the update trains
+            plan = [r for r in learner.passes.plan(mine) if r]
             metrics = learner.update(b, salt=SALT)
             results[name] = {"params": flat_params(learner), "metrics": metrics, "micro_batches": len(plan)}
 
         if ename == "z2":
             for mode in MODES:
                 for budget in (BIG_BUDGET, SMALL_BUDGET):
-                    one(f"z2/{mode}/{budget}", mode, budget, part)
-                    one(f"z2/{mode}/packed/{budget}", mode, budget, parts[True], pack=True)
+                    one(f"z2/{mode}/{budget}", mode, budget, batch)
+                    one(f"z2/{mode}/packed/{budget}", mode, budget, batch, pack=True)
             for name, mode in POLICY_LOSS_CASES.items():
                 for budget in (BIG_BUDGET, SMALL_BUDGET):
-                    one(f"z2/{name}/{budget}", mode, budget, part, policy_loss=name)
-                    one(f"z2/{name}/packed/{budget}", mode, budget, parts[True], pack=True, policy_loss=name)
+                    one(f"z2/{name}/{budget}", mode, budget, batch, policy_loss=name)
+                    one(f"z2/{name}/packed/{budget}", mode, budget, batch, pack=True, policy_loss=name)
             # The rollout correction's weights, made on whole responses, then split with the batch.
             weighted = batch.select(list(range(len(batch))))
             weighted.is_weights = is_weights(batch)
             for budget in (BIG_BUDGET, SMALL_BUDGET):
-                one(f"z2/is_weights/{budget}", "token-mean", budget, weighted.shard(rank, world))
-            # Every rank given the whole mini-batch (no sharding): exact too, only the compute repeats.
-            one("z2/whole-on-every-rank", "group-token-mean", SMALL_BUDGET, batch)
+                one(f"z2/is_weights/{budget}", "token-mean", budget, weighted)
             # A NaN advantage on one response that trains (on the last rank only, at world size 2).
             bad = batch.select(list(range(len(batch))))
             bad.advantages = bad.advantages.clone()
             bad.advantages[_row_on_last_rank(batch, world)] = math.nan
-            one("z2/nan", "token-mean", SMALL_BUDGET, bad.shard(rank, world))
+            one("z2/nan", "token-mean", SMALL_BUDGET, bad)
             # The engine is sane after a skipped step: the next update is the ordinary one.
-            metrics = learner.update(part)
+            metrics = learner.update(batch)
             results["z2/after_nan"] = {"params": flat_params(learner), "metrics": metrics}
         else:
             for mode in MODES:
-                one(f"{ename}/{mode}/{SMALL_BUDGET}", mode, SMALL_BUDGET, part)
-                one(f"{ename}/{mode}/packed/{SMALL_BUDGET}", mode, SMALL_BUDGET, parts[True], pack=True)
+                one(f"{ename}/{mode}/{SMALL_BUDGET}", mode, SMALL_BUDGET, batch)
+                one(f"{ename}/{mode}/packed/{SMALL_BUDGET}", mode, SMALL_BUDGET, batch, pack=True)
             if ename == "z3":
                 # The final save at ZeRO-3: rank 0 alone holds the gathered model, and writes it.
                 held = learner.state_dict_on_main()
@@ -158,7 +156,7 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
                 bad = batch.select(list(range(len(batch))))
                 bad.advantages = bad.advantages.clone()
                 bad.advantages[_row_on_last_rank(batch, world)] = math.nan
-                one("z0/nan", "token-mean", SMALL_BUDGET, bad.shard(rank, world))
+                one("z0/nan", "token-mean", SMALL_BUDGET, bad)
     return results
 
 

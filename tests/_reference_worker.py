@@ -3,9 +3,10 @@
     RANK=r WORLD_SIZE=2 LOCAL_RANK=r MASTER_ADDR=127.0.0.1 MASTER_PORT=p python tests/_reference_worker.py \
         MODEL_DIR BATCH.pt OUT_DIR
 
-Builds a `ReferencePolicy` at ZeRO-3, computes the reference log-probs of this rank's shard of the batch, and
-writes {"rank", "rows", "logp", "local_numel", "full_numel"} to OUT_DIR/rank<r>.pt: the rows of the batch it
-holds, their log-probs, and how many parameter elements this rank stores against the model's total.
+Builds a `ReferencePolicy` at ZeRO-3, computes the reference log-probs of the whole batch (each rank its shard,
+gathered), and writes {"rank", "rows", "logp", "local_numel", "full_numel"} to OUT_DIR/rank<r>.pt: the rows of
+the batch this rank computed, every row's log-probs, and how many parameter elements this rank stores against the
+model's total.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def main(model_dir: str, batch_path: str, out_dir: str) -> None:
     )
     rank, world = ref.dist.rank, ref.dist.world_size
     batch = torch.load(batch_path, weights_only=False)
-    rows = batch.shard_rows(rank, world)
-    logp = ref.compute_logprobs(batch.select(rows))
+    rows = batch.shard_rows(rank, world)  # what this rank computes; every rank gets every row back
+    logp = ref.compute_logprobs(batch)
     params = list(ref.engine.module.parameters())
     local = sum(p.ds_tensor.numel() for p in params)  # this rank's partition of each parameter
     full = sum(p.ds_numel for p in params)

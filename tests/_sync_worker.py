@@ -25,8 +25,7 @@ import torch  # noqa: E402
 from dapo import distributed as dist  # noqa: E402
 from dapo.learner import Learner, LossSpec, PolicyBatch, response_mask  # noqa: E402
 from dapo.rollout import make_engine  # noqa: E402
-from dapo.rollout.replicas import ReplicaLayout, split_samples  # noqa: E402
-from dapo.rollout.seeds import sampling_seed, share_seeds  # noqa: E402
+from dapo.rollout.replicas import ReplicaLayout, sampling_seed, share_seeds, split_samples  # noqa: E402  # noqa: E402
 
 PROMPTS = [[5, 17, 33, 60], [100, 7], [250, 251, 252, 9, 11, 3]]
 N, MAX_TOKENS = 4, 12

@@ -26,7 +26,6 @@ from dapo_faults import Faults, FaultyLearner  # noqa: E402  (tests/faults, on P
 from dapo import distributed as dist  # noqa: E402
 from dapo.config import load_config  # noqa: E402
 from dapo.evaluation.evaluate import EvalSettings  # noqa: E402
-from dapo.rewards import score_responses  # noqa: E402
 from dapo.rollout.base import per_prompt_counts  # noqa: E402
 from dapo.trainer.components import Components, EvalSet  # noqa: E402
 from dapo.trainer.loop import Trainer  # noqa: E402
@@ -48,7 +47,7 @@ class ScriptedEngine:
         # n, so replica r draws samples r * k .. r * k + k - 1 of each problem (dapo.rollout.replicas).
         replica = int(os.environ.get("RANK", "0"))
         out = []
-        for i, prompt, k in zip(idx, prompt_ids, counts, strict=True):
+        for i, k in zip(idx, counts, strict=True):
             group = []
             for j in range(replica * k, replica * k + k):
                 right = i % 3 == 0 or (i % 3 == 1 and j % 2 == 0)
@@ -56,7 +55,7 @@ class ScriptedEngine:
                 stop = length < max_tokens
                 ids = [20 + (i * 7 + j * 3 + t) % 200 for t in range(length - 1)] + [self.eos if stop else 33]
                 text = f"Answer: {1 if right else 0}"
-                group.append(Sample(list(prompt), ids, None, "stop" if stop else "length", text))
+                group.append(Sample(ids, None, "stop" if stop else "length", text))
             out.append(group)
         return out
 
@@ -123,6 +122,7 @@ def main() -> None:
             "algorithm.overlong_buffer_len=3",
             "algorithm.gen_batch_size=4",
             "algorithm.max_num_gen_batches=0",
+            "algorithm.verifier=dapo_rule",
             "eval.every=0",
             "eval.n=2",
             "eval.pass_k=[1,2]",
@@ -149,7 +149,6 @@ def main() -> None:
         learner=learner,
         problems=problems,
         prompts=prompts,
-        scorer=lambda texts, answers: score_responses(texts, answers, verifier="dapo_rule", workers=0),
         make_tracker=make_tracker,
         eval_set=EvalSet(problems[:10], prompts[:10], EvalSettings(n=2, max_tokens=6, pass_k=(1, 2), bootstrap=10)),
     )

@@ -10,14 +10,14 @@ import torch
 
 from dapo import metric_names as M
 from dapo.algos.metrics import RARE_TOKEN_PROB, group_outcome_fractions, update_metrics, update_sums
-from dapo.algos.surrogate import SurrogateOut, clipped_surrogate
+from dapo.algos.policy_loss import SurrogateOut, clipped_surrogate
 
 MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
 
 
 def metrics(out: SurrogateOut, old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, **kw):
     """One whole mini-batch's metrics: its sums, divided."""
-    sums = update_sums(out, torch.tensor(0.0), old, new, adv, mask, torch.zeros_like(old))
+    sums = update_sums(out, torch.tensor(0.0), old, new, adv, mask)
     m = mask.to(torch.bool)
     return update_metrics(
         {k: float(v) for k, v in sums.items()},
@@ -30,9 +30,7 @@ def metrics(out: SurrogateOut, old: torch.Tensor, new: torch.Tensor, adv: torch.
 
 def flags(lower: torch.Tensor, upper: torch.Tensor) -> SurrogateOut:
     z = torch.zeros_like(lower)
-    return SurrogateOut(
-        loss=z.float(), clipped_lower=lower, clipped_upper=upper, dual_clipped=z, ratio=z.float(), kl=None
-    )
+    return SurrogateOut(loss=z.float(), clipped_lower=lower, clipped_upper=upper, dual_clipped=z)
 
 
 def test_clip_fractions_over_loss_tokens_only_and_fig3a_over_the_upper_clipped():
@@ -84,13 +82,18 @@ def test_group_outcome_fractions():
 
 
 def test_every_update_metric_of_every_loss_reaches_the_step_metrics():
-    """What the learner reports for each loss is averaged into the step's metrics (and so logged), the entropy
-    aside: the step logs the old policy's over the whole batch."""
+    """What the learner reports for each loss is averaged into the step's metrics (and so logged), over the updates
+    that were applied; the lr is the step's own. The entropy has one owner, the step (the old policy's, over the
+    whole batch): an update reports none."""
     from dapo.algos.metrics import UPDATE_SUMS
-    from dapo.trainer.step import UPDATE_KEYS
+    from dapo.trainer.metrics import update_means
     from dapo.types import POLICY_LOSSES
 
     sums = dict.fromkeys(UPDATE_SUMS, 1.0)
     for loss in POLICY_LOSSES:
-        reported = set(update_metrics(sums, 10.0, 2.0, loss, with_kl=True)) - {M.ENTROPY}
-        assert reported <= set(UPDATE_KEYS), (loss, reported - set(UPDATE_KEYS))
+        reported = {**update_metrics(sums, 10.0, 2.0, loss, with_kl=True), M.GRAD_NORM: 2.0, M.LR: 1e-6}
+        assert M.ENTROPY not in reported
+        skipped = dict.fromkeys(reported, 100.0) | {M.UPDATE_SKIPPED: 1.0}
+        means = update_means([{**reported, M.UPDATE_SKIPPED: 0.0}, skipped])
+        assert set(means) == set(reported) - {M.LR} | {M.UPDATE_SKIPPED}, loss
+        assert means[M.GRAD_NORM] == 2.0 and means[M.UPDATE_SKIPPED] == 0.5  # the skipped update's values left out

@@ -15,12 +15,12 @@ from dapo.algos.aggregation import aggregate, sequence_scales
 from dapo.algos.policy_loss import (
     POLICY_LOSSES,
     cispo_loss,
+    clipped_surrogate,
     covariance_selection,
     gspo_surrogate,
     per_token_loss,
     token_keys,
 )
-from dapo.algos.surrogate import clipped_surrogate
 
 
 def grad_of(fn, logp: torch.Tensor) -> torch.Tensor:
@@ -38,7 +38,8 @@ def test_gspo_hand_computed() -> None:
     s = math.exp(0.2)
     out = gspo_surrogate(logp, old, torch.tensor([1.0]), mask, 0.1, 0.1)
     assert out.loss[0].tolist() == pytest.approx([-1.1, -1.1]) and out.clipped_upper.all()
-    assert out.ratio[0].tolist() == pytest.approx([s, s])
+    unclipped = gspo_surrogate(logp, old, torch.tensor([-1.0]), mask, 0.1, 0.1)
+    assert unclipped.loss[0].tolist() == pytest.approx([s, s]) and not unclipped.clipped_lower.any()
     g = grad_of(lambda x: gspo_surrogate(x, old, torch.tensor([1.0]), mask, 0.1, 0.1).loss.mean(), logp)
     assert g.abs().max() == 0
     g = grad_of(lambda x: gspo_surrogate(x, old, torch.tensor([-1.0]), mask, 0.1, 0.1).loss.mean(), logp)
@@ -73,7 +74,7 @@ def test_gspo_ratio_ignores_padding_and_its_gradient_is_the_sequence_ratios() ->
     noisy[mask == 0] = 50.0  # garbage where the mask is 0
     a = gspo_surrogate(noisy, old, adv, mask, 1.0, 1.0)
     b = gspo_surrogate(logp, old, adv, mask, 1.0, 1.0)
-    assert torch.allclose(a.ratio[mask > 0], b.ratio[mask > 0])
+    assert torch.allclose(a.loss[mask > 0], b.loss[mask > 0])  # -A s_i at each token: nothing clipped
 
     def paper(x: torch.Tensor) -> torch.Tensor:
         s = torch.exp(((x - old) * mask).sum(-1) / mask.sum(-1))

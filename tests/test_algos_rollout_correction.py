@@ -11,9 +11,9 @@ import torch
 
 from dapo import metric_names as M
 from dapo.algos.aggregation import local_counts, token_weights, weighted_sum
-from dapo.algos.metrics import IMPLAUSIBLE_LOG_CHANCE, group_sameness
-from dapo.algos.rollout_correction import correction_weights, mismatch_stats
-from dapo.algos.surrogate import clipped_surrogate
+from dapo.algos.metrics import IMPLAUSIBLE_LOG_CHANCE, group_sameness, mismatch_stats
+from dapo.algos.policy_loss import clipped_surrogate
+from dapo.algos.rollout_correction import correction_weights
 from dapo.trainer.tripwires import LOGPROB_GAP_BOUND, Tripwires
 
 L2, L3 = math.log(2.0), math.log(3.0)

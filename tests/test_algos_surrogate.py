@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo.algos.surrogate import clipped_surrogate
+from dapo.algos.policy_loss import clipped_surrogate, k3_to_reference
 
 
 def _run(ratios, advs, **kw):
@@ -31,8 +31,7 @@ def test_hand_computed_decoupled_clip():
     torch.testing.assert_close(grad, torch.tensor([0.0, -0.5, -1.25, 0.0, 1.5], dtype=torch.float64))
     assert out.clipped_upper[0].tolist() == [True, False, False, False, False]
     assert out.clipped_lower[0].tolist() == [False, False, False, True, False]
-    assert not out.dual_clipped.any() and out.kl is None
-    torch.testing.assert_close(out.ratio[0], torch.tensor(ratios, dtype=torch.float64))
+    assert not out.dual_clipped.any()
 
 
 def test_clip_higher_frees_the_token_that_grpo_clips():
@@ -66,29 +65,26 @@ def test_k3_kl_term():
     # pi = 0.5, pi_ref = 0.25: k3 = 0.5 - log 0.5 - 1 = log 2 - 0.5; d k3 / d logp = 1 - pi_ref/pi = 0.5.
     logp = torch.tensor([[math.log(0.5)]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[math.log(0.25)]], dtype=torch.float64)
-    adv = torch.zeros(1, dtype=torch.float64)
-    out = clipped_surrogate(logp, logp.detach(), adv, 0.2, 0.2, ref_logp=ref, kl_coef=0.1)
-    assert out.kl.item() == pytest.approx(math.log(2) - 0.5)
-    assert out.loss.item() == pytest.approx(0.1 * (math.log(2) - 0.5))
-    out.loss.sum().backward()
-    assert logp.grad.item() == pytest.approx(0.1 * 0.5)
-    # kl_coef 0 with a reference: the KL is reported, not added.
-    out0 = clipped_surrogate(logp, logp.detach(), adv, 0.2, 0.2, ref_logp=ref)
-    assert out0.loss.item() == 0.0 and out0.kl.item() == pytest.approx(math.log(2) - 0.5)
+    kl = k3_to_reference(logp, ref)
+    assert kl.item() == pytest.approx(math.log(2) - 0.5)
+    kl.sum().backward()
+    assert logp.grad.item() == pytest.approx(0.5)
+    assert k3_to_reference(ref, ref).item() == 0.0  # at the reference: no penalty
 
 
 def test_k3_kl_keeps_pulling_where_the_clip_has_stopped_the_policy_gradient():
     """A token clipped at the upper bound (A > 0, ratio 1.5 > 1.28) has no policy-gradient term left, but the KL
-    term's gradient towards the reference stays: l = -1.28 A + beta * k3, dl/dlogp = beta * (1 - pi_ref/pi)."""
+    term the learner adds to every loss keeps its gradient towards the reference: l = -1.28 A + beta * k3,
+    dl/dlogp = beta * (1 - pi_ref/pi)."""
     beta, adv = 0.3, 2.0
     logp = torch.tensor([[math.log(0.6)]], dtype=torch.float64, requires_grad=True)  # pi = 0.6
     old = torch.tensor([[math.log(0.4)]], dtype=torch.float64)  # ratio 1.5
     ref = torch.tensor([[math.log(0.2)]], dtype=torch.float64)  # pi_ref / pi = 1/3
-    out = clipped_surrogate(logp, old, torch.tensor([adv], dtype=torch.float64), 0.2, 0.28, ref_logp=ref, kl_coef=beta)
+    out = clipped_surrogate(logp, old, torch.tensor([adv], dtype=torch.float64), 0.2, 0.28)
+    loss = out.loss + beta * k3_to_reference(logp, ref)
     k3 = 1 / 3 - math.log(1 / 3) - 1
-    assert out.clipped_upper.item() and out.kl.item() == pytest.approx(k3)
-    assert out.loss.item() == pytest.approx(-1.28 * adv + beta * k3)
-    out.loss.sum().backward()
+    assert out.clipped_upper.item() and loss.item() == pytest.approx(-1.28 * adv + beta * k3)
+    loss.sum().backward()
     assert logp.grad.item() == pytest.approx(beta * (1 - 1 / 3))
 
 
@@ -96,8 +92,6 @@ def test_per_token_advantages_and_errors():
     logp = torch.log(torch.tensor([[1.5, 1.5]]))
     out = clipped_surrogate(logp, torch.zeros_like(logp), torch.tensor([[1.0, -1.0]]), 0.2, 0.28)
     torch.testing.assert_close(out.loss, torch.tensor([[-1.28, 1.5]]))
-    with pytest.raises(ValueError, match="ref_logp"):
-        clipped_surrogate(logp, logp, torch.ones(1), 0.2, 0.2, kl_coef=0.1)
     with pytest.raises(ValueError, match="dual_clip_c"):
         clipped_surrogate(logp, logp, torch.ones(1), 0.2, 0.2, dual_clip_c=1.0)
 
@@ -146,4 +140,4 @@ def test_flags_are_exactly_where_the_gradient_vanishes(log_ratio, eps_low, eps_h
     active = out.clipped_lower | out.clipped_upper
     assert torch.all(grad[active] == 0)
     assert torch.all(grad[~active & (a != 0)] != 0)
-    assert torch.all(out.loss >= -a * out.ratio - 1e-12)  # the clipped loss is pessimistic
+    assert torch.all(out.loss >= -a * logp.detach().exp() - 1e-12)  # the clipped loss is pessimistic

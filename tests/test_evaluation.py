@@ -35,9 +35,7 @@ class OracleEngine:
         for p, k in zip(prompt_ids, per_prompt_counts(n, len(prompt_ids)), strict=True):
             i = p[0]
             texts = [f"Let me think.\nAnswer: {self.answer_for(i, j)}" for j in range(k)]
-            out.append(
-                [Sample(list(p), [1, 2, 3], [-0.1] * 3, "length" if j == 0 else "stop", t) for j, t in enumerate(texts)]
-            )
+            out.append([Sample([1, 2, 3], [-0.1] * 3, "length" if j == 0 else "stop", t) for j, t in enumerate(texts)])
         return out
 
 

@@ -45,12 +45,10 @@ def test_docs_declare_the_same_statistics_as_the_code():
 
 # ------------------------------------------------------------------------- what the trainer logs for the table
 def _group(lengths: list[int], truncated: list[bool], correct: list[bool]):
-    from dapo.trainer.collect import Group
-    from dapo.types import Problem, Sample
+    from dapo.types import Group, Problem, Sample
 
     samples = [
-        Sample([1, 2], list(range(n)), None, "length" if t else "stop", "")
-        for n, t in zip(lengths, truncated, strict=True)
+        Sample(list(range(n)), None, "length" if t else "stop", "") for n, t in zip(lengths, truncated, strict=True)
     ]
     return Group(
         Problem("p", "q", "1"), [1, 2], samples, [1.0 if c else -1.0 for c in correct], correct, [0.0] * len(correct)
@@ -59,16 +57,18 @@ def _group(lengths: list[int], truncated: list[bool], correct: list[bool]):
 
 @pytest.mark.parametrize("overlong_filter, share", [(False, 3 / 10), (True, 0.0)])
 def test_trained_batch_reports_truncated_loss_share_and_zero_advantage_groups(overlong_filter, share):
+    from dapo.algos.advantages import group_advantages
     from dapo.algos.dynamic_sampling import RefillStats
-    from dapo.trainer.collect import Collected, outcome_of
-    from dapo.trainer.metrics import rollout_metrics
-    from dapo.trainer.rollout_batch import build_batch
+    from dapo.algos.overlong import overlong_loss_mask
+    from dapo.trainer.metrics import outcome_of, rollout_metrics
+    from dapo.trainer.step import policy_batch, rewards_of
 
     # group 0: both wrong (advantages all 0), one truncated (2 of its tokens); group 1: one right, one truncated
     groups = [_group([3, 2], [False, True], [False, False]), _group([4, 1], [False, True], [True, False])]
-    batch = build_batch(groups, norm_adv_by_std=True, overlong_filter=overlong_filter)
-    col = Collected(groups, RefillStats(gen_batches=1), [outcome_of(g) for g in groups])
-    m = rollout_metrics(col, batch, {}, norm_adv_by_std=True)
+    batch = policy_batch(groups, group_advantages(rewards_of(groups)).reshape(-1))
+    if overlong_filter:  # the step's phase 6
+        batch.loss_mask = overlong_loss_mask(batch.response_mask, batch.truncated)
+    m = rollout_metrics(groups, RefillStats(gen_batches=1), [outcome_of(g) for g in groups], batch, {}, True)
     # loss tokens 3 + 2 + 4 + 1 = 10, of them on truncated responses 2 + 1 = 3; the filter zeroes those rows
     assert m[M.TRUNC_LOSS_TOKEN_FRAC] == pytest.approx(share)
     assert m[M.ZERO_ADV_TRAINED_FRAC] == pytest.approx(0.5)

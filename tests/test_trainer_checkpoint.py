@@ -108,34 +108,38 @@ def test_stop_flag_catches_sigterm_and_sigusr1_and_gives_back_the_handler_it_fou
 
 # ------------------------------------------------------------------------------------------ no pickles
 def _refill_state():
-    """What collect() hands the checkpoint when a stop comes mid-refill: an accumulator holding real groups."""
+    """What the step hands the checkpoint when a stop comes mid-refill: an accumulator holding real groups, every
+    generated group's outcome and the phases' seconds so far."""
     from dapo.algos.dynamic_sampling import RefillAccumulator
-    from dapo.trainer.collect import Group, outcome_of
-    from dapo.types import Problem, Sample
+    from dapo.trainer.metrics import outcome_of
+    from dapo.trainer.step import PartialStep
+    from dapo.types import Group, Problem, Sample
 
     def group(i, correct):
         samples = [
-            Sample([1, 2], [3, 4 + i], [-0.5, -0.25], "stop", f"Answer: {i}"),
-            Sample([1, 2], [5], None, "length", ""),
+            Sample([3, 4 + i], [-0.5, -0.25], "stop", f"Answer: {i}"),
+            Sample([5], None, "length", ""),
         ]
         return Group(Problem(f"p{i}", f"What is {i}?", str(i)), [1, 2], samples, [1.0, -1.0], correct, [0.0, -0.5])
 
     acc = RefillAccumulator(target_groups=3, max_gen_batches=4, at_cap="partial")
     acc.add([group(0, [True, False]), group(1, [True, True])], [True, False], tokens_generated=7)
-    outcomes = [outcome_of(group(0, [True, False]), "easy"), outcome_of(group(1, [True, True]))]
-    return {"acc": acc, "generated": outcomes, "timings": {"generate": 0.5}}
+    outcomes = [outcome_of(group(0, [True, False])), outcome_of(group(1, [True, True]))]
+    outcomes[0].kind = "easy"
+    return PartialStep(refill=acc, generated=outcomes, timings={"generate": 0.5})
 
 
 def _partial_step():
-    """What the loop hands the checkpoint when a stop comes before an update: the collected groups, the batch with
-    its old log-probs (tensors), the updates done and their metrics."""
-    from dapo.algos.dynamic_sampling import RefillStats
+    """What the step hands the checkpoint when a stop comes before an update: the refill done, the batch with its
+    old log-probs (tensors), the updates done and their metrics."""
+    from dapo.algos.dynamic_sampling import RefillAccumulator
     from dapo.learner.batch import PolicyBatch
-    from dapo.trainer.collect import Collected
-    from dapo.trainer.step import PartialStep
 
-    groups = _refill_state()["acc"].state_dict()["kept"]
-    batch = PolicyBatch(
+    partial = _refill_state()
+    kept = partial.refill.state_dict()["kept"]
+    partial.refill = RefillAccumulator(target_groups=1)
+    partial.refill.add(kept, [True], tokens_generated=3)  # full: the batch is built
+    partial.batch = PolicyBatch(
         prompt_ids=[[1, 2], [1, 2]],
         response_ids=[[3, 4], [5]],
         advantages=torch.tensor([0.7, -0.7]),
@@ -145,8 +149,8 @@ def _partial_step():
         truncated=torch.tensor([False, True]),
         response_mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
     )
-    collected = Collected(groups, RefillStats(gen_batches=1, groups_kept=1), _refill_state()["generated"])
-    return PartialStep(collected=collected, batch=batch, updates_done=1, update_stats=[{"actor/pg_loss": 0.25}])
+    partial.update_stats = [{"actor/pg_loss": 0.25}]
+    return partial
 
 
 def test_rng_and_a_part_done_step_round_trip_through_json_and_safetensors(tmp_path):
@@ -167,8 +171,9 @@ def test_rng_and_a_part_done_step_round_trip_through_json_and_safetensors(tmp_pa
     _, rng, back = ck.load_checkpoint_state(path)
     ck.set_rng_state(rng)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expect
-    assert type(back) is type(partial) and back.updates_done == 1 and back.update_stats == partial.update_stats
-    assert back.collected == partial.collected and back.collected.groups[0].samples[0].logprobs == [-0.5, -0.25]
+    assert type(back) is type(partial) and back.update_stats == partial.update_stats
+    assert back.refill.result() == partial.refill.result() and back.generated == partial.generated
+    assert back.refill.result()[0][0].samples[0].logprobs == [-0.5, -0.25]
     for f in ("group_ids", "advantages", "truncated", "response_mask", "loss_mask", "old_logp", "sample_ids"):
         a, b = getattr(back.batch, f), getattr(partial.batch, f)
         assert a.dtype == b.dtype and torch.equal(a, b), f
@@ -176,17 +181,16 @@ def test_rng_and_a_part_done_step_round_trip_through_json_and_safetensors(tmp_pa
 
 
 def test_a_refill_cut_off_between_generation_batches_resumes_where_it_stopped(tmp_path):
-    from dapo.trainer.step import PartialStep
-
-    refill = _refill_state()
-    back = ck.load_checkpoint_state(_save(tmp_path, 1, refill=PartialStep(refill=refill)))[2].refill
-    acc, kept = back["acc"], back["acc"].state_dict()["kept"]
-    assert acc.stats == refill["acc"].stats and kept == refill["acc"].state_dict()["kept"]
+    partial = _refill_state()
+    back = ck.load_checkpoint_state(_save(tmp_path, 1, refill=partial))[2]
+    acc, kept = back.refill, back.refill.state_dict()["kept"]
+    assert acc.stats == partial.refill.stats and kept == partial.refill.state_dict()["kept"]
     assert (
         kept[0].problem.answer == "0"
-        and back["generated"] == refill["generated"]
-        and back["generated"][0].lengths == [2, 1]
-        and back["timings"] == {"generate": 0.5}
+        and back.generated == partial.generated
+        and back.generated[0].lengths == [2, 1]
+        and back.generated[0].kind == "easy"
+        and back.timings == {"generate": 0.5}
     )
     acc.add(kept, [True], tokens_generated=1)  # the restored accumulator goes on where the stopped one was
     assert acc.stats.gen_batches == 2 and acc.stats.groups_kept == 2

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from dapo.config import REPO_ROOT, load_config
 from dapo.evaluation.evaluate import EvalSettings
 from dapo.learner import UPDATE_SKIPPED
 from dapo.rollout.base import per_prompt_counts
-from dapo.rollout.seeds import call_seed
+from dapo.rollout.replicas import call_seed
 from dapo.trainer import FAILURE_EXIT_CODE, RESUME_EXIT_CODE
 from dapo.trainer import checkpoint as ck
 from dapo.trainer.components import Components, EvalSet
@@ -32,25 +31,14 @@ from dapo.trainer.step import PartialStep
 from dapo.types import Problem, Sample
 
 
-@dataclass
-class Score:
-    score: float
-    correct: bool
-    extracted: str | None = None
-
-
-def score_fn(texts, answers):
-    return [Score(1.0 if t == a else -1.0, t == a) for t, a in zip(texts, answers, strict=True)]
-
-
 def sigterm() -> None:
     os.kill(os.getpid(), signal.SIGTERM)  # what SLURM sends; the trainer's handler only sets its stop flag
 
 
 class FakeEngine:
-    """Answers "1" or "0" at random (seeded by each call's seeds); every third response is long and truncated.
-    `crash_at` raises on that generate call (a simulated kill), `sigterm_at` signals during it. Checks that it
-    never samples asleep or with weights not synced since it slept (colocation order)."""
+    """Answers "Answer: 1" or "Answer: 0" at random (seeded by each call's seeds); every third response is long and
+    truncated. `crash_at` raises on that generate call (a simulated kill), `sigterm_at` signals during it. Checks
+    that it never samples asleep or with weights not synced since it slept (colocation order)."""
 
     def __init__(self, crash_at: int | None = None, sigterm_at: int | None = None) -> None:
         self.calls = 0
@@ -70,16 +58,15 @@ class FakeEngine:
             sigterm()
         g = torch.Generator().manual_seed(call_seed(seeds))
         out = []
-        for p, k in zip(prompt_ids, per_prompt_counts(n, len(prompt_ids)), strict=True):
+        for k in per_prompt_counts(n, len(prompt_ids)):
             bits = torch.randint(0, 2, (k,), generator=g).tolist()
             out.append(
                 [
                     Sample(
-                        prompt_ids=p,
                         response_ids=[5] * (max_tokens if j % 3 == 2 else 3),
                         logprobs=None,
                         finish_reason="length" if j % 3 == 2 else "stop",
-                        text=str(b),
+                        text=f"Answer: {b}",
                     )
                     for j, b in enumerate(bits)
                 ]
@@ -224,7 +211,6 @@ def make(tmp_path, *overrides, engine=None, learner=None, eval_set=None, row="00
         learner=learner or FakeLearner(),
         problems=PROBLEMS,
         prompts=[[i] for i in range(20)],
-        scorer=score_fn,
         make_tracker=FakeTracker,
         eval_set=eval_set,
     )
@@ -323,7 +309,7 @@ def test_sigterm_between_updates_resumes_to_the_uninterrupted_run(tmp_path):
     assert cut.run() == RESUME_EXIT_CODE
     latest = ck.latest_checkpoint(tmp_path / "cut" / "run")
     state, _, partial = ck.load_checkpoint_state(latest)
-    assert isinstance(partial, PartialStep) and partial.updates_done == 3 and state["step"] == 2
+    assert isinstance(partial, PartialStep) and len(partial.update_stats) == 3 and state["step"] == 2
     assert state["grad_updates"] == 2 * 4 + 3
     generated = cut.components.engine.calls
     resumed = make(tmp_path / "cut")
@@ -343,7 +329,7 @@ def test_sigterm_between_generation_batches_resumes_to_the_uninterrupted_run(tmp
     cut = make(tmp_path / "cut", *ds, engine=FakeEngine(sigterm_at=first_of_step2))
     assert cut.run() == RESUME_EXIT_CODE
     _, _, partial = ck.load_checkpoint_state(ck.latest_checkpoint(tmp_path / "cut" / "run"))
-    assert isinstance(partial, PartialStep) and partial.refill is not None
+    assert isinstance(partial, PartialStep) and not partial.refill.done and partial.batch is None
     resumed = make(tmp_path / "cut", *ds)
     assert resumed.run() == 0
     assert cut.components.engine.calls + resumed.components.engine.calls == calls  # no generation batch done twice

@@ -18,7 +18,7 @@ from dapo.algos.aggregation import (
 from dapo.algos.dynamic_sampling import RefillAccumulator, RefillCapReached, RefillStats, keep_groups
 from dapo.algos.logprobs import chunked_logprobs_entropy, naive_logprobs_entropy
 from dapo.algos.overlong import overlong_loss_mask, soft_overlong_penalty
-from dapo.algos.surrogate import SurrogateOut, clipped_surrogate
+from dapo.algos.policy_loss import SurrogateOut, clipped_surrogate
 
 __all__ = [
     "MODES",

@@ -1,7 +1,7 @@
 """The formulas of the metrics an update and a rollout step log (docs/algorithm.md section 7; Figs 3a and 3b of the
 paper), their one owner: the learner adds up `update_sums` over micro-batches and ranks and logs `update_metrics`;
-the trainer's step metrics call `group_outcome_fractions` and `group_sameness`. A mean over an empty set is NaN
-(never a warning or an error).
+the trainer's step metrics call `group_outcome_fractions`, `group_sameness` and `mismatch_stats`. A mean over an
+empty set is NaN (never a warning or an error).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from dapo import metric_names as M
-from dapo.algos.surrogate import SurrogateOut
+from dapo.algos.policy_loss import _LOG_RATIO_CLAMP, SurrogateOut
 
 # A token is rare below this old-policy probability: the paper's Fig 3a finds the upper-clipped tokens' mean
 # probability below 0.2, and such a token with positive advantage is what clip-higher lets rise (section 3.1).
@@ -29,7 +29,6 @@ UPDATE_SUMS: tuple[str, ...] = (
     M.DUAL_CLIPFRAC,
     M.CLIP_HIGH_PROB,
     M.APPROX_KL,
-    M.ENTROPY,
     M.KL_REF,
     M.CLIPFRAC_HIGH_RARE,
     RARE_POSITIVE,
@@ -47,7 +46,6 @@ def update_sums(
     logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    entropy: Tensor,
     kl: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """One micro-batch's part of every update metric (`UPDATE_SUMS`), as 0-d float64 tensors on the inputs' device.
@@ -56,7 +54,7 @@ def update_sums(
         out: the policy loss's per-token flags (`dapo.algos.policy_loss.per_token_loss`), [N, T] each.
         loss: this micro-batch's part of the mini-batch loss (its weighted sum), 0-d.
         old_logp, logp: [N, T] log pi_old and log pi_theta of the sampled tokens; advantages [N].
-        mask: [N, T] the loss mask; entropy: [N, T] of the current policy; kl: [N, T] k3 to the reference, or None.
+        mask: [N, T] the loss mask; kl: [N, T] k3 to the reference, or None.
 
     The sums: clip flags where a bound was active (the upper one for Fig 3a's probability, CLIP_HIGH_PROB = sum of
     pi_old over upper-clipped tokens); APPROX_KL = sum of r - 1 - log r, r = pi_theta / pi_old (the k3 estimate of
@@ -82,7 +80,6 @@ def update_sums(
         M.DUAL_CLIPFRAC: msum(out.dual_clipped.double()),
         M.CLIP_HIGH_PROB: msum(old_logp.exp(), upper),
         M.APPROX_KL: msum(torch.expm1(log_r) - log_r),
-        M.ENTROPY: msum(entropy),
         M.KL_REF: msum(kl) if kl is not None else zero,
         M.CLIPFRAC_HIGH_RARE: msum(upper.double(), rare_pos),
         RARE_POSITIVE: msum(rare_pos.double()),
@@ -105,7 +102,7 @@ def update_metrics(
     def frac(x: float, n: float) -> float:
         return x / n if n > 0 else math.nan
 
-    per_token = [M.CLIPFRAC_LOW, M.CLIPFRAC_HIGH, M.DUAL_CLIPFRAC, M.APPROX_KL, M.ENTROPY]
+    per_token = [M.CLIPFRAC_LOW, M.CLIPFRAC_HIGH, M.DUAL_CLIPFRAC, M.APPROX_KL]
     per_token += [M.KL_REF] if with_kl else []
     per_token += [M.CISPO_CAPPED_FRAC] if policy_loss == "cispo" else []
     per_token += [M.COV_SELECTED_FRAC] if policy_loss in ("clip_cov", "kl_cov") else []
@@ -171,3 +168,37 @@ def group_sameness(responses: list[list[int]], logprobs: list[list[float] | None
         return distinct, None
     terms = [math.log(math.comb(g, k)) + (k - 1) * float(sum(logprobs[first[key]])) for key, k in repeated]
     return distinct, sum(min(t, 0.0) for t in terms)
+
+
+def log_ratio(old_logp: Tensor, engine_logp: Tensor, mask: Tensor) -> Tensor:
+    """d = log pi_old - log pi_rollout on response tokens, 0 elsewhere. [N, T] each, float64 out."""
+    m = mask.to(torch.bool)
+    d = old_logp.detach().double() - engine_logp.detach().double()
+    return torch.where(m, d, torch.zeros_like(d))
+
+
+def mismatch_stats(old_logp: Tensor, engine_logp: Tensor, mask: Tensor, token_bound: float) -> dict[str, float]:
+    """How far the engine's log-probs are from the learner's on the sampled tokens.
+
+    Args:
+        old_logp, engine_logp, mask: log pi_old and log pi_rollout of the sampled tokens and the mask, [N, T] each.
+        token_bound: a token is "beyond" when |d_t| exceeds this.
+
+    Returns:
+        `abs_diff` mean |d_t|; `k3` mean (e^d - 1 - d), >= 0; `seq_abs_diff_max` the largest per-response mean
+        |d_t|; `beyond_frac` the share of tokens with |d_t| > token_bound. NaN for each when no token is masked in.
+    """
+    m = mask.to(torch.bool)
+    if not m.any():
+        return {k: math.nan for k in ("abs_diff", "k3", "seq_abs_diff_max", "beyond_frac")}
+    d = log_ratio(old_logp, engine_logp, mask)
+    a = d.abs()
+    lengths = m.sum(dim=-1)
+    per_seq = a.sum(dim=-1)[lengths > 0] / lengths[lengths > 0]
+    dc = d.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    return {
+        "abs_diff": float(a[m].mean()),
+        "k3": float((torch.expm1(dc) - dc)[m].mean()),
+        "seq_abs_diff_max": float(per_seq.max()),
+        "beyond_frac": float((a[m] > token_bound).double().mean()),
+    }

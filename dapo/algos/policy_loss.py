@@ -3,7 +3,14 @@
 Every loss is a pure function of per-token tensors [N, T] (N responses, T padded tokens) returning per-token losses
 (`SurrogateOut`), which the learner weights and sums exactly as for DAPO's own loss (`dapo.algos.aggregation`):
 
-- `ppo_clip` (the default; the paper's rows): `dapo.algos.surrogate.clipped_surrogate`, clip-higher and dual-clip.
+- `ppo_clip` (the default; the paper's rows): `clipped_surrogate`, the clipped surrogate with decoupled bounds
+  (clip-higher) and the optional dual-clip, docs/algorithm.md section 2:
+
+      rho_{i,t} = exp(logp - old_logp)
+      l_{i,t}   = -min(rho A_i, clip(rho, 1 - eps_low, 1 + eps_high) A_i)            (paper Eq. 10)
+      dual-clip (A_i < 0):  l_{i,t} = min(l_{i,t}, -c A_i)                           (verl's form, c > 1)
+
+  eps_low = eps_high = 0.2 is naive GRPO; DAPO raises eps_high to 0.28.
 - `gspo` (Zheng et al. 2025, arXiv 2507.18071, Eq. 5-7): one importance ratio per response, the geometric mean of
   its token ratios, clipped per response:
 
@@ -33,6 +40,10 @@ Every loss is a pure function of per-token tensors [N, T] (N responses, T padded
   covariance get coef * |log pi_theta - log pi_old| added (defaults ratio 2e-4, coef 1.0, the authors' recipe;
   verl's default coef is 0.1).
 
+Every loss returns per-token losses; the loss mask and the normaliser are the aggregation's, and the k3 KL term to a
+reference policy (`k3_to_reference`, off in every DAPO row) and the rollout correction's weights are added by the
+learner to every loss alike.
+
 Splits. GSPO's ratio needs a whole response: the learner never splits one across micro-batches or ranks, so s_i is
 exact in any split. The covariance rule needs the whole mini-batch's means and its k-th token: the learner takes
 them over every rank's tokens before the first backward (a no-grad pass over the mini-batch, all-reduced means,
@@ -44,20 +55,85 @@ micro-batch on each rank, with an unseeded generator).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from dapo.algos.surrogate import _LOG_RATIO_CLAMP, SurrogateOut, clipped_surrogate
 from dapo.types import POLICY_LOSSES, PolicyLossName
 
 __all__ = ["POLICY_LOSSES", "PolicyLossName", "per_token_loss"]
 COVARIANCE_LOSSES = ("clip_cov", "kl_cov")  # the ones that need the mini-batch's covariance selection first
 
 
+# exp() of a log-ratio beyond this overflows float32 on wild tokens; verl clamps the same way. Within the clamp (ratio
+# in [2e-9, 5e8]) the loss and its gradient are untouched.
+_LOG_RATIO_CLAMP = 20.0
+
+
+@dataclass
+class SurrogateOut:
+    """Per-token outputs, all [N, T]. Flags are bool and mark where a bound is *active*, i.e. where it set the
+    loss and zeroed the gradient; they ignore the loss mask (metrics apply it)."""
+
+    loss: Tensor
+    clipped_lower: Tensor  # rho < 1 - eps_low and A < 0
+    clipped_upper: Tensor  # rho > 1 + eps_high and A > 0 (Fig 3a's tokens)
+    dual_clipped: Tensor  # A < 0 and the dual-clip bound -c*A was taken (all False when c is None)
+    capped: Tensor | None = None  # CISPO: the importance weight was capped
+    selected: Tensor | None = None  # Clip-Cov / KL-Cov: chosen by the covariance rule
+
+
 def _adv(advantages: Tensor, like: Tensor) -> Tensor:
     adv = advantages.unsqueeze(-1) if advantages.dim() == like.dim() - 1 else advantages
     return adv.to(like.dtype).detach()
+
+
+def clipped_surrogate(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip_c: float | None = None,
+) -> SurrogateOut:
+    """Per-token PPO-clip losses with decoupled clip bounds (module docstring).
+
+    Args:
+        logp: [N, T] log pi_theta of the sampled tokens (requires grad).
+        old_logp: [N, T] log pi_old of the same tokens (the policy that generated them; no grad).
+        advantages: [N] (one per response, broadcast over tokens) or [N, T].
+        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high].
+        dual_clip_c: bound c > 1 for negative advantages (released recipe: 10); None turns it off.
+
+    Returns:
+        SurrogateOut with per-token `loss` [N, T] (differentiable w.r.t. logp) and the clip flags.
+    """
+    if eps_low < 0 or eps_high < 0 or eps_low > 1:  # eps_low 1: no lower bound (Clip-Cov's recipe)
+        raise ValueError(f"need 0 <= eps_low <= 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+    if dual_clip_c is not None and dual_clip_c <= 1:
+        raise ValueError(f"dual_clip_c must be > 1 (released recipe: 10) or None, got {dual_clip_c}")
+    if logp.shape != old_logp.shape:
+        raise ValueError(f"logp {tuple(logp.shape)} and old_logp {tuple(old_logp.shape)} differ in shape")
+    adv = _adv(advantages, logp)
+    ratio = torch.exp(torch.clamp(logp - old_logp.detach(), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    loss = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high))
+    r = ratio.detach()
+    clipped_lower = (r < 1.0 - eps_low) & (adv < 0)
+    clipped_upper = (r > 1.0 + eps_high) & (adv > 0)
+    dual_clipped = torch.zeros_like(clipped_lower)
+    if dual_clip_c is not None:
+        bound = -adv * dual_clip_c  # positive where A < 0
+        dual_clipped = (adv < 0) & (loss.detach() > bound)
+        loss = torch.where(adv < 0, torch.minimum(loss, bound), loss)
+    return SurrogateOut(loss, clipped_lower, clipped_upper, dual_clipped)
+
+
+def k3_to_reference(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k3 estimator of KL(pi_theta || pi_ref) per token on samples of pi_theta: pi_ref/pi - log(pi_ref/pi) - 1 >= 0.
+    [N, T]; differentiable w.r.t. logp (GRPO's KL term, which the learner adds to any loss times `kl_coef`)."""
+    d = torch.clamp(ref_logp.detach() - logp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    return torch.exp(d) - d - 1.0
 
 
 def gspo_surrogate(
@@ -88,8 +164,6 @@ def gspo_surrogate(
         clipped_lower=(r < 1.0 - eps_low) & (adv < 0),
         clipped_upper=(r > 1.0 + eps_high) & (adv > 0),
         dual_clipped=torch.zeros_like(r, dtype=torch.bool),
-        ratio=r,
-        kl=None,
     )
 
 
@@ -115,8 +189,6 @@ def cispo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_max: flo
         clipped_lower=torch.zeros_like(capped),
         clipped_upper=capped & (adv > 0),
         dual_clipped=torch.zeros_like(capped),
-        ratio=r,
-        kl=None,
         capped=capped,
     )
 
@@ -228,8 +300,6 @@ def kl_cov_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, selecte
         clipped_lower=none,
         clipped_upper=none,
         dual_clipped=none,
-        ratio=ratio.detach(),
-        kl=None,
         selected=selected,
     )
 

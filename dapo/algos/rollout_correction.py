@@ -5,8 +5,9 @@ The engine samples in its own numerics (vLLM's kernels, bf16, another attention)
 old log-probs in its own, so the tokens were drawn from pi_rollout, not from the pi_old that PPO's ratio
 pi_theta / pi_old starts from. With d_t = log pi_old(y_t) - log pi_rollout(y_t) on sampled tokens:
 
-    mismatch:   mean |d_t|,  k3 = E[e^d - 1 - d] (an estimate of KL(pi_rollout || pi_old) from pi_rollout's samples),
-                the largest per-response mean |d_t|, the share of tokens with |d_t| above a bound
+    mismatch (`dapo.algos.metrics.mismatch_stats`, logged every step): mean |d_t|, k3 = E[e^d - 1 - d] (an
+                estimate of KL(pi_rollout || pi_old) from pi_rollout's samples), the largest per-response mean
+                |d_t|, the share of tokens with |d_t| above a bound
 
     token_tis:     w_t = min(e^{d_t}, C)                 truncated importance sampling, per token
     sequence_tis:  w_i = min(e^{sum_t d_t}, C)           ... per response (the product of its token ratios)
@@ -31,17 +32,11 @@ import math
 import torch
 from torch import Tensor
 
+from dapo.algos.metrics import log_ratio
+from dapo.algos.policy_loss import _LOG_RATIO_CLAMP
 from dapo.types import ROLLOUT_CORRECTIONS, RolloutCorrection
 
-__all__ = ["ROLLOUT_CORRECTIONS", "RolloutCorrection", "correction_weights", "mismatch_stats"]
-_LOG_RATIO_CLAMP = 20.0
-
-
-def log_ratio(old_logp: Tensor, engine_logp: Tensor, mask: Tensor) -> Tensor:
-    """d = log pi_old - log pi_rollout on response tokens, 0 elsewhere. [N, T] each, float64 out."""
-    m = mask.to(torch.bool)
-    d = old_logp.detach().double() - engine_logp.detach().double()
-    return torch.where(m, d, torch.zeros_like(d))
+__all__ = ["ROLLOUT_CORRECTIONS", "RolloutCorrection", "correction_weights"]
 
 
 def correction_weights(
@@ -91,30 +86,3 @@ def correction_weights(
     w = torch.where(m, w.expand_as(d), torch.zeros_like(d))
     stats["weight_mean"] = float(w[m].mean()) if m.any() else math.nan
     return w.float(), stats
-
-
-def mismatch_stats(old_logp: Tensor, engine_logp: Tensor, mask: Tensor, token_bound: float) -> dict[str, float]:
-    """How far the engine's log-probs are from the learner's on the sampled tokens.
-
-    Args:
-        old_logp, engine_logp, mask: as in `correction_weights`, [N, T] each.
-        token_bound: a token is "beyond" when |d_t| exceeds this.
-
-    Returns:
-        `abs_diff` mean |d_t|; `k3` mean (e^d - 1 - d), >= 0; `seq_abs_diff_max` the largest per-response mean
-        |d_t|; `beyond_frac` the share of tokens with |d_t| > token_bound. NaN for each when no token is masked in.
-    """
-    m = mask.to(torch.bool)
-    if not m.any():
-        return {k: math.nan for k in ("abs_diff", "k3", "seq_abs_diff_max", "beyond_frac")}
-    d = log_ratio(old_logp, engine_logp, mask)
-    a = d.abs()
-    lengths = m.sum(dim=-1)
-    per_seq = a.sum(dim=-1)[lengths > 0] / lengths[lengths > 0]
-    dc = d.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    return {
-        "abs_diff": float(a[m].mean()),
-        "k3": float((torch.expm1(dc) - dc)[m].mean()),
-        "seq_abs_diff_max": float(per_seq.max()),
-        "beyond_frac": float((a[m] > token_bound).double().mean()),
-    }

@@ -14,7 +14,6 @@ evaluation after the restart).
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,9 +22,8 @@ from typing import Any
 
 from dapo.metric_names import EVAL_LEN_MEAN, EVAL_TRUNC_FRAC
 from dapo.rollout.base import RolloutEngine
-from dapo.rollout.replicas import ReplicaLayout, Share, gather_shares, merge_by_prompt, split_samples
-from dapo.rollout.seeds import share_seeds
-from dapo.types import Problem
+from dapo.rollout.replicas import ReplicaLayout, gather_by_prompt, generate_share
+from dapo.types import Problem, Sample
 
 
 @dataclass(frozen=True)
@@ -87,14 +85,22 @@ def evaluate(
         prompt_ids: their P prompts, built and tokenised (`dapo.data.prompts.tokenize_problems`).
         settings: how to sample and summarise.
         seed_base: the base of the sampling seeds: sample j of problem i is drawn with
-            `dapo.rollout.seeds.sample_seed(seed_base, i, j)` (None: the engine's own stream).
+            `dapo.rollout.replicas.sample_seed(seed_base, i, j)` (None: the engine's own stream).
     Returns:
         EvalResult: metrics in percent; samples [P * n] dicts with problem_id, sample_index, text, extracted,
         answer, score, correct, truncated, num_tokens.
     """
     _check(problems, prompt_ids)
-    records = sample_and_score(engine, list(problems), [list(p) for p in prompt_ids], settings, seed_base)
-    return summarise(records, settings)
+    s = settings
+    if seed_base is None:
+        groups = engine.generate(
+            [list(p) for p in prompt_ids], [s.n] * len(prompt_ids), s.max_tokens, s.temperature, s.top_p
+        )
+    else:
+        _, groups = generate_share(
+            engine, ReplicaLayout(1, 1, 0), prompt_ids, s.n, seed_base, s.max_tokens, s.temperature, s.top_p
+        )
+    return summarise([r for piece in score_records(list(problems), groups, [0] * len(groups), s) for r in piece], s)
 
 
 def evaluate_on_replicas(
@@ -119,31 +125,21 @@ def evaluate_on_replicas(
         should_stop: polled before each shard but the first (collective, on every rank).
     """
     _check(problems, prompt_ids)
-    items = list(zip(problems, [list(p) for p in prompt_ids], strict=True))
-    per_shard = max(1, shard_sequences // settings.n)
+    s = settings
+    per_shard = max(1, shard_sequences // s.n)
     records: list[dict[str, Any]] = []
-    for k, start in enumerate(range(0, len(items), per_shard)):
+    for k, start in enumerate(range(0, len(problems), per_shard)):
         if k > 0 and should_stop():
             return None
-
-        shard = items[start : start + per_shard]
-        shares = split_samples(len(shard), settings.n, layout.num_replicas)
-        share = shares[layout.replica]  # this replica's part of the shard's samples
-        got = sample_and_score(
-            engine,
-            [shard[i][0] for i in share.prompts],
-            [shard[i][1] for i in share.prompts],
-            settings,
-            seed_base,
-            score=layout.is_leader,
-            share=share,
-            offset=start,
-        )
-        ends = list(itertools.accumulate(share.counts))  # the records, problem by problem
-        mine = [got[e - c : e] for c, e in zip(share.counts, ends, strict=True)] if layout.is_leader else []
-        for pieces in merge_by_prompt(len(shard), gather_shares(layout, shares, mine)):
-            records += [r for piece in pieces for r in piece]
-    return summarise(records, settings)
+        shard = list(problems[start : start + per_shard])
+        share, groups = generate_share(
+            engine, layout, prompt_ids[start : start + per_shard], s.n, seed_base, s.max_tokens, s.temperature,
+            s.top_p, offset=start,
+        )  # fmt: skip
+        mine = score_records([shard[i] for i in share.prompts], groups, share.first, s) if layout.is_leader else []
+        pieces, _ = gather_by_prompt(layout, s.n, len(shard), mine)
+        records += [r for parts in pieces for piece in parts for r in piece]
+    return summarise(records, s)
 
 
 def _check(problems: Sequence[Problem], prompt_ids: Sequence[list[int]]) -> None:
@@ -153,47 +149,21 @@ def _check(problems: Sequence[Problem], prompt_ids: Sequence[list[int]]) -> None
         raise ValueError(f"evaluate: {len(problems)} problems but {len(prompt_ids)} prompts")
 
 
-def sample_and_score(
-    engine: RolloutEngine,
-    problems: list[Problem],
-    prompt_ids: list[list[int]],
-    settings: EvalSettings,
-    seed_base: int | None,
-    *,
-    score: bool = True,
-    share: Share | None = None,
-    offset: int = 0,
-) -> list[dict[str, Any]]:
-    """n samples per problem, scored: one record per sample (see `evaluate`), problem by problem. `score=False`
-    samples only and returns [] (a tensor-parallel member whose leader keeps the result). With a replica's
-    `share`, `share.counts[i]` samples of problem i, indexed from `share.first[i]`; `offset` + the share's batch
-    index is the problem's index for its sample seeds."""
+def score_records(
+    problems: list[Problem], groups: list[list[Sample]], first: list[int], settings: EvalSettings
+) -> list[list[dict[str, Any]]]:
+    """The samples of each problem, scored: one record per sample (see `evaluate`), a list per problem; `first[i]`
+    is the index of problem i's first sample among its n (a replica draws part of each problem's samples)."""
     from dapo.rewards import score_responses
 
-    s = settings
-    counts = share.counts if share is not None else [s.n] * len(problems)
-    first = share.first if share is not None else [0] * len(problems)
-    index = share.prompts if share is not None else list(range(len(problems)))
-    seeds = None if seed_base is None else share_seeds(seed_base, [offset + i for i in index], counts, first)
-    groups = (
-        engine.generate(
-            prompt_ids, n=counts, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seeds=seeds
-        )
-        if problems
-        else []
-    )
-    if not score or not problems:
-        return []
     texts = [smp.text for g in groups for smp in g]
     answers = [p.answer for p, g in zip(problems, groups, strict=True) for _ in g]
-    scores = iter(score_responses(texts, answers, verifier=s.verifier))
-    records: list[dict[str, Any]] = []
-    for p, g, k, j0 in zip(problems, groups, counts, first, strict=True):
-        if len(g) != k:
-            raise RuntimeError(f"engine returned {len(g)} samples for problem {p.id}, expected {k}")
-        for j, smp in enumerate(g, start=j0):
-            sc = next(scores)
-            records.append(
+    scores = iter(score_responses(texts, answers, verifier=settings.verifier))
+    out: list[list[dict[str, Any]]] = []
+    for p, g, j0 in zip(problems, groups, first, strict=True):
+        scored = [(smp, next(scores)) for smp in g]
+        out.append(
+            [
                 {
                     "problem_id": p.id,
                     "sample_index": j,
@@ -202,11 +172,13 @@ def sample_and_score(
                     "answer": p.answer,
                     "score": float(sc.score),
                     "correct": bool(sc.correct),
-                    "truncated": smp.finish_reason == "length",
+                    "truncated": smp.truncated,
                     "num_tokens": len(smp.response_ids),
                 }
-            )
-    return records
+                for j, (smp, sc) in enumerate(scored, start=j0)
+            ]
+        )
+    return out
 
 
 def summarise(records: Sequence[dict[str, Any]], settings: EvalSettings) -> EvalResult:

@@ -95,7 +95,7 @@ class PolicyBatch:
             what the covariance losses' random draw is keyed by); None: 0 .. N-1.
 
     The trainer carries its rollout step in this one type from the rollout to the learner
-    (`dapo.trainer.rollout_batch.build_batch`); four fields are its own, for the step's metrics, and the learner reads
+    (`dapo.trainer.step.policy_batch`); four fields are its own, for the step's metrics, and the learner reads
     none of them: `truncated` [N] bool (finish reason "length"), `response_mask` [N, R] (1 on response tokens, the
     loss mask before overlong filtering), `engine_logp` [N, R] (the rollout engine's log-probs of its samples) and
     `entropy` [N, R] (the old policy's, on the sampled tokens).

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dapo.distributed import DistInfo, all_reduce
+from dapo.distributed import DistInfo, all_gather, all_reduce
 from dapo.learner.batch import (
     MicroBatch,
     PolicyBatch,
@@ -81,8 +81,25 @@ class ChunkedForward:
         )
 
     @torch.no_grad()
+    def whole_batch(self, batch: PolicyBatch, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """`per_token` of a batch every rank holds whole: each rank computes its token-balanced shard of rows
+        (`PolicyBatch.shard_rows`, as the updates split) and the ranks gather every row. Rows are independent here
+        (no normaliser), so any split gives the same numbers."""
+        world = self.dist.world_size
+        if world == 1:
+            return self.per_token(batch, temperature, with_entropy)
+        rows = batch.shard_rows(self.dist.rank, world, pack_prompts=self.pack_prompts)
+        logp, entropy = self.per_token(batch.select(rows), temperature, with_entropy)
+        whole = [torch.zeros_like(batch.loss_mask), torch.zeros_like(batch.loss_mask) if with_entropy else None]
+        for r, *parts in all_gather((rows, logp, entropy)):
+            for out, part in zip(whole, parts, strict=True):
+                if r and out is not None:
+                    out[r] = part
+        return whole[0], whole[1]
+
+    @torch.no_grad()
     def per_token(self, batch: PolicyBatch, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-        """(logp [N, R], entropy [N, R] or None), float32 on the CPU, zeros after each response."""
+        """(logp [N, R], entropy [N, R] or None) of this rank's rows, float32 on the CPU, zeros after each response."""
         n, width = batch.loss_mask.shape
         logp = torch.zeros(n, width, dtype=torch.float32)
         entropy = torch.zeros(n, width, dtype=torch.float32) if with_entropy else None

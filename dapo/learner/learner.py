@@ -30,8 +30,7 @@ from torch import Tensor
 from dapo import metric_names as M
 from dapo.algos.aggregation import group_token_counts, local_counts, token_weights, weighted_sum
 from dapo.algos.metrics import UPDATE_SUMS, update_metrics, update_sums
-from dapo.algos.policy_loss import COVARIANCE_LOSSES, covariance_selection, per_token_loss
-from dapo.algos.surrogate import k3_to_reference
+from dapo.algos.policy_loss import COVARIANCE_LOSSES, covariance_selection, k3_to_reference, per_token_loss
 from dapo.distributed import all_gather, all_reduce, init_distributed
 from dapo.learner.batch import LossSpec, MicroBatch, PolicyBatch, dummy_micro_batch
 from dapo.learner.forward import ChunkedForward
@@ -136,35 +135,37 @@ class Learner:
     # ------------------------------------------------------------------------------------------ forward
     @torch.no_grad()
     def compute_logprobs(self, batch: PolicyBatch) -> tuple[Tensor, Tensor]:
-        """Per-token log-probs and entropies of this rank's responses under the current weights.
+        """Per-token log-probs and entropies of the batch's responses under the current weights.
 
         Returns:
             (logp [N, R], entropy [N, R]) float32 on the CPU, R = batch.loss_mask.shape[1], zeros after each
-            response. Every rank must call it (ZeRO-3 gathers weights collectively).
+            response. Every rank must call it with the whole batch: each computes its shard (ZeRO-3 gathers weights
+            collectively) and every rank gets every row.
         """
-        logp, entropy = self.passes.per_token(batch, self.loss.temperature, with_entropy=True)
+        logp, entropy = self.passes.whole_batch(batch, self.loss.temperature, with_entropy=True)
         assert entropy is not None
         return logp, entropy
 
     # ------------------------------------------------------------------------------------------ update
     def update(self, batch: PolicyBatch, *, salt: int = 0) -> dict[str, float]:
-        """One optimizer step on this rank's part of a mini-batch (every rank calls it with its part).
+        """One optimizer step on a mini-batch: every rank calls it with the whole mini-batch and trains its shard,
+        sequences balanced by tokens (`PolicyBatch.shard`).
 
         `salt` keys the covariance losses' random draw (`dapo.algos.policy_loss.token_keys`): the trainer passes
         its update count, so a resumed run draws the same tokens.
 
         Returns metrics over the whole mini-batch (all ranks), keyed by `dapo.metric_names`: policy loss, lower
         and upper clip fractions, mean old probability of upper-clipped tokens (NaN if none), dual-clip
-        fraction, approx KL to the old policy, entropy of the current policy on loss tokens, KL to the
-        reference (with ref_logp), gradient norm before clipping, lr, cumulative skipped steps, and
-        UPDATE_SKIPPED (1.0 when this step was skipped as non-finite); and the chosen loss's own (sequence clip
-        fractions for GSPO, capped weights for CISPO, selected tokens for Clip-Cov and KL-Cov).
+        fraction, approx KL to the old policy, KL to the reference (with ref_logp), gradient norm before clipping,
+        lr, and UPDATE_SKIPPED (1.0 when this step was skipped as non-finite); and the chosen loss's own
+        (sequence clip fractions for GSPO, capped weights for CISPO, selected tokens for Clip-Cov and KL-Cov).
         """
         if batch.old_logp is None:
             raise ValueError("update needs batch.old_logp (Learner.compute_logprobs before the first update)")
         if self.loss.kl_coef > 0 and batch.ref_logp is None:
             raise ValueError("kl_coef > 0 needs batch.ref_logp (`dapo.learner.ReferencePolicy.compute_logprobs`)")
         spec, world = self.loss, self.dist.world_size
+        batch = batch.shard(self.dist.rank, world, pack_prompts=self.passes.pack_prompts)
         counts = self._global_counts(batch)
         weights = token_weights(
             batch.loss_mask,
@@ -246,7 +247,7 @@ class Learner:
         """The micro-batch's share of the mini-batch loss (its weighted sum) and of the update's metric sums. The
         forward's flat per-token outputs are laid out as [rows, width] so every loss sees whole responses."""
         spec, dev = self.loss, self.dist.device
-        logp_flat, entropy_flat = self.passes.run(mb, spec.temperature, with_entropy=True)
+        logp_flat, _ = self.passes.run(mb, spec.temperature, with_entropy=False)
         idx = torch.as_tensor(mb.rows, dtype=torch.long)
         where = torch.full((len(batch),), -1, dtype=torch.long)
         where[idx] = torch.arange(len(idx))
@@ -283,7 +284,7 @@ class Learner:
             if spec.kl_coef > 0:
                 per_token = per_token + spec.kl_coef * kl
         loss = weighted_sum(per_token, take(weights))
-        part = update_sums(out, loss, old, logp, adv, m, grid(entropy_flat), kl)
+        part = update_sums(out, loss, old, logp, adv, m, kl)
         return loss, part
 
     def _step(self) -> tuple[float, bool]:

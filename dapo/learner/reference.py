@@ -2,7 +2,7 @@
 
     ref = ReferencePolicy(model_path, zero_stage=3, dtype="bfloat16", micro_batch_tokens=45056,
                           logprob_chunk_size=256, temperature=1.0)      # the initial model, never updated
-    batch.ref_logp = ref.compute_logprobs(batch)                        # [N, R], this rank's part; no grad
+    batch.ref_logp = ref.compute_logprobs(batch)                        # [N, R], the whole batch; no grad
     learner.update(batch)                                               # adds kl_coef * k3 per loss token
 
 The reference is the model the run starts from (`model.path`), loaded a second time without an optimizer, with
@@ -13,7 +13,7 @@ log-probs exactly. Under ZeRO-3 its parameters are partitioned over the ranks li
 state and gradients and a frozen model has neither, every rank holds a whole copy. docs/algorithm.md section 9
 gives its memory at the 32B preset.
 
-Every rank calls `compute_logprobs` (ZeRO-3 gathers collectively), with its own part of the batch.
+Every rank calls `compute_logprobs` (ZeRO-3 gathers collectively) with the whole batch; each computes its shard.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class ReferencePolicy:
 
     @torch.no_grad()
     def compute_logprobs(self, batch: PolicyBatch) -> Tensor:
-        """Per-token log-probs [N, R] (float32, CPU, zeros after each response) of this rank's responses under the
-        reference policy, at the sampling temperature. Every rank must call it."""
-        logp, _ = self.passes.per_token(batch, self.temperature, with_entropy=False)
+        """Per-token log-probs [N, R] (float32, CPU, zeros after each response) of the batch's responses under the
+        reference policy, at the sampling temperature. Every rank must call it, with the whole batch."""
+        logp, _ = self.passes.whole_batch(batch, self.temperature, with_entropy=False)
         return logp

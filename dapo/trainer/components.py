@@ -5,7 +5,6 @@ The interfaces list only what the loop calls, so the tests' fakes satisfy them w
 - `RolloutEngine` (`dapo.rollout`): generate, sync_weights, sleep / wake_up. Every rank has one.
 - `PolicyLearner`: `dapo.learner.Learner` as the loop uses it.
 - `ReferencePolicy`: the frozen policy of the KL term (`algorithm.kl_coef > 0`); None in every DAPO row.
-- `Scorer`: (responses, answers) -> `dapo.rewards.Score` per response.
 - `MetricsTracker`: `dapo.tracking.Tracker`; ranks other than 0 get a `NullTracker`.
 """
 
@@ -23,13 +22,8 @@ if TYPE_CHECKING:
 
     from dapo.evaluation.evaluate import EvalSettings
     from dapo.learner.batch import PolicyBatch
-    from dapo.rewards.score import Score
     from dapo.rollout.base import RolloutEngine
     from dapo.types import GroupOutcome
-
-
-class Scorer(Protocol):
-    def __call__(self, responses: list[str], answers: list[str]) -> Sequence[Score]: ...
 
 
 class PolicyLearner(Protocol):
@@ -40,12 +34,14 @@ class PolicyLearner(Protocol):
         ...
 
     def compute_logprobs(self, batch: PolicyBatch) -> tuple[Tensor, Tensor]:
-        """(log-probs [N, R], entropies [N, R]) of the batch's responses under the current weights, no grad."""
+        """(log-probs [N, R], entropies [N, R]) of the batch's responses under the current weights, no grad. Every
+        rank passes the whole batch; each computes its shard and all get every row."""
         ...
 
     def update(self, batch: PolicyBatch, *, salt: int = 0) -> dict[str, float]:
-        """One optimizer step on this rank's shard of a mini-batch; metrics keyed by `dapo.metric_names`. `salt`
-        keys any random draw of the loss (the trainer's update count: the same again after a resume)."""
+        """One optimizer step on a mini-batch (every rank passes all of it and trains its shard); metrics keyed by
+        `dapo.metric_names`. `salt` keys any random draw of the loss (the trainer's update count: the same again
+        after a resume)."""
         ...
 
     def named_parameters_for_sync(self) -> Iterable[tuple[str, Tensor]]:
@@ -66,8 +62,8 @@ class PolicyLearner(Protocol):
 
 
 class ReferencePolicy(Protocol):
-    """A frozen policy for the KL penalty: `compute_logprobs(batch)` -> reference log-probs [N, R] of this rank's
-    rows (collective, like the learner's)."""
+    """A frozen policy for the KL penalty: `compute_logprobs(batch)` -> reference log-probs [N, R] of the batch
+    (collective, like the learner's: every rank passes the whole batch)."""
 
     def compute_logprobs(self, batch: PolicyBatch) -> Tensor: ...
 
@@ -171,7 +167,6 @@ class Components:
     learner: PolicyLearner
     problems: list[Problem]  # training prompts (raw) ...
     prompts: list[list[int]]  # ... and their token ids (template applied)
-    scorer: Scorer
     make_tracker: Callable[[str | None], MetricsTracker]  # run id (None: a new run) -> tracker
     eval_set: EvalSet | None = None  # None: no evaluation
     reference: ReferencePolicy | None = None  # the KL term's frozen policy (algorithm.kl_coef > 0)

@@ -8,7 +8,11 @@ many generation batches each rollout step used (dynamic sampling draws more prom
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+
+from dapo.types import Problem
 
 
 class PromptOrder:
@@ -56,3 +60,16 @@ class PromptOrder:
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self._perm = self._permutation(self.epoch)
+
+
+class PromptSource:
+    """The training problems and their prompt ids, handed out in the seeded order (`PromptOrder`)."""
+
+    def __init__(self, problems: Sequence[Problem], prompts: Sequence[list[int]], seed: int) -> None:
+        self.problems, self.prompts = problems, prompts
+        self.order = PromptOrder(len(problems), seed)
+
+    def take(self, k: int) -> tuple[list[Problem], list[list[int]]]:
+        """The next `k` problems and their prompt ids (every rank draws the same ones)."""
+        idx = self.order.take(k)
+        return [self.problems[i] for i in idx], [self.prompts[i] for i in idx]

@@ -38,18 +38,15 @@ from dapo.algos.dynamic_sampling import RefillCapReached
 from dapo.evaluation.evaluate import evaluate_on_replicas, write_samples
 from dapo.fsio import atomic_write
 from dapo.rollout.base import SyncError
-from dapo.rollout.replicas import ReplicaLayout
-from dapo.rollout.seeds import sampling_seed
+from dapo.rollout.replicas import ReplicaLayout, sampling_seed
 from dapo.trainer import DONE_FILE, FAILURE_EXIT_CODE, RESUME_EXIT_CODE, TRIPWIRE_EXIT_CODE
 from dapo.trainer import checkpoint as ck
-from dapo.trainer.collect import EVAL_STREAM, Sampler, StopDuringRefill
 from dapo.trainer.components import Components, MetricsTracker, NullTracker
-from dapo.trainer.data_order import PromptOrder
+from dapo.trainer.data_order import PromptSource
 from dapo.trainer.progress import Progress
 from dapo.trainer.signals import Deadline, StopFlag, job_end_time
-from dapo.trainer.step import Counters, PartialStep, StepIO, StepSettings, StopMidStep, rollout_step
+from dapo.trainer.step import EVAL_STREAM, Counters, PartialStep, StepIO, StepSettings, StopMidStep, rollout_step
 from dapo.trainer.tripwires import TripwireError, Tripwires
-from dapo.types import Problem
 
 log = logging.getLogger("dapo.train")
 
@@ -73,7 +70,6 @@ class RunSettings:
     keep_checkpoints: int
     stop_margin_s: float  # stop this long before the SLURM job's end
     seed: int
-    sampling_seed: int  # the rollouts' seed stream (seed + rollout.sampling_seed_offset)
     config_hash: str
     params: dict[str, Any] = field(default_factory=dict)  # logged once, as MLflow params
     tags: dict[str, str] = field(default_factory=dict)  # MLflow tags that line runs up in the UI
@@ -128,21 +124,22 @@ class Trainer:
         self.progress_rich = progress
         self.layout = ReplicaLayout.of_this_process(components.tensor_parallel_size)
         self.learner = components.learner
-        self.sampler = Sampler(
+        self.prompts = PromptSource(components.problems, components.prompts, settings.seed)
+        self._stop = StopFlag()
+        self.io = StepIO(
             components.engine,
-            components.scorer,
+            self.learner,
+            self.prompts,
             self.layout,
-            settings.step.rollout,
-            settings.sampling_seed,
-            components.tagger,
+            self._stop,
+            reference=components.reference,
+            tagger=components.tagger,
         )
-        self.order = PromptOrder(len(components.problems), settings.seed)
         self.run_state = RunState(config_hash=settings.config_hash)
         self.partial: PartialStep | None = None  # a step cut off by a stop, to finish first
         self.last_eval: dict[str, float] | None = None
         self.tracker: MetricsTracker = NullTracker()
         self.progress: Progress | None = None
-        self._stop = StopFlag()
         # stop before the SLURM job's time limit, not only at its signal (rank 0 asks squeue, once)
         self.deadline = Deadline(dist.broadcast(job_end_time() if dist.is_main() else None), settings.stop_margin_s)
         self._t0 = time.monotonic()
@@ -162,7 +159,7 @@ class Trainer:
             self.run_state,
             counters=replace(self.run_state.counters),
             elapsed_s=self.elapsed(),
-            data_order=self.order.state_dict(),
+            data_order=self.prompts.order.state_dict(),
         )
 
     def elapsed(self) -> float:
@@ -200,7 +197,7 @@ class Trainer:
             )
         ck.load_learner(self.learner, path)  # weights-only: a checkpoint folder cannot run code
         self.run_state = replace(saved, config_hash=self.settings.config_hash)
-        self.order.load_state_dict(saved.data_order)
+        self.prompts.order.load_state_dict(saved.data_order)
         self.partial = partial
         ck.set_rng_state(rng)
         self.components.engine.sync_weights(self.learner.named_parameters_for_sync())
@@ -275,18 +272,7 @@ class Trainer:
         start_state, start_rng = self.state(), ck.rng_state()
         resume, self.partial = self.partial, None
         try:
-            io = StepIO(
-                self.sampler,
-                self._next_prompts,
-                self.components.engine,
-                self.learner,
-                reference=self.components.reference,
-                should_stop=self._stop_requested,
-            )
-            metrics = rollout_step(step, io, self.settings.step, n, resume)
-        except StopDuringRefill as e:
-            self.save(partial=PartialStep(refill=e.state))
-            return self._preempted()
+            metrics = rollout_step(step, self.io, self.settings.step, n, resume)
         except StopMidStep as e:
             self.save(partial=e.partial)
             return self._preempted()
@@ -331,13 +317,9 @@ class Trainer:
             self._note(f"checkpoint at step {n.step}")
         return None
 
-    def _next_prompts(self, k: int) -> tuple[list[Problem], list[list[int]]]:
-        idx = self.order.take(k)
-        return [self.components.problems[i] for i in idx], [self.components.prompts[i] for i in idx]
-
     def _stop_requested(self) -> bool:
         """Collective: True on every rank when any rank got a stop signal."""
-        return dist.any_rank(self._stop.requested)
+        return self._stop.anywhere()
 
     # ---------------------------------------------------------------------------------------------- eval
     def _evaluate(self) -> None:
@@ -348,7 +330,7 @@ class Trainer:
             self.run_state.eval_due = False
             return
         t0 = time.perf_counter()
-        step, layout, rollout = self.counters.step, self.layout, self.settings.step.rollout
+        step, layout, s = self.counters.step, self.layout, self.settings.step
         self.learner.offload_states()
         self.components.engine.wake_up()
         result = evaluate_on_replicas(
@@ -360,7 +342,7 @@ class Trainer:
             seed_base=sampling_seed(self.settings.seed, EVAL_STREAM, step),
             # shards no longer than a training generation batch, so evaluation adds nothing to the worst-case
             # signal-to-checkpoint latency (the samples do not depend on the shards: `seed_base`)
-            shard_sequences=rollout.train_batch_size * rollout.n,
+            shard_sequences=s.train_batch_size * s.n,
             should_stop=self._stop_requested,
         )
         if result is None:

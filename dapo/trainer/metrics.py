@@ -19,27 +19,48 @@ import torch
 
 from dapo import metric_names as M
 from dapo.algos.advantages import group_advantages
-from dapo.algos.metrics import IMPLAUSIBLE_LOG_CHANCE, group_outcome_fractions
-from dapo.algos.rollout_correction import mismatch_stats
+from dapo.algos.dynamic_sampling import RefillStats
+from dapo.algos.metrics import IMPLAUSIBLE_LOG_CHANCE, group_outcome_fractions, group_sameness, mismatch_stats
 from dapo.learner.batch import PolicyBatch
-from dapo.trainer.collect import Collected
+from dapo.trainer.components import HabitTagger
+from dapo.types import Group, GroupOutcome
+
+
+def outcome_of(g: Group, tagger: HabitTagger | None = None) -> GroupOutcome:
+    """What the metrics keep of one generated group (the groups themselves are not kept: at the paper's scale their
+    tokens would triple what a step holds)."""
+    distinct, repeat_log_chance = group_sameness([x.response_ids for x in g.samples], [x.logprobs for x in g.samples])
+    return GroupOutcome(
+        correct=list(g.correct),
+        rewards=g.rewards,
+        lengths=[len(x.response_ids) for x in g.samples],
+        truncated=[x.truncated for x in g.samples],
+        tags=[list(t) for t in g.tags] or [[] for _ in g.samples],
+        kind=tagger.kind(g.problem.problem) if tagger is not None else "",
+        distinct=distinct,
+        repeat_log_chance=repeat_log_chance,
+    )
 
 
 def rollout_metrics(
-    collected: Collected, batch: PolicyBatch | None, correction: dict[str, float], *, norm_adv_by_std: bool
+    groups: Sequence[Group],
+    stats: RefillStats,
+    generated: Sequence[GroupOutcome],
+    batch: PolicyBatch | None,
+    correction: dict[str, float],
+    norm_adv_by_std: bool,
 ) -> dict[str, float]:
-    """Reward, accuracy, advantage, response, dynamic-sampling and engine-vs-learner metrics of one rollout step
-    (`batch` None: no group trained, only the generation-side metrics); `correction`: what the rollout correction
-    did (`dapo.algos.rollout_correction.correction_weights`' stats, empty without one)."""
-    out = _generated_metrics(collected, norm_adv_by_std)
+    """Reward, accuracy, advantage, response, dynamic-sampling and engine-vs-learner metrics of one rollout step:
+    `groups` trained (in `batch`; None: no group trained, only the generation-side metrics), `generated` every
+    group's outcome before any filter; `correction`: what the rollout correction did (empty without one)."""
+    out = _generated_metrics(stats, generated, norm_adv_by_std)
     if batch is not None:
-        out.update(_trained_metrics(collected, batch))
+        out.update(_trained_metrics(groups, batch))
         out.update(_mismatch_metrics(batch, correction))
     return out
 
 
-def _trained_metrics(collected: Collected, batch: PolicyBatch) -> dict[str, float]:
-    groups = collected.groups
+def _trained_metrics(groups: Sequence[Group], batch: PolicyBatch) -> dict[str, float]:
     scores = torch.tensor([x for g in groups for x in g.scores], dtype=torch.float64)
     pens = torch.tensor([x for g in groups for x in g.penalties], dtype=torch.float64)
     correct = torch.tensor([x for g in groups for x in g.correct], dtype=torch.float64)
@@ -67,7 +88,7 @@ MISMATCH_TOKEN_BOUND = math.log(2.0)
 
 
 def _mismatch_metrics(batch: PolicyBatch, correction: dict[str, float]) -> dict[str, float]:
-    """The engine-vs-learner gap on the sampled tokens (`dapo.algos.rollout_correction.mismatch_stats`), and what
+    """The engine-vs-learner gap on the sampled tokens (`dapo.algos.metrics.mismatch_stats`), and what
     the rollout correction did; nothing for an engine that gives no log-probs."""
     if batch.engine_logp is None or batch.old_logp is None:
         return {}
@@ -102,27 +123,27 @@ def _mechanism_metrics(batch: PolicyBatch) -> dict[str, float]:
     return {M.TRUNC_LOSS_TOKEN_FRAC: trunc_share, M.ZERO_ADV_TRAINED_FRAC: zero_groups}
 
 
-def _generated_metrics(collected: Collected, norm_adv_by_std: bool) -> dict[str, float]:
+def _generated_metrics(st: RefillStats, generated: Sequence[GroupOutcome], norm_adv_by_std: bool) -> dict[str, float]:
     out: dict[str, float] = {}
-    correct = [c for o in collected.generated for c in o.correct]
-    lengths = [n for o in collected.generated for n in o.lengths]
+    correct = [c for o in generated for c in o.correct]
+    lengths = [n for o in generated for n in o.lengths]
     out[M.ACC_GENERATED] = sum(correct) / len(correct) if correct else math.nan
     right = [n for n, c in zip(lengths, correct, strict=True) if c]
     wrong = [n for n, c in zip(lengths, correct, strict=True) if not c]
     if right and wrong:
         out[M.LEN_WRONG_OVER_RIGHT] = (sum(wrong) / len(wrong)) / (sum(right) / len(right))
-    all_correct = torch.tensor(collected.all_correct, dtype=torch.bool)
+    all_correct = torch.tensor([o.correct for o in generated], dtype=torch.bool)
     out[M.ALL_CORRECT_FRAC], out[M.ALL_WRONG_FRAC] = group_outcome_fractions(all_correct)
-    all_adv = group_advantages(torch.tensor(collected.all_rewards, dtype=torch.float64), norm_by_std=norm_adv_by_std)
+    all_rewards = torch.tensor([o.rewards for o in generated], dtype=torch.float64)
+    all_adv = group_advantages(all_rewards, norm_by_std=norm_adv_by_std)
     out[M.ZERO_ADV_GROUP_FRAC] = float((all_adv == 0).all(dim=1).double().mean())
-    counted = [o for o in collected.generated if o.distinct > 0]
+    counted = [o for o in generated if o.distinct > 0]
     if counted:  # how alike each group's responses are: samples that are not independent repeat themselves
         out[M.DISTINCT_RESPONSES] = sum(o.distinct for o in counted) / len(counted)
         out[M.IDENTICAL_GROUP_FRAC] = sum(o.distinct == 1 for o in counted) / len(counted)
         out[M.IMPLAUSIBLE_GROUP_FRAC] = sum(
             o.repeat_log_chance is not None and o.repeat_log_chance < IMPLAUSIBLE_LOG_CHANCE for o in counted
         ) / len(counted)
-    st = collected.stats
     out[M.DS_GEN_BATCHES] = st.gen_batches
     out[M.DS_GROUPS_KEPT] = st.groups_kept
     out[M.DS_GROUPS_DROPPED] = st.groups_dropped
@@ -130,12 +151,16 @@ def _generated_metrics(collected: Collected, norm_adv_by_std: bool) -> dict[str,
     return out
 
 
-def mean_update_stats(stats: Sequence[dict[str, float]], keys: Sequence[str]) -> dict[str, float]:
-    """Mean of each key over the step's mini-batch updates, ignoring NaN (e.g. Fig 3a's probability on a
-    mini-batch where no token was clipped at the upper bound) and updates that did not report it."""
+def update_means(stats: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The step's updates' metrics: each key the learner reports (but the lr, which the step logs itself), averaged
+    over the updates that were applied, ignoring NaN (e.g. Fig 3a's probability on a mini-batch where no token was
+    clipped at the upper bound); and the share of the step's updates skipped as non-finite."""
+    applied = [x for x in stats if not x.get(M.UPDATE_SKIPPED)]
     out = {}
-    for k in keys:
-        vals = [float(s[k]) for s in stats if k in s and s[k] is not None and not math.isnan(float(s[k]))]
+    for k in dict.fromkeys(k for x in applied for k in x if k not in (M.LR, M.UPDATE_SKIPPED)):
+        vals = [float(x[k]) for x in applied if k in x and x[k] is not None and not math.isnan(float(x[k]))]
         if vals:
             out[k] = sum(vals) / len(vals)
+    if stats:
+        out[M.UPDATE_SKIPPED] = sum(float(x.get(M.UPDATE_SKIPPED, 0.0)) for x in stats) / len(stats)
     return out

@@ -17,7 +17,6 @@ from dapo.types import Problem
 if TYPE_CHECKING:
     from dapo.evaluation.evaluate import EvalSettings
     from dapo.learner import Learner, ReferencePolicy
-    from dapo.rewards.score import Score
     from dapo.trainer.loop import RunSettings
     from dapo.trainer.tripwires import Tripwires
 
@@ -49,31 +48,26 @@ def _pick(section: Any, *names: str) -> dict[str, Any]:
 
 def run_settings(cfg: RunConfig) -> RunSettings:
     """The run config as the loop's plain settings (the config stops here)."""
-    from dapo.trainer.collect import RolloutSettings
     from dapo.trainer.loop import RunSettings
     from dapo.trainer.step import StepSettings
 
     t, a, r = cfg.trainer, cfg.algorithm, cfg.rollout
-    rollout = RolloutSettings(
-        max_tokens=r.max_response_length,
-        train_batch_size=t.train_batch_size,
-        **_pick(r, "n", "temperature", "top_p"),
-        **_pick(a, "overlong_penalty", "overlong_buffer_len", "overlong_penalty_factor", "dynamic_sampling"),
-        **_pick(a, "gen_batch_size", "max_num_gen_batches", "at_refill_cap"),
-    )
     step = StepSettings(
-        rollout=rollout,
+        max_tokens=r.max_response_length,
+        **_pick(r, "n", "temperature", "top_p"),
+        **_pick(a, "verifier", "overlong_penalty", "overlong_buffer_len", "overlong_penalty_factor"),
+        **_pick(a, "dynamic_sampling", "gen_batch_size", "max_num_gen_batches", "at_refill_cap"),
         **_pick(a, "norm_adv_by_std", "overlong_filter", "rollout_correction"),
         correction_cap=a.rollout_correction_cap,
         correction_floor=a.rollout_correction_floor,
-        **_pick(t, "mini_batch_size", "epochs", "seed", "max_consecutive_nonfinite", "pack_prompts"),
+        sampling_seed=t.seed + r.sampling_seed_offset,
+        **_pick(t, "train_batch_size", "mini_batch_size", "epochs", "seed", "max_consecutive_nonfinite"),
     )
     return RunSettings(
         step=step,
         total_steps=t.total_steps,
         eval_every=cfg.eval.every,
         **_pick(t, "checkpoint_every", "keep_checkpoints", "stop_margin_s", "seed"),
-        sampling_seed=t.seed + r.sampling_seed_offset,
         config_hash=cfg.config_hash(),
         params=cfg.flat(),
         tags=run_tags(cfg),
@@ -139,12 +133,12 @@ def build_components(cfg: RunConfig, run_dir: Path, world: World | None = None) 
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from dapo import distributed as dist
     from dapo.data.prompts import tokenize_problems
-    from dapo.rewards import score_responses, shutdown_pools
+    from dapo.rewards import shutdown_pools
     from dapo.rollout import make_engine
     from dapo.rollout.replicas import ReplicaLayout
     from dapo.tracking import Tracker
 
-    d, r, a, t = cfg.data, cfg.rollout, cfg.algorithm, cfg.trainer
+    d, r, t = cfg.data, cfg.rollout, cfg.trainer
     world = world or PlainWorld()
     # torchrun / srun ranks (or one process): join the group now (the learner and the engines adopt it), so that
     # rank 0 alone builds a world when it is missing while the others wait for it.
@@ -187,9 +181,6 @@ def build_components(cfg: RunConfig, run_dir: Path, world: World | None = None) 
         batch_invariant=r.batch_invariant,
     )
 
-    def scorer(texts: list[str], answers: list[str]) -> list[Score]:
-        return score_responses(texts, answers, verifier=a.verifier)
-
     def make_tracker(run_id: str | None) -> MetricsTracker:
         return Tracker(
             cfg.tracking.uri,
@@ -206,7 +197,6 @@ def build_components(cfg: RunConfig, run_dir: Path, world: World | None = None) 
         learner=learner,
         problems=problems,
         prompts=prompts,
-        scorer=scorer,
         make_tracker=make_tracker,
         eval_set=eval_set,
         tensor_parallel_size=r.tensor_parallel_size,

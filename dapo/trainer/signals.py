@@ -45,6 +45,12 @@ class StopFlag:
     def requested(self) -> bool:
         return self.signum is not None
 
+    def anywhere(self) -> bool:
+        """Collective: True on every rank when any rank got a stop signal (every rank must ask at the same point)."""
+        from dapo import distributed as dist
+
+        return dist.any_rank(self.requested)
+
     def request(self, signum: int = signal.SIGTERM) -> None:
         """Ask for a stop (what the handler does; also a test hook)."""
         if self.signum is None:

@@ -1,91 +1,92 @@
-"""One rollout step of DAPO (the paper's sections 2-3, Algorithm 1), as one function that reads top to bottom.
+"""One rollout step of DAPO (the paper's sections 2-3, Algorithm 1), as one function that reads top to bottom:
 
-    prepare: generate -> score -> shape -> refill -> advantages -> overlong mask -> old log-probs    (1-7)
-    update: the lr for this step, then the mini-batch updates                                       (8)
-    step_metrics (9) -> sync: every replica loads the new weights                                   (10)
+    1 generate -> 2 score -> 3 shape -> 4 refill -> 5 advantages -> 6 mask -> 7 old log-probs -> 8 updates
+    -> 9 metrics -> 10 sync
 
-Rows 0-5 of Table 1 differ only in the settings passed in: overlong filtering (the loss mask), clip-higher (the
-learner's clip range), soft overlong punishment (reward shaping in `collect`), token-level loss (the learner's
-aggregation), dynamic sampling (the refill in `collect`).
+Rows 0-5 of Table 1 differ only in the settings passed in: overlong filtering (6, the loss mask), clip-higher (the
+learner's clip range, in 8), soft overlong punishment (3, reward shaping), token-level loss (the learner's
+aggregation, in 8), dynamic sampling (4, the refill). Each is one pure function of `dapo.algos`.
 
 Every rank runs this function. Each rollout replica generates and scores its share of every generation batch and
-every rank then holds the whole step (`collect`); each rank computes old log-probs and updates on its shard, and
-the learner sums the loss normaliser over ranks, so the update is the one-process update. Engine and learner
-share the accelerator: the learner's states are offloaded while the engine generates, and the engine sleeps while
-the learner trains (no-ops on CPUs).
+every rank then holds the whole batch (`dapo.rollout.replicas`); the learner computes old log-probs and updates on
+each rank's shard and sums the loss normaliser over ranks, so an update is the one-process update. Engine and
+learner share the accelerator: the learner's states are offloaded while the engine generates, and the engine
+sleeps while the learner trains (no-ops on CPUs).
 
-Counters: `Counters.step` counts rollout steps (the lr schedule's unit), `grad_updates` counts optimizer updates
-(the paper's x-axis); generation batches never advance either.
+Nothing here calls back into the run around it (`loop.py`): the prompts come from the seeded data order and stop
+requests from the stop flag, both handed down in `StepIO`. A stop is honoured between generation batches and
+before each update: `StopMidStep` carries the part-done step (`PartialStep`), which the loop checkpoints and a
+restarted run passes back as `resume`, so the step finishes exactly as it would have.
 
-A stop request is honoured between phases: between generation batches (`StopDuringRefill`) and before each
-update (`StopMidStep`); both carry what a restarted run needs to finish the step exactly as it would have, and
-`rollout_step` takes it back as `resume`: a cut-off refill goes on inside `prepare`, a step cut off between
-updates goes straight to `update`. Nothing else in the step knows about resuming.
+Counters: `Counters.step` counts rollout steps (the lr schedule's unit), `grad_updates` optimizer updates (the
+paper's x-axis); generation batches advance neither.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from dapo import distributed as dist
 from dapo import metric_names as M
-from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats
+from dapo.algos.advantages import group_advantages
+from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats, keep_groups
+from dapo.algos.overlong import overlong_loss_mask, soft_overlong_penalty
 from dapo.algos.rollout_correction import correction_weights
-from dapo.learner.batch import PolicyBatch
-from dapo.learner.learner import UPDATE_SKIPPED
+from dapo.learner.batch import PolicyBatch, pad_rows
+from dapo.rewards.score import score_responses
 from dapo.rollout.base import RolloutEngine
-from dapo.trainer.collect import Collected, Group, RolloutSettings, Sampler, collect
-from dapo.trainer.components import PolicyLearner, ReferencePolicy
-from dapo.trainer.metrics import mean_update_stats, rollout_metrics
-from dapo.trainer.rollout_batch import build_batch, group_rows, minibatch_plan
-from dapo.types import GroupOutcome, Problem, Sample
+from dapo.rollout.replicas import ReplicaLayout, gather_by_prompt, generate_share, sampling_seed
+from dapo.trainer.components import HabitTagger, PolicyLearner, ReferencePolicy
+from dapo.trainer.data_order import PromptSource
+from dapo.trainer.metrics import outcome_of, rollout_metrics, update_means
+from dapo.trainer.signals import StopFlag
+from dapo.types import Group, GroupOutcome, Problem, Sample
 
 log = logging.getLogger("dapo.train")
 
-# Keys the learner's update() reports, averaged over the step's updates: every one `dapo.algos.metrics.update_metrics`
-# gives but the entropy (the step logs the old policy's, over the whole batch), and the gradient norm.
-UPDATE_KEYS = (
-    M.POLICY_LOSS,
-    M.CLIPFRAC_LOW,
-    M.CLIPFRAC_HIGH,
-    M.CLIPFRAC_HIGH_RARE,
-    M.CLIP_HIGH_PROB,
-    M.DUAL_CLIPFRAC,
-    M.APPROX_KL,
-    M.KL_REF,
-    M.SEQ_CLIPFRAC_LOW,
-    M.SEQ_CLIPFRAC_HIGH,
-    M.CISPO_CAPPED_FRAC,
-    M.COV_SELECTED_FRAC,
-    M.GRAD_NORM,
-)
+# Seed streams (first key after the run's seed): training rollouts and evaluation never share a seed.
+TRAIN_STREAM, EVAL_STREAM = 0, 1
 
 
 @dataclass(frozen=True)
 class StepSettings:
-    """Plain values for one rollout step (the run config stops at the trainer boundary)."""
+    """Plain values for one rollout step (the run config stops at the trainer boundary: `setup.run_settings`)."""
 
-    rollout: RolloutSettings
-    norm_adv_by_std: bool  # GRPO's std division (False: Dr. GRPO)
-    overlong_filter: bool  # row 1: truncated responses get loss weight 0
+    n: int  # responses per prompt (G)
+    max_tokens: int  # the response cap L_max
+    train_batch_size: int  # prompts (groups) per rollout step
     mini_batch_size: int  # prompts per gradient update
-    epochs: int  # passes over the step's groups
-    seed: int
-    max_consecutive_nonfinite: int  # stop updating after this many skipped updates in a row
-    pack_prompts: bool = False  # the learner's: a shard then counts each prompt once per rank (PolicyBatch.shard)
+    epochs: int = 1  # passes over the step's groups
+    temperature: float = 1.0
+    top_p: float = 1.0
+    verifier: str = "math_verify"
+    overlong_penalty: bool = False  # row 3: R_length of Eq. 13 added to the reward
+    overlong_buffer_len: int = 1
+    overlong_penalty_factor: float = 1.0
+    dynamic_sampling: bool = False  # row 5: keep groups of mixed correctness, refill to train_batch_size
+    gen_batch_size: int | None = None  # prompts per generation batch with dynamic sampling (None: train_batch_size)
+    max_num_gen_batches: int = 0  # its cap (0: none)
+    at_refill_cap: str = "partial"
+    norm_adv_by_std: bool = True  # GRPO's std division (False: Dr. GRPO)
+    overlong_filter: bool = False  # row 1: truncated responses get loss weight 0
     rollout_correction: str = "none"  # importance weights for the engine/learner gap (dapo.algos.rollout_correction)
-    correction_cap: float = 2.0  # its C
-    correction_floor: float | None = None  # its lower masking bound (masked forms)
+    correction_cap: float = 2.0
+    correction_floor: float | None = None
+    seed: int = 0  # the run's seed: the mini-batch shuffle and the step's global generators
+    sampling_seed: int = 0  # the rollouts' seed stream (seed + rollout.sampling_seed_offset)
+    max_consecutive_nonfinite: int = 3  # stop updating after this many skipped updates in a row
+
+    @property
+    def gen_batch_prompts(self) -> int:
+        """Prompts per generation batch: `gen_batch_size` with dynamic sampling, else the one batch that trains."""
+        return (self.gen_batch_size or self.train_batch_size) if self.dynamic_sampling else self.train_batch_size
 
 
 @dataclass
@@ -105,54 +106,43 @@ class Counters:
 
 @dataclass
 class StepIO:
-    """What one rollout step talks to.
+    """What one rollout step works with (the loop builds it once per run).
 
     Attributes:
-        sampler: generates and scores each generation batch on every replica (`collect.Sampler`; with a world's
-            tagger, its habit tags and metrics).
-        next_prompts: k -> the next k problems and prompt ids of the seeded data order.
         engine: this rank's rollout engine (slept during the updates, synced at the end).
         learner: the policy.
+        prompts: the seeded data order: the next k problems and their prompt ids.
+        layout: the job's rollout replicas (which share of each generation batch this rank draws).
+        stop: the stop flag, polled (collectively) between generation batches and before each update.
         reference: the frozen policy of the KL term, when `kl_coef > 0`.
-        should_stop: collective poll of the stop flag, between phases.
+        tagger: what a world knows of its responses (the habits world's tags, kinds and metrics), or None.
     """
 
-    sampler: Sampler
-    next_prompts: Callable[[int], tuple[list[Problem], list[list[int]]]]
     engine: RolloutEngine
     learner: PolicyLearner
+    prompts: PromptSource
+    layout: ReplicaLayout
+    stop: StopFlag
     reference: ReferencePolicy | None = None
-    should_stop: Callable[[], bool] = lambda: False
+    tagger: HabitTagger | None = None
 
 
 @dataclass
 class PartialStep:
-    """A rollout step in progress: what `prepare` made (`collected`, `batch` with its old log-probs, the timings)
-    and the updates done so far (`update_stats`). A stop request saves it in the checkpoint so that the restarted
-    run finishes the step: cut off between generation batches, only `refill` (collect's state) is set; before an
-    update, the rest, with `updates_done`."""
+    """A rollout step in progress: the refill (its kept groups and counts), every generated group's outcome, the
+    batch with its old log-probs once built, each update's metrics so far, and the phases' seconds. A stop
+    request saves it in the checkpoint, and the restarted run finishes the step from it."""
 
-    refill: dict[str, Any] | None = None
-    collected: Collected | None = None
-    batch: PolicyBatch | None = None
-    updates_done: int = 0
-    update_stats: list[dict[str, float]] = field(default_factory=list)
+    refill: RefillAccumulator
+    generated: list[GroupOutcome] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    batch: PolicyBatch | None = None
+    update_stats: list[dict[str, float]] = field(default_factory=list)
     correction: dict[str, float] = field(default_factory=dict)  # what the rollout correction did (its metrics)
 
 
 # Everything a PartialStep holds, for a checkpoint loader that allows only named types.
-PARTIAL_STEP_TYPES = (
-    PartialStep,
-    Collected,
-    Group,
-    GroupOutcome,
-    PolicyBatch,
-    Problem,
-    Sample,
-    RefillAccumulator,
-    RefillStats,
-)
+PARTIAL_STEP_TYPES = (PartialStep, Group, GroupOutcome, PolicyBatch, Problem, Sample, RefillAccumulator, RefillStats)
 
 
 class StopMidStep(Exception):  # noqa: N818 (a control-flow signal, not an error)
@@ -163,153 +153,242 @@ class StopMidStep(Exception):  # noqa: N818 (a control-flow signal, not an error
         self.partial = partial
 
 
+def rollout_step(
+    step: int, io: StepIO, s: StepSettings, counters: Counters, resume: PartialStep | None = None
+) -> dict[str, float]:
+    """Run rollout step `step` (1-based) and return its metrics; advances `counters`. `resume` is what a stopped
+    run saved mid-step: the step goes on from the phase it was cut off in.
+
+    Raises:
+        StopMidStep: a stop was requested; checkpoint its `.partial` and exit for resume.
+        RefillCapReached: dynamic sampling hit its cap with `at_refill_cap: fail`.
+    """
+    t_step = time.perf_counter()
+    if resume is None:
+        seed_step(s.seed, step)
+    part = resume or PartialStep(refill=new_refill(s))
+    if not part.refill.done:
+        io.learner.offload_states()  # the engine generates on the accelerator the learner frees
+        io.engine.wake_up()
+        while not part.refill.done:
+            if part.refill.stats.gen_batches > 0 and io.stop.anywhere():
+                raise StopMidStep(part)
+            problems, prompts = io.prompts.take(s.gen_batch_prompts)
+            base = sampling_seed(s.sampling_seed, TRAIN_STREAM, step, part.refill.stats.gen_batches)
+            t0 = time.perf_counter()
+            share, outs = generate_share(io.engine, io.layout, prompts, s.n, base, s.max_tokens, s.temperature, s.top_p)
+            t1 = time.perf_counter()  # 1. generate: this replica's share of the batch's samples
+            scores = score_share(problems, share.prompts, outs, s.verifier) if io.layout.is_leader else []
+            t2 = time.perf_counter()  # 2. score: +1 / -1 by the verifier (the replica's leader, its share)
+            groups, seconds = gather_groups(io.layout, s.n, outs, scores, problems, prompts, t1 - t0, t2 - t1)
+            shape_rewards(groups, s, io.tagger)  # 3. shape: the soft overlong penalty (Eq. 13), with the tags
+            part.generated += [outcome_of(g, io.tagger) for g in groups]
+            for k, v in seconds.items():
+                part.timings[k] = part.timings.get(k, 0.0) + v
+            keep = (
+                keep_groups(torch.tensor([g.correct for g in groups])) if s.dynamic_sampling else [True] * len(groups)
+            )
+            part.refill.add(groups, keep, sum(g.num_tokens for g in groups))  # 4. refill: until enough groups
+        io.engine.sleep()
+        io.learner.reload_states()
+        groups, _ = part.refill.result()
+        if groups:
+            t0 = time.perf_counter()
+            advantages = group_advantages(rewards_of(groups), norm_by_std=s.norm_adv_by_std)  # 5. advantages
+            part.batch = policy_batch(groups, advantages.reshape(-1))
+            if s.overlong_filter:  # 6. mask: truncated responses leave the loss (row 1)
+                part.batch.loss_mask = overlong_loss_mask(part.batch.response_mask, part.batch.truncated)
+            part.batch.old_logp, part.batch.entropy = io.learner.compute_logprobs(part.batch)  # 7. old log-probs
+            if io.reference is not None:
+                part.batch.ref_logp = io.reference.compute_logprobs(part.batch)
+            if s.rollout_correction != "none":
+                part.batch.is_weights, part.correction = correct_for_engine(part.batch, s)
+            part.timings["old_logprob"] = time.perf_counter() - t0
+    lr = io.learner.schedule(step - 1)  # the warm-up counts rollout steps, not updates
+    update(step, part, io, s, counters)  # 8. updates
+    groups, stats = part.refill.result()
+    counters.step = step
+    counters.tokens_total += stats.tokens_generated
+    metrics = rollout_metrics(groups, stats, part.generated, part.batch, part.correction, s.norm_adv_by_std)  # 9.
+    metrics.update(io.tagger.metrics(part.generated) if io.tagger is not None else {})  # the world's `habit/*`
+    metrics.update(update_means(part.update_stats))
+    t_sync = sync(io.engine, io.learner)  # 10. sync: every replica loads the new weights
+    metrics.update(timing_metrics(counters, stats, part.timings, lr, t_sync, time.perf_counter() - t_step))
+    return metrics
+
+
 def seed_step(seed: int, step: int) -> None:
     """Seed python, numpy and torch from (seed, step) at the start of a step, so whatever else draws from them
-    (the tests' fake engines) is a function of the step too; the engines get their own seed per call."""
+    (the tests' fake engines) is a function of the step too; the engines get their own seed per sample."""
     s = int(np.random.default_rng([seed, step]).integers(2**31 - 1))
     random.seed(s)
     np.random.seed(s)
     torch.manual_seed(s)
 
 
-def rollout_step(
-    step: int, io: StepIO, s: StepSettings, counters: Counters, resume: PartialStep | None = None
-) -> dict[str, float]:
-    """Run rollout step `step` (1-based) and return its metrics; advances `counters`. `resume` is what a stopped run
-    saved mid-step: the step goes on from the phase it was cut off in.
-
-    Raises:
-        StopDuringRefill, StopMidStep: a stop was requested; checkpoint their state and exit for resume.
-        RefillCapReached: dynamic sampling hit its cap with `at_refill_cap: fail`.
-    """
-    t_step = time.perf_counter()
-    if resume is None:
-        seed_step(s.seed, step)
-    if resume is None or resume.refill is not None:  # 1-7
-        partial = prepare(step, io, s, resume)
-    else:
-        partial = resume  # cut off between updates: the batch and its old log-probs are in the checkpoint
-    lr = io.learner.schedule(step - 1)  # the warm-up counts rollout steps, not updates
-    update(step, partial, io, s, counters)  # 8
-    metrics = step_metrics(step, partial, counters, s, io.sampler)  # 9
-    t_sync = sync(io.engine, io.learner)  # 10
-    metrics.update(timing_metrics(partial, lr, counters, t_sync, time.perf_counter() - t_step))
-    return metrics
+def new_refill(s: StepSettings) -> RefillAccumulator:
+    """The step's groups: with dynamic sampling, generation batches until `train_batch_size` groups of mixed
+    correctness are kept (at most `max_num_gen_batches`); without, one batch whose groups all train."""
+    if s.dynamic_sampling:
+        return RefillAccumulator(s.train_batch_size, s.max_num_gen_batches, s.at_refill_cap)  # type: ignore[arg-type]
+    return RefillAccumulator(s.train_batch_size, 1, "partial")
 
 
-def prepare(step: int, io: StepIO, s: StepSettings, resume: PartialStep | None) -> PartialStep:
-    """Steps 1-7: the step's groups, their advantages and loss mask, and old log-probs; no update done yet."""
-    # 1-4. generate G responses per prompt on every replica, score them, shape the rewards (soft overlong
-    # punishment) and, with dynamic sampling, refill until enough groups have varied correctness
-    io.learner.offload_states()
-    io.engine.wake_up()
-    collected = collect(
-        io.sampler,
-        step,
-        io.next_prompts,
-        s.rollout,
-        should_stop=io.should_stop,
-        resume=resume.refill if resume else None,
-    )
-    io.engine.sleep()
-    io.learner.reload_states()
-    batch, correction, t_old = None, {}, 0.0
-    if collected.groups:
-        # 5-6. group-normalised advantages and the overlong-filter loss mask
-        batch = build_batch(collected.groups, norm_adv_by_std=s.norm_adv_by_std, overlong_filter=s.overlong_filter)
-        # 7. old log-probs (and the reference policy's, for a KL term), each rank on its shard, gathered
-        t0 = time.perf_counter()
-        batch.old_logp, batch.entropy = sharded_logprobs(io.learner.compute_logprobs, batch, s.pack_prompts)
-        if io.reference is not None:
-            batch.ref_logp = sharded_logprobs(_with_no_entropy(io.reference), batch, s.pack_prompts)[0]
-        if s.rollout_correction != "none":  # on whole responses, before any split: exact for sequence weights
-            if batch.engine_logp is None:
-                raise ValueError(
-                    f"algorithm.rollout_correction={s.rollout_correction} needs the engine's log-probs of its samples, "
-                    "and this engine returned none"
-                )
-            batch.is_weights, correction = correction_weights(
-                batch.old_logp,
-                batch.engine_logp,
-                batch.response_mask,
-                s.rollout_correction,  # type: ignore[arg-type]
-                s.correction_cap,
-                s.correction_floor,
+def score_share(problems: list[Problem], prompts: list[int], outs: list[list[Sample]], verifier: str) -> list[Any]:
+    """Phase 2: the verifier's score of each of a share's samples (`prompts`: the share's batch indices)."""
+    texts = [x.text for group in outs for x in group]
+    answers = [problems[i].answer for i, group in zip(prompts, outs, strict=True) for _ in group]
+    return list(score_responses(texts, answers, verifier=verifier))
+
+
+def gather_groups(
+    layout: ReplicaLayout,
+    n: int,
+    outs: list[list[Sample]],
+    scores: list[Any],
+    problems: list[Problem],
+    prompts: list[list[int]],
+    t_generate: float,
+    t_score: float,
+) -> tuple[list[Group], dict[str, float]]:
+    """Every replica's samples and scores of the batch, on every rank, as one `Group` per prompt in batch order,
+    and the slowest replica's "generate" and "score" seconds (what the step waited for)."""
+    scored = iter(scores)
+    mine = [[(x, next(scored)) for x in group] for group in outs] if layout.is_leader else []
+    pieces, timings = gather_by_prompt(layout, n, len(prompts), mine, {"generate": t_generate, "score": t_score})
+    groups = []
+    for problem, prompt, parts in zip(problems, prompts, pieces, strict=True):
+        pairs = [pair for piece in parts for pair in piece]
+        groups.append(
+            Group(
+                problem=problem,
+                prompt_ids=list(prompt),
+                samples=[x for x, _ in pairs],
+                scores=[float(sc.score) for _, sc in pairs],
+                correct=[bool(sc.correct) for _, sc in pairs],
+                penalties=[0.0] * len(pairs),
             )
-        t_old = time.perf_counter() - t0
-    timings = {**collected.timings, "old_logprob": t_old}
-    return PartialStep(collected=collected, batch=batch, timings=timings, correction=correction)
+        )
+    return groups, {k: max(t[k] for t in timings) for k in ("generate", "score")}
 
 
-def update(step: int, partial: PartialStep, io: StepIO, s: StepSettings, counters: Counters) -> None:
-    """Step 8: epochs x (groups / mini_batch_size) optimizer steps, the ones `partial` has not done yet; appends each
-    update's stats to `partial.update_stats`. Raises `StopMidStep` (carrying `partial`) when a stop comes between
-    two."""
-    collected, batch = partial.collected, partial.batch
-    assert collected is not None
-    t_upd = time.perf_counter()
-    if batch is not None:
-        plan = minibatch_plan(len(collected.groups), s.mini_batch_size, s.epochs, s.seed, step)
-        for k in range(len(partial.update_stats), len(plan)):
-            if io.should_stop():
-                partial.timings["update"] = partial.timings.get("update", 0.0) + time.perf_counter() - t_upd
-                raise StopMidStep(dataclasses.replace(partial, updates_done=k))
-            mini_batch = batch.select(group_rows(batch, plan[k]))
-            shard = mini_batch.shard(dist.rank(), dist.world_size(), pack_prompts=s.pack_prompts)
-            out = io.learner.update(shard, salt=counters.grad_updates)  # salt: the covariance losses' draw
-            partial.update_stats.append(out)
-            counters.grad_updates += 1
-            if out.get(UPDATE_SKIPPED):
-                counters.nonfinite_total += 1
-                counters.nonfinite_streak += 1
-                log.warning(
-                    "non-finite loss or gradient at rollout step %d: update skipped (%d in a row)",
-                    step,
-                    counters.nonfinite_streak,
-                )
-                if counters.gave_up(s.max_consecutive_nonfinite):
-                    break  # the trainer fails the run
-            else:
-                counters.nonfinite_streak = 0
-    else:
-        # dynamic sampling stopped at its cap (at_refill_cap=partial) without one informative group
+def shape_rewards(groups: list[Group], s: StepSettings, tagger: HabitTagger | None) -> None:
+    """Phase 3: with the soft overlong punishment (row 3), each response's length penalty R_length (Eq. 13) joins
+    its score in the reward (`Group.rewards`); and a world's tagger tags each response."""
+    if s.overlong_penalty:
+        lengths = torch.tensor([len(x.response_ids) for g in groups for x in g.samples])
+        pens = iter(
+            soft_overlong_penalty(
+                lengths, s.max_tokens, s.overlong_buffer_len, s.overlong_penalty_factor, dtype=torch.float64
+            ).tolist()
+        )
+        for g in groups:
+            g.penalties = [float(next(pens)) for _ in g.samples]
+    if tagger is not None:
+        for g in groups:
+            g.tags = [list(tagger.tags(g.problem.problem, x.text, x.truncated)) for x in g.samples]
+
+
+def rewards_of(groups: list[Group]) -> torch.Tensor:
+    """[B, G] shaped rewards of the kept groups (score + overlong penalty)."""
+    return torch.tensor([g.rewards for g in groups], dtype=torch.float32)
+
+
+def policy_batch(groups: list[Group], advantages: torch.Tensor) -> PolicyBatch:
+    """The learner's batch of the kept groups: one row per response with its advantage, its response mask (the loss
+    mask until phase 6 filters it), whether it was truncated, the engine's log-probs of its tokens (when the engine
+    gave them), and its group's index (the group-token-mean counts tokens by it)."""
+    samples = [x for g in groups for x in g.samples]
+    lengths = torch.tensor([len(x.response_ids) for x in samples])
+    width = max(int(lengths.max()), 1)
+    response_mask = (torch.arange(width)[None, :] < lengths[:, None]).to(torch.float32)  # [N, T]
+    engine_logp = None
+    if all(x.logprobs is not None for x in samples):
+        engine_logp = pad_rows([x.logprobs for x in samples], width)  # type: ignore[misc]
+    return PolicyBatch(
+        prompt_ids=[list(g.prompt_ids) for g in groups for _ in g.samples],
+        response_ids=[list(x.response_ids) for x in samples],
+        advantages=advantages,
+        loss_mask=response_mask.clone(),
+        group_ids=torch.arange(len(groups)).repeat_interleave(torch.tensor([len(g.samples) for g in groups])),
+        truncated=torch.tensor([x.truncated for x in samples], dtype=torch.bool),
+        response_mask=response_mask,
+        engine_logp=engine_logp,
+    )
+
+
+def correct_for_engine(batch: PolicyBatch, s: StepSettings) -> tuple[torch.Tensor, dict[str, float]]:
+    """The rollout correction's importance weights (`algorithm.rollout_correction`), on whole responses before
+    any split: exact for sequence weights."""
+    if batch.engine_logp is None:
+        raise ValueError(
+            f"algorithm.rollout_correction={s.rollout_correction} needs the engine's log-probs of its samples, and "
+            "this engine returned none"
+        )
+    return correction_weights(
+        batch.old_logp,
+        batch.engine_logp,
+        batch.response_mask,
+        s.rollout_correction,  # type: ignore[arg-type]
+        s.correction_cap,
+        s.correction_floor,
+    )
+
+
+def update(step: int, part: PartialStep, io: StepIO, s: StepSettings, counters: Counters) -> None:
+    """Phase 8: epochs x (groups / mini_batch_size) optimizer steps, the ones `part` has not done yet, each on a
+    seeded shuffle's mini-batch of whole groups; appends each update's metrics to `part.update_stats`. Raises
+    `StopMidStep` (carrying `part`) when a stop comes between two."""
+    t0 = time.perf_counter()
+    batch = part.batch
+    if batch is None:  # dynamic sampling stopped at its cap (at_refill_cap=partial) without an informative group
         log.warning(
             "rollout step %d: no informative group within %d generation batches; no update",
             step,
-            collected.stats.gen_batches,
+            part.refill.stats.gen_batches,
         )
-    partial.timings["update"] = partial.timings.get("update", 0.0) + time.perf_counter() - t_upd
+        return
+    plan = minibatch_plan(int(batch.group_ids.max()) + 1, s.mini_batch_size, s.epochs, s.seed, step)
+    try:
+        for k in range(len(part.update_stats), len(plan)):
+            if io.stop.anywhere():
+                raise StopMidStep(part)
+            rows = [int(r) for g in plan[k] for r in (batch.group_ids == g).nonzero().flatten()]
+            out = io.learner.update(batch.select(rows), salt=counters.grad_updates)  # salt: the covariance draw
+            part.update_stats.append(out)
+            counters.grad_updates += 1
+            if not out.get(M.UPDATE_SKIPPED):
+                counters.nonfinite_streak = 0
+                continue
+            counters.nonfinite_total += 1
+            counters.nonfinite_streak += 1
+            log.warning(
+                "non-finite loss or gradient at rollout step %d: update skipped (%d in a row)",
+                step,
+                counters.nonfinite_streak,
+            )
+            if counters.gave_up(s.max_consecutive_nonfinite):
+                break  # the trainer fails the run
+    finally:
+        part.timings["update"] = part.timings.get("update", 0.0) + time.perf_counter() - t0
 
 
-def step_metrics(
-    step: int, partial: PartialStep, counters: Counters, s: StepSettings, sampler: Sampler
-) -> dict[str, float]:
-    """Step 9: the step is done; its counters and metrics (Table 1's training curves, the mechanisms' inputs)."""
-    collected, batch, stats = partial.collected, partial.batch, partial.update_stats
-    assert collected is not None
-    counters.step = step
-    counters.tokens_total += collected.stats.tokens_generated
-    metrics = rollout_metrics(collected, batch, partial.correction, norm_adv_by_std=s.norm_adv_by_std)
-    metrics.update(sampler.world_metrics(collected.generated))  # the habits world's `habit/*`
-    metrics.update(mean_update_stats([x for x in stats if not x.get(UPDATE_SKIPPED)], UPDATE_KEYS))
-    metrics.update(mean_update_stats(stats, [UPDATE_SKIPPED]))  # the fraction of this step's updates skipped
-    return metrics
-
-
-def sync(engine: RolloutEngine, learner: PolicyLearner) -> float:
-    """Step 10: every replica loads the new weights (a sleeping engine's weights wake first); always, as a level-2
-    sleep discarded the old ones. Returns the seconds it took."""
-    t0 = time.perf_counter()
-    engine.sync_weights(learner.named_parameters_for_sync())
-    return time.perf_counter() - t0
+def minibatch_plan(num_groups: int, mini_batch_size: int, epochs: int, seed: int, step: int) -> list[list[int]]:
+    """Group indices of each mini-batch, in update order: each epoch a fresh permutation from (seed, step, epoch),
+    so the plan is a function of the step alone and a resumed run reproduces it without saved state. A group never
+    splits across mini-batches (the group-token-mean sees whole groups); a last, smaller mini-batch takes the
+    remainder when dynamic sampling stopped short at its cap."""
+    plan = []
+    for epoch in range(epochs):
+        perm = np.random.default_rng([seed, step, epoch]).permutation(num_groups)
+        plan += [perm[i : i + mini_batch_size].tolist() for i in range(0, num_groups, mini_batch_size)]
+    return plan
 
 
 def timing_metrics(
-    partial: PartialStep, lr: float, counters: Counters, t_sync: float, t_step: float
+    counters: Counters, stats: RefillStats, timings: dict[str, float], lr: float, t_sync: float, t_step: float
 ) -> dict[str, float]:
     """The step's counters, lr and phase timings."""
-    collected, timings = partial.collected, partial.timings
-    assert collected is not None
     gen_t = timings.get("generate", 0.0)
     return {
         M.ROLLOUT_STEP: counters.step,
@@ -320,35 +399,16 @@ def timing_metrics(
         M.TIME_GENERATE: gen_t,
         M.TIME_SCORE: timings.get("score", 0.0),
         M.TIME_OLD_LOGPROB: timings.get("old_logprob", 0.0),
-        M.TIME_UPDATE: timings["update"],
+        M.TIME_UPDATE: timings.get("update", 0.0),
         M.TIME_SYNC: t_sync,
         M.TIME_STEP: t_step,
-        M.TOKENS_PER_SEC: collected.stats.tokens_generated / gen_t if gen_t > 0 else math.nan,
+        M.TOKENS_PER_SEC: stats.tokens_generated / gen_t if gen_t > 0 else math.nan,
     }
 
 
-def sharded_logprobs(
-    compute: Callable[[PolicyBatch], tuple[torch.Tensor, torch.Tensor]], batch: PolicyBatch, pack_prompts: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`compute` (per-token values [N, T], e.g. log-probs and entropies) over the whole batch: each rank computes
-    its token-balanced shard of rows (`PolicyBatch.shard_rows`, as the updates split), and the ranks gather them
-    (the updates re-shard by mini-batch, and the metrics need every row). Rows are independent here (no
-    normaliser), so any split gives the same numbers."""
-    world = dist.world_size()
-    if world == 1:
-        return compute(batch)
-    rows = batch.shard_rows(dist.rank(), world, pack_prompts=pack_prompts)
-    lp, ent = compute(batch.select(rows))
-    a, b = torch.zeros_like(batch.loss_mask), torch.zeros_like(batch.loss_mask)
-    for r, part_a, part_b in dist.all_gather((rows, lp, ent)):
-        if r:
-            a[r], b[r] = part_a, part_b
-    return a, b
-
-
-def _with_no_entropy(reference: ReferencePolicy) -> Callable[[PolicyBatch], tuple[torch.Tensor, torch.Tensor]]:
-    def compute(batch: PolicyBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        lp = reference.compute_logprobs(batch)
-        return lp, torch.zeros_like(lp)
-
-    return compute
+def sync(engine: RolloutEngine, learner: PolicyLearner) -> float:
+    """Phase 10: every replica loads the new weights (a sleeping engine's weights wake first); always, as a level-2
+    sleep discarded the old ones. Returns the seconds it took."""
+    t0 = time.perf_counter()
+    engine.sync_weights(learner.named_parameters_for_sync())
+    return time.perf_counter() - t0

@@ -85,7 +85,7 @@ class Tripwires:
                 f"{self.implausible_groups:.0%}): a prompt's responses were not sampled independently, so a group "
                 f"holds fewer samples than it counts (all alike: zero advantages, nothing learned). Likely cause: "
                 f"replicas or requests sharing one seed (an engine that ignores per-request seeds, or a vLLM "
-                f"outside the supported range; dapo/rollout/seeds.py). To train on regardless, set "
+                f"outside the supported range; dapo/rollout/replicas.py). To train on regardless, set "
                 f"trainer.tripwires=false."
             )
         return None

@@ -183,7 +183,7 @@ def _patch_step(module: Any, faults: Faults, setattr_: Callable) -> None:
     setattr_(module, "sync", sync)
 
 
-def _patch_collect(module: Any, faults: Faults, setattr_: Callable) -> None:
+def _patch_replicas(module: Any, faults: Faults, setattr_: Callable) -> None:
     if not faults.same_seeds:
         return
     share_seeds = module.share_seeds
@@ -197,7 +197,7 @@ def _patch_collect(module: Any, faults: Faults, setattr_: Callable) -> None:
 
 PATCHES: dict[str, Callable[[Any, Faults, Callable], None]] = {
     "dapo.trainer.step": _patch_step,
-    "dapo.trainer.collect": _patch_collect,
+    "dapo.rollout.replicas": _patch_replicas,
     "dapo.trainer.loop": _patch_loop,
     "dapo.trainer.setup": _patch_setup,
     "dapo.trainer.checkpoint": _patch_checkpoint,
