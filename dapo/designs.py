@@ -211,8 +211,9 @@ VARIANTS_DIR = REPO_ROOT / "configs" / "variants"
 VARIANT_KEYS: dict[str, frozenset[str]] = {
     "gspo": frozenset({"algorithm.policy_loss", "algorithm.eps_low", "algorithm.eps_high", "algorithm.loss_agg"}),
     "cispo": frozenset({"algorithm.policy_loss", "algorithm.cispo_clip_max", "algorithm.loss_agg"}),
-    "clip_cov": frozenset(
+    "clip_cov": frozenset(  # with the PPO clip it replaces clip-higher in: its authors' 1 / 1, no dual-clip
         {"algorithm.policy_loss", "algorithm.clip_cov_ratio", "algorithm.clip_cov_lb", "algorithm.clip_cov_ub"}
+        | {"algorithm.eps_low", "algorithm.eps_high", "algorithm.dual_clip_c"}
     ),
     "kl_cov": frozenset({"algorithm.policy_loss", "algorithm.kl_cov_ratio", "algorithm.kl_cov_coef"}),
     "dr_grpo": frozenset({"algorithm.norm_adv_by_std", "algorithm.loss_agg", "algorithm.seq_token_sum_constant"}),
