@@ -298,7 +298,9 @@ class RolloutConfig(_Section):
 class AlgorithmConfig(_Section):
     """The five Table 1 toggles (and the GRPO knobs around them). One toggle drives one function."""
 
-    eps_low: float = Field(0.2, ge=0, lt=1, description="Lower clip range: ratio >= 1 - eps_low. Paper: 0.2.")
+    eps_low: float = Field(
+        0.2, ge=0, le=1, description="Lower clip range: ratio >= 1 - eps_low. Paper: 0.2. 1: no lower bound."
+    )
     eps_high: float = Field(
         0.2, ge=0, description="Upper clip range (clip-higher): ratio <= 1 + eps_high. Naive GRPO 0.2; DAPO 0.28."
     )

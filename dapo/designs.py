@@ -211,8 +211,9 @@ VARIANTS_DIR = REPO_ROOT / "configs" / "variants"
 VARIANT_KEYS: dict[str, frozenset[str]] = {
     "gspo": frozenset({"algorithm.policy_loss", "algorithm.eps_low", "algorithm.eps_high", "algorithm.loss_agg"}),
     "cispo": frozenset({"algorithm.policy_loss", "algorithm.cispo_clip_max", "algorithm.loss_agg"}),
-    "clip_cov": frozenset(
+    "clip_cov": frozenset(  # with the PPO clip it replaces clip-higher in: its authors' 1 / 1, no dual-clip
         {"algorithm.policy_loss", "algorithm.clip_cov_ratio", "algorithm.clip_cov_lb", "algorithm.clip_cov_ub"}
+        | {"algorithm.eps_low", "algorithm.eps_high", "algorithm.dual_clip_c"}
     ),
     "kl_cov": frozenset({"algorithm.policy_loss", "algorithm.kl_cov_ratio", "algorithm.kl_cov_coef"}),
     "dr_grpo": frozenset({"algorithm.norm_adv_by_std", "algorithm.loss_agg", "algorithm.seq_token_sum_constant"}),
@@ -319,12 +320,12 @@ TOGGLE_KEYS: dict[str, frozenset[str]] = {
 }
 TOGGLE_SECTION = "algorithm"
 # How a user runs a ladder that fails the check on purpose (the report then says the rows are not a clean ablation).
-ALLOW_FLAG = "--allow-confounded-ladder"  # dapo config
+ALLOW_FLAG = "--allow-confounded-ladder"  # dapo config, dapo train
 ALLOW_KEY = "allow_confounded_ladder"  # configs/workflow.yaml
 LADDER_FIX = (
     "fix: move scale keys into a preset (configs/presets/) or the workflow's `overrides` (every row alike), and each "
-    f"other change into a row of its own; to run this ladder on purpose: `dapo config {ALLOW_FLAG}`, or the "
-    f"workflow's `--config {ALLOW_KEY}=true` (the report then says the rows are not a clean ablation)"
+    f"other change into a row of its own; to run this ladder on purpose: `dapo config` or `dapo train` {ALLOW_FLAG}, "
+    f"or the workflow's `--config {ALLOW_KEY}=true` (the report then says the rows are not a clean ablation)"
 )
 
 
@@ -376,6 +377,13 @@ def describe_departures(bad: dict[str, tuple[Any, Any, str]], above: str) -> lis
     return [f"{k} = {new!r} (in {above}: {old!r}): {why}" for k, (old, new, why) in bad.items()]
 
 
+def _differs(row: str, above: str, bad: dict[str, tuple[Any, Any, str]]) -> str:
+    declared = TOGGLE_KEYS.get(toggle_name(row))
+    what = f"{toggle_name(row)} ({', '.join(sorted(declared))})" if declared else f"its toggle {toggle_name(row)}"
+    lines = describe_departures(bad, f"{above}.yaml")
+    return f"differs from {above}.yaml in more than {what}:\n" + "\n".join(f"      {line}" for line in lines)
+
+
 def ladder_problems(
     ablations_dir: Path = ABLATIONS_DIR, preset: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> list[str]:
@@ -400,11 +408,7 @@ def ladder_problems(
         bad = departures(flats[row], flats[above], toggle_name(row), scale, also=own)
         if not bad:
             continue
-        declared = TOGGLE_KEYS.get(toggle_name(row))
-        what = f"{toggle_name(row)} ({', '.join(sorted(declared))})" if declared else f"its toggle {toggle_name(row)}"
-        text = f"{path}: differs from {above}.yaml in more than {what}:\n" + "\n".join(
-            f"      {line}" for line in describe_departures(bad, f"{above}.yaml")
-        )
+        text = f"{path}: {_differs(row, above, bad)}"
         parent = read_chain(path)[-2][0] if len(read_chain(path)) > 1 else None
         if parent != (ablations_dir / f"{above}.yaml").resolve():
             text += f"\n      (it inherits {parent.name if parent else 'nothing'}, not the row above, {above}.yaml)"
@@ -429,6 +433,40 @@ def check_ladder(
             + f"\n  {LADDER_FIX}"
         )
     return problems
+
+
+def check_run_file(
+    config: str | Path | None,
+    preset: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    allow: bool = False,
+) -> list[str]:
+    """The ladder check of a run's config file (`dapo config`, `dapo train`). A row of a ladder is checked with its
+    whole ladder (`check_ladder`). A file outside it whose run is labelled one of its rows (`tracking.row`: set,
+    inherited or overridden; the ladder its `inherits:` chain passes through, else configs/ablations/) is checked
+    as that row is, against the row above. Raises ConfigError with the fix, or with `allow` returns the problems."""
+    if config is None:
+        return []
+    if (ladder_dir := ladder_dir_of(config)) is not None:
+        return check_ladder(ladder_dir, preset, overrides, allow)
+    chain = read_chain(config)
+    at = [i + 1 for i, (p, _) in enumerate(chain[:-1]) if ladder_dir_of(p) is not None] or [0]
+    ablations_dir = ladder_dir_of(chain[at[-1] - 1][0]) if at[-1] else ABLATIONS_DIR
+    flat, rows = load_config(config, preset=preset, overrides=overrides).flat(), ladder(ablations_dir)
+    if (row := flat[ROW_KEY]) not in rows:
+        return []
+    i = rows.index(row)
+    above = rows[max(i - 1, 0)]  # the first row: against itself, where only scale is refused (as in the ladder)
+    own = {k: v for _, d in chain[at[-1] :] for k, v in _dotted(d).items() if k != ROW_KEY}  # below the ladder
+    above_flat = load_config(ablations_dir / f"{above}.yaml", preset=preset, overrides=overrides).flat()
+    bad = departures(flat, above_flat, toggle_name(row) if i else None, preset_keys(preset), also=own)
+    if not bad:
+        return []
+    what = _differs(row, above, bad) if i else "sets " + "; ".join(describe_departures(bad, f"{above}.yaml"))
+    problem = f"{config}: its run is labelled {row}, a row of {ablations_dir}, and it {what}"
+    if not allow:
+        raise ConfigError(f"{problem}\n  {LADDER_FIX}; or name the run otherwise (`{ROW_KEY}: <name>`)")
+    return [problem]
 
 
 def ladder_dir_of(config: str | Path | None) -> Path | None:

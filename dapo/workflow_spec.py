@@ -16,6 +16,7 @@ from typing import Any
 
 from dapo.config import ABLATIONS_DIR, REPO_ROOT, ConfigError, RunConfig, load_config, resolve_preset
 from dapo.designs import (
+    ALLOW_FLAG,
     ALLOW_KEY,
     RunSpec,
     all_design_runs,
@@ -220,6 +221,7 @@ def build_spec(
     for (run, seed), cfg in cfgs.items():
         run_dir, file = results / "runs" / run / f"s{seed}", str(designs[run].config)
         train_args = ["--config", file, "--preset", preset, "--run-dir", str(run_dir), "--progress", "log"]
+        train_args += [ALLOW_FLAG] if config.get(ALLOW_KEY) else []  # `dapo train` checks its ladder too
         runs.setdefault(run, {"config": file, "seeds": {}})["seeds"][str(seed)] = {
             "run_dir": str(run_dir),
             "train_args": [*train_args, *designs[run].overrides, *overrides, f"trainer.seed={seed}", *shared],

@@ -21,6 +21,7 @@ def policy_loss(t: dict, case: dict) -> dict:
     from verl.trainer.ppo import core_algos
     from verl.workers.config import ActorConfig, PolicyLossConfig
 
+    t = case.get("tensors", t)  # a case of its own (the documented differences) or the shared tensors
     new = t["new"].clone().requires_grad_()
     cfg = ActorConfig(
         strategy="fsdp",

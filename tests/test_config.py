@@ -120,6 +120,44 @@ def test_dapo_config_stops_on_a_confounded_ladder_unless_allowed(tmp_path, capsy
     assert "warning" not in capsys.readouterr().err
 
 
+def test_a_file_outside_the_ladder_labelled_a_row_is_checked_as_that_row_by_config_and_train(
+    tmp_path, capsys, monkeypatch
+):
+    """A file elsewhere that inherits row 04 and calls itself row 05 would be reported as row 05: `dapo config` and
+    `dapo train` (before loading anything) refuse it as they refuse that file inside the ladder; so for a user's
+    own ladder, and for a label inherited from row 05 itself."""
+    import dapo.trainer.preflight
+    from dapo.cli import main
+
+    monkeypatch.setattr(dapo.trainer.preflight, "preflight", lambda *a, **k: pytest.fail("dapo train went on"))
+    own = _ladder_copy(tmp_path)  # a user's own ladder, outside configs/
+    mine = tmp_path / "mine"
+    mine.mkdir()
+
+    def write(name: str, parent: Path, extra: str) -> str:
+        (mine / name).write_text(f"inherits: {parent}\n{extra}")
+        return str(mine / name)
+
+    row05 = "tracking:\n  row: 05_dynamic_sampling\nalgorithm:\n  dynamic_sampling: true\n"
+    lr = "trainer:\n  lr: 1.0e-4\n"
+    for parent, ladder in ((ROWS[4], ABLATIONS_DIR), (own / ROWS[4].name, own)):
+        bad = write("05_faster.yaml", parent, row05 + lr)
+        for cmd in (["config"], ["train", "--run-dir", str(tmp_path / "run")]):
+            assert main([*cmd, "-c", bad, "-p", "tiny"]) == 2
+            err = capsys.readouterr().err
+            assert f"{bad}: its run is labelled 05_dynamic_sampling, a row of {ladder}" in err
+            assert "trainer.lr = 0.0001 (in 04_token_level_loss.yaml: 5e-05): a scale key" in err
+            assert "tracking.row: <name>" in err and "--allow-confounded-ladder" in err  # the fixes
+        assert not (tmp_path / "run").exists()
+    assert main(["config", "-c", write("inherited.yaml", ROWS[5], lr), "-p", "tiny"]) == 2  # labelled 05 by row 05
+    assert "labelled 05_dynamic_sampling" in capsys.readouterr().err
+    assert main(["config", "-c", write("clean.yaml", ROWS[4], row05), "-p", "tiny"]) == 0  # row 04 + its toggle
+    named = write("named.yaml", ROWS[4], row05.replace("05_dynamic_sampling", "faster") + lr)
+    assert main(["config", "-c", named, "-p", "tiny"]) == 0  # a run of its own name is not reported as row 05
+    assert main(["config", "-c", bad, "-p", "tiny", "--allow-confounded-ladder"]) == 0
+    assert "warning: not a clean ablation" in capsys.readouterr().err
+
+
 def test_row_values_match_spec_section_3():
     cfg = {p.stem: load_config(p, preset="tiny").algorithm for p in ROWS}
     assert (cfg["00_naive_grpo"].eps_low, cfg["00_naive_grpo"].eps_high) == (0.2, 0.2)

@@ -12,7 +12,8 @@ What each pair shows (T = the padded width; the loss and its gradient w.r.t. the
 - kl_cov = verl `kl_cov` (deterministic top-k); clip_cov = verl `clip_cov` where every candidate is selected (verl
   draws among more with an unseeded generator);
 - token_tis / sequence_tis (C = 2) = verl TIS; token_mis / sequence_mis (0.8, 1.25) = verl's IcePop; the weights
-  multiply the clipped loss as TRL's `importance_sampling_ratio` and verl's `rollout_is_weights` do.
+  multiply the clipped loss as TRL's `importance_sampling_ratio` and verl's `rollout_is_weights` do;
+- where they differ, on cases of their own (docs/variants.md): clip_cov under dual-clip, GSPO's log-ratio clamp.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def ours(t, name: str, agg: str, *, is_weights=None, **kw) -> tuple[float, torch
     selected = None
     if name in ("clip_cov", "kl_cov"):
         selected = covariance_selection(
-            name, new.detach(), t["old"], t["adv"], t["mask"], torch.arange(B), 0, **kw.pop("selection")
+            name, new.detach(), t["old"], t["adv"], t["mask"], torch.arange(len(t["adv"])), 0, **kw.pop("selection")
         )
     out = per_token_loss(name, new, t["old"], t["adv"], t["mask"], selected=selected, **kw)
     per_token = out.loss if is_weights is None else out.loss * is_weights
@@ -174,6 +175,30 @@ IS_CASES = {  # our mode, cap, floor -> verl's level and threshold
 }
 
 
+def _one_case(adv: list[float], log_ratios: dict[tuple[int, int], float]) -> dict[str, torch.Tensor]:
+    """Responses of 4 tokens, every old log-prob -1, the given advantages, every ratio 1 but at `log_ratios`."""
+    old = -torch.ones(len(adv), 4)
+    new = old.clone()
+    for at, lr in log_ratios.items():
+        new[at] += lr
+    return {"old": old, "new": new, "mask": torch.ones_like(old), "adv": torch.tensor(adv)}
+
+
+# docs/variants.md, "Where the variants differ from their authors' code": (tensors, our call, verl's case)
+DIFF_CASES = {
+    "clip_cov_dual_clip": (  # two A < 0 tokens at ratio 30; none in the covariance band
+        _one_case([1.0, -1.0], {(1, 0): math.log(30), (1, 1): math.log(30)}),
+        dict(name="clip_cov", agg="token-mean", eps_low=0.2, eps_high=0.28, selection=dict(ratio=2e-4)),
+        dict(mode="clip_cov", agg="token-mean", clip_low=0.2, clip_high=0.28),
+    ),
+    "gspo_clamp": (  # one token at log-ratio +30 in a 4-token response, A < 0 (s unclipped)
+        _one_case([-1.0], {(0, 0): 30.0}),
+        dict(name="gspo", agg="seq-mean-token-mean", eps_low=3e-4, eps_high=4e-4),
+        dict(mode="gspo", agg="seq-mean-token-mean", clip_low=3e-4, clip_high=4e-4),
+    ),
+}
+
+
 def our_weights(t, mode: str) -> torch.Tensor:
     _, cap, floor = IS_CASES[mode]
     return correction_weights(t["old"], t["rollout"], t["mask"], mode, cap, floor)[0]  # type: ignore[arg-type]
@@ -223,6 +248,7 @@ def verl_results(tensors, tmp_path_factory) -> dict:
         )
     ]
     cases += [dict(name=f"adv/{s}", kind="advantages", norm_by_std=s) for s in (True, False)]
+    cases += [dict(name=f"diff/{k}", kind="policy_loss", tensors=t, **v) for k, (t, _, v) in DIFF_CASES.items()]
     torch.save({"tensors": tensors, "cases": cases}, tmp / "cases.pt")
     worker = Path(__file__).resolve().parent / "_verl_worker.py"
     env = {**os.environ, "PYTHONPATH": str(path)}
@@ -275,3 +301,23 @@ def test_grpo_and_dr_grpo_advantages_match_verl(tensors, verl_results, norm_by_s
     if not norm_by_std:
         assert mine.tolist() == pytest.approx([2 / 3, -4 / 3, 2 / 3, 4 / 3, -2 / 3, -2 / 3], abs=1e-6)
     assert not math.isnan(float(mine.sum()))
+
+
+def test_the_documented_differences_from_verl(verl_results) -> None:
+    """The two differences docs/variants.md states with their numbers: Clip-Cov under dual-clip (the 7B and 32B
+    presets' c = 10; verl's clip_cov has none), and GSPO's per-token clamp of the log-ratio at 20 (verl: the
+    sequence's at 10)."""
+    t, mine, _ = DIFF_CASES["clip_cov_dual_clip"]
+    theirs = verl_results["diff/clip_cov_dual_clip"]
+    kw = dict(mine, selection=dict(mine["selection"]))
+    loss, grad = ours(t, kw.pop("name"), kw.pop("agg"), **kw)  # no dual-clip: verl's
+    assert loss == pytest.approx(theirs["loss"], abs=TOL) and loss == pytest.approx((-4 + 2 + 60) / 8)  # 7.25
+    assert grad[1, 0] == pytest.approx(30 / 8) and (grad - theirs["grad"]).abs().max() < TOL
+    kw = dict(mine, selection=dict(mine["selection"], dual_clip_c=10.0))
+    loss, grad = ours(t, kw.pop("name"), kw.pop("agg"), dual_clip_c=10.0, **kw)
+    assert loss == pytest.approx((-4 + 2 + 2 * 10) / 8) and grad[1, 0] == 0  # 2.25 against 7.25; gradient 0
+    t, mine, _ = DIFF_CASES["gspo_clamp"]
+    kw = dict(mine)
+    loss, _ = ours(t, kw.pop("name"), kw.pop("agg"), **kw)
+    assert loss == pytest.approx(math.exp(20 / 4), rel=1e-5)  # the token clamped at 20: s = e^5
+    assert verl_results["diff/gspo_clamp"]["loss"] == pytest.approx(math.exp(30 / 4), rel=1e-5)  # the paper's e^7.5

@@ -71,7 +71,10 @@ def test_tiny_spec_has_every_run_with_its_command_and_the_cpu_plan(tmp_path):
     assert all(v in spec["runs"] for v in variants)
     gspo = spec["runs"]["gspo"]["seeds"]["0"]["train_args"]
     assert gspo[1].endswith("configs/variants/gspo.yaml") and "tracking.row=gspo" in gspo
-    assert W.build_spec(config(results=str(tmp_path)), with_plan=False)["plan_text"] is None
+    assert "--allow-confounded-ladder" not in s1["train_args"]  # `dapo train` checks the ladder too, unless told
+    allowed = W.build_spec(config(results=str(tmp_path), allow_confounded_ladder=True), with_plan=False)
+    assert allowed["plan_text"] is None
+    assert "--allow-confounded-ladder" in allowed["runs"]["02_clip_higher"]["seeds"]["0"]["train_args"]
 
 
 def test_the_paper_plan_fits_and_a_small_gpu_is_refused_with_the_keys(tmp_path):

@@ -7,10 +7,11 @@ says which key, file or line, and the fix), 75 stopped by SIGTERM/SIGUSR1 or the
 run the same command again). From the first line on, a stop signal gives 75: during start-up there is nothing
 to save, so the process ends at once; later the loop checkpoints first.
 
-In order, before anything heavy: the start-up signal guard; the config; the world size the job was started
-with against `resources.train`; MLflow records an earlier invocation left in `<run-dir>/mlflow_spool` are
-delivered; the pre-flight checks (model path, data, prompt lengths); the MLflow run is created (or found) and
-its id recorded in the run directory. Only then are data, engine and learner built.
+In order, before anything heavy: the start-up signal guard; the config and its ladder check
+(`dapo.designs.check_run_file`); the world size the job was started with against `resources.train`; MLflow records
+an earlier invocation left in `<run-dir>/mlflow_spool` are delivered; the pre-flight checks (model path, data,
+prompt lengths); the MLflow run is created (or found) and its id recorded in the run directory.
+Only then are data, engine and learner built.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import socket
 import time
 from pathlib import Path
 
-from dapo.commands.config import add_config_arguments
+from dapo.commands.config import add_config_arguments, add_ladder_argument
 from dapo.fsio import atomic_write
 from dapo.trainer import DONE_FILE, RESUME_EXIT_CODE
 
@@ -33,6 +34,7 @@ EXIT_FILE = "EXIT.json"  # the trainer's own verdict (code, step), read by workf
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
+    add_ladder_argument(p)
     p.add_argument(
         "--run-dir",
         help="Run directory (checkpoints, final model, DONE.json); default trainer.output_dir. "
@@ -52,10 +54,13 @@ def run(args: argparse.Namespace) -> int:
     guard = StartupGuard(RESUME_EXIT_CODE).install()  # first: a preemption while loading exits 75, not 143
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from dapo.config import load_config
+    from dapo.designs import check_run_file
     from dapo.tinyworld import TinyWorld
     from dapo.trainer.preflight import launched_world_size, preflight
 
     cfg = load_config(args.config, preset=args.preset, overrides=args.overrides)
+    for problem in check_run_file(args.config, args.preset, args.overrides, allow=args.allow_confounded_ladder):
+        log.warning("not a clean ablation: %s", problem)
     if args.run_dir:
         cfg.trainer.output_dir = args.run_dir
     run_dir = Path(cfg.trainer.output_dir)
