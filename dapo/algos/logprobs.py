@@ -1,31 +1,16 @@
-"""Per-token log-probs and entropy from final hidden states and the output head, in chunks.
+"""Per-token log-probs and entropy from final hidden states and the output head, in chunks (docs/algorithm.md
+section 10; its memory: BENCHMARKS.md section 2).
 
     z = (h @ W^T) / temperature          logp_t = z_t[y_t] - logsumexp(z_t)       H_t = -sum_v p_tv log p_tv
-
-A [T, V] logits tensor for long responses and a 150K vocabulary is many GiB (20480 x 152064 fp32 = 12 GiB), and
-autograd would keep it for backward. `chunked_logprobs_entropy` never holds more than two `chunk_size x V`
-buffers: forward keeps only the per-token logsumexp and entropy, and backward recomputes each chunk's logits and
-turns them into the gradient in place. The gradient is the naive one (tests compare both in float64):
-
     dlogp_t/dz_tv = 1[v = y_t] - p_tv          dH_t/dz_tv = -p_tv (log p_tv + H_t)
 
-Precision. The entropy is computed from logits shifted by their row maximum m (so every shifted logit s is <= 0,
-and 0 at the maximum): with S = 1 + rest, rest = sum of exp(s_v) over every other position,
-
-    H = log1p(rest) - sum_v exp(s_v) s_v / S
-
-is a sum of two non-negative terms, so nothing cancels, and a low-entropy row (a confident policy, where the
-paper's Figs 2 and 4 look) keeps float32's relative accuracy. The textbook form `logsumexp(z) - sum(p z)`
-subtracts two numbers close to the largest logit and loses about that logit's rounding error (~1e-5 at a largest
-logit of ~19 in float32); `log(1 + rest)` would round a small `rest` to float32's 6e-8 steps.
-
-Memory. Forward holds the chunk's logits and their exponentials; backward overwrites the logits with the logit
-gradient in place (`sub_`, `exp`, `add_`/`mul_`/`addcmul_`, `scatter_add_`) and accumulates the head's gradient
-with `addmm_`, so about two [chunk, V] float32 buffers are alive at once (BENCHMARKS.md section 2 measures it).
-
-Logits of half-precision inputs are upcast to float32 before the softmax, as the naive `logits.float()` does.
-The sampling temperature divides the logits, so log-probs match what the rollout engine sampled from. Models
-that change the logits after the head (soft-capping, a logit scale) are refused where the model is loaded
+No [T, V] logits tensor is held (20480 x 152064 fp32 = 12 GiB, which autograd would keep): forward keeps only the
+per-token logsumexp and entropy, and backward recomputes each chunk's logits and overwrites them with their gradient
+in place, so about two [chunk, V] float32 buffers are alive at once. The entropy is computed from logits shifted by
+their row maximum m (every shifted logit s <= 0): with S = 1 + rest, rest = sum of exp(s_v) over every other
+position, H = log1p(rest) - sum_v exp(s_v) s_v / S, a sum of two non-negative terms, so a confident row keeps
+float32's relative accuracy (the textbook logsumexp(z) - sum(p z) loses the largest logit's rounding). Half-precision
+logits are upcast to float32 before the softmax. Models that change the logits after the head are refused at load
 (`dapo.learner.model.check_plain_logits`).
 """
 

@@ -1,55 +1,17 @@
-"""The policy losses DAPO is compared with, chosen by name (`algorithm.policy_loss`): docs/algorithm.md section 12.
+"""The per-token policy losses, chosen by name (`algorithm.policy_loss`): DAPO's and those it is compared with. Each is
+a pure function of per-token tensors [N, T] returning per-token losses (`SurrogateOut`); the mask and normaliser are
+the aggregation's, and the learner adds the k3 KL term (`k3_to_reference`) and the rollout correction's weights to
+every one alike. r = pi_theta / pi_old per token, A the response's advantage, sg the stop-gradient; sources, defaults
+and how each is exact in any split (GSPO's ratio needs a whole response, which never straddles micro-batches or
+ranks; the covariance rule takes the whole mini-batch's means and k-th token): docs/algorithm.md sections 2 and 12.
 
-Every loss is a pure function of per-token tensors [N, T] (N responses, T padded tokens) returning per-token losses
-(`SurrogateOut`), which the learner weights and sums exactly as for DAPO's own loss (`dapo.algos.aggregation`):
-
-- `ppo_clip` (the default; the paper's rows): `clipped_surrogate`, the clipped surrogate with decoupled bounds
-  (clip-higher) and the optional dual-clip, docs/algorithm.md section 2:
-
-      rho_{i,t} = exp(logp - old_logp)
-      l_{i,t}   = -min(rho A_i, clip(rho, 1 - eps_low, 1 + eps_high) A_i)            (paper Eq. 10)
-      dual-clip (A_i < 0):  l_{i,t} = min(l_{i,t}, -c A_i)                           (verl's form, c > 1)
-
-  eps_low = eps_high = 0.2 is naive GRPO; DAPO raises eps_high to 0.28.
-- `gspo` (Zheng et al. 2025, arXiv 2507.18071, Eq. 5-7): one importance ratio per response, the geometric mean of
-  its token ratios, clipped per response:
-
-      s_i = exp( 1/|y_i| sum_t (log pi_theta - log pi_old) )
-      l_{i,t} = -min( s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i )
-
-  computed per token in GSPO-token form, log s_{i,t} = sg(log s_i) + log pi_theta(y_t) - sg(log pi_theta(y_t)):
-  the value is s_i at every token and the gradient, averaged over a response's tokens (the paper's
-  `seq-mean-token-mean`), is that of s_i; under `token-mean` a response's gradient is weighted by its length, which
-  GSPO does not do (configs/variants/gspo.yaml sets the paper's aggregation). The paper's range: eps_low 3e-4,
-  eps_high 4e-4.
-- `cispo` (MiniMax-M1, arXiv 2506.13585, Eq. 4-5; the loss ScaleRL, arXiv 2510.13786, settled on): REINFORCE
-  with the token's importance weight clipped and stopped, so no token's gradient is dropped by the clip:
-
-      l_{i,t} = -sg( min(r_{i,t}, clip_max) ) A_i log pi_theta(y_t),   r = pi_theta / pi_old
-
-  MiniMax-M1 sets no lower bound (its eps_low^IS large) and tunes the upper one: clip_max = 1 + eps_high^IS.
-  Default 5.0, TRL's documented setting for ScaleRL's CISPO (TRL names it `epsilon_high`, an absolute cap).
-- `clip_cov`, `kl_cov` (Cui et al. 2025, arXiv 2505.22617, section 5; the authors' code in verl): entropy kept up
-  by acting on the few tokens whose covariance between log-prob and advantage is largest,
-
-      cov_{i,t} = (A_i - mean A) (log pi_theta(y_t) - mean log pi_theta)        (means over the loss tokens)
-
-  `clip_cov`: the PPO-clip loss, with the gradient of selected tokens cut (their loss times 0); the selected are
-  k = max(1, floor(ratio * tokens)) drawn at random among loss tokens not already clipped with lb < cov < ub
-  (defaults ratio 2e-4, lb 1, ub 5). `kl_cov`: no clip; the k = max(1, floor(ratio * tokens)) tokens of largest
-  covariance get coef * |log pi_theta - log pi_old| added (defaults ratio 2e-4, coef 1.0, the authors' recipe;
-  verl's default coef is 0.1).
-
-Every loss returns per-token losses; the loss mask and the normaliser are the aggregation's, and the k3 KL term to a
-reference policy (`k3_to_reference`, off in every DAPO row) and the rollout correction's weights are added by the
-learner to every loss alike.
-
-Splits. GSPO's ratio needs a whole response: the learner never splits one across micro-batches or ranks, so s_i is
-exact in any split. The covariance rule needs the whole mini-batch's means and its k-th token: the learner takes
-them over every rank's tokens before the first backward (a no-grad pass over the mini-batch, all-reduced means,
-and the k-th value from every rank's candidates: `kth_largest`), and draws Clip-Cov's random tokens by a hash of
-where each token sits (`token_keys`), so the same tokens are selected whatever the split (verl selects within each
-micro-batch on each rank, with an unseeded generator).
+    ppo_clip (Eq. 10):  l = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A); dual-clip (A < 0): min(l, -c A)
+    gspo:               s_i = exp(mean_t log r), l = -min(s_i A, clip(s_i, 1 - eps_low, 1 + eps_high) A), per token
+                        as log s_{i,t} = sg(log s_i) + log pi_theta(y_t) - sg(log pi_theta(y_t))
+    cispo:              l = -sg(min(r, clip_max)) A log pi_theta(y_t)
+    clip_cov:           ppo_clip with the loss of k tokens drawn among the unclipped with lb < cov < ub cut
+    kl_cov:             l = -r A, plus coef |log r| on the k tokens of largest cov
+                        cov_t = (A - mean A)(log pi_theta(y_t) - mean log pi_theta), k = max(1, floor(ratio x tokens))
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
-"""The rollout/learner mismatch: how far the engine's log-probs are from the learner's on the tokens the engine
-sampled, and the importance weights that correct the loss for it (docs/algorithm.md section 11).
+"""The rollout correction: importance weights for the gap between the engine's sampling and the learner's old
+log-probs, d_t = log pi_old(y_t) - log pi_rollout(y_t) on sampled tokens (docs/algorithm.md section 11: the sources,
+verl's `rollout_correction` and TRL's `vllm_importance_sampling_mode`, whose weights these match on the same tensors):
 
-The engine samples in its own numerics (vLLM's kernels, bf16, another attention) and the learner recomputes the
-old log-probs in its own, so the tokens were drawn from pi_rollout, not from the pi_old that PPO's ratio
-pi_theta / pi_old starts from. With d_t = log pi_old(y_t) - log pi_rollout(y_t) on sampled tokens:
+    token_tis:     w_t = min(e^{d_t}, C)                 sequence_tis:  w_i = min(e^{sum_t d_t}, C)
+    token_mis:     w_t = e^{d_t} if floor <= e^{d_t} <= C, else 0     sequence_mis: the same per response
 
-    mismatch (`dapo.algos.metrics.mismatch_stats`, logged every step): mean |d_t|, k3 = E[e^d - 1 - d] (an
-                estimate of KL(pi_rollout || pi_old) from pi_rollout's samples), the largest per-response mean
-                |d_t|, the share of tokens with |d_t| above a bound
-
-    token_tis:     w_t = min(e^{d_t}, C)                 truncated importance sampling, per token
-    sequence_tis:  w_i = min(e^{sum_t d_t}, C)           ... per response (the product of its token ratios)
-    token_mis:     w_t = e^{d_t} if floor <= e^{d_t} <= C, else 0     masked importance sampling, per token
-    sequence_mis:  w_i = e^{sum_t d_t} if floor <= ... <= C, else 0   ... per response
-
-The weight multiplies each token's policy loss after the clip (and before any KL term), detached; the loss's
-normaliser is unchanged (a masked token still counts in it). Sources, whose formulas these match on the same
-tensors (tests/test_algos_rollout_correction.py): verl's `rollout_correction` (`rollout_is: token | sequence` with
-`rollout_is_threshold: C` for TIS, `"floor_C"` for the masked form it calls IcePop; default C = 2) and TRL's
-`vllm_importance_sampling_mode` (`token_truncate`, `sequence_truncate`, `token_mask`, `sequence_mask`; C = 3).
-The log-ratio is clamped to +-20 before exp (verl's guard; TRL's inf gives the same weights).
-
-Weights are computed once per rollout step on whole responses, before the batch is split into mini-batches,
-micro-batches and ranks, so a sequence-level weight sees every token of its response whatever the split.
+The weight multiplies each token's policy loss after the clip (and before any KL term), detached; the normaliser is
+unchanged. Weights are made once per rollout step on whole responses, before any split, so a sequence-level weight
+sees every token of its response whatever the split. The gap itself is a metric (`dapo.algos.metrics.mismatch_stats`).
 """
 
 from __future__ import annotations

@@ -6,19 +6,10 @@
     -> repeat: rollout step -> log -> [evaluate] -> [checkpoint]
     -> final evaluation (unless the last step had one) -> final model, DONE.json
 
-Safety: checkpoints every `checkpoint_every` steps (atomic, see `checkpoint.py`). A stop signal (SIGTERM, SIGUSR1)
-is honoured between phases: generation batches, updates, evaluation shards, and before the run is declared done;
-the trainer checkpoints what it has (a part-done step or a pending evaluation included), exits with
-RESUME_EXIT_CODE, and the restarted run redoes what was cut off. A signal seen by any rank stops every rank at
-the same point. Non-finite updates are skipped by the learner and counted; `max_consecutive_nonfinite` in a row
-fails the run without overwriting the last good checkpoint. An exception on any rank ends every rank with the
-failure code, naming the rank and the error (`dapo.distributed.FailureWatch`).
-
-Several ranks (torchrun / srun): every rank generates (its rollout replica's share), trains its shard, and writes
-its part of each checkpoint; rank 0 alone talks to MLflow, shows progress and writes the run directory's own files.
-
-Faults for the tests (a kill at a boundary, a failing or poisoned update) are injected from outside the package,
-through the functions and components this module calls (tests/faults).
+A stop signal (SIGTERM, SIGUSR1) seen by any rank stops every rank at the same safe point (between generation
+batches, updates, evaluation shards, before the run is declared done): the trainer checkpoints what it has, exits
+with RESUME_EXIT_CODE, and the restart redoes what was cut off. Rank 0 alone talks to MLflow, shows progress and
+writes the run directory's own files. docs/failure-modes.md lists every failure handled and the test that shows it.
 """
 
 from __future__ import annotations
