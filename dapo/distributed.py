@@ -1,30 +1,6 @@
-"""The job's process group: joining it, the few collectives the trainer uses, and failing fast together.
-
-One module for every process-group concern (the learner, the rollout replicas, the trainer and checkpoints all
-use it). Everything is a no-op, or the identity, in one process.
-
-Where rank and world size come from, first match wins:
-
-- torchrun (or any launcher that sets them): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
-- SLURM `srun`: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; MASTER_ADDR from the environment, else the first host
-  of SLURM_JOB_NODELIST / SLURM_NODELIST; MASTER_PORT from the environment, else one derived from SLURM_JOB_ID
-  (so jobs sharing a node do not fight over one port).
-- nothing set: one process (world size 1) over an in-memory store: no port, no MPI discovery.
-
-The backend is NCCL when CUDA is available, else gloo. The resolved values are written back to RANK, WORLD_SIZE,
-LOCAL_RANK (and MASTER_*), because DeepSpeed and vLLM read them from the environment too. Not
-`deepspeed.init_distributed`: on a CPU machine it first builds a shared-memory all-reduce op (about half a minute
-on each new machine), and without launcher variables it goes looking for MPI; once a torch process group exists,
-DeepSpeed and vLLM both adopt it as it is.
-
-Failing together (`FailureWatch`): every collective waits at most `timeout` (the config key
-`trainer.collective_timeout_s`), but a rank that raises should not leave the others waiting that long. A rank that
-fails writes "rank R: <error>" into the job's key-value store (the one torchrun's agent or rank 0 hosts for the
-rendezvous); every rank polls the store from a daemon thread and, on seeing a report from another rank, logs it and
-exits with the failure code at once, whatever collective it is stuck in (NCCL would otherwise wait for the
-timeout). A process that dies without reporting (SIGKILL, the OOM killer) cannot be seen this way: then the
-launcher must end the others (torchrun does; `srun` with `--kill-on-bad-exit=1`), or they end at the timeout.
-"""
+"""The job's process group: joining it, the few collectives the trainer uses, and failing fast together; a no-op,
+or the identity, in one process. Where rank and world size come from, and how failing together works:
+docs/distributed.md, "The layout" and "Collective safety"."""
 
 from __future__ import annotations
 
@@ -79,35 +55,22 @@ def launcher_env(env: dict[str, str] | os._Environ | None = None) -> dict[str, s
     neither launcher set them (a single process)."""
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
-        return {
-            "RANK": env["RANK"],
-            "WORLD_SIZE": env["WORLD_SIZE"],
-            "LOCAL_RANK": env.get("LOCAL_RANK", "0"),
-            "MASTER_ADDR": env.get("MASTER_ADDR", "127.0.0.1"),
-            "MASTER_PORT": env.get("MASTER_PORT", "29500"),
-        }
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        rank, world, local = env["RANK"], env["WORLD_SIZE"], env.get("LOCAL_RANK", "0")
+        addr, port = env.get("MASTER_ADDR", "127.0.0.1"), env.get("MASTER_PORT", "29500")
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        rank, world, local = env["SLURM_PROCID"], env["SLURM_NTASKS"], env.get("SLURM_LOCALID", "0")
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
-        return {
-            "RANK": env["SLURM_PROCID"],
-            "WORLD_SIZE": env["SLURM_NTASKS"],
-            "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
-            "MASTER_ADDR": env.get("MASTER_ADDR") or first_slurm_host(nodelist),
-            "MASTER_PORT": env.get("MASTER_PORT") or str(20000 + int(env.get("SLURM_JOB_ID", "9500")) % 20000),
-        }
-    return None
+        addr = env.get("MASTER_ADDR") or first_slurm_host(nodelist)
+        port = env.get("MASTER_PORT") or str(20000 + int(env.get("SLURM_JOB_ID", "9500")) % 20000)
+    else:
+        return None
+    return {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": local, "MASTER_ADDR": addr, "MASTER_PORT": port}
 
 
 def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
     """Join (or create) the default process group; idempotent (a second call keeps the first group and its
-    timeout). Returns this process's `DistInfo`.
-
-    Args:
-        backend: "nccl" or "gloo"; default NCCL with CUDA, else gloo.
-        timeout_s: how long any collective may wait before it fails (torch's default when None: 10 minutes
-            for NCCL, 30 for gloo). Size it to the longest time one rank can spend alone: a generation batch
-            or an evaluation shard on the slowest replica, or rank 0 building the tiny world.
-    """
+    timeout). `backend`: default NCCL with CUDA, else gloo. `timeout_s`: how long any collective may wait before it
+    fails (None: torch's default; sizing it: docs/distributed.md, "Collective safety")."""
     use_cuda = torch.cuda.is_available()
     backend = backend or ("nccl" if use_cuda else "gloo")
     found = launcher_env()
@@ -186,10 +149,7 @@ def all_gather(obj: Any) -> list[Any]:
 
 
 def all_reduce(values: torch.Tensor, op: str = "sum") -> torch.Tensor:
-    """All-reduce a small tensor across ranks (a copy at world size 1); returns the result.
-
-    `op` is "sum" or "max". The tensor travels on the backend's device (NCCL needs CUDA tensors).
-    """
+    """All-reduce ("sum" or "max") a small tensor across ranks on the backend's device; a copy at world size 1."""
     out = values.detach().clone()
     if dist.is_initialized() and dist.get_world_size() > 1:
         dev = _device() or out.device
@@ -213,16 +173,9 @@ def barrier() -> None:
 
 # ---------------------------------------------------------------------------------------------- failing together
 class FailureWatch:
-    """Ends every rank soon after any rank fails (see the module docstring). A context manager; a no-op in one
-    process. An exception (not a SystemExit such as a stop signal's) leaving the block is reported to the other
-    ranks on the way out; call `report` yourself to learn whether another rank failed first:
-
-        with FailureWatch(on_peer_failure=mark_run_failed) as watch:
-            try:
-                train()
-            except BaseException as e:
-                first = watch.report(e)   # the others see "rank R: <error>" within `poll_s` and exit
-                raise
+    """Ends every rank soon after any rank fails (docs/distributed.md, "Collective safety"); a no-op in one process.
+    An exception (not a SystemExit such as a stop signal's) leaving the block is reported to the other ranks; call
+    `report` yourself, before re-raising, to learn whether another rank failed first.
 
     Args:
         poll_s: seconds between two looks at the store.

@@ -1,32 +1,7 @@
 """MLflow tracking that training can rely on: one run per training run, whatever kills it, and one point per
-(metric, step) in that run, even when the tracking server goes away for a while.
-
-Three parts, one job each: `SpoolJournal` (the records waiting, in a file), `MlflowSink` (the run in the store) and
-`Tracker`, the policy between them, under one lock: while the store failed recently a record goes to the journal;
-otherwise the journal is replayed first, then the record is sent, and what did not land is appended. How it holds:
-
-- **The run id is durable before anything is logged.** A Tracker with `record_run=True` writes `run.json`
-  (fsynced) into its spool folder right after the sink created the run; any later Tracker on that folder with no
-  run id resumes that run. A training run killed before its first checkpoint restarts into the same MLflow run.
-- **One point per (metric, step).** A resumed run recomputes the steps after its last checkpoint, and some of
-  them may already be in the store. Before its first metric write, a resumed sink learns, per metric key, the
-  highest step the run already holds; it then drops every point at or below that step (the first attempt's
-  points stay) and raises the mark as it writes, so the spool of an earlier attempt and the points of this one
-  merge into one increasing series. A resumed training run is bit-identical (seeded per step), so nothing of
-  value is dropped. MLflow has no API to delete a single point, so this is done before writing.
-- **Outages lose nothing.** A record the sink could not write is appended to the journal (`<spool>/<run id>.jsonl`,
-  one JSON record a line) and training goes on; a replay sends the journal in order, then rewrites it atomically
-  with what is left. Replays are idempotent: a point keeps the timestamp it was logged with, and the SQL store keys
-  metric rows by (key, timestamp, step, value), so a point sent twice (written but the answer lost, or a kill
-  between the send and the rewrite) is stored once. The sink lowers MLflow's HTTP retries and timeout around its
-  own calls (`fail_fast_http`), so a dead server costs seconds; after a failure the Tracker leaves the store alone
-  for `retry_interval_s`.
-- **Starting and finishing.** A new run needs the server: `start_timeout_s` of retries, then
-  `TrackingUnavailable` naming the URI. A resumed run never waits: it starts in spool mode. `finish()` retries
-  the journal for `finish_timeout_s`; the run's final status travels in it as its last record, so it is set when
-  the points land. What cannot be delivered stays, with a `<run id>.undelivered` note beside it, and
-  `replay_pending` (called by `dapo train`, `dapo eval`, `dapo report --runs`, `dapo status`) delivers it later.
-"""
+(metric, step) in that run, even when the tracking server goes away for a while. `SpoolJournal` (the records
+waiting, in a file), `MlflowSink` (the run in the store) and `Tracker` (the policy between them); how each
+guarantee holds: docs/architecture.md, "tracking.py"."""
 
 from __future__ import annotations
 
@@ -58,10 +33,9 @@ RUN_FILE = "run.json"  # the run this spool folder belongs to (training runs)
 UNDELIVERED = ".undelivered"  # beside a spool that `finish` could not deliver
 
 # Fail fast when the server is away (MLflow's defaults retry with backoff for minutes). MLflow has no per-client
-# setting for this: its REST store calls `mlflow.utils.rest_utils.http_request` without retry or timeout arguments,
-# and that reads these variables from os.environ on every request (`mlflow.environment_variables`). Set for the whole
-# process, as the Tracker's constructor once did, they changed every later MLflow call of the process (a report's
-# reads, the eval CLI's). So the sink sets them around its own calls only, and only those the user has not set.
+# setting: its REST store reads these variables from os.environ on every request. Set for the whole process they
+# would change every later MLflow call (a report's reads), so the sink sets them around its own calls only, and
+# only those the user has not set.
 _HTTP_ENV = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
@@ -230,10 +204,8 @@ def ensure_experiment(client: Any, uri: str, name: str) -> str:
 
 
 class MlflowSink:
-    """Run `run_id` in the store at `uri`, or (None) a new run in `experiment`, retried for `start_timeout_s` before
-    `TrackingUnavailable`; `reachable` is False when a resumed run's store did not answer at start. `send` writes
-    records in batches (a refused record loses only itself), drops points at or below the step the run holds for
-    their key, and says how many landed: spooling the rest and when to try again are the Tracker's."""
+    """Run `run_id` in the store at `uri`, or (None) a new run in `experiment`; `reachable` is False when a resumed
+    run's store did not answer at start. `send` says how many records landed: the rest are the Tracker's."""
 
     def __init__(self, uri: str, experiment: str, run_name: str | None, run_id: str | None, start_timeout_s: float):
         from mlflow.tracking import MlflowClient
@@ -376,21 +348,16 @@ class MlflowSink:
 
 
 class Tracker:
-    """One MLflow run.
+    """One MLflow run (docs/architecture.md, "tracking.py").
 
     Args:
-        uri: tracking URI (see `resolve_uri`); None resolves to the embedded default under ./results.
-        experiment: experiment name, created when missing.
-        run_name: display name of a new run (ignored when resuming).
-        run_id: resume this run (e.g. after preemption, or to log an eval into a training run). None: the run
-            recorded in `spool_dir/run.json` if there is one, else a new run.
-        tags: tags set on the run at start.
+        uri: tracking URI; None: `resolve_uri`'s default.
+        run_id: resume this run (after preemption, or to log an eval into a training run). None: the run
+            recorded in `spool_dir/run.json` if there is one, else a new run in `experiment` named `run_name`.
         spool_dir: where unsent records wait for the server (default: ./results/mlflow_spool).
         retry_interval_s: after a failed write, how long to spool without trying the server.
-        mark_running: when resuming, set the run's status back to RUNNING (a resumed training run); False
-            leaves it as it is (an eval logged into a finished run, a replay).
-        start_timeout_s: how long a new run retries an unreachable store before `TrackingUnavailable`.
-        finish_timeout_s: how long `finish` retries delivering the spool.
+        mark_running: when resuming, set the run's status back to RUNNING (False: an eval or a replay).
+        start_timeout_s / finish_timeout_s: how long a new run waits for the store, and `finish` retries.
         record_run: write the run id to `spool_dir/run.json` (durably) so later Trackers there resume it.
     """
 
@@ -451,7 +418,7 @@ class Tracker:
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Log each metric at `step`, stamped now (ms). Non-numeric values are skipped with a warning; a point at
-        or below a step the run already holds for that metric is dropped (see the module docstring)."""
+        or below a step the run already holds for that metric is dropped."""
         now = int(time.time() * 1000)
         recs = []
         for k, v in metrics.items():

@@ -1,8 +1,4 @@
-"""Data: loaders (hub id, parquet, JSONL) that return `Problem`s, the DAPO template, prompt building.
-
-from dapo.data import load_problems, build_prompt, tokenize_problems
-problems = load_problems("BytedTsinghua-SIA/AIME-2024")   # or a local .parquet / .jsonl path
-"""
+"""Data: loaders (hub id, parquet, JSONL) that return `Problem`s, the DAPO template, prompt building."""
 
 from __future__ import annotations
 

@@ -1,26 +1,7 @@
-"""Load math problems (DAPO-Math-17k, AIME 2024/2025, the tiny world) as `Problem(id, problem, answer)`.
-
-Sources: a hub dataset id (`BytedTsinghua-SIA/DAPO-Math-17k`, `BytedTsinghua-SIA/AIME-2024`; read with the
-`datasets` library, only when a config names one), or a local `.parquet` / `.jsonl` file.
-
-Row layouts understood (first match wins):
-
-- problem text: `extra_info.raw_problem` (DAPO's AIME parquet) | `problem` | `prompt` as a string (the local
-  JSONL copies) | `prompt` as a chat list (DAPO's parquet: the last user turn), with the DAPO template stripped
-  so it is applied exactly once, later, by `prompts.build_prompt`;
-- answer: `reward_model.ground_truth` (DAPO's parquet) | `answer`;
-- id: `id` | `extra_info.index` | `<file stem>-<row number>`.
-
-Upstream files repeat rows (DAPO-Math-17k: every prompt 100 times; DAPO's AIME parquet: every problem 32 times,
-so that eval samples once per row). `dedup_problems` keeps the first row of each distinct problem text; eval
-then samples n responses per unique problem instead (docs/algorithm.md section 8, last pitfall).
-
-A row without an answer or with an unreadable field, a byte that is not UTF-8, an unreadable parquet file and
-a source with no rows raise `DataError` naming the file and the 1-based line (JSONL) or row (parquet, hub)
-number, and the fix. What loading drops or doubts (duplicate rows, duplicates whose answers disagree, answers
-that are not integers in a dataset whose answers are integers: AIME, DAPO-Math-17k, the tiny world) is logged
-with counts and the first few line numbers by every command that loads data (`LoadStats.describe`).
-"""
+"""Load math problems (DAPO-Math-17k, AIME 2024/2025, the tiny world) as `Problem(id, problem, answer)` from a hub
+dataset id or a local `.parquet` / `.jsonl` file. The row layouts understood, deduplication and what is logged:
+docs/architecture.md, "data/ and tinyworld/"; a broken row raises `DataError` naming the file, the 1-based line
+or row, and the fix (docs/failure-modes.md)."""
 
 from __future__ import annotations
 
@@ -48,10 +29,9 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class LoadStats:
-    """What loading did: rows read, duplicates removed (same problem text), and of those, how many disagreed
-    on the answer (the first row's answer is kept, as open-r1's deduplicated copy does); answers that are not
-    integers where the dataset's answers are (kept, but doubted). `*_at` hold the first few "file:line" places;
-    `origins` the place of each problem returned, in order."""
+    """What loading did: rows read, duplicates removed (same problem text) and of those how many disagreed on the
+    answer, answers that are not integers where the dataset's are (kept, doubted). `*_at` hold the first few
+    "file:line" places; `origins` the place of each problem returned, in order."""
 
     rows: int
     unique: int
@@ -189,14 +169,10 @@ def iter_rows(source: str | Path, split: str = "train") -> Iterator[tuple[str, A
     """(where, raw row) for a local .jsonl / .parquet file or a hub dataset id."""
     source = str(source)
     path = Path(source)
-    if path.suffix == ".jsonl" or (path.is_file() and path.suffix != ".parquet"):
+    if path.suffix in (".jsonl", ".parquet") or path.is_file():
         if not path.is_file():
             raise DataError(f"{path}: file not found")
-        return _iter_jsonl(path)
-    if path.suffix == ".parquet":
-        if not path.is_file():
-            raise DataError(f"{path}: file not found")
-        return _iter_parquet(path)
+        return _iter_parquet(path) if path.suffix == ".parquet" else _iter_jsonl(path)
     if path.exists():
         raise DataError(f"{path}: expected a .jsonl or .parquet file")
     if "/" not in source:
@@ -269,19 +245,12 @@ def load_problems_with_stats(
     problems = [row_to_problem(row, where, f"{stem}-{i}") for i, (where, row) in enumerate(rows)]
     origins = [where for where, _ in rows]
     integers = integer_answer_kind(str(source), [p.answer for p in problems])
+    kept, stats = dedup_problems(problems, origins, integer_answers=integers)
     if dedup:
-        problems, stats = dedup_problems(problems, origins, integer_answers=integers)
-    else:
-        _, full = dedup_problems(problems, origins, integer_answers=integers)
-        stats = LoadStats(
-            len(problems),
-            len(problems),
-            0,
-            0,
-            full.non_integer_answers,
-            non_integer_at=full.non_integer_at,
-            origins=tuple(origins),
-        )
+        problems = kept
+    else:  # every row stays: only the doubted answers are reported
+        n, odd = len(problems), stats.non_integer_answers
+        stats = LoadStats(n, n, 0, 0, odd, non_integer_at=stats.non_integer_at, origins=tuple(origins))
     (log.info if stats.clean else log.warning)("%s", stats.describe(str(source)))
     _CACHE[key] = (list(problems), stats)
     return problems, stats

@@ -1,9 +1,5 @@
-"""Prompt building: the DAPO template (docs/algorithm.md section 4, verbatim), the model's chat template, tokenisation.
-
-DAPO-Math-17k and the AIME eval set wrap every problem in the same instruction; the reward then reads the last
-`Answer: ...` line. The template is applied here, once, to raw problem text (`Problem.problem`); loaders strip it
-from upstream rows that already carry it, so it is never applied twice.
-"""
+"""Prompt building: the DAPO template (docs/algorithm.md section 4, verbatim), applied here once to raw problem text
+(loaders strip it from upstream rows that carry it), the model's chat template, tokenisation."""
 
 from __future__ import annotations
 
@@ -37,12 +33,8 @@ def strip_dapo_template(text: str) -> str:
 
 
 def build_prompt(problem_text: str, tokenizer: PreTrainedTokenizerBase | None, use_chat_template: bool) -> str:
-    """The full prompt string for one raw problem.
-
-    With `use_chat_template` and a tokenizer that has a chat template, the DAPO text becomes the single user turn
-    and the assistant turn is opened (`add_generation_prompt`); otherwise the DAPO text alone (base models
-    without a template, as in the paper's raw-prompt setting).
-    """
+    """The full prompt for one raw problem: with `use_chat_template` and a tokenizer that has a chat template, the
+    DAPO text as the single user turn, the assistant turn opened; otherwise the DAPO text alone (a base model)."""
     content = apply_dapo_template(problem_text)
     if use_chat_template and tokenizer is not None and getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(
@@ -64,11 +56,8 @@ def tokenize_problems(
     use_chat_template: bool,
     max_prompt_length: int,
 ) -> tuple[list[Problem], list[list[int]], int]:
-    """Build and tokenise every prompt; drop those longer than `max_prompt_length` tokens (as verl's
-    `filter_overlong_prompts` does) rather than truncate them, which would cut the question off.
-
-    Returns (kept problems, their prompt ids, number dropped).
-    """
+    """(kept problems, their prompt ids, number dropped): prompts longer than `max_prompt_length` tokens are
+    dropped (as verl's `filter_overlong_prompts` does) rather than cut, which would cut the question off."""
     kept: list[Problem] = []
     ids: list[list[int]] = []
     for p in problems:

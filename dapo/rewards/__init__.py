@@ -1,6 +1,6 @@
 """Rewards: answer extraction and equivalence (math-verify or the DAPO rule) in a bounded process pool.
 
-Knows nothing of the trainer. See `score.py` for the design; docs/algorithm.md section 4 for the rule.
+Knows nothing of the trainer. The design: docs/architecture.md, "rewards/"; the rule: docs/algorithm.md section 4.
 """
 
 from dapo.rewards.dapo_rule import dapo_rule_correct, normalize_final_answer

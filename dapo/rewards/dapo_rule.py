@@ -1,16 +1,6 @@
-"""The DAPO paper's own answer rule, the `dapo_rule` verifier (docs/algorithm.md section 4).
-
-What the released recipe does (verl `math_dapo.compute_score`, a Minerva-style rule from
-lm-evaluation-harness):
-read only the last 300 characters of the response, take the last match of `Answer\\s*:\\s*([^\\n]+)`,
-normalise it and the ground truth the same way (keep what follows the last `=`, drop `$`, spaces, `\\text{}`
-and a fixed list of unit words, unwrap `\\boxed{}`/`\\text{}`/`\\textbf{}`/`\\overline{}`, expand `\\fracab`,
-drop thousands commas from plain numbers) and compare the strings for equality.
-
-One deliberate addition: a plain number with a zero fractional part loses it (`204.0` -> `204`), so that a
-model writing `204.0` for the integer answer 204 is not marked wrong by formatting alone. Everything here
-works on at most 300 characters with linear-time operations, so it needs no timeout and runs in-process.
-"""
+"""The DAPO paper's own answer rule, the `dapo_rule` verifier (docs/algorithm.md section 4): the released recipe's
+Minerva-style rule (verl `math_dapo.compute_score`, from lm-evaluation-harness) plus one addition, `204.0` -> `204`.
+Linear-time work on at most 300 characters, so it needs no timeout and runs in-process."""
 
 from __future__ import annotations
 
@@ -32,49 +22,11 @@ _SUBSTITUTIONS = (
     ("\\text{and}", ","),
     ("\\text{m}", "\\text{}"),
 )
-# Unit words and LaTeX spacing removed outright, as in the released rule.
-_REMOVED = (
-    "square",
-    "ways",
-    "integers",
-    "dollars",
-    "mph",
-    "inches",
-    "hours",
-    "km",
-    "units",
-    "\\ldots",
-    "sue",
-    "points",
-    "feet",
-    "minutes",
-    "digits",
-    "cents",
-    "degrees",
-    "cm",
-    "gm",
-    "pounds",
-    "meters",
-    "meals",
-    "edges",
-    "students",
-    "childrentickets",
-    "multiples",
-    "\\text{s}",
-    "\\text{.}",
-    "\\text{\ns}",
-    "\\text{}^2",
-    "\\text{}^3",
-    "\\text{\n}",
-    "\\text{}",
-    "\\mathrm{th}",
-    "^\\circ",
-    "^{\\circ}",
-    "\\;",
-    ",\\!",
-    "{,}",
-    '"',
-    "\\dots",
+# Unit words and LaTeX spacing removed outright, in this order, as in the released rule (split on single spaces).
+_REMOVED = tuple(
+    "square ways integers dollars mph inches hours km units \\ldots sue points feet minutes digits cents degrees cm gm "
+    "pounds meters meals edges students childrentickets multiples \\text{s} \\text{.} \\text{\ns} \\text{}^2 "
+    '\\text{}^3 \\text{\n} \\text{} \\mathrm{th} ^\\circ ^{\\circ} \\; ,\\! {,} " \\dots'.split(" ")
 )
 _UNWRAP = (
     (re.compile(r"(.*?)(\$)(.*?)(\$)(.*)"), "$\\3$"),  # keep only the first $...$ span
@@ -89,7 +41,8 @@ _ZERO_FRACTION = re.compile(r"(-?\d+)\.0+")
 
 
 def normalize_final_answer(answer: str) -> str:
-    """Minerva-style normal form of an answer string (see the module docstring); inputs of <= 300 chars."""
+    """Minerva-style normal form of an answer string (inputs of <= 300 chars): keep what follows the last `=`,
+    drop `$`, spaces and unit words, unwrap `\\boxed{}` and the like, expand `\\fracab`, drop thousands commas."""
     answer = answer.split("=")[-1]
     for before, after in _SUBSTITUTIONS:
         answer = answer.replace(before, after)

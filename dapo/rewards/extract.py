@@ -1,11 +1,6 @@
-"""Find the final answer in a model response (docs/algorithm.md section 4), robustly and in linear time.
-
-The DAPO template asks for a last line `Answer: <x>`; the last such line with something on it wins. A response
-without one falls back to its last balanced `\\boxed{...}`. Model output is hostile input (100k characters,
-unbalanced braces, 10k-deep LaTeX, zero-width and bidi marks, lone surrogates, NUL), so every step here is a
-single linear scan or works on a bounded window, and what comes out is a short, cleaned string of at most
-`MAX_ANSWER_CHARS` characters: only that string ever reaches a verifier.
-"""
+"""Find the final answer in a model response (docs/algorithm.md section 4), robustly and in linear time: model
+output is hostile input, so every step is a single linear scan or works on a bounded window, and only a short,
+cleaned string of at most `MAX_ANSWER_CHARS` characters ever reaches a verifier."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""Equivalence of an extracted answer and the ground truth by math-verify, under a time bound.
-
-Runs in the scoring worker processes (and in the caller's main thread for small batches). math-verify's own
-timeouts use `signal.alarm` with whole seconds, one alarm for parsing and another per comparison, and raise
-when called outside the main thread (math-verify 0.9). We switch them off and put one `setitimer` deadline (float
-seconds) around parse + verify instead; a check that runs past it counts as wrong. C code that never returns
-to the interpreter cannot be interrupted by a signal: the pool in `pool.py` kills such a worker from outside.
-
-How the strings are given to math-verify: both sides are wrapped as `$...$` inline LaTeX after removing `$`.
-Measured with math-verify 0.9: `204`, `$204$`, `204.0`, `\\boxed{204}`, `204 minutes`, `\\frac{408}{2}` and
-`x = 204` all verify against the gold `204`; unwrapped, `\\frac12` and `2^{10}` do not parse and `3\\sqrt{2}`
-parses as 3, and `5 or 204` would parse as 204 (wrapped it is the set {5, 204}: a hedge is wrong).
-"""
+"""Equivalence of an extracted answer and the ground truth by math-verify, under one time bound (in the scoring
+workers, and in the caller's main thread for small batches). A check past the deadline counts as wrong; C code that
+never returns to the interpreter is the pool's to kill (docs/architecture.md, "rewards/")."""
 
 from __future__ import annotations
 
@@ -86,6 +76,8 @@ def _quiet_math_verify() -> None:
 
 
 def _as_latex(answer: str) -> str:
+    # Measured with math-verify 0.9: unwrapped, `\\frac12` and `2^{10}` do not parse, `3\\sqrt{2}` parses as 3 and
+    # `5 or 204` as 204; wrapped as inline LaTeX the last one is the set {5, 204}: a hedge is wrong.
     return "$" + answer.replace("\\$", "").replace("$", "").strip() + "$"
 
 

@@ -1,17 +1,6 @@
 """A persistent process pool with a hard time limit per item: a hung worker is killed and replaced.
-
-Why not `concurrent.futures.ProcessPoolExecutor` or `multiprocessing.Pool`: neither can kill the one worker
-that is stuck in a C call (a signal-based timeout never fires there), so one pathological answer would block
-the pool, and every later training step, for good. Here each worker gets chunks of items over its own pipe
-and sends one result per item, so the parent knows when each item started; an item that runs past
-`hard_timeout_s` has its worker SIGKILLed, is reported as "timeout", the rest of its chunk goes back to the
-queue and a fresh worker takes the dead one's place. A worker that dies (segfault, out of memory) costs only
-the item it was on ("crash").
-
-Workers start from a forkserver that has already imported the verifier (fast replacements, no fork of a
-parent holding threads, CUDA or vLLM state), each with an address-space limit so that a LaTeX bomb cannot eat
-the machine's memory, and wait for a warm-up item before they report ready.
-"""
+Why not `ProcessPoolExecutor` or `multiprocessing.Pool`: neither can kill the one worker stuck in a C call, so one
+pathological answer would block every later training step. How: docs/architecture.md, "rewards/"."""
 
 from __future__ import annotations
 
@@ -163,8 +152,11 @@ class BoundedPool:
             results[w.job.pop(0)] = (status, value)
             w.item_start = time.monotonic()
 
-        def lose_worker(w: _Worker, status: str) -> None:
-            finish_current(w, status, None)
+        def requeue(w: _Worker, lost: str | None = None) -> None:
+            """Replace the worker; its current item ends with status `lost` (if given), the rest of its chunk goes
+            back to the front of the queue."""
+            if lost is not None and w.job:
+                finish_current(w, lost, None)
             if w.job:
                 queue.appendleft(w.job)
             w.job = []
@@ -177,9 +169,7 @@ class BoundedPool:
                     try:
                         w.conn.send([items[i] for i in w.job])
                     except (OSError, ValueError):  # the worker died while idle
-                        queue.appendleft(w.job)
-                        w.job = []
-                        self._replace(w)
+                        requeue(w)
                         continue
                     w.item_start = time.monotonic()
             now = time.monotonic()
@@ -198,10 +188,7 @@ class BoundedPool:
                             self._kill(w)
                             raise RuntimeError(f"a reward worker failed its warm-up: {value}")
                         elif status == "retire":  # done with its last item; the rest goes back
-                            if w.job:
-                                queue.appendleft(w.job)
-                            w.job = []
-                            self._replace(w)
+                            requeue(w)
                             break
                         elif w.job:
                             finish_current(w, status, value)
@@ -214,14 +201,11 @@ class BoundedPool:
                             "a reward worker died while starting (a script that scores "
                             "responses needs an `if __name__ == '__main__':` guard)"
                         ) from None
-                    if w.job:
-                        lose_worker(w, "crash")
-                    else:
-                        self._replace(w)
+                    requeue(w, "crash")
             now = time.monotonic()
             for w in list(self._workers):
                 if w.job and now - w.item_start > hard:
-                    lose_worker(w, "timeout")
+                    requeue(w, "timeout")
                 elif not w.ready and now - w.born > STARTUP_LIMIT_S:
                     self._kill(w)
                     raise RuntimeError(f"a reward worker did not start within {STARTUP_LIMIT_S:.0f} s")

@@ -1,26 +1,5 @@
-"""Score responses against ground-truth answers: +1 if equivalent, else -1 (docs/algorithm.md section 4).
-
-`score_responses` is what the trainer and the evaluator call, with thousands of responses per step:
-
-- `verifier="math_verify"` (default): the answer is extracted here (`extract.extract_answer`, linear time,
-  capped at 300 characters), identical (answer, gold) pairs are checked once (the G responses of a group
-  often agree), plain numbers are compared here (`mv_check.fast_equivalent`), and the remaining checks run in
-  a persistent pool of worker processes with a per-check deadline (`timeout_s`, in the worker) and a hard
-  kill (`timeout_s + HARD_GRACE_S`, from the parent). Fewer than `INLINE_MAX` distinct checks run inline in
-  the caller's main thread under the same deadline, skipping the pool's IPC. Scripts that score through the
-  pool need an `if __name__ == "__main__":` guard (workers start from a forkserver).
-- `verifier="dapo_rule"`: the paper's string rule (`dapo_rule.py`) on the last 300 characters; pure bounded
-  string work, so it always runs inline.
-
-Measured on the shared 2-core machine (load ~10-16), 2 workers, batches of 2000 responses of ~1,500
-characters: AIME-style integer answers (all of DAPO-Math-17k) 10,000-12,000 responses/s (extraction-bound);
-answers that need math-verify (distinct fractions) ~100-190 checks/s, ~5 ms of LaTeX parsing each per
-core; `dapo_rule` ~11,000/s.
-
-Model output never makes scoring raise: a response with no answer, a check that errors, times out or kills
-its worker all score -1 (a timeout keeps the extracted answer, for inspection). Only misuse raises
-(mismatched list lengths, an unknown verifier), and a pool whose workers cannot start at all.
-"""
+"""Score responses against ground-truth answers: +1 if equivalent, else -1 (docs/algorithm.md section 4). Model
+output never makes scoring raise. How a batch is scored, and measured rates: docs/architecture.md, "rewards/"."""
 
 from __future__ import annotations
 
@@ -120,17 +99,9 @@ def score_responses(
     timeout_s: float = 5.0,
     workers: int | None = None,
 ) -> list[Score]:
-    """Score `responses[i]` against `answers[i]`: +1 if the final answer is equivalent, else -1.
-
-    Args:
-        responses: model outputs, any length and content (hostile input is expected).
-        answers: ground-truth answers, same length.
-        verifier: "math_verify" (robust equivalence) or "dapo_rule" (the paper's string equality).
-        timeout_s: time bound of one equivalence check; past it the response scores -1.
-        workers: pool size; None: the CPUs available (at most 16); 0: always inline (main thread only).
-    Returns:
-        one `Score` per response, in order.
-    """
+    """One `Score` per response, in order: `responses[i]` (model output, hostile input expected) against
+    `answers[i]`, under `verifier` ("math_verify" or "dapo_rule"); a check past `timeout_s` scores -1. `workers`:
+    the pool's size; None: the CPUs available (at most 16); 0: always inline (main thread only)."""
     if len(responses) != len(answers):
         raise ValueError(f"{len(responses)} responses but {len(answers)} answers")
     if verifier not in VERIFIERS:
@@ -139,45 +110,30 @@ def score_responses(
         return [score_dapo_rule(r, a) for r, a in zip(responses, answers, strict=True)]
 
     extracted = [extract_answer(r) for r in responses]
-    # One check per distinct (answer, gold) pair.
-    index: dict[tuple[str, str], int] = {}
-    tasks: list[tuple[str, str, float]] = []
-    task_of: list[int | None] = []
-    for ext, ans in zip(extracted, answers, strict=True):
-        if ext is None:
-            task_of.append(None)
-            continue
-        key = (ext, _gold(ans))
-        if key not in index:
-            index[key] = len(tasks)
-            tasks.append((key[0], key[1], float(timeout_s)))
-        task_of.append(index[key])
-
-    # Plain numbers (all of AIME and DAPO-Math-17k's golds) are decided here in microseconds.
-    outcomes: list[tuple[str, bool]] = [("ok", False)] * len(tasks)
-    hard: list[int] = []
-    for k, (ext, gold, _) in enumerate(tasks):
-        fast = fast_equivalent(ext, gold)
-        if fast is None:
-            hard.append(k)
-        else:
-            outcomes[k] = ("ok", fast)
+    keys = [None if ext is None else (ext, _gold(ans)) for ext, ans in zip(extracted, answers, strict=True)]
+    # One check per distinct (answer, gold) pair; plain numbers (every gold of AIME and DAPO-Math-17k) are decided
+    # here in microseconds.
+    outcomes: dict[tuple[str, str], tuple[str, bool]] = {}
+    hard: list[tuple[str, str]] = []
+    for key in keys:
+        if key is not None and key not in outcomes:
+            fast = fast_equivalent(*key)
+            outcomes[key] = ("ok", bool(fast))
+            if fast is None:
+                hard.append(key)
+    tasks = [(ext, gold, float(timeout_s)) for ext, gold in hard]
     in_main = threading.current_thread() is threading.main_thread()
     if in_main and (workers == 0 or len(hard) < INLINE_MAX):
-        results = [check(tasks[k]) for k in hard]
+        results = [check(task) for task in tasks]
     else:
         pool = get_pool(workers or default_workers())
-        mapped = pool.map([tasks[k] for k in hard], float(timeout_s) + HARD_GRACE_S)
+        mapped = pool.map(tasks, float(timeout_s) + HARD_GRACE_S)
         raised = [value for status, value in mapped if status == "error" and value]
         if raised:  # `check` does not raise on an answer: this is a bug, scored -1 and named here
             log.warning("%d answer checks raised in the scoring worker, e.g. %s", len(raised), raised[0])
         results = [value if status == "ok" else (status, False) for status, value in mapped]
-    for k, result in zip(hard, results, strict=True):
-        outcomes[k] = result
-    timeouts = sum(status != "ok" for status, _ in outcomes)
+    outcomes.update(zip(hard, results, strict=True))
+    timeouts = sum(status != "ok" for status, _ in outcomes.values())
     if timeouts:
         log.warning("%d of %d answer checks timed out or failed (scored -1)", timeouts, len(outcomes))
-    return [
-        _score(False, None) if t is None else _score(outcomes[t][1], ext)
-        for t, ext in zip(task_of, extracted, strict=True)
-    ]
+    return [_score(False, None) if key is None else _score(outcomes[key][1], key[0]) for key in keys]
