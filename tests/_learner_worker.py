@@ -108,7 +108,7 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             learner.load_checkpoint(init_dir)
             learner.loss, learner.passes.micro_batch_tokens = loss_spec(mode, policy_loss), budget
             learner.passes.pack_prompts = pack
-            mine = b.shard(learner.dist.rank, learner.dist.world_size, pack_prompts=pack)  # what the update trains
+            mine = b.select(learner.passes.my_rows(b))  # what the update trains
             plan = [r for r in learner.passes.plan(mine) if r]
             metrics = learner.update(b, salt=SALT)
             results[name] = {"params": flat_params(learner), "metrics": metrics, "micro_batches": len(plan)}
@@ -162,7 +162,7 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
 
 def _row_on_last_rank(batch: PolicyBatch, world: int) -> int:
     """A response with loss tokens that the last rank's shard holds."""
-    last = batch.shard(world - 1, world)
+    last = batch.select(batch.shard_rows(world - 1, world))
     keep = last.loss_mask.sum(dim=1) > 0
     row_in_shard = int(torch.nonzero(keep)[0].item())
     target = (

@@ -42,14 +42,24 @@ def policy_batch(prompts: list[list[int]], responses: list[list[int]]) -> Policy
     )
 
 
-def flat(groups: list) -> tuple[list[list[int]], list[list[int]], list[list[float]]]:
-    samples = [s for g in groups for s in g]
-    return [s.prompt_ids for s in samples], [s.response_ids for s in samples], [s.logprobs for s in samples]
+def flat(prompts: list[list[int]], groups: list) -> tuple[list[list[int]], list[list[int]], list[list[float]]]:
+    samples = [(p, s) for p, g in zip(prompts, groups, strict=True) for s in g]
+    return [p for p, _ in samples], [s.response_ids for _, s in samples], [s.logprobs for _, s in samples]
+
+
+def every_ranks(prompts: list[list[int]], responses: list[list[int]]) -> tuple[list, list, slice]:
+    """The batch of every rank's samples (the learner takes the whole batch on every rank), and this rank's rows."""
+    parts = dist.all_gather((prompts, responses))
+    start = sum(len(p) for p, _ in parts[: dist.rank()])
+    mine = slice(start, start + len(prompts))
+    return [x for p, _ in parts for x in p], [x for _, r in parts for x in r], mine
 
 
 def learner_logprobs(learner: Learner, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
-    lp, _ = learner.compute_logprobs(policy_batch(prompts, responses))
-    return [lp[i, : len(r)].tolist() for i, r in enumerate(responses)]
+    """The learner's log-probs of this rank's samples (computed over every rank's, as the learner takes them)."""
+    all_prompts, all_responses, mine = every_ranks(prompts, responses)
+    lp, _ = learner.compute_logprobs(policy_batch(all_prompts, all_responses))
+    return [lp[i, : len(r)].tolist() for i, r in enumerate(all_responses)][mine]
 
 
 def main() -> None:
@@ -72,15 +82,16 @@ def main() -> None:
 
     share = split_samples(len(PROMPTS), N, layout.num_replicas)[layout.replica]  # the trainer's split and seeds
 
-    def sample(call: int) -> list:
+    def sample(call: int) -> tuple[list[list[int]], list[list[int]], list[list[float]]]:
         seeds = share_seeds(sampling_seed(0, call), share.prompts, share.counts, share.first)
-        return engine.generate([PROMPTS[i] for i in share.prompts], share.counts, MAX_TOKENS, seeds=seeds)
+        prompts = [PROMPTS[i] for i in share.prompts]
+        return flat(prompts, engine.generate(prompts, share.counts, MAX_TOKENS, seeds=seeds))
 
-    prompts, responses, _ = flat(sample(1))
+    prompts, responses, _ = sample(1)
     before_sync = engine.score(prompts, responses)
     engine.sleep()
     learner.reload_states()
-    batch = policy_batch(prompts, responses)
+    batch = policy_batch(*every_ranks(prompts, responses)[:2])
     batch.old_logp, _ = learner.compute_logprobs(batch)
     learner.update(batch)
     after_update = learner_logprobs(learner, prompts, responses)
@@ -89,7 +100,7 @@ def main() -> None:
     learner.offload_states()
     engine.wake_up()
     synced = engine.score(prompts, responses)
-    new_prompts, new_responses, sampled = flat(sample(2))
+    new_prompts, new_responses, sampled = sample(2)
     learner.reload_states()
     torch.save(
         {

@@ -201,11 +201,11 @@ def test_split_by_tokens_balances_where_whole_groups_cannot():
     split = split_by_tokens(prompts, responses, 4)
     assert rank_loads(prompts, responses, split) == [sum(_costs(prompts, responses)) // 4] * 4
     batch = PolicyBatch(prompts, responses, torch.zeros(8), response_mask(responses), torch.tensor([0] * 4 + [1] * 4))
-    shards = [batch.shard(r, 4) for r in range(4)]
+    shards = [batch.shard_rows(r, 4) for r in range(4)]
     assert [len(s) for s in shards] == [2, 2, 2, 2]
-    assert batch.shard_rows(3, 4) == split[3] and batch.shard(0, 1) is batch
+    assert shards[3] == split[3] and batch.shard_rows(0, 1) == list(range(8))
     with pytest.raises(ValueError, match="rank 4 is outside a world of size 4"):
-        batch.shard(4, 4)
+        batch.shard_rows(4, 4)
 
 
 def test_packed_split_keeps_a_group_on_one_rank_when_its_prompt_dominates():
@@ -469,7 +469,7 @@ def test_the_test_batch_has_groups_split_across_ranks():
     for pack in (False, True):
         owners: dict[int, set[int]] = {}
         for rank in range(2):
-            for g in batch.shard(rank, 2, pack_prompts=pack).group_ids.tolist():
+            for g in batch.group_ids[batch.shard_rows(rank, 2, pack_prompts=pack)].tolist():
                 owners.setdefault(g, set()).add(rank)
         live = {int(g) for g, n in zip(batch.group_ids, batch.loss_mask.sum(1), strict=True) if n > 0}
         assert any(len(owners[g]) == 2 for g in live), pack

@@ -108,12 +108,17 @@ def perturb(model: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
 PROMPTS = [[5, 17, 33, 60], [100, 7], [250, 251, 252, 9, 11, 3]]
 
 
+def prompts_of(groups: list) -> list[list[int]]:
+    """Each sample's prompt, in the order the samples of `groups` (one group per prompt of PROMPTS) come."""
+    return [p for p, g in zip(PROMPTS, groups, strict=True) for _ in g]
+
+
 def check_samples(groups: list, n: int | list[int], max_tokens: int, eos: int) -> None:
     counts = [n] * len(PROMPTS) if isinstance(n, int) else n
     assert [len(g) for g in groups] == counts
-    for p, g in zip(PROMPTS, groups, strict=True):
+    for g in groups:
         for s in g:
-            assert s.prompt_ids == p and len(s.logprobs) == len(s.response_ids) >= 1
+            assert len(s.logprobs) == len(s.response_ids) >= 1
             if s.finish_reason == "length":
                 assert len(s.response_ids) == max_tokens and eos not in s.response_ids
             else:
@@ -132,7 +137,7 @@ def check_counts_per_prompt(engine, model) -> None:  # noqa: ANN001
     groups = engine.generate(PROMPTS, n=[3, 1, 2], max_tokens=8, seeds=seeds(5, [3, 1, 2]))
     check_samples(groups, [3, 1, 2], 8, model.config.eos_token_id)
     flat = [s for g in groups for s in g]
-    ref = hf_logprobs(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat])
+    ref = hf_logprobs(model, prompts_of(groups), [s.response_ids for s in flat])
     assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
 
 
@@ -153,7 +158,7 @@ def test_vllm_logprobs_follow_every_sync(vllm_world) -> None:
     groups = engine.generate(PROMPTS, n=4, max_tokens=12, temperature=1.0, top_p=1.0)
     check_samples(groups, 4, 12, eos)
     flat = [s for g in groups for s in g]
-    prompts, responses = [s.prompt_ids for s in flat], [s.response_ids for s in flat]
+    prompts, responses = prompts_of(groups), [s.response_ids for s in flat]
     assert mean_abs_diff([s.logprobs for s in flat], hf_logprobs(model, prompts, responses)) < FP32_TOL
 
     for round_ in (1, 2):
@@ -163,8 +168,9 @@ def test_vllm_logprobs_follow_every_sync(vllm_world) -> None:
         assert mean_abs_diff([o.tolist() for o in old], new) > 0.05  # a stale engine would be caught
         engine.sync_weights(model.state_dict().items())
         assert mean_abs_diff(engine.score(prompts, responses), new) < FP32_TOL, f"sync round {round_}"
-        fresh = [s for g in engine.generate(PROMPTS, n=2, max_tokens=8) for s in g]
-        ref = hf_logprobs(model, [s.prompt_ids for s in fresh], [s.response_ids for s in fresh])
+        fresh_groups = engine.generate(PROMPTS, n=2, max_tokens=8)
+        fresh = [s for g in fresh_groups for s in g]
+        ref = hf_logprobs(model, prompts_of(fresh_groups), [s.response_ids for s in fresh])
         assert mean_abs_diff([s.logprobs for s in fresh], ref) < FP32_TOL
 
 
@@ -271,7 +277,7 @@ def test_hf_sampled_logprobs_are_under_the_sampling_distribution(hf_world) -> No
         groups = engine.generate(PROMPTS, n=3, max_tokens=10, temperature=temperature, top_p=1.0)
         check_samples(groups, 3, 10, model.config.eos_token_id)
         flat = [s for g in groups for s in g]
-        ref = hf_logprobs(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat], temperature)
+        ref = hf_logprobs(model, prompts_of(groups), [s.response_ids for s in flat], temperature)
         assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
         assert all(s.text == engine.tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in flat)
 
@@ -292,7 +298,7 @@ def test_hf_chunked_generation_keeps_prompt_order(hf_world) -> None:
         engine.max_batch_sequences = 512
     check_samples(groups, 2, 5, model.config.eos_token_id)
     flat = [s for g in groups for s in g]
-    ref = hf_logprobs(model, [s.prompt_ids for s in flat], [s.response_ids for s in flat])
+    ref = hf_logprobs(model, prompts_of(groups), [s.response_ids for s in flat])
     assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
 
 

@@ -160,20 +160,17 @@ class PolicyBatch:
         )
 
     def shard_rows(self, rank: int, world_size: int, *, pack_prompts: bool = False) -> list[int]:
-        """The rows (ascending) that rank `rank` of `world_size` trains on: `split_by_tokens(...)[rank]`."""
+        """The rows (ascending) that rank `rank` of `world_size` trains on when every rank holds the batch whole:
+        `split_by_tokens(...)[rank]`, sequences balanced by the tokens of their forward pass, so a group's responses
+        may land on different ranks (the learner sums the group-token-mean's per-group counts over ranks).
+        Deterministic, so the shards partition the batch. `pack_prompts` as the learner's: a prompt then costs once
+        per rank that holds its group."""
         if not 0 <= rank < world_size:
-            raise ValueError(f"shard: rank {rank} is outside a world of size {world_size}")
+            raise ValueError(f"shard_rows: rank {rank} is outside a world of size {world_size}")
         if world_size == 1:
             return list(range(len(self)))
         return split_by_tokens(self.prompt_ids, self.response_ids, world_size, pack_prompts=pack_prompts)[rank]
 
-    def shard(self, rank: int, world_size: int, *, pack_prompts: bool = False) -> PolicyBatch:
-        """This rank's part of a batch that every rank holds whole: sequences balanced by the tokens of their
-        forward pass (`split_by_tokens`), so a group's responses may land on different ranks (the learner sums
-        the group-token-mean's per-group counts over ranks). Deterministic, so the shards partition the batch.
-        `pack_prompts` as the learner's: a prompt then costs once per rank that holds its group."""
-        rows = self.shard_rows(rank, world_size, pack_prompts=pack_prompts)
-        return self if world_size == 1 else self.select(rows)
 
 
 def split_by_tokens(

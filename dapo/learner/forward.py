@@ -80,15 +80,27 @@ class ChunkedForward:
             position_ids=None if mb.position_ids is None else mb.position_ids.to(dev),
         )
 
+    def my_rows(self, batch: PolicyBatch) -> list[int]:
+        """This rank's token-balanced shard (`PolicyBatch.shard_rows`) of a batch that every rank holds whole, checked
+        to be the same size on every rank: a rank that passed only its own part would train on a shard of it."""
+        world = self.dist.world_size
+        if world > 1:
+            size = torch.tensor([len(batch), sum(len(r) for r in batch.response_ids)], dtype=torch.float64)
+            if not torch.equal(all_reduce(size, "max"), -all_reduce(-size, "max")):
+                raise ValueError(
+                    f"rank {self.dist.rank} passed {len(batch)} responses, another rank a batch of another size: "
+                    "every rank passes the whole batch to the learner, which takes its own shard"
+                )
+        return batch.shard_rows(self.dist.rank, world, pack_prompts=self.pack_prompts)
+
     @torch.no_grad()
     def whole_batch(self, batch: PolicyBatch, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         """`per_token` of a batch every rank holds whole: each rank computes its token-balanced shard of rows
         (`PolicyBatch.shard_rows`, as the updates split) and the ranks gather every row. Rows are independent here
         (no normaliser), so any split gives the same numbers."""
-        world = self.dist.world_size
-        if world == 1:
+        if self.dist.world_size == 1:
             return self.per_token(batch, temperature, with_entropy)
-        rows = batch.shard_rows(self.dist.rank, world, pack_prompts=self.pack_prompts)
+        rows = self.my_rows(batch)
         logp, entropy = self.per_token(batch.select(rows), temperature, with_entropy)
         whole = [torch.zeros_like(batch.loss_mask), torch.zeros_like(batch.loss_mask) if with_entropy else None]
         for r, *parts in all_gather((rows, logp, entropy)):

@@ -165,7 +165,7 @@ class Learner:
         if self.loss.kl_coef > 0 and batch.ref_logp is None:
             raise ValueError("kl_coef > 0 needs batch.ref_logp (`dapo.learner.ReferencePolicy.compute_logprobs`)")
         spec, world = self.loss, self.dist.world_size
-        batch = batch.shard(self.dist.rank, world, pack_prompts=self.passes.pack_prompts)
+        batch = batch.select(self.passes.my_rows(batch)) if world > 1 else batch
         counts = self._global_counts(batch)
         weights = token_weights(
             batch.loss_mask,
