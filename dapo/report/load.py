@@ -14,8 +14,6 @@ import numpy as np
 from dapo import metric_names as M
 from dapo.report.runs import Experiment, ExperimentNotFound, RunData, Series
 
-SAMPLES_ARTIFACT = M.EVAL_SAMPLES_ARTIFACT  # one JSON object per sample
-
 
 def report_metrics(k: int) -> list[str]:
     """Every metric the report reads, for eval size k: those of the figures, the declared statistics, `dapo
@@ -58,16 +56,15 @@ def load_problems(client, run_id: str, warnings: list[str], label: str) -> dict[
     import tempfile
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run buries the warnings
-    folder = SAMPLES_ARTIFACT.rsplit("/", 1)[0]
     try:
-        if not any(a.path == SAMPLES_ARTIFACT for a in client.list_artifacts(run_id, folder)):
+        if not any(a.path == M.EVAL_SAMPLES_ARTIFACT for a in client.list_artifacts(run_id, M.EVAL_SAMPLES_FOLDER)):
             return None
         with tempfile.TemporaryDirectory(prefix="dapo-report-") as tmp:
-            path = client.download_artifacts(run_id, SAMPLES_ARTIFACT, tmp)
+            path = client.download_artifacts(run_id, M.EVAL_SAMPLES_ARTIFACT, tmp)
             with open(path) as fh:
                 return problem_accuracy(fh.readlines()) or None
     except Exception as e:  # an unreadable artifact costs the run its per-problem interval, not the report
-        warnings.append(f"run {label}: could not read {SAMPLES_ARTIFACT} ({type(e).__name__}: {e})")
+        warnings.append(f"run {label}: could not read {M.EVAL_SAMPLES_ARTIFACT} ({type(e).__name__}: {e})")
         return None
 
 

@@ -21,8 +21,6 @@ from dapo.designs import parse_run, placebo_twin
 from dapo.report.formats import Column, Table, column_table, fmt, interval_columns
 from dapo.report.runs import Experiment, RunData
 
-PAPER_REFERENCE = ("DeepSeek-R1-Zero-Qwen-32B", 47)
-
 
 @dataclass
 class FinalEval:
@@ -125,11 +123,6 @@ def difference_interval(b: list[FinalEval], a: list[FinalEval], confidence: floa
     return welch_interval([e.avg for e in b], [e.avg for e in a], confidence)
 
 
-def table_rows(exp: Experiment) -> list[str]:
-    """The rows Table 1 shows: the ladder's and any user rows, not the runs of the other designs."""
-    return [r for r in exp.rows() if parse_run(r) is None]
-
-
 def evals_of(exp: Experiment, row: str) -> tuple[list[FinalEval], list[str]]:
     """Every run of `row`'s final eval, and what is missing."""
     evals, missing = [], []
@@ -145,7 +138,7 @@ def build_table1(exp: Experiment, confidence: float = 0.95) -> Table1:
     """Table 1 from a loaded experiment; rows with no runs stay in the table (empty) and are named in `missing`."""
     rows: list[Table1Row] = []
     missing: list[str] = []
-    for name in table_rows(exp):
+    for name in (r for r in exp.rows() if parse_run(r) is None):  # the other designs' runs have their own table
         label, paper = M.PAPER_TABLE1.get(name, (name, None))
         tr = Table1Row(row=name, label=label, paper=float(paper) if paper is not None else None)
         if not exp.runs_of(name):
@@ -173,9 +166,8 @@ def build_table1(exp: Experiment, confidence: float = 0.95) -> Table1:
             tr.delta = tr.delta_ci.estimate if tr.delta_ci is not None else None
         if tr.paper is not None and above.paper is not None:
             tr.paper_delta = tr.paper - above.paper
-    if rows:
-        for tr in rows[1:]:
-            tr.vs_first = difference_interval(tr.evals, rows[0].evals, confidence)
+    for tr in rows[1:]:
+        tr.vs_first = difference_interval(tr.evals, rows[0].evals, confidence)
     return Table1(experiment=exp.name, k=exp.k, confidence=confidence, rows=rows, missing=missing)
 
 
@@ -242,7 +234,7 @@ def table1_table(t: Table1) -> Table:
     ]
     notes = [
         f"Experiment {t.experiment!r}; each run's last eval; values in percent. Paper: one seed, AIME 2024 "
-        f"avg@32; reference {PAPER_REFERENCE[0]} {PAPER_REFERENCE[1]}. Updates: gradient updates behind the "
+        "avg@32; reference DeepSeek-R1-Zero-Qwen-32B 47. Updates: gradient updates behind the "
         "final eval (mean over seeds), so rows with equal updates are compared at equal updates.",
         f"CI ({c}%): problems x seeds when every run kept its final eval's samples (variance over problems of "
         "the seed-averaged accuracy, paired on problems for a Δ, plus the between-seed variance; t with "
