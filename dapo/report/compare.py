@@ -17,7 +17,7 @@ import numpy as np
 
 from dapo import metric_names as M
 from dapo.algos.evalstats import Interval
-from dapo.report.formats import Column, Table, column_table, fmt, write_table
+from dapo.report.formats import Column, Table, column_table, fmt, fmt_interval, write_table
 from dapo.report.runs import Experiment, XAxis
 
 
@@ -153,7 +153,6 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from dapo.report.load import ExperimentNotFound, load_experiment
-    from dapo.report.table1 import fmt_interval
     from dapo.tracking import resolve_uri
 
     experiment = args.experiment or f"dapo-{args.preset}"

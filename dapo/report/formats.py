@@ -45,6 +45,16 @@ def fmt(x: float | None, digits: int = 1, signed: bool = False) -> str:
     return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
 
 
+def fmt_interval(iv: Interval | None) -> str:
+    """`+2.1 [-1.0, +5.2]`; the point alone when there are no bounds; an em dash for nothing."""
+    if iv is None or (isinstance(iv.estimate, float) and math.isnan(iv.estimate)):
+        return "—"
+    point = fmt(iv.estimate, signed=True)
+    if iv.low is None or iv.high is None:
+        return point
+    return f"{point} [{fmt(iv.low, signed=True)}, {fmt(iv.high, signed=True)}]"
+
+
 def to_markdown(t: Table, heading_level: int = 2) -> str:
     h = "#" * heading_level
     lines = [f"{h} {t.title}", "", "| " + " | ".join(t.columns) + " |", "|" + "|".join("---" for _ in t.columns) + "|"]

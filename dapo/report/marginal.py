@@ -20,9 +20,9 @@ from dapo.designs import (
     preset_keys,
     toggles,
 )
-from dapo.report.formats import Table, bounds, fmt
+from dapo.report.formats import Table, bounds, fmt, fmt_interval
 from dapo.report.runs import Experiment
-from dapo.report.table1 import difference_interval, evals_of, fmt_interval
+from dapo.report.table1 import difference_interval, evals_of
 
 DESIGN_TITLES: dict[Design, str] = {
     "cumulative": "cumulative (row - row above)",

@@ -9,7 +9,6 @@ section 2).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +17,7 @@ import numpy as np
 from dapo import metric_names as M
 from dapo.algos.evalstats import Interval, contrast_interval, seed_mean_interval, welch_interval
 from dapo.designs import parse_run, placebo_twin
-from dapo.report.formats import Column, Table, column_table, fmt, interval_columns
+from dapo.report.formats import Column, Table, column_table, fmt, fmt_interval, interval_columns
 from dapo.report.runs import Experiment, RunData
 
 
@@ -91,8 +90,7 @@ def problem_matrices(groups: list[list[FinalEval]]) -> list[np.ndarray] | None:
     eval lacks per-problem data or fewer than two problems are shared."""
     if not groups or any(not g or any(e.problems is None for e in g) for g in groups):
         return None
-    common = set.intersection(*(set(e.problems) for g in groups for e in g))  # type: ignore[arg-type]
-    ids = sorted(common)
+    ids = sorted(set.intersection(*(set(e.problems) for g in groups for e in g)))  # type: ignore[arg-type]
     if len(ids) < 2:
         return None
     return [np.array([[e.problems[i] for i in ids] for e in g]) for g in groups]  # type: ignore[index]
@@ -175,16 +173,6 @@ def mean_of(xs: list[float | None]) -> float | None:
     """The mean of the values that are there; None when none is."""
     vals = [x for x in xs if x is not None]
     return float(np.mean(vals)) if vals else None
-
-
-def fmt_interval(iv: Interval | None, digits: int = 1) -> str:
-    """`+2.1 [-1.0, +5.2]`; the point alone when there are no bounds; an em dash for nothing."""
-    if iv is None or (isinstance(iv.estimate, float) and math.isnan(iv.estimate)):
-        return "—"
-    point = fmt(iv.estimate, digits, signed=True)
-    if iv.low is None or iv.high is None:
-        return point
-    return f"{point} [{fmt(iv.low, digits, signed=True)}, {fmt(iv.high, digits, signed=True)}]"
 
 
 def _avg_text(r: Any) -> str:
