@@ -77,7 +77,7 @@ class RunData:
             return steps
         upd = self.history.get(M.GRAD_UPDATES)
         if upd is not None and upd.steps.size:
-            xs = np.concatenate([[0.0], upd.steps.astype(float)])  # a Series' steps are sorted
+            xs = np.concatenate([[0.0], upd.steps.astype(float)])  # sorted: a Series sorts its steps, all >= 0
             ys = np.concatenate([[0.0], upd.values.astype(float)])
             out = np.interp(steps, xs, ys)
             # beyond the last logged point, continue at the last observed rate
