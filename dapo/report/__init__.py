@@ -1,12 +1,6 @@
-"""Table 1, the mechanisms table, the designs' marginal effects, the compute table and the paper's figures,
-regenerated from an MLflow experiment.
-
-    from dapo.report.pipeline import build_report
-    build_report("dapo-ablation", "sqlite:///results/mlflow.db", "results/report", x_axis="updates")
-
-or `dapo report --experiment dapo-ablation`, which executes the analysis notebooks (analysis/*.py) that call the
-same functions; `dapo compare A B` puts two rows side by side. Modules: `load` (MLflow -> RunData, with each run's
-final-eval samples), `table1`, `mechanisms` (the declared statistics), `marginal` (effects under each design),
-`compute`, `figures`, `compare`, `formats` (Markdown, CSV, LaTeX), `pipeline` (the steps), `notebooks`
-(papermill).
+"""Table 1, the mechanisms tables, the designs' marginal effects, the compute table and the paper's figures,
+regenerated from an MLflow experiment: `dapo report --experiment dapo-ablation` executes the analysis notebooks
+(analysis/*.py) that call `dapo.report.pipeline` (or `build_report(experiment, tracking_uri, out_dir)` in Python);
+`dapo compare A B` puts two rows side by side. `load` reads MLflow into `runs`' plain data, from which every table
+(`table1`, `mechanisms`, `evidence`, `marginal`, `compute`, `variants`; written by `formats`) and `figures` is made.
 """

@@ -1,27 +1,23 @@
-"""`dapo compare ROW_A ROW_B`: two rows (ladder rows or design runs) side by side, from MLflow.
+"""`dapo compare ROW_A ROW_B`: two rows (ladder rows or design runs) side by side, from MLflow (docs/evidence.md
+section 5): each row's eval curve, the final avg@k difference B - A with its interval, and every declared mechanism
+statistic for both, with a verdict against the paper's sign only where B and A differ by exactly that toggle in one
+of the designs; the curves as a figure and the tables as Markdown and CSV go to --out.
 
     dapo compare 00 05                                   # prefixes are enough: 00_naive_grpo vs 05_dynamic_sampling
-    dapo compare 05_dynamic_sampling dapo_minus_clip_higher --preset tiny --out results/tiny/compare/x
-
-Prints the eval curve of each row (mean ± s.d. over seeds at each eval, with the gradient updates behind it), the
-final avg@k difference B - A with its interval (problems x seeds when the runs kept their eval samples), and every
-declared mechanism statistic (`dapo.report.mechanisms`) for both rows with Welch's interval over seeds. Writes the
-curves as a figure (PNG and PDF) and the tables as Markdown and CSV into --out. A verdict against the paper's
-expected sign is given only where B and A differ by exactly that toggle in one of the designs.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from dapo import metric_names as M
 from dapo.algos.evalstats import Interval
-from dapo.report.formats import Table, fmt, write_table
+from dapo.report.formats import Column, Table, column_table, fmt, fmt_interval, write_table
 from dapo.report.runs import Experiment, XAxis
 
 
@@ -61,10 +57,10 @@ class Comparison:
     curve: Table
     final: Interval | None
     mechanisms: Table
-    results: list = field(default_factory=list)  # the MechanismResult behind each line of `mechanisms`
-    figure: list[Path] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    confidence: float = 0.95  # of every interval above
+    results: list  # the MechanismResult behind each line of `mechanisms`
+    figure: list[Path]
+    missing: list[str]
+    confidence: float  # of every interval above
 
 
 def resolve_row(exp: Experiment, name: str) -> str:
@@ -99,37 +95,24 @@ def eval_curve(exp: Experiment, row_a: str, row_b: str) -> Table:
     steps = sorted(set(bands[row_a]) | set(bands[row_b]))
     cells, raw = [], []
 
-    def txt(v: tuple | None) -> str:
+    def shown(v: tuple | None) -> list[str]:  # one row at one step: updates, mean ± s.d. (n seeds)
         if v is None:
-            return "—"
-        return f"{fmt(v[0])} ± {fmt(v[1])} (n={v[2]})" if v[2] > 1 else f"{fmt(v[0])} (n=1)"
+            return ["—", "—"]
+        return [fmt(v[3], 0), f"{fmt(v[0])} ± {fmt(v[1])} (n={v[2]})" if v[2] > 1 else f"{fmt(v[0])} (n=1)"]
+
+    def raw_of(v: tuple | None) -> list:
+        return [v[3], v[0], v[1]] if v else [None, None, None]  # updates, mean, s.d.
 
     for s in steps:
         a, b = bands[row_a].get(s), bands[row_b].get(s)
         d = b[0] - a[0] if a and b else None
-        cells.append(
-            [str(s), fmt(a[3] if a else None, 0), txt(a), fmt(b[3] if b else None, 0), txt(b), fmt(d, signed=True)]
-        )
-        raw.append(
-            [
-                s,
-                a[3] if a else None,
-                a[0] if a else None,
-                a[1] if a else None,
-                b[3] if b else None,
-                b[0] if b else None,
-                b[1] if b else None,
-                d,
-            ]
-        )
-    return Table(
-        title=f"eval avg@{k} over training: {row_a} (A) vs {row_b} (B)",
-        columns=["Step", "Updates A", f"A avg@{k}", "Updates B", f"B avg@{k}", "B - A"],
-        cells=cells,
-        csv_columns=["step", "updates_a", "mean_a", "sd_a", "updates_b", "mean_b", "sd_b", "delta"],
-        csv_rows=raw,
-        notes=["Mean ± s.d. over seeds at each eval (rollout step); Updates: gradient updates at that step."],
-    )
+        cells.append([str(s), *shown(a), *shown(b), fmt(d, signed=True)])
+        raw.append([s, *raw_of(a), *raw_of(b), d])
+    title = f"eval avg@{k} over training: {row_a} (A) vs {row_b} (B)"
+    columns = ["Step", "Updates A", f"A avg@{k}", "Updates B", f"B avg@{k}", "B - A"]
+    csv_columns = ["step", "updates_a", "mean_a", "sd_a", "updates_b", "mean_b", "sd_b", "delta"]
+    notes = ["Mean ± s.d. over seeds at each eval (rollout step); Updates: gradient updates at that step."]
+    return Table(title, columns, cells, csv_columns, raw, notes)
 
 
 def compare(
@@ -162,25 +145,14 @@ def compare(
     fig = draw_figure(exp, spec, out, x_axis)
     write_table(curve, out, f"{stem}_curve")
     write_table(mech, out, f"{stem}_mechanisms")
-    return Comparison(
-        row_a,
-        row_b,
-        exp.k,
-        curve,
-        final,
-        mech,
-        results,
-        fig.paths,
-        miss_a + miss_b + fig.missing + mech.missing,
-        confidence,
-    )
+    missing = miss_a + miss_b + fig.missing + mech.missing
+    return Comparison(row_a, row_b, exp.k, curve, final, mech, results, fig.paths, missing, confidence)
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from dapo.report.load import ExperimentNotFound, load_experiment
-    from dapo.report.table1 import fmt_interval
     from dapo.tracking import resolve_uri
 
     experiment = args.experiment or f"dapo-{args.preset}"
@@ -212,26 +184,20 @@ def _compact(c: Comparison) -> Table:
     def mean(v: list[float]) -> str:
         return fmt_value(float(np.mean(v))) if v else "—"
 
-    cells = [
-        [
-            f"{r.mechanism.toggle}{' *' if r.mechanism.primary else ''}: {r.mechanism.quantity}",
-            r.mechanism.statistic_label(),
-            mean(r.without_values),
-            mean(r.with_values),
-            fmt_delta(r.interval),
-            "+" if r.mechanism.expected_sign > 0 else "−",
-            r.verdict,
-        ]
-        for r in c.results
+    shown: list[Column] = [
+        (
+            "Mechanism (* primary)",
+            lambda r: f"{r.mechanism.toggle}{' *' if r.mechanism.primary else ''}: {r.mechanism.quantity}",
+        ),
+        ("Statistic", lambda r: r.mechanism.statistic_label()),
+        ("A", lambda r: mean(r.without_values)),
+        ("B", lambda r: mean(r.with_values)),
+        (f"B - A [{c.confidence:.0%} CI]", lambda r: fmt_delta(r.interval)),
+        ("Paper", lambda r: "+" if r.mechanism.expected_sign > 0 else "−"),
+        ("Verdict", lambda r: r.verdict),
     ]
-    return Table(
-        title=c.mechanisms.title,
-        columns=["Mechanism (* primary)", "Statistic", "A", "B", f"B - A [{c.confidence:.0%} CI]", "Paper", "Verdict"],
-        cells=cells,
-        csv_columns=[],
-        csv_rows=[],
-        notes=["Means over seeds; Welch's interval over seeds. Paper: the sign it expects for adding the toggle."],
-    )
+    note = "Means over seeds; Welch's interval over seeds. Paper: the sign it expects for adding the toggle."
+    return column_table(c.mechanisms.title, c.results, shown, [], [note], [])
 
 
 def _print(console, t: Table) -> None:

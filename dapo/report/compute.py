@@ -1,12 +1,8 @@
-"""The compute table: what each ablation row cost.
-
-Per row (mean over its seeds): tokens generated, counting those of groups that dynamic sampling dropped
-(DS_TOKENS_GENERATED_TOTAL, else the sum of the per-step DS_TOKENS_GENERATED); wall-clock (TIME_TOTAL, else the
-run's MLflow start/end times); GPU-hours = GPUs per run x wall-clock; and accuracy (the final avg@k) per GPU-hour.
-
-GPUs per run: `gpus_per_run` (the CLI / notebook parameter) wins; else the run's tag `dapo.gpus` (the trainer
-writes it); else 0. A run on 0 GPUs is costed in CPU-hours instead (CPUs from `cpus_per_run`, else the tag
-`dapo.cpus`, else 1, said in a note).
+"""The compute table: what each ablation row cost, per row the mean over its seeds of the tokens generated
+(dropped groups too: DS_TOKENS_GENERATED_TOTAL, else the sum of DS_TOKENS_GENERATED), the wall-clock (TIME_TOTAL, else
+MLflow's start/end times), the device-hours and the final avg@k per device-hour. GPUs per run: `gpus_per_run`, else
+the run's tag `dapo.gpus`; a run on 0 GPUs is costed in CPU-hours (`cpus_per_run`, else the tag `dapo.cpus`, else 1,
+said in a note).
 """
 
 from __future__ import annotations
@@ -56,26 +52,24 @@ def compute_table(
     exp: Experiment, t1: Table1, gpus_per_run: float | None = None, cpus_per_run: float | None = None
 ) -> Table:
     """The compute table (display + CSV form), rows in Table 1 order; missing metrics are named."""
+    notes = [
+        "Means over seeds. Tokens count every generated response, including groups dropped by "
+        "dynamic sampling. Device-hours = devices per run x wall-clock."
+    ]
     missing: list[str] = []
-    notes: list[str] = []
     acc = {r.row: r.mean for r in t1.rows}
-    per_row = []
-    assumed: list[str] = []
-    for row in exp.rows():
-        costs = [run_cost(r, gpus_per_run, cpus_per_run) for r in exp.runs_of(row)]
-        for c in costs:
-            if c.tokens is None:
-                missing.append(
-                    f"run {c.run}: metrics {M.DS_TOKENS_GENERATED_TOTAL} and {M.DS_TOKENS_GENERATED} "
-                    "missing (tokens generated unknown)"
-                )
-            if c.seconds_source == "mlflow times":
-                notes.append(f"run {c.run}: no {M.TIME_TOTAL} metric; wall-clock from MLflow start/end times")
-            elif c.seconds is None:
-                missing.append(f"run {c.run}: metric {M.TIME_TOTAL} missing and no end time (wall-clock unknown)")
-        if costs and any(c.devices_assumed for c in costs):
-            assumed.append(row)
-        per_row.append((row, costs))
+    per_row = [(row, [run_cost(r, gpus_per_run, cpus_per_run) for r in exp.runs_of(row)]) for row in exp.rows()]
+    for c in (c for _, costs in per_row for c in costs):
+        if c.tokens is None:
+            missing.append(
+                f"run {c.run}: metrics {M.DS_TOKENS_GENERATED_TOTAL} and {M.DS_TOKENS_GENERATED} "
+                "missing (tokens generated unknown)"
+            )
+        if c.seconds_source == "mlflow times":
+            notes.append(f"run {c.run}: no {M.TIME_TOTAL} metric; wall-clock from MLflow start/end times")
+        elif c.seconds is None:
+            missing.append(f"run {c.run}: metric {M.TIME_TOTAL} missing and no end time (wall-clock unknown)")
+    assumed = [row for row, costs in per_row if any(c.devices_assumed for c in costs)]
     if assumed:
         notes.append(
             f"no GPU or CPU count for rows {', '.join(assumed)}: their CPU-hours assume 1 CPU per run "
@@ -83,61 +77,20 @@ def compute_table(
         )
     units = {c.unit for _, cs in per_row for c in cs} or {"GPU"}
     hours_name = f"{'/'.join(sorted(units, reverse=True))}-hours"
-    k = exp.k
-    columns = [
-        "Row",
-        "Seeds",
-        "Tokens generated (incl. dropped)",
-        "Wall-clock (h)",
-        "Resources per run",
-        hours_name,
-        f"avg@{k} per {hours_name[:-1]}",
-    ]
     cells, raw = [], []
     for row, costs in per_row:
         label = M.PAPER_TABLE1.get(row, (row, None))[0]
         tokens = mean_of([c.tokens for c in costs])
         hours = mean_of([None if c.seconds is None else c.seconds / 3600 for c in costs])
         dev_hours = mean_of([c.device_hours for c in costs])
-        res = sorted({f"{c.devices:g} {c.unit}" for c in costs})
+        res = ", ".join(sorted({f"{c.devices:g} {c.unit}" for c in costs}))
         a = acc.get(row)
         per = a / dev_hours if a is not None and dev_hours else None
-        cells.append(
-            [
-                label,
-                str(len(costs)),
-                "—" if tokens is None else f"{tokens:,.0f}",
-                fmt(hours, 3),
-                ", ".join(res) or "—",
-                fmt(dev_hours, 3),
-                fmt(per, 2),
-            ]
-        )
-        raw.append(
-            [row, label, len(costs), tokens, None if hours is None else hours * 3600, ", ".join(res), dev_hours, a, per]
-        )
-    csv_cols = [
-        "row",
-        "label",
-        "n_seeds",
-        "tokens_generated",
-        "wall_clock_s",
-        "resources_per_run",
-        "device_hours",
-        f"avg_at_{k}",
-        "avg_per_device_hour",
-    ]
-    notes.insert(
-        0,
-        "Means over seeds. Tokens count every generated response, including groups dropped by "
-        "dynamic sampling. Device-hours = devices per run x wall-clock.",
-    )
-    return Table(
-        title="Compute per ablation row",
-        columns=columns,
-        cells=cells,
-        csv_columns=csv_cols,
-        csv_rows=raw,
-        notes=notes,
-        missing=missing,
-    )
+        tokens_txt = "—" if tokens is None else f"{tokens:,.0f}"
+        cells.append([label, str(len(costs)), tokens_txt, fmt(hours, 3), res or "—", fmt(dev_hours, 3), fmt(per, 2)])
+        raw.append([row, label, len(costs), tokens, None if hours is None else hours * 3600, res, dev_hours, a, per])
+    columns = ["Row", "Seeds", "Tokens generated (incl. dropped)", "Wall-clock (h)", "Resources per run", hours_name]
+    columns.append(f"avg@{exp.k} per {hours_name[:-1]}")
+    csv_columns = "row label n_seeds tokens_generated wall_clock_s resources_per_run device_hours".split()
+    csv_columns += [f"avg_at_{exp.k}", "avg_per_device_hour"]
+    return Table("Compute per ablation row", columns, cells, csv_columns, raw, notes, missing)

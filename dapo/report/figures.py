@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -165,7 +165,7 @@ class FigureResult:
     name: str
     title: str
     paths: list[Path]
-    missing: list[str] = field(default_factory=list)
+    missing: list[str]
 
 
 def seed_band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -197,13 +197,7 @@ def row_color(row: str) -> str:
     return matplotlib.colors.to_hex(cmap(idx % 10))
 
 
-def draw_figure(
-    exp: Experiment,
-    spec: FigureSpec,
-    out_dir: str | Path,
-    x_axis: XAxis = "updates",
-    formats: tuple[str, ...] = ("png", "pdf"),
-) -> FigureResult:
+def draw_figure(exp: Experiment, spec: FigureSpec, out_dir: str | Path, x_axis: XAxis = "updates") -> FigureResult:
     """Draw one figure; returns its paths and the names of what it could not draw."""
     import matplotlib
 
@@ -212,10 +206,8 @@ def draw_figure(
 
     k = exp.k
     rows = list(spec.rows) if spec.rows is not None else [r for r in exp.rows() if exp.runs_of(r)]
-    missing: list[str] = []
-    if spec.rows is not None:
-        missing += [f"row {r}" for r in rows if not exp.runs_of(r)]
-    if spec.rows is None and not rows:
+    missing = [f"row {r}" for r in rows if not exp.runs_of(r)]
+    if not rows:
         missing.append("every row (the experiment has no tagged runs)")
     ncols = min(spec.ncols or len(spec.panels), len(spec.panels))
     nrows = -(-len(spec.panels) // ncols)
@@ -227,8 +219,6 @@ def draw_figure(
         drawn = 0
         for row in rows:
             runs = exp.runs_of(row)
-            if not runs:
-                continue
             for mi, metric_of in enumerate(panel.metrics):
                 metric = metric_of(k)
                 curves = []
@@ -241,10 +231,9 @@ def draw_figure(
                 if not curves:
                     continue
                 x, mean, sd, n = seed_band(curves)
-                color = row_color(row)
-                style = ("-", "--", ":")[mi % 3]
-                what = metric_label(metric) if len(panel.metrics) > 1 else ""
-                label = f"{row}{' ' + what if what else ''} ({len(curves)} seed{'s' if len(curves) > 1 else ''})"
+                color, style = row_color(row), ("-", "--", ":")[mi % 3]
+                what = f" {metric_label(metric)}" if len(panel.metrics) > 1 else ""
+                label = f"{row}{what} ({len(curves)} seed{'s' if len(curves) > 1 else ''})"
                 ax.plot(x, mean, style, color=color, label=label, marker="o" if x.size < 12 else None, ms=3)
                 if n.max() > 1:
                     ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=0.18, lw=0)
@@ -260,37 +249,33 @@ def draw_figure(
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
     title = spec.title(k)
     missing = list(dict.fromkeys(missing))
-    note = "lines: mean over seeds; band: ±1 s.d."
-    if missing:
-        shown = "; ".join(missing[:4]) + (f"; +{len(missing) - 4} more" if len(missing) > 4 else "")
-        note = f"missing: {shown}"
+    more = f"; +{len(missing) - 4} more" if len(missing) > 4 else ""
+    note = f"missing: {'; '.join(missing[:4])}{more}" if missing else "lines: mean over seeds; band: ±1 s.d."
     fig.suptitle(textwrap.fill(title, width=int(width * 14)), fontsize=10)
     # the note can name several runs: wrap it to the figure's width so none of it falls off the edge
     note = textwrap.fill(note, width=int(width * 18))
     n_lines = note.count("\n") + 1
     fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=7, color="firebrick" if missing else "dimgray")
     fig.tight_layout(rect=(0, 0.04 * n_lines / nrows, 1, 1 - 0.05 / nrows))
-    return FigureResult(spec.name, title, save_figure(fig, out_dir, spec.name, formats), missing)
+    return FigureResult(spec.name, title, save_figure(fig, out_dir, spec.name), missing)
 
 
-def save_figure(fig, out_dir: str | Path, name: str, formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
-    """Write `fig` as out_dir/<name>.<format> for each format and close it; returns the paths."""
+def save_figure(fig, out_dir: str | Path, name: str) -> list[Path]:
+    """Write `fig` as out_dir/<name>.png and .pdf and close it; returns the paths."""
     import matplotlib.pyplot as plt
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{name}.{ext}" for ext in formats]
+    paths = [out / f"{name}.{ext}" for ext in ("png", "pdf")]
     for p in paths:
         fig.savefig(p, dpi=120)
     plt.close(fig)
     return paths
 
 
-def make_figures(
-    exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates", specs: tuple[FigureSpec, ...] = FIGURES
-) -> list[FigureResult]:
+def make_figures(exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates") -> list[FigureResult]:
     """Every figure of docs/algorithm.md section 6 (and response length per row) into out_dir, PNG and PDF."""
     if x_axis not in ("updates", "rollout"):
         raise ValueError(f"x_axis must be 'updates' or 'rollout', got {x_axis!r}")
     logged = {name for run in exp.runs for name in run.history}
-    return [draw_figure(exp, spec, out_dir, x_axis) for spec in specs if spec.needs is None or spec.needs in logged]
+    return [draw_figure(exp, spec, out_dir, x_axis) for spec in FIGURES if spec.needs is None or spec.needs in logged]

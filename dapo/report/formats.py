@@ -7,8 +7,10 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dapo.algos.evalstats import Interval
 
@@ -24,11 +26,33 @@ class Table:
     missing: list[str] = field(default_factory=list)
 
 
+Column = tuple[str, Callable[[Any], Any]]  # a header, and how an item of the table gives its value
+
+
+def column_table(
+    title: str, items: list, shown: list[Column], raw: list[Column], notes: list[str], missing: list[str]
+) -> Table:
+    """One line per item, from column records (display and CSV), so that a column is added in one place."""
+    cells = [[value(i) for _, value in shown] for i in items]
+    raw_rows = [[value(i) for _, value in raw] for i in items]
+    return Table(title, [h for h, _ in shown], cells, [h for h, _ in raw], raw_rows, notes, missing)
+
+
 def fmt(x: float | None, digits: int = 1, signed: bool = False) -> str:
     """A number for display; None or NaN -> an em dash (the value is missing, see the Missing section)."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"
     return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
+
+
+def fmt_interval(iv: Interval | None) -> str:
+    """`+2.1 [-1.0, +5.2]`; the point alone when there are no bounds; an em dash for nothing."""
+    if iv is None or (isinstance(iv.estimate, float) and math.isnan(iv.estimate)):
+        return "—"
+    point = fmt(iv.estimate, signed=True)
+    if iv.low is None or iv.high is None:
+        return point
+    return f"{point} [{fmt(iv.low, signed=True)}, {fmt(iv.high, signed=True)}]"
 
 
 def to_markdown(t: Table, heading_level: int = 2) -> str:
@@ -109,3 +133,9 @@ def write_table(t: Table, out_dir: str | Path, stem: str) -> list[Path]:
 def bounds(iv: Interval | None) -> list[float | None]:
     """An interval's estimate, low and high, for a CSV row (three empty cells for no interval)."""
     return [iv.estimate, iv.low, iv.high] if iv is not None else [None, None, None]
+
+
+def interval_columns(get: Callable[[Any], Interval | None], estimate: str, prefix: str = "") -> list[Column]:
+    """An interval's three CSV columns: `estimate`, `<prefix>ci_low` and `<prefix>ci_high` (empty for none)."""
+    names = (estimate, f"{prefix}ci_low", f"{prefix}ci_high")
+    return [(name, lambda i, j=j: bounds(get(i))[j]) for j, name in enumerate(names)]

@@ -1,15 +1,7 @@
-"""Read an MLflow experiment into plain Python objects for Table 1, the compute table and the figures.
-
-One run per (row, seed), selected by the tags in `dapo.metric_names` (TAG_ROW, TAG_SEED). Training
-runs log each metric with `step` = rollout step, plus GRAD_UPDATES per step, so a curve can be drawn against
-either counter. Every metric name comes from `dapo.metric_names`; nothing here spells one out.
-
-Where a run holds its final evaluation's samples (the `eval/samples.jsonl` artifact that the trainer logs at
-each evaluation, and `dapo eval --run-id` too), its per-problem accuracy is read too: Table 1's intervals then
-count both the problems and the seeds (`dapo.algos.evalstats.contrast_interval`).
-
-Problems in the data (a run without a row tag, two runs for one (row, seed), runs that disagree on k) never
-raise: they become warning lines that the report prints by name.
+"""Read an MLflow experiment into `dapo.report.runs` objects: one run per (row, seed), selected by the tags in
+`dapo.metric_names`, with the histories of the metrics the report reads and, where the run kept its final eval's
+samples (`eval/samples.jsonl`), its per-problem accuracy (docs/evidence.md section 2). Odd data (a run without a row
+tag, two runs for one (row, seed), runs that disagree on k) become warning lines, never exceptions.
 """
 
 from __future__ import annotations
@@ -22,42 +14,28 @@ import numpy as np
 from dapo import metric_names as M
 from dapo.report.runs import Experiment, ExperimentNotFound, RunData, Series
 
-SAMPLES_ARTIFACT = M.EVAL_SAMPLES_ARTIFACT  # one JSON object per sample
-
 
 def report_metrics(k: int) -> list[str]:
-    """Every metric the report reads, for eval size k (Table 1, the figures and the mechanisms table)."""
+    """Every metric the report reads, for eval size k: those of the figures, the declared statistics, `dapo
+    compare`'s curves, the x-axes and the compute table."""
+    from dapo.report.compare import CURVES
+    from dapo.report.figures import FIGURES
     from dapo.report.mechanisms import MECHANISMS, MECHANISMS_V2
+    from dapo.report.variants import VARIANT_STATISTICS
 
     ev = [M.eval_avg(k), M.eval_pass(k), M.eval_maj(k)]
-    mech = [m.metric_name(k) for m in MECHANISMS + MECHANISMS_V2]
-    return list(
-        dict.fromkeys(
-            ev
-            + [M.ci_low(n) for n in ev]
-            + [M.ci_high(n) for n in ev]
-            + [
-                M.ENTROPY,
-                M.RESP_LEN_MEAN,
-                M.CLIP_HIGH_PROB,
-                M.ALL_CORRECT_FRAC,
-                M.ACC_MEAN,
-                M.GRAD_UPDATES,
-                M.ROLLOUT_STEP,
-                M.DS_TOKENS_GENERATED,
-                M.DS_TOKENS_GENERATED_TOTAL,
-                M.TIME_TOTAL,
-                M.ACC_GENERATED,
-                M.ZERO_ADV_GROUP_FRAC,
-                M.HABIT_VERBOSE,
-                M.HABIT_LOOP,
-                M.HABIT_FORK_RIGHT,
-                M.HABIT_SOUND_TRUNCATED,
-                M.HABIT_ACC_LONG,
-            ]
-            + mech
-        )
-    )
+    ev += [M.ci_low(n) for n in ev] + [M.ci_high(n) for n in ev]
+    counters = [
+        M.GRAD_UPDATES,
+        M.ROLLOUT_STEP,
+        M.DS_TOKENS_GENERATED,
+        M.DS_TOKENS_GENERATED_TOTAL,
+        M.TIME_TOTAL,
+        *CURVES,
+    ]
+    figures = [metric(k) for spec in FIGURES for p in spec.panels for metric in p.metrics]
+    stats = [m.metric_name(k) for m in MECHANISMS + MECHANISMS_V2 + VARIANT_STATISTICS]
+    return list(dict.fromkeys(ev + counters + figures + stats))
 
 
 def problem_accuracy(lines: list[str]) -> dict[str, float]:
@@ -78,24 +56,23 @@ def load_problems(client, run_id: str, warnings: list[str], label: str) -> dict[
     import tempfile
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run buries the warnings
-    folder = SAMPLES_ARTIFACT.rsplit("/", 1)[0]
     try:
-        if not any(a.path == SAMPLES_ARTIFACT for a in client.list_artifacts(run_id, folder)):
+        if not any(a.path == M.EVAL_SAMPLES_ARTIFACT for a in client.list_artifacts(run_id, M.EVAL_SAMPLES_FOLDER)):
             return None
         with tempfile.TemporaryDirectory(prefix="dapo-report-") as tmp:
-            path = client.download_artifacts(run_id, SAMPLES_ARTIFACT, tmp)
+            path = client.download_artifacts(run_id, M.EVAL_SAMPLES_ARTIFACT, tmp)
             with open(path) as fh:
                 return problem_accuracy(fh.readlines()) or None
     except Exception as e:  # an unreadable artifact costs the run its per-problem interval, not the report
-        warnings.append(f"run {label}: could not read {SAMPLES_ARTIFACT} ({type(e).__name__}: {e})")
+        warnings.append(f"run {label}: could not read {M.EVAL_SAMPLES_ARTIFACT} ({type(e).__name__}: {e})")
         return None
 
 
 _AVG_RE = re.compile("^" + re.escape(M.eval_avg(0)).replace("0", r"(\d+)") + "$")
 
 
-def infer_k(runs: list, warnings: list[str]) -> int | None:
-    """k = the runs' `eval.n` param (the most common one); else the largest k among their avg@k metrics."""
+def infer_k(runs: list, warnings: list[str]) -> int:
+    """k = the runs' `eval.n` param (the most common one); else the largest k among their avg@k metrics; else 32."""
     ns = Counter(r.data.params["eval.n"] for r in runs if "eval.n" in r.data.params)
     if ns:
         (top, _), *rest = ns.most_common()
@@ -103,10 +80,12 @@ def infer_k(runs: list, warnings: list[str]) -> int | None:
             warnings.append(f"runs disagree on eval.n ({dict(ns)}); using k = {top}")
         return int(top)
     ks = [int(m.group(1)) for r in runs for name in r.data.metrics if (m := _AVG_RE.match(name))]
-    return max(ks) if ks else None
+    if not ks:
+        warnings.append(f"no run has an eval.n param or an {M.eval_avg(0).replace('0', 'k')} metric; assuming k = 32")
+    return max(ks, default=32)
 
 
-def load_experiment(experiment: str, tracking_uri: str | None = None, k: int | None = None) -> Experiment:
+def load_experiment(experiment: str, tracking_uri: str | None = None) -> Experiment:
     """Read every tagged run of `experiment` with the histories of the metrics the report needs.
 
     Raises ExperimentNotFound (with the known names) when the experiment does not exist; everything else that
@@ -124,80 +103,68 @@ def load_experiment(experiment: str, tracking_uri: str | None = None, k: int | N
         raise ExperimentNotFound(
             f"experiment {experiment!r} not found at {uri}; known experiments: {', '.join(known) or '(none)'}"
         )
-    warnings: list[str] = []
-    raw = []
-    page_token = None
+    raw, token = [], None
     while True:
-        page = client.search_runs([exp.experiment_id], max_results=1000, page_token=page_token)
-        raw.extend(page)
-        page_token = page.token
-        if not page_token:
+        page = client.search_runs([exp.experiment_id], max_results=1000, page_token=token)
+        raw += page
+        if not (token := page.token):
             break
-    tagged = []
-    for r in raw:
-        if M.TAG_ROW not in r.data.tags:
-            warnings.append(f"run {r.info.run_name or r.info.run_id} has no {M.TAG_ROW} tag; left out")
-        else:
-            tagged.append(r)
-    if k is None:
-        k = infer_k(tagged, warnings)
-    if k is None:
-        warnings.append(f"no run has an eval.n param or an {M.eval_avg(0).replace('0', 'k')} metric; assuming k = 32")
-        k = 32
+    tagged = [r for r in raw if M.TAG_ROW in r.data.tags]
+    untagged = [r.info.run_name or r.info.run_id for r in raw if M.TAG_ROW not in r.data.tags]
+    warnings = [f"run {name} has no {M.TAG_ROW} tag; left out" for name in untagged]
+    k = infer_k(tagged, warnings)
 
     chosen: dict[tuple[str, str], object] = {}
     for r in tagged:
         key = (r.data.tags[M.TAG_ROW], r.data.tags.get(M.TAG_SEED, r.data.params.get("trainer.seed", "")))
-        prev = chosen.get(key)
-        if prev is None:
-            chosen[key] = r
-            continue
-        keep, drop = (r, prev) if _preference(r) > _preference(prev) else (prev, r)
-        warnings.append(
-            f"two runs for row {key[0]} seed {key[1]}: using {keep.info.run_name} "
-            f"({keep.info.run_id[:8]}), not {drop.info.run_name} ({drop.info.run_id[:8]})"
-        )
-        chosen[key] = keep
+        prev = chosen.setdefault(key, r)
+        if prev is not r:
+            keep, drop = (r, prev) if _preference(r) > _preference(prev) else (prev, r)
+            warnings.append(
+                f"two runs for row {key[0]} seed {key[1]}: using {keep.info.run_name} "
+                f"({keep.info.run_id[:8]}), not {drop.info.run_name} ({drop.info.run_id[:8]})"
+            )
+            chosen[key] = keep
 
     wanted = report_metrics(k)
     runs = []
     for r in chosen.values():
         tags, params = dict(r.data.tags), dict(r.data.params)
-        seed_txt = tags.get(M.TAG_SEED, params.get("trainer.seed"))
-        status = tags.get(M.TAG_STATUS, (r.info.status or "").lower())
+        seed_txt = str(tags.get(M.TAG_SEED, params.get("trainer.seed", "")))
         rd = RunData(
             run_id=r.info.run_id,
             name=r.info.run_name or "",
             row=tags[M.TAG_ROW],
-            seed=int(seed_txt) if seed_txt not in (None, "") and str(seed_txt).lstrip("-").isdigit() else None,
-            status=status,
+            seed=int(seed_txt) if seed_txt.lstrip("-").isdigit() else None,
+            status=_status(r),
             params=params,
             tags=tags,
             start_ms=r.info.start_time,
             end_ms=r.info.end_time,
         )
-        for name in wanted:
-            if name in r.data.metrics:
-                hist = client.get_metric_history(r.info.run_id, name)
-                rd.history[name] = _series(hist)
+        rd.history = {n: _series(client.get_metric_history(r.info.run_id, n)) for n in wanted if n in r.data.metrics}
         rd.problems = load_problems(client, r.info.run_id, warnings, rd.label)
         if rd.seed is not None and rd.name != f"{rd.row}-s{rd.seed}":
             warnings.append(
                 f"run {rd.name or rd.run_id} is not named {rd.row}-s{rd.seed}: the MLflow UI lines runs up by name"
             )
-        if status.lower() != "finished":
-            warnings.append(f"run {rd.label} has status {status!r}: its last logged eval is used")
+        if rd.status.lower() != "finished":
+            warnings.append(f"run {rd.label} has status {rd.status!r}: its last logged eval is used")
         runs.append(rd)
     runs.sort(key=lambda r: (r.row, r.seed is None, r.seed or 0))
-    return Experiment(name=experiment, tracking_uri=uri, k=int(k), runs=runs, warnings=warnings)
+    return Experiment(name=experiment, tracking_uri=uri, k=k, runs=runs, warnings=warnings)
+
+
+def _status(r) -> str:
+    """The dapo.status tag, else MLflow's own status (lower case)."""
+    return r.data.tags.get(M.TAG_STATUS, (r.info.status or "").lower())
 
 
 def _preference(r) -> tuple:
     """Among runs of one (row, seed): a training run (a standalone `dapo eval` run carries the same tags but no
     training curves), then a finished one, then the most recent."""
-    status = r.data.tags.get(M.TAG_STATUS, (r.info.status or "").lower())
     trained = M.ROLLOUT_STEP in r.data.metrics or M.GRAD_UPDATES in r.data.metrics
-    return (trained, status.lower() == "finished", r.info.start_time or 0)
+    return (trained, _status(r).lower() == "finished", r.info.start_time or 0)
 
 
 def _series(points) -> Series:

@@ -1,11 +1,6 @@
-"""Each toggle's marginal effect on the final eval avg@k under each design (`dapo.designs`), with intervals.
-
-- cumulative: (row that adds it) - (row above): the paper's Table 1 gains, each conditional on every toggle above;
-- leave_one_out: (full DAPO) - (full DAPO without it): what the full recipe loses without the toggle;
-- one_at_a_time: (naive GRPO with it) - (naive GRPO): what the toggle does alone.
-
-Intervals as in Table 1 (`table1.difference_interval`): problems x seeds when every run kept its final eval's
-samples, else Welch's over seeds. A design whose runs are missing leaves its column empty, named under Missing.
+"""Each toggle's marginal effect on the final eval avg@k under each design of `dapo.designs` (cumulative,
+leave-one-out, one-at-a-time; docs/evidence.md section 4), with Table 1's intervals. A design whose runs are
+missing leaves its column empty, named under Missing.
 """
 
 from __future__ import annotations
@@ -25,9 +20,9 @@ from dapo.designs import (
     preset_keys,
     toggles,
 )
-from dapo.report.formats import Table, bounds, fmt
+from dapo.report.formats import Table, bounds, fmt, fmt_interval
 from dapo.report.runs import Experiment
-from dapo.report.table1 import difference_interval, evals_of, fmt_interval
+from dapo.report.table1 import difference_interval, evals_of
 
 DESIGN_TITLES: dict[Design, str] = {
     "cumulative": "cumulative (row - row above)",
@@ -66,10 +61,9 @@ def marginal_effects(exp: Experiment, confidence: float = 0.95) -> tuple[list[Ef
 
 
 def confounds(exp: Experiment) -> list[str]:
-    """Where two runs that a design compares differ in more than the toggle between them, from their MLflow params
-    (the config each trained with): the check `dapo config` and the workflow make before training
-    (`dapo.designs.check_ladder`), made again on what ran, so a ladder run with allow_confounded_ladder, or rows
-    trained at different times with different overrides, is named. One line per pair of runs that differ so."""
+    """One line per pair of rows that a design compares whose runs' params (the config each trained with) differ
+    in more than the toggle between them: `dapo.designs.check_ladder` made again on what ran, so a ladder run with
+    allow_confounded_ladder, or rows trained with different overrides, is named."""
     out, scale = [], preset_keys()
     skip = (*RUN_KEYS, "trainer.seed")  # seeds are the replicates, not a row's definition
     for design in DESIGNS:
@@ -88,38 +82,22 @@ def marginal_table(effects: list[Effect], missing: list[str], k: int, confidence
     c = round(100 * confidence)
     paper = {t.name: (M.PAPER_TABLE1.get(t.row), M.PAPER_TABLE1.get(t.above)) for t in toggles()}
     by = {(e.toggle, e.design): e for e in effects}
-    names = list(dict.fromkeys(e.toggle for e in effects))
-    columns = ["Toggle"] + [f"{DESIGN_TITLES[d]} [{c}% CI]" for d in DESIGNS] + ["Paper Δ (cumulative)"]
     cells, raw = [], []
-    for name in names:
-        row_cells, row_raw = [name], [name]
-        for d in DESIGNS:
-            e = by.get((name, d))
-            iv = e.interval if e else None
-            row_cells.append(fmt_interval(iv))
-            row_raw += [e.with_run if e else None, e.without_run if e else None, *bounds(iv)]
-        (b, a) = paper.get(name, (None, None))
+    for name in dict.fromkeys(e.toggle for e in effects):
+        es = [by[name, d] for d in DESIGNS]
+        b, a = paper.get(name, (None, None))
         pd = b[1] - a[1] if b and a else None
-        row_cells.append(fmt(pd, 0, signed=True))
-        row_raw.append(pd)
-        cells.append(row_cells)
-        raw.append(row_raw)
-    csv_cols = ["toggle"]
-    for d in DESIGNS:
-        csv_cols += [f"{d}_with", f"{d}_without", f"{d}_delta", f"{d}_ci_low", f"{d}_ci_high"]
-    csv_cols.append("paper_delta")
-    return Table(
-        title=f"Marginal effect of each toggle on the final eval avg@{k}, under each design",
-        columns=columns,
-        cells=cells,
-        csv_columns=csv_cols,
-        csv_rows=raw,
-        notes=[
-            "Percentage points. Cumulative: the paper's design, each gain conditional on every toggle above it. "
-            "Leave-one-out: against full DAPO (runs dapo_minus_<toggle>). One-at-a-time: against naive GRPO "
-            "(runs grpo_plus_<toggle>). A design run identical to a ladder row reuses that row's runs.",
-            f"{c}% CI: problems x seeds (paired on problems) when the runs kept their final eval's samples, "
-            "else Welch's over seeds.",
-        ],
-        missing=missing,
-    )
+        cells.append([name, *(fmt_interval(e.interval) for e in es), fmt(pd, 0, signed=True)])
+        raw.append([name, *(x for e in es for x in (e.with_run, e.without_run, *bounds(e.interval))), pd])
+    columns = ["Toggle", *(f"{DESIGN_TITLES[d]} [{c}% CI]" for d in DESIGNS), "Paper Δ (cumulative)"]
+    stats = ("with", "without", "delta", "ci_low", "ci_high")
+    csv_columns = ["toggle", *(f"{d}_{x}" for d in DESIGNS for x in stats), "paper_delta"]
+    notes = [
+        "Percentage points. Cumulative: the paper's design, each gain conditional on every toggle above it. "
+        "Leave-one-out: against full DAPO (runs dapo_minus_<toggle>). One-at-a-time: against naive GRPO "
+        "(runs grpo_plus_<toggle>). A design run identical to a ladder row reuses that row's runs.",
+        f"{c}% CI: problems x seeds (paired on problems) when the runs kept their final eval's samples, "
+        "else Welch's over seeds.",
+    ]
+    title = f"Marginal effect of each toggle on the final eval avg@{k}, under each design"
+    return Table(title, columns, cells, csv_columns, raw, notes, missing)

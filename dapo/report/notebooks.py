@@ -26,14 +26,14 @@ class NotebookFailed(RuntimeError):
 
 
 @contextlib.contextmanager
-def temp_kernelspec(name: str = KERNEL_NAME, python: str = sys.executable) -> Iterator[str]:
-    """A kernelspec `name` running `python -m ipykernel_launcher`, visible only inside the block."""
+def temp_kernelspec() -> Iterator[str]:
+    """A kernelspec running this Python's `ipykernel_launcher`, visible only inside the block; yields its name."""
     with tempfile.TemporaryDirectory(prefix="dapo-kernels-") as tmp:
-        kdir = Path(tmp) / "kernels" / name
+        kdir = Path(tmp) / "kernels" / KERNEL_NAME
         kdir.mkdir(parents=True)
         spec = {
-            "argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": f"Python ({name})",
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": f"Python ({KERNEL_NAME})",
             "language": "python",
             "env": {
                 "MPLBACKEND": "Agg",
@@ -46,7 +46,7 @@ def temp_kernelspec(name: str = KERNEL_NAME, python: str = sys.executable) -> It
         old = os.environ.get("JUPYTER_PATH")
         os.environ["JUPYTER_PATH"] = os.pathsep.join([tmp] + ([old] if old else []))
         try:
-            yield name
+            yield KERNEL_NAME
         finally:
             if old is None:
                 os.environ.pop("JUPYTER_PATH", None)
@@ -54,13 +54,7 @@ def temp_kernelspec(name: str = KERNEL_NAME, python: str = sys.executable) -> It
                 os.environ["JUPYTER_PATH"] = old
 
 
-def execute_notebook(
-    script: str | Path,
-    output: str | Path,
-    parameters: dict[str, Any],
-    cwd: str | Path | None = None,
-    timeout_s: int = 900,
-) -> Path:
+def execute_notebook(script: Path, output: Path, parameters: dict[str, Any], cwd: Path) -> Path:
     """Run a jupytext script as a notebook with papermill, injecting `parameters`; save it to `output`.
 
     Raises NotebookFailed (naming the saved, partly executed notebook) when a cell fails.
@@ -68,7 +62,6 @@ def execute_notebook(
     import jupytext
     import papermill as pm
 
-    script, output = Path(script), Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     nb = jupytext.read(script)
     with tempfile.TemporaryDirectory(prefix="dapo-nb-") as tmp, temp_kernelspec() as kernel:
@@ -80,10 +73,10 @@ def execute_notebook(
                 str(output),
                 parameters=parameters,
                 kernel_name=kernel,
-                cwd=str(cwd) if cwd else None,
+                cwd=str(cwd),
                 progress_bar=False,
                 log_output=False,
-                execution_timeout=timeout_s,
+                execution_timeout=900,
             )
         except pm.PapermillExecutionError as e:
             raise NotebookFailed(

@@ -48,38 +48,32 @@ def write_tables(
     cpus_per_run: float | None = None,
     confidence: float = 0.95,
 ) -> list[str]:
-    """Table 1, the mechanisms, the marginal effects and the compute table (md, csv, tex) plus warnings.json;
-    returns every missing item's name."""
+    """Every table (md, csv, tex) and warnings.json into out_dir; returns every missing item's name."""
     out = Path(out_dir)
     t1 = build_table1(exp, confidence)
-    t1_table = table1_table(t1)
-    mech = mechanisms_table(cumulative_results(exp, confidence), confidence)
-    v2 = evidence_tables(exp, confidence=confidence)
-    effects, effects_missing = marginal_effects(exp, confidence)
-    marg = marginal_table(effects, effects_missing, exp.k, confidence)
+    tables = {
+        "table1": table1_table(t1),
+        "mechanisms": mechanisms_table(cumulative_results(exp, confidence), confidence),
+        **evidence_tables(exp, confidence=confidence),
+        "marginal_effects": marginal_table(*marginal_effects(exp, confidence), exp.k, confidence),
+    }
     unclean = confounds(exp)
     if unclean:  # the runs' own configs say so, whatever the workflow was told
         note = (
             "**Not a clean ablation**: these runs differ in more than the toggle they are compared on, so their "
             "difference is not that toggle's effect alone: " + " | ".join(unclean)
         )
-        for table in (t1_table, mech, marg, *v2.values()):
+        for table in tables.values():
             table.notes.insert(0, note)
         exp.warnings.append(note.replace("**", ""))
-    write_table(t1_table, out, "table1")
-    write_table(mech, out, "mechanisms")
-    for stem, table in v2.items():
-        write_table(table, out, stem)
-    write_table(marg, out, "marginal_effects")
-    comp = compute_table(exp, t1, gpus_per_run, cpus_per_run)
-    write_table(comp, out, "compute")
+    tables["compute"] = compute_table(exp, t1, gpus_per_run, cpus_per_run)
     variants = variant_results(exp, confidence)
-    vt = variants_table(variants, confidence) if variants else None
-    if vt is not None:  # only where variants ran: a ladder's report has no such section
-        write_table(vt, out, "variants")
+    if variants:  # only where variants ran: a ladder's report has no such section
+        tables["variants"] = variants_table(variants, confidence)
+    for stem, table in tables.items():
+        write_table(table, out, stem)
     (out / "warnings.json").write_text(json.dumps(exp.warnings, indent=1))
-    missing = t1.missing + mech.missing + [m for t in v2.values() for m in t.missing] + marg.missing + comp.missing
-    missing += vt.missing if vt is not None else []
+    missing = [m for table in tables.values() for m in table.missing]
     warn(exp.warnings + [f"missing: {m}" for m in missing])
     return missing
 
@@ -101,12 +95,9 @@ def write_figures(exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates
 
     def intervals(name: str, label: str, what: str, stats: list[MechanismResult]) -> FigureResult:
         """One panel per statistic, its Δ and interval; statistics without an interval are listed as missing."""
-        return FigureResult(
-            name,
-            f"{label}: {what}, {confidence:.0%} interval over seeds",
-            mechanisms_figure(stats, out / "figures", name, confidence, title=label),
-            [f"{r.mechanism.toggle} / {r.mechanism.quantity}" for r in stats if r.interval is None],
-        )
+        paths = mechanisms_figure(stats, out / "figures", name, confidence, title=label)
+        missing = [f"{r.mechanism.toggle} / {r.mechanism.quantity}" for r in stats if r.interval is None]
+        return FigureResult(name, f"{label}: {what}, {confidence:.0%} interval over seeds", paths, missing)
 
     mech = cumulative_results(exp, confidence)
     results.append(intervals("mechanisms", "Mechanisms", "each toggle's Δ on its declared quantities", mech))
@@ -115,14 +106,9 @@ def write_figures(exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates
         results.append(intervals("effects", "Effects (version 2)", "each toggle's Δ and the headline", effects))
     variants = variant_results(exp, confidence)
     if variants:
-        results.append(
-            FigureResult(
-                "variants",
-                f"Variants: each against its parent row, {confidence:.0%} interval over seeds",
-                variants_figure(variants, out / "figures", confidence),
-                [f"{v} / {r.mechanism.quantity}" for v, _, rs in variants for r in rs if r.interval is None],
-            )
-        )
+        title = f"Variants: each against its parent row, {confidence:.0%} interval over seeds"
+        missing = [f"{v} / {r.mechanism.quantity}" for v, _, rs in variants for r in rs if r.interval is None]
+        results.append(FigureResult("variants", title, variants_figure(variants, out / "figures", confidence), missing))
     manifest = [
         {"name": r.name, "title": r.title, "files": [p.name for p in r.paths], "missing": r.missing} for r in results
     ]

@@ -69,21 +69,16 @@ class RunData:
         return (tb // mb) * ep if mb > 0 else None
 
     def x_of(self, steps: np.ndarray, axis: XAxis) -> np.ndarray:
-        """Map rollout steps [S] to the chosen x-axis [S]: rollout steps, or cumulative gradient updates.
-
-        Updates come from the run's own GRAD_UPDATES history (logged per rollout step), so a run whose updates
-        per step vary (dynamic sampling at its refill cap) is drawn truthfully; steps between logged points
-        are interpolated, and without that history the params' updates-per-step is used.
-        """
+        """Map rollout steps [S] to the chosen x-axis [S]: rollout steps, or cumulative gradient updates from the run's
+        own GRAD_UPDATES history (interpolated), so a run whose updates per step vary (dynamic sampling at its refill
+        cap) is drawn truthfully; without that history, the params' updates per step."""
         steps = np.asarray(steps, dtype=float)
         if axis == "rollout":
             return steps
         upd = self.history.get(M.GRAD_UPDATES)
         if upd is not None and upd.steps.size:
-            xs = np.concatenate([[0.0], upd.steps.astype(float)])
+            xs = np.concatenate([[0.0], upd.steps.astype(float)])  # sorted: a Series sorts its steps, all >= 0
             ys = np.concatenate([[0.0], upd.values.astype(float)])
-            order = np.argsort(xs, kind="stable")
-            xs, ys = xs[order], ys[order]
             out = np.interp(steps, xs, ys)
             # beyond the last logged point, continue at the last observed rate
             rate = ys[-1] / xs[-1] if xs[-1] > 0 else 0.0
@@ -114,9 +109,7 @@ class Experiment:
 
     def rows(self) -> list[str]:
         """Paper rows first (Table 1 order), then any other row tags found (user variants), sorted."""
-        present = {r.row for r in self.runs}
-        extra = sorted(present - set(M.PAPER_TABLE1))
-        return list(M.PAPER_TABLE1) + extra
+        return list(M.PAPER_TABLE1) + sorted({r.row for r in self.runs} - set(M.PAPER_TABLE1))
 
     def runs_of(self, row: str) -> list[RunData]:
         return sorted((r for r in self.runs if r.row == row), key=lambda r: (r.seed is None, r.seed or 0))

@@ -1,24 +1,14 @@
 """Table 1 of the paper (AIME 2024 avg@32 per cumulative ablation row), regenerated from our runs.
 
-Per row, in PAPER_TABLE1 order (then any user rows; design runs such as `dapo_minus_*` have their own table):
-avg@k, pass@k and maj@k of each run's final eval (its last logged step), the mean over seeds, their sample s.d.,
-a confidence interval, the change from the row above and from the first row (naive GRPO), each with an interval,
-the gradient updates behind the final eval, and the paper's number beside ours. k is the preset's eval.n.
-
-Confidence intervals (docs/evidence.md has the reasoning):
-- every run has its final eval's samples (`load.SAMPLES_ARTIFACT`): problems x seeds. The per-problem accuracy
-  y[s, p] of each seed's final eval feeds `evalstats.contrast_interval`: the variance over problems of the
-  seed-averaged per-problem accuracy (for a difference, of the per-problem difference: paired on problems) plus
-  the between-seed variance of each row from a two-way ANOVA, over the row's seeds; a t quantile with
-  Satterthwaite's degrees of freedom. One seed: problems only.
-- otherwise (runs logged before samples were kept): a t interval over seeds of the final avg@k (Welch's for a
-  difference), or for one seed the run's own bootstrap over problems (its ci_low / ci_high metrics).
+Per row (PAPER_TABLE1 order, then user rows; design runs such as `dapo_minus_*` have their own table): avg@k, pass@k
+and maj@k of each run's last eval, their mean and s.d. over seeds with an interval, the change from the row above
+and from the first row, the gradient updates behind the final eval, and the paper's number beside ours. The
+intervals count problems and seeds where the runs kept their eval samples, else seeds alone (docs/evidence.md
+section 2).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +17,8 @@ import numpy as np
 from dapo import metric_names as M
 from dapo.algos.evalstats import Interval, contrast_interval, seed_mean_interval, welch_interval
 from dapo.designs import parse_run, placebo_twin
-from dapo.report.formats import Table, bounds, fmt
+from dapo.report.formats import Column, Table, column_table, fmt, fmt_interval, interval_columns
 from dapo.report.runs import Experiment, RunData
-
-PAPER_REFERENCE = ("DeepSeek-R1-Zero-Qwen-32B", 47)
 
 
 @dataclass
@@ -85,33 +73,16 @@ def final_eval(run: RunData, k: int) -> tuple[FinalEval | None, list[str]]:
     if avg is None or not avg.steps.size:
         return None, [f"run {run.label}: metric {avg_name} missing (no eval logged)"]
     step, value = avg.last()
-    missing = []
 
     def at_step(name: str) -> float | None:
         s = run.history.get(name)
-        if s is None:
-            return None
-        v = s.at(step)
-        return v if v is not None else s.last()[1]
+        return None if s is None else s.at(step) if s.at(step) is not None else s.last()[1]
 
-    got = {}
-    for name in (M.eval_pass(k), M.eval_maj(k)):
-        got[name] = at_step(name)
-        if got[name] is None:
-            missing.append(f"run {run.label}: metric {name} missing")
-    lo, hi = at_step(M.ci_low(avg_name)), at_step(M.ci_high(avg_name))
-    return FinalEval(
-        run=run.label,
-        seed=run.seed,
-        step=step,
-        avg=value,
-        pass_k=got[M.eval_pass(k)],
-        maj=got[M.eval_maj(k)],
-        ci_low=lo,
-        ci_high=hi,
-        updates=float(run.x_of(np.array([step]), "updates")[0]),
-        problems=run.problems,
-    ), missing
+    pass_name, maj_name = M.eval_pass(k), M.eval_maj(k)
+    got = {n: at_step(n) for n in (pass_name, maj_name, M.ci_low(avg_name), M.ci_high(avg_name))}
+    missing = [f"run {run.label}: metric {n} missing" for n in (pass_name, maj_name) if got[n] is None]
+    updates = float(run.x_of(np.array([step]), "updates")[0])
+    return FinalEval(run.label, run.seed, step, value, *got.values(), updates, run.problems), missing
 
 
 def problem_matrices(groups: list[list[FinalEval]]) -> list[np.ndarray] | None:
@@ -119,8 +90,7 @@ def problem_matrices(groups: list[list[FinalEval]]) -> list[np.ndarray] | None:
     eval lacks per-problem data or fewer than two problems are shared."""
     if not groups or any(not g or any(e.problems is None for e in g) for g in groups):
         return None
-    common = set.intersection(*(set(e.problems) for g in groups for e in g))  # type: ignore[arg-type]
-    ids = sorted(common)
+    ids = sorted(set.intersection(*(set(e.problems) for g in groups for e in g)))  # type: ignore[arg-type]
     if len(ids) < 2:
         return None
     return [np.array([[e.problems[i] for i in ids] for e in g]) for g in groups]  # type: ignore[index]
@@ -151,11 +121,6 @@ def difference_interval(b: list[FinalEval], a: list[FinalEval], confidence: floa
     return welch_interval([e.avg for e in b], [e.avg for e in a], confidence)
 
 
-def table_rows(exp: Experiment) -> list[str]:
-    """The rows Table 1 shows: the ladder's and any user rows, not the runs of the other designs."""
-    return [r for r in exp.rows() if parse_run(r) is None]
-
-
 def evals_of(exp: Experiment, row: str) -> tuple[list[FinalEval], list[str]]:
     """Every run of `row`'s final eval, and what is missing."""
     evals, missing = [], []
@@ -171,7 +136,7 @@ def build_table1(exp: Experiment, confidence: float = 0.95) -> Table1:
     """Table 1 from a loaded experiment; rows with no runs stay in the table (empty) and are named in `missing`."""
     rows: list[Table1Row] = []
     missing: list[str] = []
-    for name in table_rows(exp):
+    for name in (r for r in exp.rows() if parse_run(r) is None):  # the other designs' runs have their own table
         label, paper = M.PAPER_TABLE1.get(name, (name, None))
         tr = Table1Row(row=name, label=label, paper=float(paper) if paper is not None else None)
         if not exp.runs_of(name):
@@ -199,9 +164,8 @@ def build_table1(exp: Experiment, confidence: float = 0.95) -> Table1:
             tr.delta = tr.delta_ci.estimate if tr.delta_ci is not None else None
         if tr.paper is not None and above.paper is not None:
             tr.paper_delta = tr.paper - above.paper
-    if rows:
-        for tr in rows[1:]:
-            tr.vs_first = difference_interval(tr.evals, rows[0].evals, confidence)
+    for tr in rows[1:]:
+        tr.vs_first = difference_interval(tr.evals, rows[0].evals, confidence)
     return Table1(experiment=exp.name, k=exp.k, confidence=confidence, rows=rows, missing=missing)
 
 
@@ -211,37 +175,17 @@ def mean_of(xs: list[float | None]) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
-def fmt_interval(iv: Interval | None, digits: int = 1) -> str:
-    """`+2.1 [-1.0, +5.2]`; the point alone when there are no bounds; an em dash for nothing."""
-    if iv is None or (isinstance(iv.estimate, float) and math.isnan(iv.estimate)):
-        return "—"
-    point = fmt(iv.estimate, digits, signed=True)
-    if iv.low is None or iv.high is None:
-        return point
-    return f"{point} [{fmt(iv.low, digits, signed=True)}, {fmt(iv.high, digits, signed=True)}]"
-
-
 def _avg_text(r: Any) -> str:
     if r.mean is None:
         return "missing"
     return fmt(r.mean) if r.std is None else f"{fmt(r.mean)} ± {fmt(r.std)}"
 
 
-def _interval_columns(name: str, get: Callable[[Any], Interval | None]) -> list[tuple[str, Callable[[Any], Any]]]:
-    """A difference's three CSV columns: its estimate and bounds."""
-    return [
-        (name, lambda r: bounds(get(r))[0]),
-        (f"{name}_ci_low", lambda r: bounds(get(r))[1]),
-        (f"{name}_ci_high", lambda r: bounds(get(r))[2]),
-    ]
-
-
 def table1_table(t: Table1) -> Table:
-    """Display form of Table 1 (Markdown / CSV / LaTeX via dapo.report.formats). Each column is one record, its
-    header and how a row gives its value, so a column is added in one place."""
+    """Display form of Table 1 (Markdown / CSV / LaTeX via dapo.report.formats)."""
     k, c = t.k, round(100 * t.confidence)
     first = t.rows[0].row if t.rows else "00"
-    shown: list[tuple[str, Callable[[Any], str]]] = [
+    shown: list[Column] = [
         ("Row", lambda r: r.label),
         (f"avg@{k} (mean ± s.d.)", _avg_text),
         (f"{c}% CI", lambda r: f"[{fmt(r.ci_low)}, {fmt(r.ci_high)}]" if r.ci_low is not None else "—"),
@@ -255,7 +199,7 @@ def table1_table(t: Table1) -> Table:
         ("Updates", lambda r: fmt(r.updates, 0)),
         ("CI method", lambda r: r.ci_method or "—"),
     ]
-    raw: list[tuple[str, Callable[[Any], Any]]] = [
+    raw: list[Column] = [
         ("row", lambda r: r.row),
         ("label", lambda r: r.label),
         ("k", lambda r: k),
@@ -266,8 +210,8 @@ def table1_table(t: Table1) -> Table:
         ("ci_low", lambda r: r.ci_low),
         ("ci_high", lambda r: r.ci_high),
         ("ci_method", lambda r: r.ci_method),
-        *_interval_columns("delta", lambda r: r.delta_ci),
-        *_interval_columns("vs_first", lambda r: r.vs_first),
+        *interval_columns(lambda r: r.delta_ci, "delta", "delta_"),
+        *interval_columns(lambda r: r.vs_first, "vs_first", "vs_first_"),
         ("paper_avg", lambda r: r.paper),
         ("paper_delta", lambda r: r.paper_delta),
         ("pass_mean", lambda r: r.pass_mean),
@@ -276,13 +220,9 @@ def table1_table(t: Table1) -> Table:
         ("avg_per_seed", lambda r: " ".join(str(e.avg) for e in r.evals)),
         ("final_step", lambda r: " ".join(str(e.step) for e in r.evals)),
     ]
-    columns = [h for h, _ in shown]
-    cells = [[value(r) for _, value in shown] for r in t.rows]
-    csv_cols = [h for h, _ in raw]
-    raw_rows = [[value(r) for _, value in raw] for r in t.rows]
     notes = [
         f"Experiment {t.experiment!r}; each run's last eval; values in percent. Paper: one seed, AIME 2024 "
-        f"avg@32; reference {PAPER_REFERENCE[0]} {PAPER_REFERENCE[1]}. Updates: gradient updates behind the "
+        "avg@32; reference DeepSeek-R1-Zero-Qwen-32B 47. Updates: gradient updates behind the "
         "final eval (mean over seeds), so rows with equal updates are compared at equal updates.",
         f"CI ({c}%): problems x seeds when every run kept its final eval's samples (variance over problems of "
         "the seed-averaged accuracy, paired on problems for a Δ, plus the between-seed variance; t with "
@@ -290,12 +230,5 @@ def table1_table(t: Table1) -> Table:
         "problems. Δ: change in our mean. A placebo row's Δ row above is against its twin (the same row, another "
         "sampling seed): a clear change there is noise alone.",
     ]
-    return Table(
-        title=f"Table 1: eval avg@{k} per cumulative ablation row (ours vs paper)",
-        columns=columns,
-        cells=cells,
-        csv_columns=csv_cols,
-        csv_rows=raw_rows,
-        notes=notes,
-        missing=list(t.missing),
-    )
+    title = f"Table 1: eval avg@{k} per cumulative ablation row (ours vs paper)"
+    return column_table(title, t.rows, shown, raw, notes, list(t.missing))

@@ -1,16 +1,7 @@
-"""The variants design's table and figure: each variant of configs/variants/ against the ladder row it inherits.
-
-The statistics, declared before any variant was run (docs/variants.md), each a difference of means over seeds
-(variant - parent) with Welch's interval, and every one reported whichever way it comes out:
-
-- final eval avg@k (the run's last evaluation);
-- the accuracy of every generated response, as the area under its curve over gradient updates and over tokens
-  generated (to the pair's common budget), each divided by its span: ScaleRL (arXiv 2510.13786) found that such
-  choices mostly change how fast accuracy rises per unit of compute, which an area shows and a final value does not;
-- the entropy of generated tokens (mean over the run: what Clip-Cov and KL-Cov set out to keep up);
-- tokens generated per rollout step (the cost).
-
-There is no paper sign to test a variant against, so the verdict is only whether the interval excludes 0.
+"""The variants design's table and figure: each variant of configs/variants/ against the ladder row it inherits, on
+statistics declared before any variant ran (docs/variants.md, "The declared statistics"), each a difference of means
+over seeds (variant - parent) with Welch's interval, reported whichever way it comes out. No paper gives a sign for a
+variant, so the verdict is only whether the interval excludes 0.
 """
 
 from __future__ import annotations
@@ -19,7 +10,7 @@ from pathlib import Path
 
 from dapo import metric_names as M
 from dapo.report.figures import save_figure
-from dapo.report.formats import Table, bounds
+from dapo.report.formats import Column, Table, column_table, interval_columns
 from dapo.report.mechanisms import Mechanism, MechanismResult, Statistic, compare_mechanism, fmt_delta, mean_txt
 from dapo.report.runs import Experiment
 
@@ -65,66 +56,36 @@ def variant_results(exp: Experiment, confidence: float = 0.95) -> list[tuple[str
 
 def variants_table(results: list[tuple[str, str, list[MechanismResult]]], confidence: float = 0.95) -> Table:
     """One line per (variant, statistic): the parent's and the variant's means over seeds and Δ with its interval."""
-    cells, raw, missing = [], [], []
-    c = round(100 * confidence)
-    for variant, parent, rs in results:
-        for r in rs:
-            m, iv = r.mechanism, r.interval
-            cells.append(
-                [
-                    variant,
-                    f"{m.quantity} (`{m.metric_label()}`)",
-                    f"{parent}: {mean_txt(r.without_values)}",
-                    f"{variant}: {mean_txt(r.with_values)}",
-                    fmt_delta(iv),
-                    verdict(r),
-                ]
-            )
-            raw.append(
-                [
-                    variant,
-                    parent,
-                    m.quantity,
-                    m.metric_label(),
-                    m.statistic,
-                    " ".join(repr(v) for v in r.without_values),
-                    " ".join(repr(v) for v in r.with_values),
-                    *bounds(iv),
-                    iv.df if iv else None,
-                    verdict(r),
-                ]
-            )
-            missing += [f"{variant} / {m.quantity}: {x}" for x in r.missing]
+    lines = [r for _, _, rs in results for r in rs]  # with_row: the variant, without_row: its parent
+    shown: list[Column] = [
+        ("Variant", lambda r: r.with_row),
+        ("Quantity (metric)", lambda r: f"{r.mechanism.quantity} (`{r.mechanism.metric_label()}`)"),
+        ("Parent", lambda r: f"{r.without_row}: {mean_txt(r.without_values)}"),
+        ("Variant's", lambda r: f"{r.with_row}: {mean_txt(r.with_values)}"),
+        (f"Δ [{round(100 * confidence)}% CI]", lambda r: fmt_delta(r.interval)),
+        ("Verdict", verdict),
+    ]
+    raw: list[Column] = [
+        ("variant", lambda r: r.with_row),
+        ("parent", lambda r: r.without_row),
+        ("quantity", lambda r: r.mechanism.quantity),
+        ("metric", lambda r: r.mechanism.metric_label()),
+        ("statistic", lambda r: r.mechanism.statistic),
+        ("parent_per_seed", lambda r: " ".join(repr(v) for v in r.without_values)),
+        ("variant_per_seed", lambda r: " ".join(repr(v) for v in r.with_values)),
+        *interval_columns(lambda r: r.interval, "delta"),
+        ("df", lambda r: r.interval.df if r.interval else None),
+        ("verdict", verdict),
+    ]
     notes = [
         "Δ = mean over seeds of (variant) - (its parent row); interval: Welch's t over seeds. The statistics were "
         "declared before any variant ran (dapo/report/variants.py); every one is reported, whichever way it came out.",
         "Areas are the mean of the curve over its span: over gradient updates, and over tokens generated up to the "
         "fewest tokens any run of the pair generated.",
     ]
-    if not results:
-        missing.append("no variant runs in this experiment (`snakemake all_variants`)")
-    return Table(
-        title="Variants: each loss against the ladder row it inherits",
-        columns=["Variant", "Quantity (metric)", "Parent", "Variant's", f"Δ [{c}% CI]", "Verdict"],
-        cells=cells,
-        csv_columns=[
-            "variant",
-            "parent",
-            "quantity",
-            "metric",
-            "statistic",
-            "parent_per_seed",
-            "variant_per_seed",
-            "delta",
-            "ci_low",
-            "ci_high",
-            "df",
-            "verdict",
-        ],
-        csv_rows=raw,
-        notes=notes,
-        missing=missing,
-    )
+    missing = [f"{r.with_row} / {r.mechanism.quantity}: {x}" for r in lines for x in r.missing]
+    title = "Variants: each loss against the ladder row it inherits"
+    return column_table(title, lines, shown, raw, notes, missing)
 
 
 def variants_figure(
