@@ -42,13 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:  # a subcommand whose module is not written yet
-            if e.name is None or not module.startswith(e.name):
-                raise
-            p.set_defaults(_module=None)
-            continue
+        mod = importlib.import_module(module)
         mod.add_arguments(p)
         p.set_defaults(_module=mod)
     return parser
@@ -60,8 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    if args._module is None:
-        parser.error(f"`{args.command}` is not available in this build")
     from dapo.config import ConfigError
     from dapo.data.loaders import DataError
 

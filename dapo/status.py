@@ -1,14 +1,6 @@
-"""`dapo status`: each run's state, its SLURM jobs and attempts, and MLflow records still waiting to be delivered.
-
-    dapo status results/tiny                     # every run under the folder
-    dapo status results/tiny --replay            # first deliver spooled MLflow records (server back up)
-    dapo status results/tiny --out status.md     # also as a Markdown page (the workflow's report/status.md)
-
-Read from the run directories (DONE.json, FAILED, checkpoints/, attempts.jsonl written by the workflow's job
-script, mlflow_spool/) and, where `sacct` answers, SLURM's accounting: the state of each job, and the tasks of
-its training step (named `dapo-<row>-s<seed>`). A requeued job keeps its id, so one job may hold several
-attempts.
-"""
+"""`dapo status`: each run's state, its SLURM jobs and attempts, and MLflow records still waiting to be delivered,
+read from the run directories (`MARKERS`) and, where `sacct` answers, SLURM's accounting. A requeued job keeps its
+id, so one job may hold several attempts."""
 
 from __future__ import annotations
 
@@ -69,12 +61,11 @@ def run_status(run: Path, root: Path) -> RunStatus:
     from dapo.tracking import UNDELIVERED, find_spools, read_run_file
 
     attempts = []
-    if (run / "attempts.jsonl").is_file():
-        for line in (run / "attempts.jsonl").read_text().splitlines():
-            try:
-                attempts.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in _lines(run / "attempts.jsonl"):
+        try:
+            attempts.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
     started = sum(1 for ln in _lines(run / "train.log") if ln.startswith("== attempt "))
     done = run / "DONE.json"
     step = _checkpoint_step(run)
