@@ -1,12 +1,6 @@
-"""What the Snakemake workflow runs, decided in Python: `build_spec` turns the workflow's config
-(configs/workflow.yaml with --config on top) into one plain, JSON-ready spec that the rules only read, and the dry
-run's plan in words. `dapo plan --json` prints it; workflow/rules/common.smk runs that command once when Snakemake
-parses the workflow (docs/architecture.md, "The workflow").
-
-Every row x seed run config (and every design run's) is resolved and validated here, before any job is submitted:
-a bad config raises `WorkflowSpecError` naming the file, the key and the fix. A GPU preset's plan that does not fit
-is not an error here: the spec carries it as `refusal` (with the plan text above it), and the workflow stops on it.
-"""
+"""What the Snakemake workflow runs, decided in Python: `build_spec` turns the workflow's config into one plain,
+JSON-ready spec that the rules only read, with the dry run's plan in words (docs/architecture.md, "The workflow").
+A bad run config raises `WorkflowSpecError`; a GPU plan that does not fit is the spec's `refusal`, not an error."""
 
 from __future__ import annotations
 
@@ -179,11 +173,8 @@ def build_spec(
     with_plan: bool = True,
     live_jobs: bool = False,
 ) -> dict[str, Any]:
-    """The workflow's spec from its (validated, defaulted) config. `jobs` and `train_nodes_limit` are Snakemake's
-    --jobs and --resources train_nodes (the plan's concurrency); `train_slurm_extra` is the train rule's
-    slurm_extra as --set-resources or a profile set it (a `B:` signal there is refused); `with_plan` adds the plan
-    in words (and a GPU preset's refusal); `live_jobs` asks SLURM for the training jobs an earlier
-    controller of this results folder left queued or running."""
+    """The workflow's spec from its (validated, defaulted) config; the arguments are `dapo plan`'s options of the
+    same names (dapo/commands/plan.py)."""
     from dapo.trainer import RESUME_EXIT_CODE
 
     preset = str(config["preset"])
@@ -438,8 +429,7 @@ def _gpu_plan(
     from dapo import cost as C
     from dapo import plan as P
     from dapo.decode import Replica
-    from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL  # the level the engine uses, not a setting
-    from dapo.shapes import GPUS, PlanError, dtype_bytes, gpu_spec, resolve_shape, vllm_batching_defaults
+    from dapo.shapes import GPUS, PlanError, gpu_spec, resolve_shape
 
     base, seeds = next(iter(cfgs.values())), spec["seeds"]
     tr, r, t = base.resources.train, base.rollout, base.trainer
@@ -463,24 +453,22 @@ def _gpu_plan(
     context = base.model.config_overrides.get("max_position_embeddings")
     if context:  # what the learner and vLLM will see
         shape, source = dataclasses.replace(shape, max_positions=int(context)), f"{source} + model.config_overrides"
-    b = dtype_bytes(base.model.dtype)
-    max_len = base.data.max_prompt_length + max(r.max_response_length, base.resolved_eval_max_tokens())
-    batched, seqs = vllm_batching_defaults(tr.gpu_model, gpu.memory_gib)
-    growth = p["response_tokens"]
     budget = gpu_memory_budget(base, p, shape, gpu.memory_gib)
+    m = budget.inputs
+    b, seqs = m.dtype_bytes, m.vllm_max_seqs
     lines = [
         f"  per-GPU memory, colocated ({base.model.path}: {shape.params / 1e9:.2f}B parameters from {source}, "
         f"{b} B each; {tr.gpu_model} {gpu.memory_gib:g} GiB; {tr.world_size} GPUs, TP {r.tensor_parallel_size} "
         f"-> {tr.world_size // r.tensor_parallel_size} vLLM replicas; ZeRO-{t.zero_stage}; vLLM sleep level "
-        f"{ENGINE_SLEEP_LEVEL} during updates):",
+        f"{m.sleep_level} during updates):",
         P.render_memory(budget),
     ]
     refusals = P.plan_problems(budget)
-    too_long = P.context_problem(shape.max_positions, max_len, base.model.path)
+    too_long = P.context_problem(shape.max_positions, m.max_model_len, base.model.path)
     refusals += [too_long] if too_long else []
 
     def cost_inputs(row: str, cfg: RunConfig) -> Any:
-        a, own = cfg.algorithm, {**growth, **(p.get("rows") or {}).get(row, {})}
+        a, own = cfg.algorithm, {**p["response_tokens"], **(p.get("rows") or {}).get(row, {})}
         return C.CostInputs(
             replica=Replica(
                 shape=shape, dtype_bytes=b, tensor_parallel=r.tensor_parallel_size, hbm_tb_s=gpu.hbm_tb_s,
@@ -500,18 +488,18 @@ def _gpu_plan(
             keep_checkpoints=cfg.trainer.keep_checkpoints, checkpoint_gb_s_per_node=p["checkpoint_gb_s_per_node"],
         )  # fmt: skip
 
-    costs = {row: cost_inputs(row, cfgs[(row, seeds[0])]) for row in spec["rows"]}
-    text, warnings = C.render_costs(
-        costs, seeds=len(seeds), limit_h=tr.runtime_min / 60, max_resubmits=spec["max_resubmits"],
-        restart_h=p["restart_min"] / 60, concurrent_runs=concurrent, stop_margin_s=t.stop_margin_s,
-    )  # fmt: skip
+    def costs(runs: list[str], stop_margin_s: float | None = None) -> tuple[str, list[str]]:
+        return C.render_costs(
+            {run: cost_inputs(run, cfgs[(run, seeds[0])]) for run in runs}, seeds=len(seeds),
+            limit_h=tr.runtime_min / 60, max_resubmits=spec["max_resubmits"], restart_h=p["restart_min"] / 60,
+            concurrent_runs=concurrent, stop_margin_s=stop_margin_s,
+        )  # fmt: skip
+
+    text, warnings = costs(spec["rows"], stop_margin_s=t.stop_margin_s)
     lines += ["  cost per row (estimates; the arithmetic and the sources of the defaults: docs/cost.md):", text]
     variants = [r for r in spec["designs"].get("variants", []) if r not in spec["rows"] and (r, seeds[0]) in cfgs]
     if variants:
-        vtext, _ = C.render_costs(
-            {v: cost_inputs(v, cfgs[(v, seeds[0])]) for v in variants}, seeds=len(seeds), limit_h=tr.runtime_min / 60,
-            max_resubmits=spec["max_resubmits"], restart_h=p["restart_min"] / 60, concurrent_runs=concurrent,
-        )  # fmt: skip
+        vtext, _ = costs(variants)
         lines += [
             "  variants (`all_variants`, each beside its parent row above): GSPO, CISPO, Dr. GRPO and the rollout "
             "correction change nothing of the plan (the same tokens, passes and memory as their parent); Clip-Cov and "
