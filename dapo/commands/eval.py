@@ -1,15 +1,6 @@
-"""`dapo eval`: evaluate a model on the config's eval set and log the result to MLflow.
-
-    dapo eval --preset tiny --model results/runs/05/final --out results/eval/05 [--run-id RUN] [overrides]
-
-Samples n responses per problem (eval.n, eval.temperature, eval.top_p, eval.max_tokens) with the configured
-engine (rollout.engine), prints avg@n / pass@k / maj@n with confidence intervals, writes `samples.jsonl` (P x n
-rows) and `metrics.json` to --out, and logs both to MLflow: into an existing run with --run-id (e.g. the
-training run the model came from), else into a new run in tracking.experiment.
-
-A training run evaluates its final model itself (DONE.json holds the result); this command is for any model.
-Where the point goes in MLflow: `mlflow_step` (--step).
-"""
+"""`dapo eval`: evaluate any model on the config's eval set with the configured engine, print avg@n / pass@k / maj@n
+with confidence intervals, write `samples.jsonl` and `metrics.json` to --out, and log both to MLflow (into --run-id's
+run, else a new one). A training run evaluates its final model itself (DONE.json holds the result)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""`dapo prepare-data`: resolve a run's train and eval sources, load and deduplicate them, write JSONL.
-
-    dapo prepare-data --preset tiny --out results/data/tiny
-    dapo prepare-data --preset qwen2.5-32b --out results/data/32b data.train=/path/dapo-math-17k.parquet
-
-`data.train` / `data.eval` name a hub id, a local .parquet/.jsonl path, or `tiny` (the tiny world's generated
-files, built first if missing; `data.eval: tiny-large` is its large eval split). Writes `<out>/train.jsonl` and
-`<out>/eval.jsonl` (id, problem, answer: raw problem text; the template is applied when prompts are built) and
-prints the counts. With the model's tokenizer
-at hand (the tiny world's, or a local model directory), prompts longer than `data.max_prompt_length` tokens are
-dropped here and counted.
-"""
+"""`dapo prepare-data`: resolve a run's train and eval sources (a hub id, a local .parquet/.jsonl path, or the tiny
+world's `tiny` / `tiny-large`), load and deduplicate them, write `<out>/train.jsonl` and `<out>/eval.jsonl` (raw
+problem text: the template is applied when prompts are built) and print the counts. With the model's tokenizer at
+hand (the tiny world's, or a local model directory), prompts longer than `data.max_prompt_length` are dropped here."""
 
 from __future__ import annotations
 

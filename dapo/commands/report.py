@@ -1,10 +1,6 @@
-"""`dapo report`: regenerate Table 1, the mechanisms table, the designs' marginal effects, the compute table and
-the paper's figures from an existing MLflow experiment, without retraining.
-
-By default the analysis notebooks (analysis/table1.py, analysis/figures.py) are executed with papermill and the
-executed copies are saved under <out>/notebooks; `--engine python` runs the same package functions directly
-(no Jupyter kernel). Missing rows or metrics are named in warnings and in report.md, never a traceback.
-"""
+"""`dapo report`: regenerate the tables and the paper's figures from an existing MLflow experiment, without
+retraining: by executing the analysis notebooks (papermill; the executed copies under <out>/notebooks), or with
+`--engine python` the same package functions directly. Missing rows or metrics are warnings, never a traceback."""
 
 from __future__ import annotations
 
