@@ -148,13 +148,7 @@ def mlflow_step(cfg: RunConfig, model: Path, run_id: str | None, step: int | Non
 
 
 def log_to_mlflow(
-    cfg: RunConfig,
-    metrics: dict[str, float],
-    files: list[Path],
-    *,
-    run_id: str | None,
-    step: int,
-    spool_dir: Path,
+    cfg: RunConfig, metrics: dict[str, float], files: list[Path], *, run_id: str | None, step: int, spool_dir: Path
 ) -> str:
     """Metrics at `step` (see `mlflow_step`) and the files as artifacts under `eval/`; returns the run id."""
     import math

@@ -31,9 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument(
-        "--workflow-config",
-        metavar="YAML",
-        help="The workflow's config file (default: configs/workflow.yaml).",
+        "--workflow-config", metavar="YAML", help="The workflow's config file (default: configs/workflow.yaml)."
     )
     p.add_argument(
         "--config",
@@ -49,11 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="The whole workflow config as one JSON object (what the workflow passes; the file is not read).",
     )
-    p.add_argument(
-        "--jobs",
-        type=int,
-        help="Snakemake's --jobs (the SLURM profile's `jobs:`): caps the runs at once.",
-    )
+    p.add_argument("--jobs", type=int, help="Snakemake's --jobs (the SLURM profile's `jobs:`): caps the runs at once.")
     p.add_argument(
         "--train-nodes",
         type=float,

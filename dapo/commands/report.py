@@ -11,8 +11,7 @@ import sys
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiment", required=True, help="MLflow experiment name (one per ablation).")
     p.add_argument(
-        "--tracking-uri",
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db).",
+        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db)."
     )
     p.add_argument("--out", default="results/report", help="Output folder (default: results/report).")
     p.add_argument(
