@@ -181,9 +181,7 @@ def gpu_spec(name: str | None, overrides: Mapping[str, float | None] | None = No
     o = {k: v for k, v in (overrides or {}).items() if v is not None}
     base = GPUS.get((name or "").lower())
     if base is None:
-        if {"memory_gib", "bf16_tflops", "hbm_tb_s"} <= set(o):
-            return GpuSpec(**o)
-        return None
+        return GpuSpec(**o) if {"memory_gib", "bf16_tflops", "hbm_tb_s"} <= set(o) else None
     return dataclasses.replace(base, **o)
 
 

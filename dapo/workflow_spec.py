@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from dapo.cluster import batch_signal_problem, live_train_jobs
 from dapo.config import ABLATIONS_DIR, REPO_ROOT, ConfigError, RunConfig, load_config, resolve_preset
 from dapo.designs import (
     ALLOW_FLAG,
@@ -45,11 +46,8 @@ def schema() -> dict[str, Any]:
 def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
     """`config` with the schema's `default:` for each top-level key it does not set (as Snakemake's `validate`
     fills them in)."""
-    out = dict(config)
-    for key, prop in schema()["properties"].items():
-        if "default" in prop and key not in out:
-            out[key] = prop["default"]
-    return out
+    defaults = {key: prop["default"] for key, prop in schema()["properties"].items() if "default" in prop}
+    return {**config, **{key: value for key, value in defaults.items() if key not in config}}
 
 
 def validate(config: dict[str, Any], where: str = "configs/workflow.yaml (or --config)") -> None:
@@ -122,8 +120,7 @@ def srun_args(cfg: RunConfig, name: str, seed: int) -> str:
 
 def local_launcher(cfg: RunConfig, kind: str) -> str:
     """How a job starts its ranks outside SLURM: one process (`env`, never an empty word: Snakemake drops those
-    from a shell command), or torchrun on this machine. A multi-node layout has no local form: `dapo train` then
-    refuses to start, naming resources.train."""
+    from a shell command), or torchrun on this machine (a multi-node layout has none: `dapo train` refuses it)."""
     r = getattr(cfg.resources, kind)
     if r.world_size == 1 or r.nodes > 1:
         return "env"
@@ -131,9 +128,8 @@ def local_launcher(cfg: RunConfig, kind: str) -> str:
 
 
 def kernel_env(cfg: RunConfig) -> list[str]:
-    """`env`'s assignments that start a train job: for the tiny preset the CPU kernels the tiny world was built with
-    (dapo.tinyworld.pinned_kernels, by tiny.kernels), so that its numbers do not depend on the vector code a host's
-    CPU would pick; nothing for GPU presets."""
+    """`env`'s assignments that start a train job: for the tiny preset the CPU kernels its world was built with, so
+    that its numbers do not depend on the vector code a host's CPU would pick; nothing for GPU presets."""
     if cfg.model.path != "tiny":
         return []
     from dapo.tinyworld import pinned_kernels
@@ -184,12 +180,8 @@ def build_spec(
     overrides = [str(o) for o in config.get("overrides") or []]
     chosen, problems, designs, cfgs = _resolve_runs(config, preset, seeds, overrides)
     base = next(iter(cfgs.values()))  # the first chosen row's: what every run shares (check_shared)
-    if train_slurm_extra is not None:
-        from dapo.cluster import batch_signal_problem
-
-        why = batch_signal_problem(train_slurm_extra, base.trainer.stop_margin_s)
-        if why:
-            raise WorkflowSpecError(f"nothing was submitted: {why}")
+    if why := batch_signal_problem(train_slurm_extra, base.trainer.stop_margin_s):
+        raise WorkflowSpecError(f"nothing was submitted: {why}")
     tracking_uri = resolve_uri(config.get("tracking_uri"), results)
     experiment = config.get("experiment") or f"dapo-{name}"
     # the config's own tiny.dir (default results/tiny_world, where the tests cache it too): built once for both
@@ -253,8 +245,6 @@ def build_spec(
         "refusal": None,
     }
     if live_jobs:
-        from dapo.cluster import live_train_jobs
-
         spec["live_train_jobs"] = [
             {"run": run, "seed": seed, "job": job, "state": state}
             for (run, seed), (job, state) in sorted(live_train_jobs(results).items())

@@ -47,13 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if sys.stderr.isatty():
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-            transient=False,
-        ) as bar:
+        columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
+        with Progress(*columns, TimeElapsedColumn()) as bar:
             tasks: dict[str, int] = {}
 
             def progress(phase: str, done: int, total: int) -> None:
