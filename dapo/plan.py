@@ -149,17 +149,12 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
         tr.append(Line("vLLM (awake)", pool, "rollout.enable_sleep_mode is false: its share stays allocated"))
     tr.append(learner)
     bucket = min(ZERO_REDUCE_BUCKET, p)
+    bucket_how = f"reduce bucket {_b(bucket)} x {b} B"
     if m.zero_stage == 3:
-        tr.append(
-            Line(
-                "ZeRO-3 working set",
-                (2 * big + bucket) * b / GIB,
-                f"largest gathered module and its full gradient 2 x {_b(big)} x {b} B + reduce bucket "
-                f"{_b(bucket)} x {b} B",
-            )
-        )
+        work = f"largest gathered module and its full gradient 2 x {_b(big)} x {b} B + {bucket_how}"
+        tr.append(Line("ZeRO-3 working set", (2 * big + bucket) * b / GIB, work))
     elif m.zero_stage == 2:
-        tr.append(Line("ZeRO-2 buckets", bucket * b / GIB, f"reduce bucket {_b(bucket)} x {b} B"))
+        tr.append(Line("ZeRO-2 buckets", bucket * b / GIB, bucket_how))
     per_layer = activation_bytes_per_token_layer(s, b)
     if m.gradient_checkpointing:
         ckpt = s.layers * t * s.hidden * b
@@ -176,17 +171,12 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
         act_how = f"{s.layers} layers x {t:,} tokens x {per_layer:,} B (no gradient checkpointing)"
     tr.append(Line("activations", act / GIB, f"trainer.micro_batch_tokens: {act_how}"))
     chunk = min(m.logprob_chunk_tokens, t)
-    head_in = 2 * t * s.hidden * b
-    chunk_buf = 3 * chunk * s.vocab * 4
-    head_grad = s.embedding_params * 4
-    tr.append(
-        Line(
-            "log-prob head",
-            (head_in + chunk_buf + head_grad) / GIB,
-            f"hidden states and their gradient 2 x {t:,} x {s.hidden} x {b} B + chunk buffers 3 x {chunk} x "
-            f"{s.vocab:,} x 4 B (trainer.logprob_chunk_size) + the head's fp32 gradient {_b(s.embedding_params)} x 4 B",
-        )
+    head = 2 * t * s.hidden * b + 3 * chunk * s.vocab * 4 + s.embedding_params * 4  # input and its grad, chunks, grad
+    how = (
+        f"hidden states and their gradient 2 x {t:,} x {s.hidden} x {b} B + chunk buffers 3 x {chunk} x "
+        f"{s.vocab:,} x 4 B (trainer.logprob_chunk_size) + the head's fp32 gradient {_b(s.embedding_params)} x 4 B"
     )
+    tr.append(Line("log-prob head", head / GIB, how))
     tr.append(Line("allowance", m.allowance_gib, "CUDA context, NCCL buffers, vLLM asleep, fragmentation"))
     if m.sleep_mode and m.sleep_level == 1:
         notes.append(f"sleep level 1 keeps the weights in host memory: {weights:.1f} GiB per GPU of pinned host memory")

@@ -42,10 +42,8 @@ def find_runs(root: Path) -> list[Path]:
     """Run directories under `root` (folders holding any of MARKERS; not looking inside a run)."""
     if any((root / m).exists() for m in MARKERS):
         return [root]
-    found = []
-    for child in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
-        found += find_runs(child)
-    return found
+    children = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    return [run for child in children for run in find_runs(child)]
 
 
 def _checkpoint_step(run: Path) -> int | None:

@@ -44,8 +44,7 @@ def schema() -> dict[str, Any]:
 
 
 def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
-    """`config` with the schema's `default:` for each top-level key it does not set (as Snakemake's `validate`
-    fills them in)."""
+    """`config` with the schema's defaults for the top-level keys it does not set (as Snakemake's `validate`)."""
     defaults = {key: prop["default"] for key, prop in schema()["properties"].items() if "default" in prop}
     return {**config, **{key: value for key, value in defaults.items() if key not in config}}
 
@@ -257,9 +256,8 @@ def build_spec(
 def _resolve_runs(
     config: dict[str, Any], preset: str, seeds: list[int], overrides: list[str]
 ) -> tuple[list[str], list[str], dict[str, RunSpec], dict[tuple[str, int], RunConfig]]:
-    """The chosen rows, the ladder's problems, every run a design trains by name (the ladder's rows among them: each
-    a ladder row file plus overrides, dapo/designs.py) and every (run, seed)'s config, resolved and validated before
-    anything is scheduled: the chosen rows first (the first one's config is the workflow's base), then the rest."""
+    """The chosen rows, the ladder's problems, every run a design trains by name (dapo/designs.py) and every (run,
+    seed)'s config, resolved and validated: the chosen rows first (the first is the workflow's base), then the rest."""
     all_rows = ladder()  # `rows: all`; the paper's labels (metric_names.PAPER_TABLE1) name the same list
     chosen = all_rows if config["rows"] == "all" else [str(r) for r in config["rows"]]
     unknown = [r for r in chosen if r not in all_rows]
@@ -305,21 +303,17 @@ def _check_reused_world(tiny_dir: Path, base: RunConfig) -> None:
 
 
 def _base_model(base: RunConfig, results: Path, tiny_dir: Path) -> dict[str, str]:
-    """The model every row starts from, and the file that says it is there: the tiny world's (`source` tiny, built
-    by the workflow), a local directory (`local`), or a hub model cached under results/models/ (`hub`, downloaded
-    by the workflow)."""
+    """The model every row starts from, and the file that says it is there: the tiny world's or a hub model's (under
+    results/models/), both made by the workflow, or a local directory."""
     model = base.model.path
     if model == "tiny":
-        return {
-            "source": "tiny",
-            "id": model,
-            "path": str(tiny_dir / "model"),
-            "marker": str(tiny_dir / "manifest.json"),
-        }
-    if Path(model).exists():
-        return {"source": "local", "id": model, "path": model, "marker": str(Path(model) / "config.json")}
-    path = results / "models" / model.replace("/", "--")
-    return {"source": "hub", "id": model, "path": str(path), "marker": str(path / ".complete")}
+        source, path, marker = "tiny", tiny_dir / "model", tiny_dir / "manifest.json"
+    elif Path(model).exists():
+        source, path, marker = "local", model, Path(model) / "config.json"
+    else:
+        path = results / "models" / model.replace("/", "--")
+        source, marker = "hub", path / ".complete"
+    return {"source": source, "id": model, "path": str(path), "marker": str(marker)}
 
 
 # --------------------------------------------------------------------------------------------- the plan
@@ -414,8 +408,7 @@ def gpu_memory_budget(base: RunConfig, p: dict[str, Any], shape: Any, gpu_memory
 def _gpu_plan(
     spec: dict[str, Any], cfgs: dict[tuple[str, int], RunConfig], p: dict[str, Any], concurrent: int
 ) -> tuple[list[str], list[str], list[str]]:
-    """Per-GPU memory budget and cost per row (dapo.plan, dapo.cost) for a GPU preset: (text lines, refusals,
-    warnings)."""
+    """A GPU preset's per-GPU memory budget and cost per row: (text lines, refusals, warnings)."""
     from dapo import cost as C
     from dapo import plan as P
     from dapo.decode import Replica
