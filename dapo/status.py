@@ -50,9 +50,7 @@ def _checkpoint_step(run: Path) -> int | None:
     from dapo.trainer.checkpoint import latest_checkpoint
 
     last = latest_checkpoint(run)
-    if last is None:
-        return None
-    return int(json.loads((last / "trainer_state.json").read_text())["step"])
+    return None if last is None else int(json.loads((last / "trainer_state.json").read_text())["step"])
 
 
 def run_status(run: Path, root: Path) -> RunStatus:

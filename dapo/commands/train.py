@@ -133,9 +133,8 @@ def _deliver_spools(run_dir: Path) -> None:
 
 
 def _open_run(cfg, run_dir: Path) -> bool:  # noqa: ANN001
-    """Create the MLflow run (or find the one recorded in the run directory) before anything is logged, so a
-    restart at any later moment resumes it. False when a new run could not be created (exit 75: retry later);
-    ConfigError (exit 2) when the server refused the credentials in the environment."""
+    """Create the MLflow run (or find the one recorded in the run directory) before anything is logged, so a restart
+    at any later moment resumes it. False when it could not be created (exit 75); ConfigError when refused (exit 2)."""
     from dapo.config import ConfigError
     from dapo.tracking import Tracker, TrackingRefused, TrackingUnavailable
 
