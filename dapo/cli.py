@@ -1,10 +1,5 @@
-"""`dapo`: the command line. Each subcommand lives in its own module with two functions:
-
-    add_arguments(parser: argparse.ArgumentParser) -> None   # light: no heavy imports here
-    run(args: argparse.Namespace) -> int                      # does the work, imports what it needs
-
-so `dapo --help` is instant and `import dapo` needs neither vLLM nor a GPU.
-"""
+"""`dapo`: the command line, dispatching by name to a module per subcommand (dapo/commands/__init__.py): their
+`add_arguments` import nothing heavy, so `dapo --help` is instant and `import dapo` needs neither vLLM nor a GPU."""
 
 from __future__ import annotations
 

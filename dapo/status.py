@@ -172,8 +172,6 @@ def run(args: argparse.Namespace) -> int:
         note = (
             f"\n**{len(waiting)} run(s) have MLflow records that were not delivered**: their metrics in MLflow (and "
             "in this report) are incomplete until `dapo status --replay` delivers them.\n"
-            if waiting
-            else ""
         )
-        out.write_text(f"# Runs\n\n{text}{note}")
+        out.write_text(f"# Runs\n\n{text}{note if waiting else ''}")
     return 0

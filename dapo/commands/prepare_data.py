@@ -63,16 +63,13 @@ def run(args: argparse.Namespace) -> int:
             f"{dropped} over {cfg.data.max_prompt_length} prompt tokens dropped{places_note(dropped_at[:3])})"
         )
         if n == 0:
-            print(
-                f"dapo prepare-data: no {split} problems left from {resolved}: "
-                + (
+            why = "the source has no usable rows"
+            if dropped:
+                why = (
                     f"data.max_prompt_length={cfg.data.max_prompt_length} "
                     f"(from {cfg.source_of('data.max_prompt_length')}) drops every prompt; raise it"
-                    if dropped
-                    else "the source has no usable rows"
-                ),
-                file=sys.stderr,
-            )
+                )
+            print(f"dapo prepare-data: no {split} problems left from {resolved}: {why}", file=sys.stderr)
             return 2
     return 0
 

@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from dapo.report.load import ExperimentNotFound, load_experiment
+    from dapo.report.pipeline import write_index
     from dapo.tracking import resolve_uri
 
     uri = resolve_uri(args.tracking_uri)
@@ -91,13 +92,12 @@ def run(args: argparse.Namespace) -> int:
             )
             engine = "python"
     if engine == "python":
-        from dapo.report.pipeline import write_figures, write_index, write_tables
+        from dapo.report.pipeline import write_figures, write_tables
 
         write_tables(exp, out, args.gpus_per_run, args.cpus_per_run)
         write_figures(exp, out, args.x_axis)
     else:
         from dapo.report.notebooks import NotebookFailed, run_notebooks
-        from dapo.report.pipeline import write_index
 
         common = {"experiment": args.experiment, "tracking_uri": uri}
         try:
