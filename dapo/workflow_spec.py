@@ -78,12 +78,7 @@ def slurm_resources(cfg: RunConfig, kind: str) -> dict[str, Any]:
     """SLURM resources of one job kind from the preset (snakemake-executor-plugin-slurm's names). Per node: memory,
     GPUs (`--gres=gpu[:<model>]:<per node>`), tasks; `srun_args` repeats the layout for the training step."""
     r = getattr(cfg.resources, kind)
-    res: dict[str, Any] = {
-        "nodes": r.nodes,
-        "mem_mb": r.mem_mb,
-        "runtime": r.runtime_min,
-        "cpus_per_task": r.cpus_per_task,
-    }
+    res: dict[str, Any] = dict(nodes=r.nodes, mem_mb=r.mem_mb, runtime=r.runtime_min, cpus_per_task=r.cpus_per_task)
     if r.gpus_per_node:
         gres_type = r.gres_type or r.gpu_model  # the cluster's GRES name; the GPU table's name when not given
         res["gres"] = f"gpu:{gres_type}:{r.gpus_per_node}" if gres_type else f"gpu:{r.gpus_per_node}"
