@@ -47,7 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="The whole workflow config as one JSON object (what the workflow passes; the file is not read).",
     )
-    p.add_argument("--jobs", type=int, help="Snakemake's --jobs (the SLURM profile's `jobs:`): caps the runs at once.")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        help="Snakemake's --jobs (the SLURM profile's `jobs:`): caps the runs at once.",
+    )
     p.add_argument(
         "--train-nodes",
         type=float,
