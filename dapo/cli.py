@@ -1,10 +1,5 @@
-"""`dapo`: the command line. Each subcommand lives in its own module with two functions:
-
-    add_arguments(parser: argparse.ArgumentParser) -> None   # light: no heavy imports here
-    run(args: argparse.Namespace) -> int                      # does the work, imports what it needs
-
-so `dapo --help` is instant and `import dapo` needs neither vLLM nor a GPU.
-"""
+"""`dapo`: the command line, dispatching by name to a module per subcommand (dapo/commands/__init__.py): their
+`add_arguments` import nothing heavy, so `dapo --help` is instant and `import dapo` needs neither vLLM nor a GPU."""
 
 from __future__ import annotations
 
@@ -42,13 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:  # a subcommand whose module is not written yet
-            if e.name is None or not module.startswith(e.name):
-                raise
-            p.set_defaults(_module=None)
-            continue
+        mod = importlib.import_module(module)
         mod.add_arguments(p)
         p.set_defaults(_module=mod)
     return parser
@@ -60,8 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    if args._module is None:
-        parser.error(f"`{args.command}` is not available in this build")
     from dapo.config import ConfigError
     from dapo.data.loaders import DataError
 

@@ -1,15 +1,9 @@
 """What the workflow's controller checks and holds on the submitting machine before any job is submitted: the
 tracking store, the training job's SLURM options, the results folder's lock, and the training jobs an earlier
-controller left queued or running.
+controller left queued or running (docs/cluster.md, "Where the controller lives").
 
-- A tracking server (`http(s)://...`) must answer now, and take the credentials in the environment (an
-  authenticated server). Otherwise every training job would start and wait out `tracking.start_timeout_s` (or be
-  refused), each after queueing for its GPUs.
-- An MLflow SQLite file under a cluster executor is written by jobs on other nodes at once. SQLite's locking is
-  unreliable on network file systems (NFS, Lustre, GPFS, ...: see SQLite's "How To Corrupt An SQLite Database
-  File", section 2.1), so a database there is refused; on a local file system only jobs on this node can reach it,
-  which is worth a warning.
-- A `B:` signal in the training job's SLURM options is refused (`batch_signal_problem` says why).
+An MLflow SQLite file on a network file system is refused: jobs on many nodes write it at once, and SQLite's locks
+do not hold there (SQLite's "How To Corrupt An SQLite Database File", section 2.1).
 """
 
 from __future__ import annotations
@@ -27,26 +21,8 @@ from pathlib import Path
 
 # File system types (as /proc/mounts names them) that other nodes share over the network.
 NETWORK_FS = frozenset(
-    {
-        "nfs",
-        "nfs4",
-        "lustre",
-        "gpfs",
-        "beegfs",
-        "cifs",
-        "smb3",
-        "smbfs",
-        "ceph",
-        "fuse.ceph",
-        "glusterfs",
-        "fuse.glusterfs",
-        "panfs",
-        "wekafs",
-        "fuse.sshfs",
-        "afs",
-        "orangefs",
-        "9p",
-    }
+    "nfs nfs4 lustre gpfs beegfs cifs smb3 smbfs ceph fuse.ceph glusterfs fuse.glusterfs panfs wekafs fuse.sshfs afs "
+    "orangefs 9p".split()
 )
 SERVER_FIX = (
     "start an authenticated one on a machine every node can reach, bound to the cluster's internal interface (e.g. "
@@ -94,10 +70,8 @@ def server_answers(uri: str, timeout_s: float = 10.0) -> str | None:
 
 
 def credentials_refused(uri: str) -> str | None:
-    """None when the server at `uri` takes the credentials in the environment (or needs none), else why not.
-
-    Its health check answers without credentials, so this asks what a run asks first, through MLflow's own client
-    (which reads MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN)."""
+    """None when the server at `uri` takes the credentials in the environment (or needs none), else why not: its
+    health check answers without credentials, so this asks what a run asks first, through MLflow's own client."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -111,7 +85,8 @@ def credentials_refused(uri: str) -> str | None:
 
 
 def check_tracking_store(uri: str, *, cluster: bool, mounts: str | None = None) -> list[str]:
-    """Raise `TrackingStoreError` for a store the run cannot use; return warnings for one it can."""
+    """Raise `TrackingStoreError` for a store the run cannot use; return warnings for one it can. A server must answer
+    and take the environment's credentials now, or every training job would queue for its GPUs, then fail."""
     if uri.startswith(("http://", "https://")):
         why = server_answers(uri)
         if why is not None:
@@ -175,10 +150,9 @@ def _alive_here(pid: int) -> bool:
 
 
 def acquire_controller_lock(results: Path, argv: list[str], pid: int | None = None) -> str | None:
-    """Take `results`/.controller.json for process `pid` (default this one; host, pid, start, command), or raise
-    `ControllerLockError` when another controller holds it. Snakemake's own lock covers one working directory; this
-    one covers the results folder, whichever clone or `--nolock` a second controller comes from: two controllers
-    would submit the same rows twice. A lock whose process is gone (same host) is taken over; the note says so."""
+    """Take `results`/.controller.json for process `pid` (default this one), or raise `ControllerLockError` when
+    another live controller holds it; a lock whose process is gone (same host) is taken over, and the note says so.
+    Snakemake's own lock covers one working directory, this one the results folder (docs/cluster.md)."""
     results.mkdir(parents=True, exist_ok=True)
     path = results / CONTROLLER_LOCK
     me = {"host": socket.gethostname(), "pid": pid or os.getpid(), "started": time.time(), "argv": argv}
@@ -238,27 +212,21 @@ def parse_train_jobs(squeue_out: str) -> dict[tuple[str, int], tuple[str, str]]:
 
 
 def live_train_jobs(results: Path) -> dict[tuple[str, int], tuple[str, str]]:
-    """Training jobs still queued or running for the runs under `results` (the run name, seed -> job id, state),
-    e.g. those a controller that died left behind. SLURM names a job by its controller's run (a random id), so the
-    train jobs are found by the comment the SLURM plugin gives them (rule and wildcards) and kept when the batch
-    script SLURM stored for them reads this results folder's files. Empty without SLURM."""
-    if shutil.which("squeue") is None:
-        return {}
-    try:
-        out = subprocess.run(
-            ["squeue", "--me", "-h", "-o", "%i|%T|%k"], capture_output=True, text=True, timeout=60
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    mine: dict[tuple[str, int], tuple[str, str]] = {}
-    marker = f"{results.resolve()}/"
-    for key, (job, state) in parse_train_jobs(out).items():
+    """Training jobs still queued or running for the runs under `results` ((run name, seed) -> (job id, state)),
+    e.g. those a dead controller left: found by the SLURM plugin's comment (SLURM names a job by its controller's
+    random run id) and kept when the batch script SLURM stored for them reads this results folder. Empty without
+    SLURM."""
+
+    def stdout(*cmd: str) -> str | None:
         try:
-            script = subprocess.run(
-                ["scontrol", "write", "batch_script", job, "-"], capture_output=True, text=True, timeout=60
-            ).stdout
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
         except (OSError, subprocess.SubprocessError):
-            continue
-        if marker in script:
-            mine[key] = (job, state)
-    return mine
+            return None
+
+    out = stdout("squeue", "--me", "-h", "-o", "%i|%T|%k") if shutil.which("squeue") else None
+    marker = f"{results.resolve()}/"
+    return {
+        key: (job, state)
+        for key, (job, state) in parse_train_jobs(out or "").items()
+        if marker in (stdout("scontrol", "write", "batch_script", job, "-") or "")
+    }

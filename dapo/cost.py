@@ -1,16 +1,6 @@
 """What a run will cost before anything is scheduled: hours per step and per row, GPU-hours, SLURM jobs, and the
-checkpoints' time and disk.
-
-Per rollout step: the generation batches dynamic sampling draws (`expected_gen_batches`), each lasting as long as
-its longest response (`dapo.decode`); the learner's forwards and backward at a stated share of the GPU's peak; a
-fixed overhead (weight sync, sleep / wake, scoring). Response lengths grow through a run: the mean is given at the
-first and the last step and taken as linear in between, so a row's hours are a sum over segments of the run, each
-at its own length. Checkpoints: the ZeRO states' bytes written at a stated bandwidth per node, how many are kept,
-and what the runs side by side hold on disk.
-
-Plain values in, dataclasses out (`dapo.plan` sizes the memory; the workflow's dry run prints both, docs/cost.md
-has the arithmetic and the sources of every default). Estimates of the order of magnitude, not measurements.
-"""
+checkpoints' time and disk. Plain values in, dataclasses out; the arithmetic and the sources of every default are in
+docs/cost.md, "Cost per row". Estimates of the order of magnitude, not measurements."""
 
 from __future__ import annotations
 
@@ -40,11 +30,9 @@ def _binom_cdf_below(k: int, n: int, p: float) -> float:
 
 
 def expected_gen_batches(needed: int, batch_prompts: int, informative: float, cap: int) -> float:
-    """Expected number of generation batches dynamic sampling draws in one rollout step.
-
-    Each batch samples `batch_prompts` prompts; a prompt's group is kept (0 < #correct < G) with probability
-    `informative`, independently. Sampling stops once `needed` groups are kept, or after `cap` batches (0: no
-    cap). E[K] = sum_{k>=0} P(K > k) = sum_k P(Binomial(k x batch_prompts, informative) < needed)."""
+    """Expected generation batches of `batch_prompts` prompts dynamic sampling draws in one rollout step to keep
+    `needed` groups, each kept with probability `informative`; at most `cap` (0: no cap). E[K] = sum_{k>=0} P(K > k)
+    = sum_k P(Binomial(k x batch_prompts, informative) < needed) (docs/cost.md, "Tokens per rollout step")."""
     if not 0.0 <= informative <= 1.0:
         raise PlanError(f"plan.informative_fraction must be in [0, 1], got {informative}")
     if informative == 0.0:
@@ -79,9 +67,8 @@ def checkpoints_per_run(total_steps: int, every: int) -> int:
 
 @dataclass(frozen=True)
 class CostInputs:
-    """One ablation row's run, as plain values: its vLLM replica (the model's shape and dtype, tensor parallel, the
-    GPU's rates, the KV cache from the memory budget; colocated, so the learner's GPUs are the replicas'), the
-    layout, the preset's batch and lengths, and the stated rates the estimate rests on."""
+    """One ablation row's run, as plain values: its vLLM replica (colocated: the learner's GPUs are the replicas'),
+    the layout, the preset's batch and lengths, and the stated rates the estimate rests on."""
 
     replica: Replica
     world_size: int
@@ -180,10 +167,7 @@ def step_cost(c: CostInputs, mean_response: float, gen_batches: float) -> StepCo
     train_tokens = c.prompts_per_step * per_group
     # update: forward + backward (2x) + the recompute of checkpointed layers; old log-probs: one forward;
     # the reference policy's log-probs: one more when the KL term is on; the covariance losses' selection: one more
-    passes = (
-        3 + (1 if c.gradient_checkpointing else 0) + 1 + (1 if c.reference_forward else 0)
-        + (1 if c.covariance_forward else 0)
-    )  # fmt: skip
+    passes = 3 + c.gradient_checkpointing + 1 + c.reference_forward + c.covariance_forward
     flops = train_tokens * passes * forward_flops_per_token(s, seq / 2)
     train = flops / (w * r.bf16_tflops * 1e12 * c.train_mfu)
 
@@ -191,15 +175,8 @@ def step_cost(c: CostInputs, mean_response: float, gen_batches: float) -> StepCo
     eval_lengths = LengthModel.of(min(mean_response, c.eval_max_tokens), c.eval_max_tokens)
     shards = math.ceil(c.eval_problems / batch_prompts)
     eval_batch = batch_seconds(r, c.eval_problems / shards * c.eval_n / c.replicas, c.mean_prompt_tokens, eval_lengths)
-    return StepCost(
-        mean_response,
-        gen_tokens,
-        train_tokens,
-        batch,
-        gen_batches * batch.seconds,
-        train,
-        shards * eval_batch.seconds,
-    )
+    eval_s = shards * eval_batch.seconds
+    return StepCost(mean_response, gen_tokens, train_tokens, batch, gen_batches * batch.seconds, train, eval_s)
 
 
 def row_cost(c: CostInputs) -> RowCost:
@@ -221,20 +198,8 @@ def row_cost(c: CostInputs) -> RowCost:
     ckpt_s = ckpt_bytes / (c.nodes * c.checkpoint_gb_s_per_node * 1e9)
     disk = min(c.keep_checkpoints, ckpts) * ckpt_bytes + c.replica.shape.params * c.replica.dtype_bytes
     hours = (steps_s + evals_s + ckpts * ckpt_s) / 3600
-    return RowCost(
-        k,
-        first,
-        last,
-        steps_s / c.total_steps,
-        evals,
-        evals_s,
-        ckpts,
-        ckpt_bytes,
-        ckpt_s,
-        disk,
-        hours,
-        hours * c.world_size,
-    )
+    step_s = steps_s / c.total_steps
+    return RowCost(k, first, last, step_s, evals, evals_s, ckpts, ckpt_bytes, ckpt_s, disk, hours, hours * c.world_size)
 
 
 def jobs_needed(hours: float, limit_h: float, restart_h: float, step_h: float) -> int | None:

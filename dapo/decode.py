@@ -1,12 +1,6 @@
-"""How long a vLLM replica takes to generate a batch: the one decode model behind the dry run's cost
-(`dapo.cost.row_cost`, docs/cost.md) and the stop latency of docs/distributed.md.
-
-Synchronous RL waits for the longest response of every generation batch (the DAPO paper, section 3.2). So the
-time of a batch is not its tokens over a throughput: it is a sum over decode steps, each step advancing every
-sequence still running by one token, and each as long as those sequences make it: `LengthModel` (the lengths),
-`decode_step_s` (one step), `batch_seconds` (the batch). Plain values in, plain values out: `dapo.cost` fills
-`Replica` from the preset and the GPU table.
-"""
+"""How long a vLLM replica takes to generate a batch: the one decode model behind the dry run's cost and the stop
+latency of docs/distributed.md. Synchronous RL waits for the longest response of every batch, so a batch is a sum
+over decode steps, not its tokens over a throughput (docs/cost.md, "How long a generation batch takes")."""
 
 from __future__ import annotations
 
@@ -20,16 +14,14 @@ TAIL_CHUNK = 32  # decode steps summed at once in the drain (the running count c
 
 
 def kv_bytes_per_token_per_gpu(shape: ModelShape, dtype_bytes: int, tensor_parallel: int) -> int:
-    """KV cache bytes one token takes on one GPU: layers x KV heads on this GPU x head size x 2 (K and V) x bytes.
-    vLLM replicates KV heads when tensor parallel exceeds them."""
+    """KV cache bytes one token takes on one GPU (vLLM replicates KV heads when tensor parallel exceeds them)."""
     return shape.layers * max(1, shape.kv_heads // tensor_parallel) * shape.d_head * 2 * dtype_bytes
 
 
 @dataclass(frozen=True)
 class LengthModel:
-    """Response lengths: exponential with mean `scale`, cut at `cap` (a response that reaches the cap stops there).
-
-    Build it with `LengthModel.of(mean, cap)`, which finds the scale whose capped mean is `mean`."""
+    """Response lengths: exponential with mean `scale`, cut at `cap`. `LengthModel.of(mean, cap)` finds the scale
+    whose capped mean is `mean`."""
 
     scale: float  # the exponential's mean before the cap (inf: every response runs to the cap)
     cap: int
@@ -90,11 +82,8 @@ class Replica:
 
 
 def decode_step_s(r: Replica, running: float, context: float) -> float:
-    """Seconds of one decode step with `running` sequences whose context (prompt + generated so far) is `context`:
-    max(memory: the weight shard + their KV cache read once; compute: 2 x matmul parameters + attention per
-    token, over the GPU's peak) / efficiency, plus the fixed per-step cost. Per GPU of the replica. Memory-bound at
-    small batches and long contexts, compute-bound at large batches: the per-sequence rate, 1 / step, falls as the
-    batch grows; the replica's throughput, running / step, rises until the KV reads dominate."""
+    """Seconds of one decode step with `running` sequences at context `context`: the slower of reading the weight
+    shard and their KV cache and computing their tokens, over `efficiency`, plus the fixed per-step cost."""
     s, tp = r.shape, r.tensor_parallel
     weight_bytes = s.params * r.dtype_bytes / tp
     kv_bytes = running * context * kv_bytes_per_token_per_gpu(s, r.dtype_bytes, tp)
@@ -119,9 +108,8 @@ class BatchTime:
 
 
 def batch_seconds(r: Replica, n: float, prompt: float, lengths: LengthModel) -> BatchTime:
-    """A generation batch of `n` sequences (prompt length `prompt`) on one replica: the prefill; a queue phase while
-    more sequences wait than the KV cache holds at once; and the last wave, which drains step by step until its
-    longest response ends, with fewer and fewer sequences running: the long tail."""
+    """A generation batch of `n` sequences (prompt length `prompt`) on one replica: the prefill, a queue phase while
+    more wait than the KV cache holds, and the last wave, draining step by step until its longest response ends."""
     s, tp = r.shape, r.tensor_parallel
     n = max(1.0, n)
     m = lengths.mean

@@ -1,13 +1,6 @@
-"""What a run needs per GPU before anything is scheduled: the memory budget of the colocated design.
-
-Every GPU holds one tensor-parallel shard of a vLLM engine and one ZeRO shard of the learner. The engine sleeps
-while the learner updates (its weights and KV cache leave the GPU), and the learner's sharded states stay resident
-while the engine generates. `memory_budget` sizes both phases; `plan_problems` and `context_problem` say why a
-plan cannot run (the workflow refuses it before submitting a job). What a run costs is `dapo.cost`.
-
-Plain values in, dataclasses out: no Snakemake, torch or config objects. The workflow's dry run prints the budget
-(`dapo plan`, dapo/workflow_spec.py); docs/cost.md works the paper's preset through by hand.
-"""
+"""What a run needs per GPU before anything is scheduled: the memory budget of the colocated design, in its two
+phases (`memory_budget`), and why a plan cannot run (`plan_problems`, `context_problem`). Plain values in,
+dataclasses out; docs/cost.md, "Memory per GPU", works the paper's preset through by hand."""
 
 from __future__ import annotations
 
@@ -83,20 +76,12 @@ class MemoryBudget:
 
 def _b(n: float) -> str:
     """A parameter or element count, short: 32.76B, 778.6M, 45,056."""
-    if n >= 1e9:
-        return f"{n / 1e9:.2f}B"
-    if n >= 1e6:
-        return f"{n / 1e6:.1f}M"
-    return f"{n:,.0f}"
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,.0f}"
 
 
 def zero_state_bytes_per_param(dtype_b: int, zero_stage: int, world: int) -> tuple[float, str]:
-    """Bytes per parameter a GPU holds for the learner's states under ZeRO, and the formula.
-
-    Mixed precision (bf16): the bf16 weight (2) and gradient (2), AdamW's fp32 master weight and two moments
-    (4 + 4 + 4). fp32: weight, gradient, two moments (4 each). Stage 1 shards the optimizer state over the
-    world size, stage 2 also the gradients, stage 3 also the weights. (The optimizer step's fp32 copy of the
-    gradient shard, 4 B / world, lives after the activations are freed, so it never adds to the peak.)"""
+    """Bytes per parameter a GPU holds for the learner's states under ZeRO, and the formula (docs/cost.md, "Memory
+    per GPU"): weight, gradient and AdamW's state (fp32 master weight and two moments in mixed precision)."""
     parts = [(dtype_b, zero_stage >= 3), (dtype_b, zero_stage >= 2), (12 if dtype_b == 2 else 8, zero_stage >= 1)]
     whole = [x for x, sharded in parts if not sharded]
     split = [x for x, sharded in parts if sharded]
@@ -107,11 +92,7 @@ def zero_state_bytes_per_param(dtype_b: int, zero_stage: int, world: int) -> tup
 
 
 def activation_bytes_per_token_layer(s: ModelShape, b: int) -> int:
-    """What one decoder layer saves for backward, per token (sdpa / flash attention: no L x L scores).
-
-    Two RMSNorms: the fp32 upcast input and the normalised output (4H + bH each); q, k after projection, after
-    rotate_half and after RoPE (3b(Hq + Hkv)); v (b Hkv); the attention output (b Hq); the MLP's gate, up,
-    silu(gate) and their product (4bI). Sum: 8H + 2bH + 4b(Hq + Hkv) + 4bI."""
+    """What one decoder layer saves for backward, per token, item by item in docs/cost.md, "Memory per GPU"."""
     return 8 * s.hidden + 2 * b * s.hidden + 4 * b * (s.q_dim + s.kv_dim) + 4 * b * s.intermediate
 
 
@@ -132,6 +113,8 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
     kv_tok = kv_bytes_per_token_per_gpu(s, b, tp)
     kv_tokens = max(0, int(kv * GIB // kv_tok))
     states, states_how = zero_state_bytes_per_param(b, m.zero_stage, w)
+    learner = Line("learner states", p * states / GIB, f"{_b(p)} x {states_how}")
+    big = s.largest_module_params
     gen = [
         Line("vLLM share", pool, f"{m.gpu_memory_utilization:g} x {total:g} GiB (rollout.gpu_memory_utilization)"),
         Line("weights", weights, f"{_b(p)} params x {b} B / TP {tp}", depth=1),
@@ -151,10 +134,9 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
             f"{int(kv_tokens // max(1.0, m.mean_seq_tokens)):,} of {m.mean_seq_tokens:,.0f} (the mean)",
             depth=1,
         ),
-        Line("learner states", p * states / GIB, f"{_b(p)} x {states_how}"),
+        learner,
     ]
     if m.zero_stage == 3:
-        big = s.largest_module_params
         gen.append(Line("weight sync", big * b / GIB, f"one gathered parameter at a time: {_b(big)} x {b} B"))
     gen.append(Line("allowance", m.allowance_gib, "CUDA context, NCCL buffers, fragmentation (plan.allowance_gib)"))
 
@@ -165,20 +147,14 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
         tr.append(Line("vLLM (asleep)", 0.0, f"sleep level {m.sleep_level} frees its weights and KV cache"))
     else:
         tr.append(Line("vLLM (awake)", pool, "rollout.enable_sleep_mode is false: its share stays allocated"))
-    tr.append(Line("learner states", p * states / GIB, f"{_b(p)} x {states_how}"))
+    tr.append(learner)
     bucket = min(ZERO_REDUCE_BUCKET, p)
+    bucket_how = f"reduce bucket {_b(bucket)} x {b} B"
     if m.zero_stage == 3:
-        big = s.largest_module_params
-        tr.append(
-            Line(
-                "ZeRO-3 working set",
-                (2 * big + bucket) * b / GIB,
-                f"largest gathered module and its full gradient 2 x {_b(big)} x {b} B + reduce bucket "
-                f"{_b(bucket)} x {b} B",
-            )
-        )
+        work = f"largest gathered module and its full gradient 2 x {_b(big)} x {b} B + {bucket_how}"
+        tr.append(Line("ZeRO-3 working set", (2 * big + bucket) * b / GIB, work))
     elif m.zero_stage == 2:
-        tr.append(Line("ZeRO-2 buckets", bucket * b / GIB, f"reduce bucket {_b(bucket)} x {b} B"))
+        tr.append(Line("ZeRO-2 buckets", bucket * b / GIB, bucket_how))
     per_layer = activation_bytes_per_token_layer(s, b)
     if m.gradient_checkpointing:
         ckpt = s.layers * t * s.hidden * b
@@ -195,17 +171,12 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
         act_how = f"{s.layers} layers x {t:,} tokens x {per_layer:,} B (no gradient checkpointing)"
     tr.append(Line("activations", act / GIB, f"trainer.micro_batch_tokens: {act_how}"))
     chunk = min(m.logprob_chunk_tokens, t)
-    head_in = 2 * t * s.hidden * b
-    chunk_buf = 3 * chunk * s.vocab * 4
-    head_grad = s.embedding_params * 4
-    tr.append(
-        Line(
-            "log-prob head",
-            (head_in + chunk_buf + head_grad) / GIB,
-            f"hidden states and their gradient 2 x {t:,} x {s.hidden} x {b} B + chunk buffers 3 x {chunk} x "
-            f"{s.vocab:,} x 4 B (trainer.logprob_chunk_size) + the head's fp32 gradient {_b(s.embedding_params)} x 4 B",
-        )
+    head = 2 * t * s.hidden * b + 3 * chunk * s.vocab * 4 + s.embedding_params * 4  # input and its grad, chunks, grad
+    how = (
+        f"hidden states and their gradient 2 x {t:,} x {s.hidden} x {b} B + chunk buffers 3 x {chunk} x "
+        f"{s.vocab:,} x 4 B (trainer.logprob_chunk_size) + the head's fp32 gradient {_b(s.embedding_params)} x 4 B"
     )
+    tr.append(Line("log-prob head", head / GIB, how))
     tr.append(Line("allowance", m.allowance_gib, "CUDA context, NCCL buffers, vLLM asleep, fragmentation"))
     if m.sleep_mode and m.sleep_level == 1:
         notes.append(f"sleep level 1 keeps the weights in host memory: {weights:.1f} GiB per GPU of pinned host memory")
@@ -278,9 +249,8 @@ def render_memory(budget: MemoryBudget) -> str:
 
 
 def context_problem(max_positions: int, max_model_len: int, model: str) -> str | None:
-    """Why sequences of `max_model_len` tokens do not fit the model's context (config.json's
-    max_position_embeddings, after model.config_overrides), with the key to change; None when they fit or the
-    context is unknown (0). vLLM refuses such an engine at start-up; the plan refuses it before submission."""
+    """Why sequences of `max_model_len` tokens do not fit the model's context (max_position_embeddings), with the key
+    to change; None when they fit or the context is unknown (0). vLLM would refuse such an engine at start-up."""
     if not max_positions or max_model_len <= max_positions:
         return None
     return (

@@ -129,21 +129,16 @@ def resolve_shape(
     unknown = sorted(set(overrides) - set(HF_KEYS))
     if unknown:
         raise PlanError(f"plan.model: unknown key(s) {unknown}; keys are config.json names: {', '.join(HF_KEYS)}")
-    base: dict[str, Any] | None = None
+    local = next((f for f in (Path(d) / "config.json" for d in local_dirs) if f.is_file()), None)
+    base: dict[str, Any] = {}
     source = ""
-    for d in local_dirs:
-        f = Path(d) / "config.json"
-        if f.is_file():
-            base, source = json.loads(f.read_text()), str(f)
-            break
-    if base is None and model in KNOWN_MODELS:
-        shape = KNOWN_MODELS[model]
-        base = {k: getattr(shape, field) for k, field in HF_KEYS.items()}
+    if local is not None:
+        base, source = json.loads(local.read_text()), str(local)
+    elif model in KNOWN_MODELS:
+        base = {k: getattr(KNOWN_MODELS[model], field) for k, field in HF_KEYS.items()}
         source = "the known-model table"
-    if base is None:
-        if not overrides:
-            return None, f"shapes of {model!r} unknown (not a local directory, not in {sorted(KNOWN_MODELS)})"
-        base, source = {}, ""
+    elif not overrides:
+        return None, f"shapes of {model!r} unknown (not a local directory, not in {sorted(KNOWN_MODELS)})"
     base.update(overrides)
     try:
         shape = shape_from_hf_config(base)
@@ -181,9 +176,7 @@ def gpu_spec(name: str | None, overrides: Mapping[str, float | None] | None = No
     o = {k: v for k, v in (overrides or {}).items() if v is not None}
     base = GPUS.get((name or "").lower())
     if base is None:
-        if {"memory_gib", "bf16_tflops", "hbm_tb_s"} <= set(o):
-            return GpuSpec(**o)
-        return None
+        return GpuSpec(**o) if {"memory_gib", "bf16_tflops", "hbm_tb_s"} <= set(o) else None
     return dataclasses.replace(base, **o)
 
 

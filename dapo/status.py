@@ -1,14 +1,6 @@
-"""`dapo status`: each run's state, its SLURM jobs and attempts, and MLflow records still waiting to be delivered.
-
-    dapo status results/tiny                     # every run under the folder
-    dapo status results/tiny --replay            # first deliver spooled MLflow records (server back up)
-    dapo status results/tiny --out status.md     # also as a Markdown page (the workflow's report/status.md)
-
-Read from the run directories (DONE.json, FAILED, checkpoints/, attempts.jsonl written by the workflow's job
-script, mlflow_spool/) and, where `sacct` answers, SLURM's accounting: the state of each job, and the tasks of
-its training step (named `dapo-<row>-s<seed>`). A requeued job keeps its id, so one job may hold several
-attempts.
-"""
+"""`dapo status`: each run's state, its SLURM jobs and attempts, and MLflow records still waiting to be delivered,
+read from the run directories (`MARKERS`) and, where `sacct` answers, SLURM's accounting. A requeued job keeps its
+id, so one job may hold several attempts."""
 
 from __future__ import annotations
 
@@ -50,31 +42,26 @@ def find_runs(root: Path) -> list[Path]:
     """Run directories under `root` (folders holding any of MARKERS; not looking inside a run)."""
     if any((root / m).exists() for m in MARKERS):
         return [root]
-    found = []
-    for child in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
-        found += find_runs(child)
-    return found
+    children = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    return [run for child in children for run in find_runs(child)]
 
 
 def _checkpoint_step(run: Path) -> int | None:
     from dapo.trainer.checkpoint import latest_checkpoint
 
     last = latest_checkpoint(run)
-    if last is None:
-        return None
-    return int(json.loads((last / "trainer_state.json").read_text())["step"])
+    return None if last is None else int(json.loads((last / "trainer_state.json").read_text())["step"])
 
 
 def run_status(run: Path, root: Path) -> RunStatus:
     from dapo.tracking import UNDELIVERED, find_spools, read_run_file
 
     attempts = []
-    if (run / "attempts.jsonl").is_file():
-        for line in (run / "attempts.jsonl").read_text().splitlines():
-            try:
-                attempts.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in _lines(run / "attempts.jsonl"):
+        try:
+            attempts.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
     started = sum(1 for ln in _lines(run / "train.log") if ln.startswith("== attempt "))
     done = run / "DONE.json"
     step = _checkpoint_step(run)
@@ -185,8 +172,6 @@ def run(args: argparse.Namespace) -> int:
         note = (
             f"\n**{len(waiting)} run(s) have MLflow records that were not delivered**: their metrics in MLflow (and "
             "in this report) are incomplete until `dapo status --replay` delivers them.\n"
-            if waiting
-            else ""
         )
-        out.write_text(f"# Runs\n\n{text}{note}")
+        out.write_text(f"# Runs\n\n{text}{note if waiting else ''}")
     return 0

@@ -1,12 +1,6 @@
-"""What the Snakemake workflow runs, decided in Python: `build_spec` turns the workflow's config
-(configs/workflow.yaml with --config on top) into one plain, JSON-ready spec that the rules only read, and the dry
-run's plan in words. `dapo plan --json` prints it; workflow/rules/common.smk runs that command once when Snakemake
-parses the workflow (docs/architecture.md, "The workflow").
-
-Every row x seed run config (and every design run's) is resolved and validated here, before any job is submitted:
-a bad config raises `WorkflowSpecError` naming the file, the key and the fix. A GPU preset's plan that does not fit
-is not an error here: the spec carries it as `refusal` (with the plan text above it), and the workflow stops on it.
-"""
+"""What the Snakemake workflow runs, decided in Python: `build_spec` turns the workflow's config into one plain,
+JSON-ready spec that the rules only read, with the dry run's plan in words (docs/architecture.md, "The workflow").
+A bad run config raises `WorkflowSpecError`; a GPU plan that does not fit is the spec's `refusal`, not an error."""
 
 from __future__ import annotations
 
@@ -14,6 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from dapo.cluster import batch_signal_problem, live_train_jobs
 from dapo.config import ABLATIONS_DIR, REPO_ROOT, ConfigError, RunConfig, load_config, resolve_preset
 from dapo.designs import (
     ALLOW_FLAG,
@@ -49,13 +44,9 @@ def schema() -> dict[str, Any]:
 
 
 def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
-    """`config` with the schema's `default:` for each top-level key it does not set (as Snakemake's `validate`
-    fills them in)."""
-    out = dict(config)
-    for key, prop in schema()["properties"].items():
-        if "default" in prop and key not in out:
-            out[key] = prop["default"]
-    return out
+    """`config` with the schema's defaults for the top-level keys it does not set (as Snakemake's `validate`)."""
+    defaults = {key: prop["default"] for key, prop in schema()["properties"].items() if "default" in prop}
+    return {**config, **{key: value for key, value in defaults.items() if key not in config}}
 
 
 def validate(config: dict[str, Any], where: str = "configs/workflow.yaml (or --config)") -> None:
@@ -87,12 +78,7 @@ def slurm_resources(cfg: RunConfig, kind: str) -> dict[str, Any]:
     """SLURM resources of one job kind from the preset (snakemake-executor-plugin-slurm's names). Per node: memory,
     GPUs (`--gres=gpu[:<model>]:<per node>`), tasks; `srun_args` repeats the layout for the training step."""
     r = getattr(cfg.resources, kind)
-    res: dict[str, Any] = {
-        "nodes": r.nodes,
-        "mem_mb": r.mem_mb,
-        "runtime": r.runtime_min,
-        "cpus_per_task": r.cpus_per_task,
-    }
+    res: dict[str, Any] = dict(nodes=r.nodes, mem_mb=r.mem_mb, runtime=r.runtime_min, cpus_per_task=r.cpus_per_task)
     if r.gpus_per_node:
         gres_type = r.gres_type or r.gpu_model  # the cluster's GRES name; the GPU table's name when not given
         res["gres"] = f"gpu:{gres_type}:{r.gpus_per_node}" if gres_type else f"gpu:{r.gpus_per_node}"
@@ -128,8 +114,7 @@ def srun_args(cfg: RunConfig, name: str, seed: int) -> str:
 
 def local_launcher(cfg: RunConfig, kind: str) -> str:
     """How a job starts its ranks outside SLURM: one process (`env`, never an empty word: Snakemake drops those
-    from a shell command), or torchrun on this machine. A multi-node layout has no local form: `dapo train` then
-    refuses to start, naming resources.train."""
+    from a shell command), or torchrun on this machine (a multi-node layout has none: `dapo train` refuses it)."""
     r = getattr(cfg.resources, kind)
     if r.world_size == 1 or r.nodes > 1:
         return "env"
@@ -137,9 +122,8 @@ def local_launcher(cfg: RunConfig, kind: str) -> str:
 
 
 def kernel_env(cfg: RunConfig) -> list[str]:
-    """`env`'s assignments that start a train job: for the tiny preset the CPU kernels the tiny world was built with
-    (dapo.tinyworld.pinned_kernels, by tiny.kernels), so that its numbers do not depend on the vector code a host's
-    CPU would pick; nothing for GPU presets."""
+    """`env`'s assignments that start a train job: for the tiny preset the CPU kernels its world was built with, so
+    that its numbers do not depend on the vector code a host's CPU would pick; nothing for GPU presets."""
     if cfg.model.path != "tiny":
         return []
     from dapo.tinyworld import pinned_kernels
@@ -179,11 +163,8 @@ def build_spec(
     with_plan: bool = True,
     live_jobs: bool = False,
 ) -> dict[str, Any]:
-    """The workflow's spec from its (validated, defaulted) config. `jobs` and `train_nodes_limit` are Snakemake's
-    --jobs and --resources train_nodes (the plan's concurrency); `train_slurm_extra` is the train rule's
-    slurm_extra as --set-resources or a profile set it (a `B:` signal there is refused); `with_plan` adds the plan
-    in words (and a GPU preset's refusal); `live_jobs` asks SLURM for the training jobs an earlier
-    controller of this results folder left queued or running."""
+    """The workflow's spec from its (validated, defaulted) config; the arguments are `dapo plan`'s options of the
+    same names (dapo/commands/plan.py)."""
     from dapo.trainer import RESUME_EXIT_CODE
 
     preset = str(config["preset"])
@@ -193,12 +174,8 @@ def build_spec(
     overrides = [str(o) for o in config.get("overrides") or []]
     chosen, problems, designs, cfgs = _resolve_runs(config, preset, seeds, overrides)
     base = next(iter(cfgs.values()))  # the first chosen row's: what every run shares (check_shared)
-    if train_slurm_extra is not None:
-        from dapo.cluster import batch_signal_problem
-
-        why = batch_signal_problem(train_slurm_extra, base.trainer.stop_margin_s)
-        if why:
-            raise WorkflowSpecError(f"nothing was submitted: {why}")
+    if why := batch_signal_problem(train_slurm_extra, base.trainer.stop_margin_s):
+        raise WorkflowSpecError(f"nothing was submitted: {why}")
     tracking_uri = resolve_uri(config.get("tracking_uri"), results)
     experiment = config.get("experiment") or f"dapo-{name}"
     # the config's own tiny.dir (default results/tiny_world, where the tests cache it too): built once for both
@@ -262,8 +239,6 @@ def build_spec(
         "refusal": None,
     }
     if live_jobs:
-        from dapo.cluster import live_train_jobs
-
         spec["live_train_jobs"] = [
             {"run": run, "seed": seed, "job": job, "state": state}
             for (run, seed), (job, state) in sorted(live_train_jobs(results).items())
@@ -276,9 +251,8 @@ def build_spec(
 def _resolve_runs(
     config: dict[str, Any], preset: str, seeds: list[int], overrides: list[str]
 ) -> tuple[list[str], list[str], dict[str, RunSpec], dict[tuple[str, int], RunConfig]]:
-    """The chosen rows, the ladder's problems, every run a design trains by name (the ladder's rows among them: each
-    a ladder row file plus overrides, dapo/designs.py) and every (run, seed)'s config, resolved and validated before
-    anything is scheduled: the chosen rows first (the first one's config is the workflow's base), then the rest."""
+    """The chosen rows, the ladder's problems, every run a design trains by name (dapo/designs.py) and every (run,
+    seed)'s config, resolved and validated: the chosen rows first (the first is the workflow's base), then the rest."""
     all_rows = ladder()  # `rows: all`; the paper's labels (metric_names.PAPER_TABLE1) name the same list
     chosen = all_rows if config["rows"] == "all" else [str(r) for r in config["rows"]]
     unknown = [r for r in chosen if r not in all_rows]
@@ -324,21 +298,17 @@ def _check_reused_world(tiny_dir: Path, base: RunConfig) -> None:
 
 
 def _base_model(base: RunConfig, results: Path, tiny_dir: Path) -> dict[str, str]:
-    """The model every row starts from, and the file that says it is there: the tiny world's (`source` tiny, built
-    by the workflow), a local directory (`local`), or a hub model cached under results/models/ (`hub`, downloaded
-    by the workflow)."""
+    """The model every row starts from, and the file that says it is there: the tiny world's or a hub model's (under
+    results/models/), both made by the workflow, or a local directory."""
     model = base.model.path
     if model == "tiny":
-        return {
-            "source": "tiny",
-            "id": model,
-            "path": str(tiny_dir / "model"),
-            "marker": str(tiny_dir / "manifest.json"),
-        }
-    if Path(model).exists():
-        return {"source": "local", "id": model, "path": model, "marker": str(Path(model) / "config.json")}
-    path = results / "models" / model.replace("/", "--")
-    return {"source": "hub", "id": model, "path": str(path), "marker": str(path / ".complete")}
+        source, path, marker = "tiny", tiny_dir / "model", tiny_dir / "manifest.json"
+    elif Path(model).exists():
+        source, path, marker = "local", model, Path(model) / "config.json"
+    else:
+        path = results / "models" / model.replace("/", "--")
+        source, marker = "hub", path / ".complete"
+    return {"source": source, "id": model, "path": str(path), "marker": str(marker)}
 
 
 # --------------------------------------------------------------------------------------------- the plan
@@ -433,13 +403,11 @@ def gpu_memory_budget(base: RunConfig, p: dict[str, Any], shape: Any, gpu_memory
 def _gpu_plan(
     spec: dict[str, Any], cfgs: dict[tuple[str, int], RunConfig], p: dict[str, Any], concurrent: int
 ) -> tuple[list[str], list[str], list[str]]:
-    """Per-GPU memory budget and cost per row (dapo.plan, dapo.cost) for a GPU preset: (text lines, refusals,
-    warnings)."""
+    """A GPU preset's per-GPU memory budget and cost per row: (text lines, refusals, warnings)."""
     from dapo import cost as C
     from dapo import plan as P
     from dapo.decode import Replica
-    from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL  # the level the engine uses, not a setting
-    from dapo.shapes import GPUS, PlanError, dtype_bytes, gpu_spec, resolve_shape, vllm_batching_defaults
+    from dapo.shapes import GPUS, PlanError, gpu_spec, resolve_shape
 
     base, seeds = next(iter(cfgs.values())), spec["seeds"]
     tr, r, t = base.resources.train, base.rollout, base.trainer
@@ -463,24 +431,22 @@ def _gpu_plan(
     context = base.model.config_overrides.get("max_position_embeddings")
     if context:  # what the learner and vLLM will see
         shape, source = dataclasses.replace(shape, max_positions=int(context)), f"{source} + model.config_overrides"
-    b = dtype_bytes(base.model.dtype)
-    max_len = base.data.max_prompt_length + max(r.max_response_length, base.resolved_eval_max_tokens())
-    batched, seqs = vllm_batching_defaults(tr.gpu_model, gpu.memory_gib)
-    growth = p["response_tokens"]
     budget = gpu_memory_budget(base, p, shape, gpu.memory_gib)
+    m = budget.inputs
+    b, seqs = m.dtype_bytes, m.vllm_max_seqs
     lines = [
         f"  per-GPU memory, colocated ({base.model.path}: {shape.params / 1e9:.2f}B parameters from {source}, "
         f"{b} B each; {tr.gpu_model} {gpu.memory_gib:g} GiB; {tr.world_size} GPUs, TP {r.tensor_parallel_size} "
         f"-> {tr.world_size // r.tensor_parallel_size} vLLM replicas; ZeRO-{t.zero_stage}; vLLM sleep level "
-        f"{ENGINE_SLEEP_LEVEL} during updates):",
+        f"{m.sleep_level} during updates):",
         P.render_memory(budget),
     ]
     refusals = P.plan_problems(budget)
-    too_long = P.context_problem(shape.max_positions, max_len, base.model.path)
+    too_long = P.context_problem(shape.max_positions, m.max_model_len, base.model.path)
     refusals += [too_long] if too_long else []
 
     def cost_inputs(row: str, cfg: RunConfig) -> Any:
-        a, own = cfg.algorithm, {**growth, **(p.get("rows") or {}).get(row, {})}
+        a, own = cfg.algorithm, {**p["response_tokens"], **(p.get("rows") or {}).get(row, {})}
         return C.CostInputs(
             replica=Replica(
                 shape=shape, dtype_bytes=b, tensor_parallel=r.tensor_parallel_size, hbm_tb_s=gpu.hbm_tb_s,
@@ -500,18 +466,18 @@ def _gpu_plan(
             keep_checkpoints=cfg.trainer.keep_checkpoints, checkpoint_gb_s_per_node=p["checkpoint_gb_s_per_node"],
         )  # fmt: skip
 
-    costs = {row: cost_inputs(row, cfgs[(row, seeds[0])]) for row in spec["rows"]}
-    text, warnings = C.render_costs(
-        costs, seeds=len(seeds), limit_h=tr.runtime_min / 60, max_resubmits=spec["max_resubmits"],
-        restart_h=p["restart_min"] / 60, concurrent_runs=concurrent, stop_margin_s=t.stop_margin_s,
-    )  # fmt: skip
+    def costs(runs: list[str], stop_margin_s: float | None = None) -> tuple[str, list[str]]:
+        return C.render_costs(
+            {run: cost_inputs(run, cfgs[(run, seeds[0])]) for run in runs}, seeds=len(seeds),
+            limit_h=tr.runtime_min / 60, max_resubmits=spec["max_resubmits"], restart_h=p["restart_min"] / 60,
+            concurrent_runs=concurrent, stop_margin_s=stop_margin_s,
+        )  # fmt: skip
+
+    text, warnings = costs(spec["rows"], stop_margin_s=t.stop_margin_s)
     lines += ["  cost per row (estimates; the arithmetic and the sources of the defaults: docs/cost.md):", text]
     variants = [r for r in spec["designs"].get("variants", []) if r not in spec["rows"] and (r, seeds[0]) in cfgs]
     if variants:
-        vtext, _ = C.render_costs(
-            {v: cost_inputs(v, cfgs[(v, seeds[0])]) for v in variants}, seeds=len(seeds), limit_h=tr.runtime_min / 60,
-            max_resubmits=spec["max_resubmits"], restart_h=p["restart_min"] / 60, concurrent_runs=concurrent,
-        )  # fmt: skip
+        vtext, _ = costs(variants)
         lines += [
             "  variants (`all_variants`, each beside its parent row above): GSPO, CISPO, Dr. GRPO and the rollout "
             "correction change nothing of the plan (the same tokens, passes and memory as their parent); Clip-Cov and "

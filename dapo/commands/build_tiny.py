@@ -1,11 +1,6 @@
-"""`dapo build-tiny`: build (or reuse) the tiny world for a config.
-
-    dapo build-tiny --preset tiny                       # -> results/tiny_world (tiny.dir)
-    dapo build-tiny --preset tiny tiny.sft_steps=50 --out /tmp/tw
-
-Re-running with the same `tiny:` settings is a no-op (the manifest's hash matches); `--force` rebuilds. Shows a
-progress bar on a terminal and plain lines otherwise (logs, Snakemake).
-"""
+"""`dapo build-tiny`: build (or reuse) the tiny world for a config (`tiny.dir`, or --out). Re-running with the same
+`tiny:` settings is a no-op (the manifest's hash matches); `--force` rebuilds. A progress bar on a terminal, plain
+lines otherwise (logs, Snakemake)."""
 
 from __future__ import annotations
 
@@ -52,13 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if sys.stderr.isatty():
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-            transient=False,
-        ) as bar:
+        columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
+        with Progress(*columns, TimeElapsedColumn()) as bar:
             tasks: dict[str, int] = {}
 
             def progress(phase: str, done: int, total: int) -> None:

@@ -1,15 +1,6 @@
-"""`dapo eval`: evaluate a model on the config's eval set and log the result to MLflow.
-
-    dapo eval --preset tiny --model results/runs/05/final --out results/eval/05 [--run-id RUN] [overrides]
-
-Samples n responses per problem (eval.n, eval.temperature, eval.top_p, eval.max_tokens) with the configured
-engine (rollout.engine), prints avg@n / pass@k / maj@n with confidence intervals, writes `samples.jsonl` (P x n
-rows) and `metrics.json` to --out, and logs both to MLflow: into an existing run with --run-id (e.g. the
-training run the model came from), else into a new run in tracking.experiment.
-
-A training run evaluates its final model itself (DONE.json holds the result); this command is for any model.
-Where the point goes in MLflow: `mlflow_step` (--step).
-"""
+"""`dapo eval`: evaluate any model on the config's eval set with the configured engine, print avg@n / pass@k / maj@n
+with confidence intervals, write `samples.jsonl` and `metrics.json` to --out, and log both to MLflow (into --run-id's
+run, else a new one). A training run evaluates its final model itself (DONE.json holds the result)."""
 
 from __future__ import annotations
 
@@ -46,10 +37,11 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from dapo.config import load_config
+    from dapo.data.loaders import load_problems
     from dapo.data.prompts import tokenize_problems
     from dapo.evaluation.evaluate import evaluate, write_samples
     from dapo.rollout import make_engine
-    from dapo.tinyworld import resolve_model_path
+    from dapo.tinyworld import resolve_model_path, resolve_source
     from dapo.trainer.setup import eval_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -61,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     tok = AutoTokenizer.from_pretrained(path)
     problems, prompts, dropped = tokenize_problems(
-        eval_problems(cfg),
+        load_problems(resolve_source(cfg, "eval"), split="train"),  # deduplicated by problem text
         tok,
         use_chat_template=cfg.data.use_chat_template,
         max_prompt_length=cfg.data.max_prompt_length,
@@ -73,20 +65,14 @@ def run(args: argparse.Namespace) -> int:
             f"dapo eval: no eval problems left from data.eval={cfg.data.eval!r} (empty, or every prompt is longer "
             f"than data.max_prompt_length={cfg.data.max_prompt_length})"
         )
-    e, max_tokens = cfg.eval, cfg.resolved_eval_max_tokens()
+    e, r = cfg.eval, cfg.rollout
     engine = make_engine(
-        cfg.rollout.engine,
-        path,
-        dtype=cfg.model.dtype,
-        seed=cfg.trainer.seed,
-        max_model_len=max(len(p) for p in prompts) + max_tokens,
-        tensor_parallel_size=cfg.rollout.tensor_parallel_size,
-        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-        cpu_kv_cache_gib=cfg.rollout.cpu_kv_cache_gib,
-        enable_sleep_mode=False,
-        config_overrides=cfg.model.config_overrides,
-        batch_invariant=cfg.rollout.batch_invariant,
-    )
+        r.engine, path, dtype=cfg.model.dtype, seed=cfg.trainer.seed,
+        max_model_len=max(len(p) for p in prompts) + cfg.resolved_eval_max_tokens(),
+        tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
+        cpu_kv_cache_gib=r.cpu_kv_cache_gib, enable_sleep_mode=False, config_overrides=cfg.model.config_overrides,
+        batch_invariant=r.batch_invariant,
+    )  # fmt: skip
     try:
         result = evaluate(engine, problems, prompts, eval_settings(cfg), seed_base=cfg.trainer.seed)
     finally:
@@ -100,25 +86,10 @@ def run(args: argparse.Namespace) -> int:
     print_table(result.metrics, title=f"{cfg.data.eval}: {len(problems)} problems x n={e.n}  ({path})")
     print(f"wrote {samples_path} ({len(result.samples)} rows) and {metrics_path}")
     if not args.no_tracking:
-        run_id = log_to_mlflow(
-            cfg,
-            result.metrics,
-            [samples_path, metrics_path],
-            run_id=args.run_id,
-            step=step,
-            spool_dir=out / "mlflow_spool",
-        )
+        files, spool = [samples_path, metrics_path], out / "mlflow_spool"
+        run_id = log_to_mlflow(cfg, result.metrics, files, run_id=args.run_id, step=step, spool_dir=spool)
         print(f"logged to MLflow run {run_id}")
     return 0
-
-
-def eval_problems(cfg: RunConfig) -> list:
-    """The eval set named by data.eval: `tiny` / `tiny-large` (the tiny world's eval splits, made if needed), a hub
-    id or a local .jsonl / .parquet file, deduplicated by problem text (each problem is then sampled n times)."""
-    from dapo.data.loaders import load_problems
-    from dapo.tinyworld import resolve_source
-
-    return load_problems(resolve_source(cfg, "eval"), split="train")
 
 
 def mlflow_step(cfg: RunConfig, model: Path, run_id: str | None, step: int | None) -> int:
@@ -157,13 +128,7 @@ def mlflow_step(cfg: RunConfig, model: Path, run_id: str | None, step: int | Non
 
 
 def log_to_mlflow(
-    cfg: RunConfig,
-    metrics: dict[str, float],
-    files: list[Path],
-    *,
-    run_id: str | None,
-    step: int,
-    spool_dir: Path,
+    cfg: RunConfig, metrics: dict[str, float], files: list[Path], *, run_id: str | None, step: int, spool_dir: Path
 ) -> str:
     """Metrics at `step` (see `mlflow_step`) and the files as artifacts under `eval/`; returns the run id."""
     import math
@@ -207,13 +172,9 @@ def print_table(metrics: dict[str, float], title: str = "") -> None:
             f"mean length {metrics.get(EVAL_LEN_MEAN, float('nan')):.0f} tokens"
         )
     for name, v in metrics.items():
-        if name.endswith("_ci_low") or name.endswith("_ci_high") or name in (EVAL_TRUNC_FRAC, EVAL_LEN_MEAN):
+        if name.endswith(("_ci_low", "_ci_high")) or name in (EVAL_TRUNC_FRAC, EVAL_LEN_MEAN):
             continue
-        lo, hi = metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high")
-        table.add_row(
-            name.removeprefix("eval/").replace("_at_", "@"),
-            f"{v:.1f}",
-            "" if lo is None else f"{lo:.1f}",
-            "" if hi is None else f"{hi:.1f}",
-        )
+        cells = (v, metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high"))
+        label = name.removeprefix("eval/").replace("_at_", "@")
+        table.add_row(label, *("" if c is None else f"{c:.1f}" for c in cells))
     Console().print(table)

@@ -31,9 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = DESCRIPTION
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument(
-        "--workflow-config",
-        metavar="YAML",
-        help="The workflow's config file (default: configs/workflow.yaml).",
+        "--workflow-config", metavar="YAML", help="The workflow's config file (default: configs/workflow.yaml)."
     )
     p.add_argument(
         "--config",

@@ -1,15 +1,7 @@
-"""`dapo prepare-data`: resolve a run's train and eval sources, load and deduplicate them, write JSONL.
-
-    dapo prepare-data --preset tiny --out results/data/tiny
-    dapo prepare-data --preset qwen2.5-32b --out results/data/32b data.train=/path/dapo-math-17k.parquet
-
-`data.train` / `data.eval` name a hub id, a local .parquet/.jsonl path, or `tiny` (the tiny world's generated
-files, built first if missing; `data.eval: tiny-large` is its large eval split). Writes `<out>/train.jsonl` and
-`<out>/eval.jsonl` (id, problem, answer: raw problem text; the template is applied when prompts are built) and
-prints the counts. With the model's tokenizer
-at hand (the tiny world's, or a local model directory), prompts longer than `data.max_prompt_length` tokens are
-dropped here and counted.
-"""
+"""`dapo prepare-data`: resolve a run's train and eval sources (a hub id, a local .parquet/.jsonl path, or the tiny
+world's `tiny` / `tiny-large`), load and deduplicate them, write `<out>/train.jsonl` and `<out>/eval.jsonl` (raw
+problem text: the template is applied when prompts are built) and print the counts. With the model's tokenizer at
+hand (the tiny world's, or a local model directory), prompts longer than `data.max_prompt_length` are dropped here."""
 
 from __future__ import annotations
 
@@ -71,16 +63,13 @@ def run(args: argparse.Namespace) -> int:
             f"{dropped} over {cfg.data.max_prompt_length} prompt tokens dropped{places_note(dropped_at[:3])})"
         )
         if n == 0:
-            print(
-                f"dapo prepare-data: no {split} problems left from {resolved}: "
-                + (
+            why = "the source has no usable rows"
+            if dropped:
+                why = (
                     f"data.max_prompt_length={cfg.data.max_prompt_length} "
                     f"(from {cfg.source_of('data.max_prompt_length')}) drops every prompt; raise it"
-                    if dropped
-                    else "the source has no usable rows"
-                ),
-                file=sys.stderr,
-            )
+                )
+            print(f"dapo prepare-data: no {split} problems left from {resolved}: {why}", file=sys.stderr)
             return 2
     return 0
 

@@ -1,10 +1,6 @@
-"""`dapo report`: regenerate Table 1, the mechanisms table, the designs' marginal effects, the compute table and
-the paper's figures from an existing MLflow experiment, without retraining.
-
-By default the analysis notebooks (analysis/table1.py, analysis/figures.py) are executed with papermill and the
-executed copies are saved under <out>/notebooks; `--engine python` runs the same package functions directly
-(no Jupyter kernel). Missing rows or metrics are named in warnings and in report.md, never a traceback.
-"""
+"""`dapo report`: regenerate the tables and the paper's figures from an existing MLflow experiment, without
+retraining: by executing the analysis notebooks (papermill; the executed copies under <out>/notebooks), or with
+`--engine python` the same package functions directly. Missing rows or metrics are warnings, never a traceback."""
 
 from __future__ import annotations
 
@@ -15,8 +11,7 @@ import sys
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--experiment", required=True, help="MLflow experiment name (one per ablation).")
     p.add_argument(
-        "--tracking-uri",
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db).",
+        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db)."
     )
     p.add_argument("--out", default="results/report", help="Output folder (default: results/report).")
     p.add_argument(
@@ -60,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from dapo.report.load import ExperimentNotFound, load_experiment
+    from dapo.report.pipeline import write_index
     from dapo.tracking import resolve_uri
 
     uri = resolve_uri(args.tracking_uri)
@@ -96,13 +92,12 @@ def run(args: argparse.Namespace) -> int:
             )
             engine = "python"
     if engine == "python":
-        from dapo.report.pipeline import write_figures, write_index, write_tables
+        from dapo.report.pipeline import write_figures, write_tables
 
         write_tables(exp, out, args.gpus_per_run, args.cpus_per_run)
         write_figures(exp, out, args.x_axis)
     else:
         from dapo.report.notebooks import NotebookFailed, run_notebooks
-        from dapo.report.pipeline import write_index
 
         common = {"experiment": args.experiment, "tracking_uri": uri}
         try:

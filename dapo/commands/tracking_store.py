@@ -14,8 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "runs this."
     )
     p.add_argument(
-        "--tracking-uri",
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db).",
+        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db)."
     )
     p.add_argument("--experiment", required=True, help="The experiment's name (the workflow's: dapo-<preset>).")
 

@@ -1,18 +1,5 @@
-"""`dapo train`: train one ablation row; rerunning the same command on the same run directory resumes it.
-
-    dapo train --config configs/ablations/05_dynamic_sampling.yaml --preset tiny trainer.seed=1 --run-dir DIR
-
-Exit codes: 0 done (`<run-dir>/DONE.json` written), 1 failed, 2 a config, data or checkpoint error (the message
-says which key, file or line, and the fix), 75 stopped by SIGTERM/SIGUSR1 or the job's time limit ("resume me":
-run the same command again). From the first line on, a stop signal gives 75: during start-up there is nothing
-to save, so the process ends at once; later the loop checkpoints first.
-
-In order, before anything heavy: the start-up signal guard; the config and its ladder check
-(`dapo.designs.check_run_file`); the world size the job was started with against `resources.train`; MLflow records
-an earlier invocation left in `<run-dir>/mlflow_spool` are delivered; the pre-flight checks (model path, data,
-prompt lengths); the MLflow run is created (or found) and its id recorded in the run directory.
-Only then are data, engine and learner built.
-"""
+"""`dapo train`: train one ablation row; rerunning the same command on the same run directory resumes it. Its exit
+codes and what it checks before anything heavy, in order: docs/architecture.md, "trainer/"."""
 
 from __future__ import annotations
 
@@ -146,9 +133,8 @@ def _deliver_spools(run_dir: Path) -> None:
 
 
 def _open_run(cfg, run_dir: Path) -> bool:  # noqa: ANN001
-    """Create the MLflow run (or find the one recorded in the run directory) before anything is logged, so a
-    restart at any later moment resumes it. False when a new run could not be created (exit 75: retry later);
-    ConfigError (exit 2) when the server refused the credentials in the environment."""
+    """Create the MLflow run (or find the one recorded in the run directory) before anything is logged, so a restart
+    at any later moment resumes it. False when it could not be created (exit 75); ConfigError when refused (exit 2)."""
     from dapo.config import ConfigError
     from dapo.tracking import Tracker, TrackingRefused, TrackingUnavailable
 
