@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class PolicyLearner(Protocol):
-    """The policy being trained. Every method is collective (every rank calls it, with its own shard)."""
+    """The policy being trained. Every method is collective: every rank calls it (with the whole batch)."""
 
     def schedule(self, rollout_step: int) -> float:
         """Set and return the learning rate of rollout step `rollout_step` (0-based), before its updates."""
