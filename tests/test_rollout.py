@@ -34,8 +34,9 @@ INIT_STD = 0.2
 FP32_TOL = 2e-5  # mean |dlogp| between engine and transformers in fp32 (measured ~1e-6)
 
 
-def build_tiny_qwen2(d: Path, *, tie: bool, seed: int = 0) -> Path:
-    """A random Qwen2 (hidden 64, 2 layers, 2 heads of 32) and a byte-level BPE tokenizer, saved to `d`."""
+def build_tiny_qwen2(d: Path, *, tie: bool, seed: int = 0, extra_vocab: int = 0) -> Path:
+    """A random Qwen2 (hidden 64, 2 layers, 2 heads of 32) and a byte-level BPE tokenizer, saved to `d`; the model's
+    vocabulary has `extra_vocab` rows beyond the tokenizer's (as Qwen2.5's 152,064 beyond its 151,665)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
@@ -56,7 +57,7 @@ def build_tiny_qwen2(d: Path, *, tie: bool, seed: int = 0) -> Path:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     fast.save_pretrained(d)
     cfg = Qwen2Config(
-        vocab_size=len(fast),
+        vocab_size=len(fast) + extra_vocab,
         hidden_size=HIDDEN,
         intermediate_size=2 * HIDDEN,
         num_hidden_layers=LAYERS,
@@ -135,10 +136,54 @@ def check_counts_per_prompt(engine, model) -> None:  # noqa: ANN001
     assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
 
 
+# ---------------------------------------------------------------------------------------------- sync check
+def test_sync_checksum_is_exact_and_order_free_and_sees_one_ulp() -> None:
+    """What the engine's check needs of `digest`: the same for any order or layout of the same values (a fused engine
+    tensor sums its parts'; zero padding adds nothing), taken in the engine's dtype, and changed by two elements
+    moving one ulp in opposite directions, which leaves a plain sum of the bits as it was."""
+    from dapo.rollout.sync_check import digest
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 32, generator=g), torch.randn(16, 32, generator=g)
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert digest(a, f32) == digest(a.flatten()[torch.randperm(a.numel(), generator=g)], f32) == digest(a.T, f32)
+    assert digest(torch.cat([a, b, torch.zeros(5, 32)]), f32) == digest(a, f32) + digest(b, f32)
+    assert digest(a, bf16) == digest(a.to(bf16), bf16) != digest(a, f32)
+    bits = a.to(bf16).view(torch.int16)
+    for i, j in torch.randint(0, a.numel(), (50, 2), generator=g).tolist():
+        if i == j:
+            continue
+        moved = bits.flatten().clone()
+        moved[i] += 1
+        moved[j] -= 1
+        assert moved.sum() == bits.sum() and digest(moved.view(bf16), bf16) != digest(bits.view(bf16), bf16)
+
+
+def test_sync_check_covers_every_tensor_in_a_rotation_and_names_the_one_that_differs() -> None:
+    from dapo.rollout.base import SyncError
+    from dapo.rollout.sync_check import ROTATION, SyncCheck, digest
+
+    weights = {f"w{i}": torch.full((3,), float(i)) for i in range(19)}
+    check = SyncCheck({**{n: [n] for n in weights}, "fused": ["w1", "w2"]}, torch.float32)
+    f32 = torch.float32
+    engine = {**{n: digest(t, f32) for n, t in weights.items()}, "fused": digest(weights["w1"], f32)}
+    seen = []
+    for _ in range(ROTATION):
+        list(check.watch(weights.items()))
+        seen += check.sample
+        if "fused" in check.sample:  # the engine's fused tensor lacks w2's part
+            with pytest.raises(SyncError, match=r"engine's fused does not hold the learner's w1 \+ w2"):
+                check.verify(engine)
+        else:
+            check.verify(engine)
+    assert sorted(seen) == sorted(check.sources)  # each tensor once
+
+
 # ---------------------------------------------------------------------------------------------- vLLM
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
 def vllm_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, vllm):
-    d = build_tiny_qwen2(tmp_path_factory.mktemp("tiny"), tie=request.param)
+    # 330 rows, which vLLM pads to 384, as it pads the tiny world's 511 (the weight stream's order matters then)
+    d = build_tiny_qwen2(tmp_path_factory.mktemp("tiny"), tie=request.param, extra_vocab=10)
     engine = make_engine("vllm", str(d), dtype="float32", max_model_len=128, seed=0, cpu_kv_cache_gib=1)
     yield d, engine, load_hf(d)
     engine.close()
@@ -232,6 +277,71 @@ def test_vllm_refuses_a_sync_that_reads_nothing_or_skips_a_layer(vllm_world) -> 
     assert mean_abs_diff(engine.score(prompts, responses), hf_logprobs(model, prompts, responses)) < FP32_TOL
 
 
+def assert_planted_sync_refused(engine, model, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync that reads every tensor and applies none (`dapo_faults.plant_sync_fault`) leaves the engine on its old
+    weights (vLLM-CPU's "copy" still updates the qkv biases), which nothing but the checksums sees: the engine raises
+    SyncError naming a tensor. Then a real sync
+    passes, and every one of the engine's tensors (not only a sync's sample) checks against the learner's."""
+    from dapo_faults import plant_sync_fault
+
+    from dapo.rollout.base import SyncError
+    from dapo.rollout.sync_check import digest
+
+    prompts, responses = [PROMPTS[0]], [[40, 41, 42, 43]]
+    perturb(model, seed=21)
+    with monkeypatch.context() as m:
+        plant_sync_fault(engine, mode, m.setattr)
+        with pytest.raises(SyncError, match=r"the engine's model\.\S+ does not hold the learner's model\."):
+            engine.sync_weights(model.state_dict().items())
+    # the fault is real: the engine samples from other weights than the learner's (the old ones, or nearly)
+    assert mean_abs_diff(engine.score(prompts, responses), hf_logprobs(model, prompts, responses)) > 1e-2
+    engine.sync_weights(model.state_dict().items())
+    check, state = engine.sync_check, model.state_dict()
+    names = list(check.sources)
+    if hasattr(engine, "llm"):
+        from dapo.rollout.vllm_engine import _checksums
+
+        got = engine.llm.collective_rpc(_checksums, kwargs={"names": names})[0]
+    else:
+        got = {n: digest(p, check.dtype) for n, p in engine.model.named_parameters(remove_duplicate=False)}
+    want = {n: sum(digest(state[h], check.dtype) for h in check.sources[n]) for n in names}
+    assert got == want
+    assert {h for n in names for h in check.sources[n]} == {n for n, _ in model.named_parameters()}  # all covered
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["drain", "copy"])
+def test_vllm_refuses_a_sync_that_reads_all_and_applies_none(vllm_world, mode, monkeypatch) -> None:
+    d, engine, model = vllm_world
+    assert_planted_sync_refused(engine, model, mode, monkeypatch)
+
+
+@pytest.mark.slow
+def test_the_learners_stream_comes_in_the_order_vllms_reload_loads(vllm_world, monkeypatch) -> None:
+    """vLLM's layer-wise reload warns, on a GPU, when it must buffer two half-loaded layers at once (vLLM 0.32:
+    "Allocating ... ordering weights by their parent layer"), and a layer of a vocabulary it pads (330 rows, padded
+    to 384) stays half-loaded to the end of the sync. Seen as on a GPU (`has_device_tensors` patched): the model's
+    own order overlaps the embedding with every later layer; the learner's order (`Learner.named_parameters_for_sync`
+    streams `_vocab_last`: tests/test_learner.py checks it), vocabulary last, overlaps nothing
+    with a tied head, and with an untied one only the two vocabulary layers, which no order avoids
+    (docs/distributed.md, "Weight sync")."""
+    from vllm.model_executor.model_loader.reload import layerwise as lw
+
+    from dapo.learner.learner import _vocab_last
+
+    d, engine, model = vllm_world
+    assert model.config.vocab_size % 64
+    monkeypatch.setattr(lw, "has_device_tensors", lambda *a: True)
+    overlaps: list[str] = []  # the layers buffered together, as each warning names them
+    monkeypatch.setattr(lw.logger, "warning_once", lambda msg, mb, names, **kw: overlaps.append(names))
+    engine.sync_weights((n, p.detach()) for n, p in model.named_parameters())
+    assert "QKVParallelLinear" in " ".join(overlaps) and len(overlaps) >= 4 * LAYERS
+    overlaps.clear()
+    engine.sync_weights((n, p.detach()) for n, p in _vocab_last(model))  # the learner's order (no second Learner:
+    # closing the other fixture's engine destroyed the process group DeepSpeed keeps)
+    assert overlaps == ([] if model.config.tie_word_embeddings else ["['ParallelLMHead', 'VocabParallelEmbedding']"])
+
+
 @pytest.mark.slow
 def test_vllm_uniform_policy_logprobs_and_finish_reasons(vllm_world) -> None:
     """With the final norm zeroed every logit is 0: each sampled token has log-prob -log V exactly, and a response
@@ -313,6 +423,12 @@ def test_hf_sync_tied_weights_and_uniform_policy(hf_world) -> None:
         engine.sync_weights([("model.not_a_layer.weight", torch.zeros(1))])
 
     assert_uniform_policy(engine, model)
+
+
+@pytest.mark.parametrize("mode", ["drain", "copy"])
+def test_hf_refuses_a_sync_that_reads_all_and_applies_none(hf_world, mode, monkeypatch) -> None:
+    d, engine, model = hf_world
+    assert_planted_sync_refused(engine, model, mode, monkeypatch)
 
 
 def test_make_engine_rejects_unknown_kind() -> None:
