@@ -27,6 +27,8 @@ from dapo.learner import Learner, LossSpec, PolicyBatch, response_mask  # noqa: 
 from dapo.rollout import make_engine  # noqa: E402
 from dapo.rollout.replicas import ReplicaLayout, split_samples  # noqa: E402
 from dapo.rollout.seeds import sampling_seed, share_seeds  # noqa: E402
+from dapo.rollout.sync_check import digest  # noqa: E402
+from dapo.rollout.vllm_engine import _checksums  # noqa: E402
 
 PROMPTS = [[5, 17, 33, 60], [100, 7], [250, 251, 252, 9, 11, 3]]
 N, MAX_TOKENS = 4, 12
@@ -92,8 +94,16 @@ def main() -> None:
     synced = engine.score(prompts, responses)
     new_prompts, new_responses, sampled = flat(sample(2))
     learner.reload_states()
+    # every engine tensor's checksum (not only this sync's sample), summed over the tensor-parallel ranks, against
+    # the learner's: sharded tensors add up, replicated ones count once
+    check = engine.sync_check
+    got = engine.llm.collective_rpc(_checksums, kwargs={"names": list(check.sources)})[0]
+    streamed = {n: digest(t, check.dtype) for n, t in learner.named_parameters_for_sync()}
+    differ = [n for n, parts in check.sources.items() if got[n] != sum(streamed[h] for h in parts)]
     torch.save(
         {
+            "checksums_differ": differ,
+            "checked": sorted(check.sources),
             "replica": layout.replica,
             "responses": new_responses,
             "sampled": sampled,

@@ -623,7 +623,8 @@ def test_gather_shares_in_one_process_is_the_replicas_own_result() -> None:
 )
 def test_zero3_learner_streams_its_weights_into_every_replica(tmp_path: Path, tie: bool, tp: int, vllm) -> None:
     """World size 2 under torchrun, ZeRO-3: after an update and a sync through the trainer's path, every
-    replica's sampled log-probs equal the learner's log-probs of the same responses (fp32)."""
+    replica's sampled log-probs equal the learner's log-probs of the same responses (fp32), and every engine tensor's
+    checksum equals the learner's (over tensor-parallel shards: the sync check's sums)."""
     import os
     import subprocess
     import sys
@@ -640,6 +641,7 @@ def test_zero3_learner_streams_its_weights_into_every_replica(tmp_path: Path, ti
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert [r["replica"] for r in ranks] == ([0, 1] if tp == 1 else [0, 0])
     for r in ranks:
+        assert r["checksums_differ"] == [] and len(r["checked"]) == 2 + 7 * LAYERS + 1  # the sync check, every tensor
         # the update moved the policy: an engine left with the old weights would be far off ...
         assert mean_abs_diff(r["engine_before_sync"], [torch.tensor(x) for x in r["learner_after_update"]]) > 0.05
         # ... the synced one agrees with the learner, on old responses and on the ones it samples now
