@@ -177,6 +177,9 @@ def test_sync_check_covers_every_tensor_in_a_rotation_and_names_the_one_that_dif
         else:
             check.verify(engine)
     assert sorted(seen) == sorted(check.sources)  # each tensor once
+    list(check.watch((n, t) for n, t in weights.items() if n != "w2"))  # w2 left out of the stream
+    with pytest.raises(SyncError, match="streamed w1 but not w2, which the engine's fused also holds"):
+        check.verify(engine)  # whether or not the sample holds "fused": vLLM does not report a half-loaded fused layer
 
 
 # ---------------------------------------------------------------------------------------------- vLLM
@@ -263,8 +266,9 @@ def test_vllm_stale_packed_head_is_repacked(vllm_world, monkeypatch: pytest.Monk
 @pytest.mark.slow
 def test_vllm_refuses_a_sync_that_reads_nothing_or_skips_a_layer(vllm_world) -> None:
     """vLLM only logs what its in-place reload did not load; the engine makes both an error (`SyncError`, which the
-    trainer turns into exit 2): a stream it read none of, and one without layer 0's weights. A whole sync after
-    them works again."""
+    trainer turns into exit 2): a stream it read none of, and one without layer 0's weights; and one without layer
+    0's k_proj, which vLLM does not report at all (its fused qkv_proj half-loaded). A whole sync after them works
+    again."""
     from dapo.rollout.base import SyncError
 
     d, engine, model = vllm_world
@@ -272,6 +276,8 @@ def test_vllm_refuses_a_sync_that_reads_nothing_or_skips_a_layer(vllm_world) -> 
         engine.sync_weights([])
     with pytest.raises(SyncError, match=r"did not load every parameter.*model\.layers\.0\."):
         engine.sync_weights((k, v) for k, v in model.state_dict().items() if ".layers.0." not in k)
+    with pytest.raises(SyncError, match=r"but not model\.layers\.0\.self_attn\.k_proj\.weight, which the engine's"):
+        engine.sync_weights((k, v) for k, v in model.state_dict().items() if "layers.0.self_attn.k_proj.w" not in k)
     engine.sync_weights(model.state_dict().items())
     prompts, responses = [PROMPTS[0]], [[40, 41, 42]]
     assert mean_abs_diff(engine.score(prompts, responses), hf_logprobs(model, prompts, responses)) < FP32_TOL

@@ -50,19 +50,21 @@ class SyncCheck:
         self.sources, self.dtype, self.syncs = dict(sources), dtype, 0
         self.sample: list[str] = []
         self.learner: dict[str, int] = {}
+        self.streamed: set[str] = set()
 
     def watch(self, named_tensors: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
         """Start a sync: pick its sample, and pass the learner's stream through (names without DeepSpeed's prefix),
         taking the checksums of the sample's tensors on the way, so nothing is gathered twice."""
         names = list(self.sources)
         k = max(1, min(ROTATION, len(names)))
-        self.sample, self.learner = names[self.syncs % k :: k], {}
+        self.sample, self.learner, self.streamed = names[self.syncs % k :: k], {}, set()
         self.syncs += 1
         wanted = {h for n in self.sample for h in self.sources[n]}
 
         def stream() -> Iterator[tuple[str, Tensor]]:
             for name, t in named_tensors:
                 name = strip_prefix(name)
+                self.streamed.add(name)
                 if name in wanted:
                     self.learner[name] = digest(t, self.dtype)
                 yield name, t
@@ -71,7 +73,16 @@ class SyncCheck:
 
     def verify(self, engine: Mapping[str, int]) -> None:
         """Compare the engine's checksums of the sample (read after the sync) with the learner's: SyncError names the
-        first tensor that differs. A tensor the learner did not stream is left to the stream's own checks."""
+        first tensor that differs. A tensor the learner did not stream is left to the stream's own checks, but not a
+        fused one it streamed part of (vLLM reports no such layer), whichever tensors are in the sample."""
+        for name, parts in self.sources.items():
+            if self.streamed.isdisjoint(parts) or self.streamed.issuperset(parts):
+                continue
+            raise SyncError(
+                f"weight sync: the learner streamed {', '.join(p for p in parts if p in self.streamed)} but not "
+                f"{', '.join(p for p in parts if p not in self.streamed)}, which the engine's {name} also holds: "
+                "that part of it keeps its old weights. Stream every parameter under its Hugging Face name"
+            )
         for name in self.sample:
             parts = self.sources[name]
             if all(p in self.learner for p in parts) and engine[name] != sum(self.learner[p] for p in parts):

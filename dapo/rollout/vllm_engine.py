@@ -327,8 +327,7 @@ class _SkippedWeights(logging.Handler):
     weights were not loaded from checkpoint: {...}" (a warning, for unquantized models; from
     `vllm.v1.worker.gpu_model_runner` in 0.16, `vllm.model_executor.model_loader.reload.inplace` in 0.32 and 0.33).
     Only that line counts: 0.32's "<Layer>: Failed to load weights" lines come on good syncs too. A fused layer
-    with one shard missing (k_proj of qkv_proj) is not reported at all: `_Stream.check_drained` and the log-prob
-    tripwire are the guards there."""
+    with one shard missing (k_proj of qkv_proj) is not reported at all: `SyncCheck.verify` refuses it."""
 
     PREFIX = "Following weights were not loaded"
 
