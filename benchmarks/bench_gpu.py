@@ -393,7 +393,7 @@ def summarize(report: dict) -> list[str]:
         lines.append(
             f"  {k}: {v['tflops_per_s']:.3g} TFLOP/s, MFU {v['mfu'] or 0:.1%} ({v['of_matmul_rate']:.1%} of torch's "
             f"matmul rate here), attention {v['attention_share_of_flops']:.1%} of the FLOPs, update peak "
-            f"{v['update_peak_gib']:.1f} GiB (plan {v['plan_training_gib']})"
+            f"{v['update_peak_gib']:.1f} GiB (plan: {v['plan_training_gib'] or float('nan'):.1f})"
         )
     ours, alone = report["step"].get("generation"), report["vllm-alone"].get("generation")
     if ours and alone:
