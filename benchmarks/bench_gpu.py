@@ -41,7 +41,6 @@ import os
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -241,9 +240,9 @@ def vllm_alone_part(out: Path, cpu: bool, max_tokens: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- part 3: learner
-def learner_part(out: Path, cpu: bool, updates: int) -> None:
-    import gc
-
+def learner_part(out: Path, cpu: bool, updates: int, setting: str) -> None:
+    """One learner setting (`shape:zero:checkpointing`), in a process of its own: a setting that runs out of memory,
+    or a ZeRO stage's leftovers in the process, cost no other."""
     import torch
     from _common import useful_flops
 
@@ -252,62 +251,53 @@ def learner_part(out: Path, cpu: bool, updates: int) -> None:
     from dapo.learner import Learner, LossSpec
     from dapo.shapes import GPUS, shape_from_hf_config
 
+    shape_name, zero, ckpt = setting.split(":")[0], int(setting.split(":")[1]), setting.endswith(":1")
     dist.init_distributed()
     rates = device_rates(cpu)
     write(out, "device", rates)
     name = torch.cuda.get_device_name().lower() if torch.cuda.is_available() else ""
     gpu = next((g for key, g in GPUS.items() if key in name.split()), None)
     cfg = load_config(ROW05, preset=PRESET)
-    for shape_name, zero, ckpt in CPU_LEARNER_SETTINGS if cpu else LEARNER_SETTINGS:
-        key = f"{shape_name}/zero{zero}/{'ckpt' if ckpt else 'no-ckpt'}"
-        micro = 16384 if ckpt else 8192
-        try:
-            path = model_dir(shape_name, cpu)
-            hf = json.loads((path / "config.json").read_text())
-            shape = shape_from_hf_config(hf)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats()
-            learner = Learner(
-                str(path), loss=LossSpec(), lr=1e-6, zero_stage=zero, dtype="auto", gradient_checkpointing=ckpt,
-                micro_batch_tokens=micro, logprob_chunk_size=cfg.trainer.logprob_chunk_size,
-            )  # fmt: skip
-            states = device_memory()["allocated_gib"]
-            # the 1.5B preset's mini-batch (8 prompts x 8: 64 sequences of 200 + 1,024 tokens); 32 at the 7B shape
-            n = 16 if cpu else (64 if shape_name == "1.5b" else 32)
-            batch = random_batch(shape.vocab, n, 32 if cpu else 200, 32 if cpu else 1024)
-            batch.old_logp, _ = learner.compute_logprobs(batch)
-            learner.update(batch)  # warm-up: allocation, AdamW's moments, autotuning
-            secs = []
-            for _ in range(updates):
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                learner.update(batch)
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                secs.append(time.perf_counter() - t0)
-            flops = useful_flops(shape, batch.prompt_ids, batch.response_ids)
-            s = sorted(secs)[len(secs) // 2]
-            peak = torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() else 0.0
-            budget = budget_for([f"trainer.zero_stage={zero}", f"model.gradient_checkpointing={str(ckpt).lower()}",
-                                 f"trainer.micro_batch_tokens={micro}"]) if shape_name == "1.5b" else None  # fmt: skip
-            write(out, key, {
-                "params": shape.params, "tokens": sum(len(p) + len(r) for p, r in zip(batch.prompt_ids,
-                batch.response_ids, strict=True)), "seconds": secs, "flops": flops,
-                "tflops_per_s": flops["total"] / s / 1e12,
-                "mfu": flops["total"] / s / (gpu.bf16_tflops * 1e12) if gpu else None,
-                "of_matmul_rate": flops["total"] / s / (rates["matmul_tflops_per_s"] * 1e12),
-                "attention_share_of_flops": flops["attention"] / flops["total"],
-                "states_after_build_gib": states, "update_peak_gib": peak,
-                "plan_training_gib": budget["training_gib"] if budget else None,
-            })  # fmt: skip
-            del learner
-        except Exception as e:  # noqa: BLE001 (one setting that does not fit must not cost the others)
-            write(out, key, {"error": f"{type(e).__name__}: {e}"[:2000], "trace": traceback.format_exc()[-3000:]})
-        gc.collect()
+    micro = 16384 if ckpt else 8192
+    path = model_dir(shape_name, cpu)
+    shape = shape_from_hf_config(json.loads((path / "config.json").read_text()))
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    learner = Learner(
+        str(path), loss=LossSpec(), lr=1e-6, zero_stage=zero, dtype="auto", gradient_checkpointing=ckpt,
+        micro_batch_tokens=micro, logprob_chunk_size=cfg.trainer.logprob_chunk_size,
+    )  # fmt: skip
+    states = device_memory()["allocated_gib"]
+    # the 1.5B preset's mini-batch (8 prompts x 8: 64 sequences of 200 + 1,024 tokens); 32 at the 7B shape
+    n = 16 if cpu else (64 if shape_name == "1.5b" else 32)
+    batch = random_batch(shape.vocab, n, 32 if cpu else 200, 32 if cpu else 1024)
+    batch.old_logp, _ = learner.compute_logprobs(batch)
+    learner.update(batch)  # warm-up: allocation, AdamW's moments, autotuning
+    secs = []
+    for _ in range(updates):
         if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        learner.update(batch)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        secs.append(time.perf_counter() - t0)
+    flops = useful_flops(shape, batch.prompt_ids, batch.response_ids)
+    s = sorted(secs)[len(secs) // 2]
+    overrides = [f"trainer.zero_stage={zero}", f"model.gradient_checkpointing={str(ckpt).lower()}",
+                 f"trainer.micro_batch_tokens={micro}"]  # fmt: skip
+    budget = budget_for(overrides) if shape_name == "1.5b" else None  # the plan knows the 1.5B model, not 6 layers
+    tokens = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True))
+    write(out, "result", {
+        "params": shape.params, "tokens": tokens, "seconds": secs, "flops": flops,
+        "tflops_per_s": flops["total"] / s / 1e12,
+        "mfu": flops["total"] / s / (gpu.bf16_tflops * 1e12) if gpu else None,
+        "of_matmul_rate": flops["total"] / s / (rates["matmul_tflops_per_s"] * 1e12),
+        "attention_share_of_flops": flops["attention"] / flops["total"],
+        "states_after_build_gib": states,
+        "update_peak_gib": torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() else 0.0,
+        "plan_training_gib": budget["training_gib"] if budget else None,
+    })  # fmt: skip
 
 
 def device_rates(cpu: bool) -> dict[str, float]:
@@ -341,11 +331,17 @@ def device_rates(cpu: bool) -> dict[str, float]:
 PARTS = {"step": step_part, "vllm-alone": vllm_alone_part, "learner": learner_part}
 
 
-def start_part(part: str, args: argparse.Namespace) -> tuple[subprocess.Popen, Path]:
-    out = args.out.with_suffix(f".{part}.json")
+def setting_key(setting: str) -> str:
+    shape, zero, ckpt = setting.split(":")
+    return f"{shape}/zero{zero}/{'ckpt' if ckpt == '1' else 'no-ckpt'}"
+
+
+def start_part(part: str, setting: str, args: argparse.Namespace) -> tuple[subprocess.Popen, Path]:
+    out = args.out.with_suffix(f".{part}{'.' + setting.replace(':', '-') if setting else ''}.json")
     out.unlink(missing_ok=True)
-    cmd = [sys.executable, __file__, "--worker", part, "--out", str(out), "--max-tokens", str(args.max_tokens),
-           "--updates", str(args.updates)] + (["--cpu"] if args.cpu else [])  # fmt: skip
+    cmd = [sys.executable, __file__, "--worker", part, "--setting", setting, "--out", str(out),
+           "--max-tokens", str(args.max_tokens), "--updates", str(args.updates)]  # fmt: skip
+    cmd += ["--cpu"] if args.cpu else []
     log = out.with_suffix(".log").open("w")
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), out
 
@@ -361,23 +357,33 @@ def finish_part(p: subprocess.Popen, out: Path, deadline: float, t0: float) -> d
         p.wait()
         status = "cut off by --budget-s"
     result = json.loads(out.read_text()) if out.is_file() else {}
-    return {**result, "status": status, "seconds": time.monotonic() - t0}
+    return {**result.pop("result", {}), **result, "status": status, "seconds": time.monotonic() - t0}
 
 
 def run_parts(parts: list[str], args: argparse.Namespace, deadline: float) -> dict[str, dict]:
-    """One process per part: one after the other on a GPU (each has the device to itself), all at once in a CPU
-    trial (CI's minute)."""
-    results: dict[str, dict] = {}
+    """One process per part and per learner setting: one after the other on a GPU (each has the device to itself),
+    all at once in a CPU trial (CI's minute)."""
+    settings = [f"{s}:{z}:{int(c)}" for s, z, c in (CPU_LEARNER_SETTINGS if args.cpu else LEARNER_SETTINGS)]
+    jobs = [(p, s) for p in parts for s in (settings if p == "learner" else [""])]
+    done: dict[tuple[str, str], dict] = {}
     if args.cpu:
+        for shape in CPU_SHAPES:  # built before the parts start at once, which would all build them
+            model_dir(shape, cpu=True)
         t0 = time.monotonic()
-        started = {part: start_part(part, args) for part in parts}
-        return {part: finish_part(p, out, deadline, t0) for part, (p, out) in started.items()}
-    for part in parts:
+        started = {job: start_part(*job, args) for job in jobs}
+        done = {job: finish_part(p, out, deadline, t0) for job, (p, out) in started.items()}
+    for job in [] if args.cpu else jobs:
         if deadline - time.monotonic() < 20:
-            results[part] = {"skipped": "the time budget (--budget-s) was spent"}
+            done[job] = {"skipped": "the time budget (--budget-s) was spent", "status": "skipped"}
             continue
         t0 = time.monotonic()
-        results[part] = finish_part(*start_part(part, args), deadline, t0)
+        done[job] = finish_part(*start_part(*job, args), deadline, t0)
+    results: dict[str, dict] = {p: {} for p in parts}
+    for (part, setting), r in done.items():
+        if setting:
+            results[part][setting_key(setting)] = r
+        else:
+            results[part] = r
     return results
 
 
@@ -385,6 +391,7 @@ def summarize(report: dict) -> list[str]:
     """The design targets, met or not, from the parts that finished."""
     lines, checks = [], {}
     learner = {k: v for k, v in report["learner"].items() if isinstance(v, dict) and "mfu" in v}
+    dev = next((v["device"] for v in report["learner"].values() if isinstance(v, dict) and "device" in v), None)
     best = max(((v["mfu"] or 0, k) for k, v in learner.items() if k.startswith("1.5b/")), default=None)
     if best is not None:
         checks["learner_mfu_1.5b"] = best[0]
@@ -402,7 +409,7 @@ def summarize(report: dict) -> list[str]:
             f"generation: our engine {ours['tokens_per_s']:.0f} tokens/s, vLLM alone {alone['tokens_per_s']:.0f}: "
             f"{checks['engine_vs_vllm']:.2f}"
         )
-    sync, dev = report["step"].get("sync"), report["learner"].get("device")
+    sync = report["step"].get("sync")
     if sync and dev:
         checks["sync_vs_copy_bandwidth"] = sync["gb_per_s"] / dev["copy_gb_per_s"]
         lines.append(
@@ -433,13 +440,16 @@ def main() -> int:
     ap.add_argument("--updates", type=int, default=3, help="timed learner updates per setting, after one warm-up")
     ap.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS))
     ap.add_argument("--worker", choices=list(PARTS), help=argparse.SUPPRESS)
+    ap.add_argument("--setting", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.max_tokens = args.max_tokens or (16 if args.cpu else 512)
     if args.cpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if args.worker:
-        fn = PARTS[args.worker]
-        fn(args.out, args.cpu, args.updates if args.worker == "learner" else args.max_tokens)
+        if args.worker == "learner":
+            learner_part(args.out, args.cpu, args.updates, args.setting)
+        else:
+            PARTS[args.worker](args.out, args.cpu, args.max_tokens)
         return 0
     import torch
 
@@ -455,12 +465,15 @@ def main() -> int:
     done = run_parts([p for p in PARTS if p in args.parts], args, deadline)
     for part in PARTS:
         report[part] = done.get(part, {"skipped": "--parts"})
-        print(f"{part}: {report[part].get('status', report[part].get('skipped'))}")
+        entries = report[part].items() if part == "learner" else [(part, report[part])]
+        for name, r in entries:
+            print(f"{name}: {r.get('status', r.get('skipped'))}")
     for line in summarize(report):
         print(line)
     args.out.write_text(json.dumps(report, indent=1))
     print(f"bench_gpu: {args.out}")
-    return 0 if all(r.get("status") == "ok" for r in (report[p] for p in args.parts)) else 1
+    statuses = [r.get("status") for p in args.parts for r in (report[p].values() if p == "learner" else [report[p]])]
+    return 0 if statuses and all(x == "ok" for x in statuses) else 1
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def test_bench_gpu_cpu_trial_runs_every_part_and_reports_each_figure(tmp_path, v
     r = run("benchmarks/bench_gpu.py", "--cpu", "--out", str(out))
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     report = json.loads(out.read_text())
-    assert all(report[p]["status"] == "ok" for p in ("step", "vllm-alone", "learner"))
+    assert report["step"]["status"] == report["vllm-alone"]["status"] == "ok"
     step, alone = report["step"], report["vllm-alone"]
     for gen in (step["generation"], alone["generation"]):  # the same prompts and caps: 8 prompts x 4 x <= 16 tokens
         assert 0 < gen["tokens"] <= 8 * 4 * 16 and gen["tokens_per_s"] > 0
@@ -56,7 +56,7 @@ def test_bench_gpu_cpu_trial_runs_every_part_and_reports_each_figure(tmp_path, v
     settings = {k: v for k, v in report["learner"].items() if "/" in k}
     assert set(settings) == {"1.5b/zero0/no-ckpt", "1.5b/zero3/ckpt", "7b-6l/zero2/no-ckpt"}
     for v in settings.values():
-        assert "error" not in v, v
+        assert v["status"] == "ok", v
         f = v["flops"]
         assert f["total"] == pytest.approx(f["linear"] + f["head"] + f["attention"]) and v["tflops_per_s"] > 0
     assert set(report["targets"]) == {"learner_mfu_1.5b", "engine_vs_vllm", "sync_vs_copy_bandwidth"}
