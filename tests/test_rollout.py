@@ -330,7 +330,7 @@ def test_the_learners_stream_comes_in_the_order_vllms_reload_loads(vllm_world, m
     own order overlaps the embedding with every later layer; the learner's order (`Learner.named_parameters_for_sync`
     streams `_vocab_last`: tests/test_learner.py checks it), vocabulary last, overlaps nothing
     with a tied head, and with an untied one only the two vocabulary layers, which no order avoids
-    (docs/distributed.md, "Weight sync")."""
+    (docs/distributed.md, "Weight sync from a sharded learner")."""
     from vllm.model_executor.model_loader.reload import layerwise as lw
 
     from dapo.learner.learner import _vocab_last

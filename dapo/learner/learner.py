@@ -382,7 +382,7 @@ class Learner:
         before the next update if you keep it. Tied weights appear once (under the embedding's name).
 
         Order: the model's, with the embedding and the output head last (`_vocab_last`), so vLLM's layer-wise
-        reload never holds two layers half-loaded (docs/distributed.md, "Weight sync").
+        reload never holds two layers half-loaded (docs/distributed.md, "Weight sync from a sharded learner").
         """
         import deepspeed
 
