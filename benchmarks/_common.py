@@ -98,8 +98,11 @@ def random_qwen2(
     max_positions: int = 4096,
     seed: int = 0,
     kv_heads: int | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
 ) -> Path:
-    """A randomly initialised Qwen2ForCausalLM (float32) saved with a tokenizer, cached under MODEL_CACHE/name.
+    """A randomly initialised Qwen2ForCausalLM saved with a tokenizer, cached under MODEL_CACHE/name; built on
+    `device` (a GPU initialises a 7B model in seconds) and saved in `dtype`.
 
     The tokenizer is a byte-level BPE trained on a little synthetic text (a few hundred tokens); the model's
     vocabulary may be larger (as Qwen2.5's 152,064 rows exceed its tokenizer's), which only matters for decoding.
@@ -137,10 +140,29 @@ def random_qwen2(
         bos_token_id=None,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(cfg).float()
+    with torch.device(device):
+        model = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
     model.save_pretrained(tmp)
+    del model
     tmp.rename(out)
     return out
+
+
+def linears(s: Any) -> list[tuple[int, int]]:
+    """(in, out) of one decoder layer's linear layers (q, k, v, o, gate, up, down) of a `dapo.shapes.ModelShape`."""
+    h, i = s.hidden, s.intermediate
+    return [(h, s.q_dim), (h, s.kv_dim), (h, s.kv_dim), (s.q_dim, h), (h, i), (h, i), (i, h)]
+
+
+def useful_flops(s: Any, prompts: list[list[int]], responses: list[list[int]]) -> dict[str, float]:
+    """Model FLOPs of one forward + backward of a learner update (bench_learner_flops.py's docstring): 6 x the
+    linear layers' weights x tokens, the head on response positions, causal attention 6 x L^2 x q_dim per layer."""
+    lengths = [len(p) + len(r) - 1 for p, r in zip(prompts, responses, strict=True) if r]
+    tokens, scored = sum(lengths), sum(len(r) for r in responses)
+    linear = 6.0 * s.layers * sum(a * b for a, b in linears(s)) * tokens
+    head = 6.0 * s.vocab * s.hidden * scored
+    attention = 6.0 * s.layers * s.q_dim * sum(n * n for n in lengths)
+    return {"linear": linear, "head": head, "attention": attention, "total": linear + head + attention}
 
 
 def param_count(path: Path) -> int:

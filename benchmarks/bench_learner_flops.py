@@ -43,28 +43,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
-from _common import interleaved, machine, md_table, median, print_table, random_qwen2, record  # noqa: E402
+from _common import (  # noqa: E402
+    interleaved,
+    linears,
+    machine,
+    md_table,
+    median,
+    print_table,
+    random_qwen2,
+    record,
+    useful_flops,
+)
 from bench_learner import MODELS, make_batch, profile  # noqa: E402
 
 from dapo.shapes import ModelShape, shape_from_hf_config  # noqa: E402
 
 GOAL = 0.5
-
-
-def linears(s: ModelShape) -> list[tuple[int, int]]:
-    """(in, out) of one decoder layer's linear layers: q, k, v, o, gate, up, down."""
-    h, i = s.hidden, s.intermediate
-    return [(h, s.q_dim), (h, s.kv_dim), (h, s.kv_dim), (s.q_dim, h), (h, i), (h, i), (i, h)]
-
-
-def useful_flops(s: ModelShape, prompts: list[list[int]], responses: list[list[int]]) -> dict[str, float]:
-    """Model FLOPs of one forward + backward, by part (see the module docstring)."""
-    lengths = [len(p) + len(r) - 1 for p, r in zip(prompts, responses, strict=True) if r]
-    tokens, scored = sum(lengths), sum(len(r) for r in responses)
-    linear = 6.0 * s.layers * sum(a * b for a, b in linears(s)) * tokens
-    head = 6.0 * s.vocab * s.hidden * scored
-    attention = 6.0 * s.layers * s.q_dim * sum(n * n for n in lengths)
-    return {"linear": linear, "head": head, "attention": attention, "total": linear + head + attention}
 
 
 def update_gemms(s: ModelShape, padded: list[tuple[int, int]], chunk: int) -> list[tuple[int, int, int]]:

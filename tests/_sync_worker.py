@@ -25,7 +25,9 @@ import torch  # noqa: E402
 from dapo import distributed as dist  # noqa: E402
 from dapo.learner import Learner, LossSpec, PolicyBatch, response_mask  # noqa: E402
 from dapo.rollout import make_engine  # noqa: E402
-from dapo.rollout.replicas import ReplicaLayout, sampling_seed, share_seeds, split_samples  # noqa: E402  # noqa: E402
+from dapo.rollout.replicas import ReplicaLayout, sampling_seed, share_seeds, split_samples  # noqa: E402
+from dapo.rollout.sync_check import digest  # noqa: E402
+from dapo.rollout.vllm_engine import _checksums  # noqa: E402
 
 PROMPTS = [[5, 17, 33, 60], [100, 7], [250, 251, 252, 9, 11, 3]]
 N, MAX_TOKENS = 4, 12
@@ -102,8 +104,16 @@ def main() -> None:
     synced = engine.score(prompts, responses)
     new_prompts, new_responses, sampled = sample(2)
     learner.reload_states()
+    # every engine tensor's checksum (not only this sync's sample), summed over the tensor-parallel ranks, against
+    # the learner's: sharded tensors add up, replicated ones count once
+    check = engine.sync_check
+    got = engine.llm.collective_rpc(_checksums, kwargs={"names": list(check.sources)})[0]
+    streamed = {n: digest(t, check.dtype) for n, t in learner.named_parameters_for_sync()}
+    differ = [n for n, parts in check.sources.items() if got[n] != sum(streamed[h] for h in parts)]
     torch.save(
         {
+            "checksums_differ": differ,
+            "checked": sorted(check.sources),
             "replica": layout.replica,
             "responses": new_responses,
             "sampled": sampled,

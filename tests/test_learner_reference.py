@@ -140,7 +140,8 @@ def test_one_update_with_a_kl_term_equals_the_hand_computed_step(models):
     noise = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(7)) * 0.3
     batch.old_logp = (current + noise) * response_mask(batch.response_ids, width=WIDTH)
     metrics = learner.update(batch)
-    got = torch.cat([p.detach().double().reshape(-1) for _, p in learner.named_parameters_for_sync()])
+    streamed = dict(learner.named_parameters_for_sync())  # in the model's order below (the stream's puts vocab last)
+    got = torch.cat([streamed[n].detach().double().reshape(-1) for n, _ in learner.engine.module.lm.named_parameters()])
 
     model = _qwen2(0).double()  # the same initial weights, in float64
     logp = _naive_logp(model, batch)

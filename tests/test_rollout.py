@@ -35,8 +35,9 @@ INIT_STD = 0.2
 FP32_TOL = 2e-5  # mean |dlogp| between engine and transformers in fp32 (measured ~1e-6)
 
 
-def build_tiny_qwen2(d: Path, *, tie: bool, seed: int = 0) -> Path:
-    """A random Qwen2 (hidden 64, 2 layers, 2 heads of 32) and a byte-level BPE tokenizer, saved to `d`."""
+def build_tiny_qwen2(d: Path, *, tie: bool, seed: int = 0, extra_vocab: int = 0) -> Path:
+    """A random Qwen2 (hidden 64, 2 layers, 2 heads of 32) and a byte-level BPE tokenizer, saved to `d`; the model's
+    vocabulary has `extra_vocab` rows beyond the tokenizer's (as Qwen2.5's 152,064 beyond its 151,665)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
@@ -57,7 +58,7 @@ def build_tiny_qwen2(d: Path, *, tie: bool, seed: int = 0) -> Path:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     fast.save_pretrained(d)
     cfg = Qwen2Config(
-        vocab_size=len(fast),
+        vocab_size=len(fast) + extra_vocab,
         hidden_size=HIDDEN,
         intermediate_size=2 * HIDDEN,
         num_hidden_layers=LAYERS,
@@ -141,10 +142,57 @@ def check_counts_per_prompt(engine, model) -> None:  # noqa: ANN001
     assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
 
 
+# ---------------------------------------------------------------------------------------------- sync check
+def test_sync_checksum_is_exact_and_order_free_and_sees_one_ulp() -> None:
+    """What the engine's check needs of `digest`: the same for any order or layout of the same values (a fused engine
+    tensor sums its parts'; zero padding adds nothing), taken in the engine's dtype, and changed by two elements
+    moving one ulp in opposite directions, which leaves a plain sum of the bits as it was."""
+    from dapo.rollout.sync_check import digest
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 32, generator=g), torch.randn(16, 32, generator=g)
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert digest(a, f32) == digest(a.flatten()[torch.randperm(a.numel(), generator=g)], f32) == digest(a.T, f32)
+    assert digest(torch.cat([a, b, torch.zeros(5, 32)]), f32) == digest(a, f32) + digest(b, f32)
+    assert digest(a, bf16) == digest(a.to(bf16), bf16) != digest(a, f32)
+    bits = a.to(bf16).view(torch.int16)
+    for i, j in torch.randint(0, a.numel(), (50, 2), generator=g).tolist():
+        if i == j:
+            continue
+        moved = bits.flatten().clone()
+        moved[i] += 1
+        moved[j] -= 1
+        assert moved.sum() == bits.sum() and digest(moved.view(bf16), bf16) != digest(bits.view(bf16), bf16)
+
+
+def test_sync_check_covers_every_tensor_in_a_rotation_and_names_the_one_that_differs() -> None:
+    from dapo.rollout.base import SyncError
+    from dapo.rollout.sync_check import ROTATION, SyncCheck, digest
+
+    weights = {f"w{i}": torch.full((3,), float(i)) for i in range(19)}
+    check = SyncCheck({**{n: [n] for n in weights}, "fused": ["w1", "w2"]}, torch.float32)
+    f32 = torch.float32
+    engine = {**{n: digest(t, f32) for n, t in weights.items()}, "fused": digest(weights["w1"], f32)}
+    seen = []
+    for _ in range(ROTATION):
+        list(check.watch(weights.items()))
+        seen += check.sample
+        if "fused" in check.sample:  # the engine's fused tensor lacks w2's part
+            with pytest.raises(SyncError, match=r"engine's fused does not hold the learner's w1 \+ w2"):
+                check.verify(engine)
+        else:
+            check.verify(engine)
+    assert sorted(seen) == sorted(check.sources)  # each tensor once
+    list(check.watch((n, t) for n, t in weights.items() if n != "w2"))  # w2 left out of the stream
+    with pytest.raises(SyncError, match="streamed w1 but not w2, which the engine's fused also holds"):
+        check.verify(engine)  # whether or not the sample holds "fused": vLLM does not report a half-loaded fused layer
+
+
 # ---------------------------------------------------------------------------------------------- vLLM
 @pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
 def vllm_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, vllm):
-    d = build_tiny_qwen2(tmp_path_factory.mktemp("tiny"), tie=request.param)
+    # 330 rows, which vLLM pads to 384, as it pads the tiny world's 511 (the weight stream's order matters then)
+    d = build_tiny_qwen2(tmp_path_factory.mktemp("tiny"), tie=request.param, extra_vocab=10)
     engine = make_engine("vllm", str(d), dtype="float32", max_model_len=128, seed=0, cpu_kv_cache_gib=1)
     yield d, engine, load_hf(d)
     engine.close()
@@ -225,8 +273,9 @@ def test_vllm_stale_packed_head_is_repacked(vllm_world, monkeypatch: pytest.Monk
 @pytest.mark.slow
 def test_vllm_refuses_a_sync_that_reads_nothing_or_skips_a_layer(vllm_world) -> None:
     """vLLM only logs what its in-place reload did not load; the engine makes both an error (`SyncError`, which the
-    trainer turns into exit 2): a stream it read none of, and one without layer 0's weights. A whole sync after
-    them works again."""
+    trainer turns into exit 2): a stream it read none of, and one without layer 0's weights; and one without layer
+    0's k_proj, which vLLM does not report at all (its fused qkv_proj half-loaded). A whole sync after them works
+    again."""
     from dapo.rollout.base import SyncError
 
     d, engine, model = vllm_world
@@ -234,9 +283,76 @@ def test_vllm_refuses_a_sync_that_reads_nothing_or_skips_a_layer(vllm_world) -> 
         engine.sync_weights([])
     with pytest.raises(SyncError, match=r"did not load every parameter.*model\.layers\.0\."):
         engine.sync_weights((k, v) for k, v in model.state_dict().items() if ".layers.0." not in k)
+    with pytest.raises(SyncError, match=r"but not model\.layers\.0\.self_attn\.k_proj\.weight, which the engine's"):
+        engine.sync_weights((k, v) for k, v in model.state_dict().items() if "layers.0.self_attn.k_proj.w" not in k)
     engine.sync_weights(model.state_dict().items())
     prompts, responses = [PROMPTS[0]], [[40, 41, 42]]
     assert mean_abs_diff(engine.score(prompts, responses), hf_logprobs(model, prompts, responses)) < FP32_TOL
+
+
+def assert_planted_sync_refused(engine, model, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync that reads every tensor and applies none (`dapo_faults.plant_sync_fault`) leaves the engine on its old
+    weights (vLLM-CPU's "copy" still updates the qkv biases), which nothing but the checksums sees: the engine raises
+    SyncError naming a tensor. Then a real sync
+    passes, and every one of the engine's tensors (not only a sync's sample) checks against the learner's."""
+    from dapo_faults import plant_sync_fault
+
+    from dapo.rollout.base import SyncError
+    from dapo.rollout.sync_check import digest
+
+    prompts, responses = [PROMPTS[0]], [[40, 41, 42, 43]]
+    perturb(model, seed=21)
+    with monkeypatch.context() as m:
+        plant_sync_fault(engine, mode, m.setattr)
+        with pytest.raises(SyncError, match=r"the engine's model\.\S+ does not hold the learner's model\."):
+            engine.sync_weights(model.state_dict().items())
+    # the fault is real: the engine samples from other weights than the learner's (the old ones, or nearly)
+    assert mean_abs_diff(engine.score(prompts, responses), hf_logprobs(model, prompts, responses)) > 1e-2
+    engine.sync_weights(model.state_dict().items())
+    check, state = engine.sync_check, model.state_dict()
+    names = list(check.sources)
+    if hasattr(engine, "llm"):
+        from dapo.rollout.vllm_engine import _checksums
+
+        got = engine.llm.collective_rpc(_checksums, kwargs={"names": names})[0]
+    else:
+        got = {n: digest(p, check.dtype) for n, p in engine.model.named_parameters(remove_duplicate=False)}
+    want = {n: sum(digest(state[h], check.dtype) for h in check.sources[n]) for n in names}
+    assert got == want
+    assert {h for n in names for h in check.sources[n]} == {n for n, _ in model.named_parameters()}  # all covered
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["drain", "copy"])
+def test_vllm_refuses_a_sync_that_reads_all_and_applies_none(vllm_world, mode, monkeypatch) -> None:
+    d, engine, model = vllm_world
+    assert_planted_sync_refused(engine, model, mode, monkeypatch)
+
+
+@pytest.mark.slow
+def test_the_learners_stream_comes_in_the_order_vllms_reload_loads(vllm_world, monkeypatch) -> None:
+    """vLLM's layer-wise reload warns, on a GPU, when it must buffer two half-loaded layers at once (vLLM 0.32:
+    "Allocating ... ordering weights by their parent layer"), and a layer of a vocabulary it pads (330 rows, padded
+    to 384) stays half-loaded to the end of the sync. Seen as on a GPU (`has_device_tensors` patched): the model's
+    own order overlaps the embedding with every later layer; the learner's order (`Learner.named_parameters_for_sync`
+    streams `_vocab_last`: tests/test_learner.py checks it), vocabulary last, overlaps nothing
+    with a tied head, and with an untied one only the two vocabulary layers, which no order avoids
+    (docs/distributed.md, "Weight sync from a sharded learner")."""
+    from vllm.model_executor.model_loader.reload import layerwise as lw
+
+    from dapo.learner.learner import _vocab_last
+
+    d, engine, model = vllm_world
+    assert model.config.vocab_size % 64
+    monkeypatch.setattr(lw, "has_device_tensors", lambda *a: True)
+    overlaps: list[str] = []  # the layers buffered together, as each warning names them
+    monkeypatch.setattr(lw.logger, "warning_once", lambda msg, mb, names, **kw: overlaps.append(names))
+    engine.sync_weights((n, p.detach()) for n, p in model.named_parameters())
+    assert "QKVParallelLinear" in " ".join(overlaps) and len(overlaps) >= 4 * LAYERS
+    overlaps.clear()
+    engine.sync_weights((n, p.detach()) for n, p in _vocab_last(model))  # the learner's order (no second Learner:
+    # closing the other fixture's engine destroyed the process group DeepSpeed keeps)
+    assert overlaps == ([] if model.config.tie_word_embeddings else ["['ParallelLMHead', 'VocabParallelEmbedding']"])
 
 
 @pytest.mark.slow
@@ -320,6 +436,12 @@ def test_hf_sync_tied_weights_and_uniform_policy(hf_world) -> None:
         engine.sync_weights([("model.not_a_layer.weight", torch.zeros(1))])
 
     assert_uniform_policy(engine, model)
+
+
+@pytest.mark.parametrize("mode", ["drain", "copy"])
+def test_hf_refuses_a_sync_that_reads_all_and_applies_none(hf_world, mode, monkeypatch) -> None:
+    d, engine, model = hf_world
+    assert_planted_sync_refused(engine, model, mode, monkeypatch)
 
 
 def test_make_engine_rejects_unknown_kind() -> None:
@@ -514,7 +636,8 @@ def test_gather_shares_in_one_process_is_the_replicas_own_result() -> None:
 )
 def test_zero3_learner_streams_its_weights_into_every_replica(tmp_path: Path, tie: bool, tp: int, vllm) -> None:
     """World size 2 under torchrun, ZeRO-3: after an update and a sync through the trainer's path, every
-    replica's sampled log-probs equal the learner's log-probs of the same responses (fp32)."""
+    replica's sampled log-probs equal the learner's log-probs of the same responses (fp32), and every engine tensor's
+    checksum equals the learner's (over tensor-parallel shards: the sync check's sums)."""
     import os
     import subprocess
     import sys
@@ -531,6 +654,7 @@ def test_zero3_learner_streams_its_weights_into_every_replica(tmp_path: Path, ti
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert [r["replica"] for r in ranks] == ([0, 1] if tp == 1 else [0, 0])
     for r in ranks:
+        assert r["checksums_differ"] == [] and len(r["checked"]) == 2 + 7 * LAYERS + 1  # the sync check, every tensor
         # the update moved the policy: an engine left with the old weights would be far off ...
         assert mean_abs_diff(r["engine_before_sync"], [torch.tensor(x) for x in r["learner_after_update"]]) > 0.05
         # ... the synced one agrees with the learner, on old responses and on the ones it samples now

@@ -172,7 +172,6 @@ class PolicyBatch:
         return split_by_tokens(self.prompt_ids, self.response_ids, world_size, pack_prompts=pack_prompts)[rank]
 
 
-
 def split_by_tokens(
     prompt_ids: list[list[int]], response_ids: list[list[int]], world_size: int, *, pack_prompts: bool = False
 ) -> list[list[int]]:

@@ -381,11 +381,14 @@ class Learner:
         into that buffer, the learner's side of a sync holds one parameter at a time (over gloo the gather itself
         briefly takes twice that: BENCHMARKS.md section 9). Otherwise it is the live weight, detached: copy it
         before the next update if you keep it. Tied weights appear once (under the embedding's name).
+
+        Order: the model's, with the embedding and the output head last (`_vocab_last`), so vLLM's layer-wise
+        reload never holds two layers half-loaded (docs/distributed.md, "Weight sync from a sharded learner").
         """
         import deepspeed
 
         with self._states_on_device():
-            for name, p in self.engine.module.lm.named_parameters():
+            for name, p in _vocab_last(self.engine.module.lm):
                 if self.zero_stage == 3:
                     with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
                         t = p.detach()
@@ -433,3 +436,12 @@ class Learner:
         if path is None:
             raise FileNotFoundError(f"{directory}: no learner checkpoint (expected DeepSpeed tag {_CKPT_TAG!r})")
         self.lr = self._torch_opt.param_groups[0]["lr"]  # as saved; the next rollout step sets its own
+
+
+def _vocab_last(lm: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The model's parameters in its order, the vocabulary's (embedding, untied head) moved to the end. vLLM pads a
+    vocabulary to a multiple of 64 rows, and its layer-wise reload finishes a layer only once every row is loaded, so
+    a padded one stays half-loaded until the end of the sync: first in the stream, it overlaps every later layer."""
+    vocab = {id(m.weight) for m in (lm.get_input_embeddings(), lm.get_output_embeddings()) if m is not None}
+    named = list(lm.named_parameters())
+    return [x for x in named if id(x[1]) not in vocab] + [x for x in named if id(x[1]) in vocab]

@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dapo.rollout.base import RolloutEngine, dtype_name, per_prompt_counts, strip_prefix
+from dapo.rollout.base import RolloutEngine, dtype_name, per_prompt_counts
 from dapo.rollout.replicas import call_seed, seed_global_generators
+from dapo.rollout.sync_check import SyncCheck, digest
 from dapo.types import Sample
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -81,6 +82,11 @@ class HFEngine(RolloutEngine):
         from transformers import GenerationConfig
 
         self.model.generation_config = GenerationConfig(eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
+        first: dict[int, str] = {}  # a tied head holds the embedding's tensor, which the learner streams once
+        self.sync_check = SyncCheck(
+            {n: [first.setdefault(id(p), n)] for n, p in self.model.named_parameters(remove_duplicate=False)},
+            self.model.dtype,
+        )
 
     @torch.no_grad()
     def generate(
@@ -188,14 +194,16 @@ class HFEngine(RolloutEngine):
         params = self.model.state_dict(keep_vars=True)
         unknown = []
         with torch.no_grad():
-            for name, t in named_tensors:
-                dst = params.get(strip_prefix(name))
+            for name, t in self.sync_check.watch(named_tensors):
+                dst = params.get(name)
                 if dst is None:
                     unknown.append(name)
                     continue
                 dst.copy_(t.to(dst.device, dst.dtype))
         if unknown:
             raise KeyError(f"sync_weights: names the engine's model does not have: {unknown[:5]}")
+        own = dict(self.model.named_parameters(remove_duplicate=False))  # what the forward reads
+        self.sync_check.verify({n: digest(own[n], self.sync_check.dtype) for n in self.sync_check.sample})
 
     @torch.no_grad()
     def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:

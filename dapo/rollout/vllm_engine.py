@@ -41,6 +41,7 @@ requests of a batch, so it samples with its generators seeded once per call from
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -54,6 +55,7 @@ from dapo import distributed as dist
 from dapo.rollout.base import RolloutEngine, SyncError, dtype_name, per_prompt_counts, strip_prefix
 from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL
 from dapo.rollout.replicas import call_seed, seed_global_generators
+from dapo.rollout.sync_check import SyncCheck, digest
 from dapo.types import Sample
 
 
@@ -73,6 +75,61 @@ def _repack_lm_head(worker: Any) -> bool:
     # remove_weight=False: the (shared) weight stays, the embedding lookup still reads it
     dispatch_cpu_unquantized_gemm(head, remove_weight=False)
     return True
+
+
+def _checked_tensors(worker: Any) -> tuple[dict[str, list[str]], torch.dtype]:
+    """Runs inside each vLLM worker: every parameter's name -> the Hugging Face tensors it is loaded from (fused
+    layers by the model's `packed_modules_mapping`, a tied head by the embedding it shares), and the model's dtype.
+    A fused qkv whose KV heads are copied over tensor-parallel ranks (fewer KV heads than ranks) is left out: its
+    shards' checksums do not add up to the whole."""
+    model = worker.model_runner.get_model()
+    packed = getattr(model, "packed_modules_mapping", None) or {}
+    modules = dict(model.named_modules(remove_duplicate=False))
+    sources: dict[str, list[str]] = {}
+    first: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owner, _, leaf = name.rpartition(".")
+        parent, _, local = owner.rpartition(".")
+        if getattr(modules[owner], "num_kv_head_replicas", 1) > 1:
+            continue
+        if id(p) in first:  # a tied head: the embedding's tensor
+            sources[name] = sources[first[id(p)]]
+            continue
+        first[id(p)] = name
+        sources[name] = [f"{parent}.{part}.{leaf}" for part in packed[local]] if local in packed else [name]
+    return sources, worker.model_config.dtype
+
+
+def _checksums(worker: Any, names: list[str]) -> dict[str, int]:
+    """Runs inside each vLLM worker: `sync_check.digest` of each named parameter as the forward uses it, summed over
+    the tensor-parallel group (a replicated tensor counted once). vLLM-CPU computes its linear layers from a packed
+    copy and drops their weights after loading: there the weight is read back through the layer's own GEMM
+    (`quant_method.apply` of rows of the identity gives W^T exactly: each output is one product by 1)."""
+    from vllm.distributed import get_tp_group
+
+    model = worker.model_runner.get_model()
+    dtype, tp = worker.model_config.dtype, get_tp_group()
+    params, modules = dict(model.named_parameters(remove_duplicate=False)), dict(model.named_modules())
+    sums = []
+    for name in names:
+        owner, _, leaf = name.rpartition(".")
+        module = modules[owner]
+        if leaf == "weight" and hasattr(module, "cpu_linear") and type(module).__name__ != "VocabParallelEmbedding":
+            k = getattr(module, "input_size_per_partition", None) or module.embedding_dim
+            total = 0
+            for i in range(0, k, 1024):  # the identity a block of rows at a time
+                rows = torch.arange(min(1024, k - i))
+                eye = torch.zeros(len(rows), k, dtype=dtype)
+                eye[rows, rows + i] = 1
+                total += digest(module.quant_method.apply(module, eye), dtype)
+        else:
+            total = digest(params[name], dtype)
+        sharded = getattr(module, "tp_size", 1) > 1 and not (leaf == "bias" and "RowParallel" in type(module).__name__)
+        sums.append(total if sharded or tp.rank_in_group == 0 else 0)
+    out = torch.tensor(sums, dtype=torch.int64)
+    if tp.world_size > 1:
+        torch.distributed.all_reduce(out, group=tp.cpu_group)
+    return dict(zip(names, out.tolist(), strict=True))
 
 
 class VLLMEngine(RolloutEngine):
@@ -136,6 +193,11 @@ class VLLMEngine(RolloutEngine):
         self.per_request_seeds = on_gpu if per_request_seeds is None else per_request_seeds
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = max_model_len
+
+    @functools.cached_property
+    def sync_check(self) -> SyncCheck:
+        """The sample of tensors each sync verifies (`dapo.rollout.sync_check`), over the model's own parameters."""
+        return SyncCheck(*self.llm.collective_rpc(_checked_tensors)[0])
 
     def generate(
         self,
@@ -201,12 +263,14 @@ class VLLMEngine(RolloutEngine):
             )
         if self._asleep and not self._weights_valid:
             self.llm.wake_up(tags=["weights"])  # buffers back, contents stale: the reload fills them
-        stream = _Stream(named_tensors)
+        stream = _Stream(self.sync_check.watch(named_tensors))
         with _SkippedWeights.capture() as skipped:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stream)})
         stream.check_drained()  # vLLM only logs what it skipped: a reload that did not read or load it all is an error
         skipped.check()
         self.llm.collective_rpc(_repack_lm_head)
+        # what the forward reads now, against what the learner sent: a reload that read all and applied none
+        self.sync_check.verify(self.llm.collective_rpc(_checksums, kwargs={"names": self.sync_check.sample})[0])
         self._weights_valid = True
         if not self._asleep:
             self.llm.reset_prefix_cache()  # asleep: sleeping already dropped the cache
@@ -257,8 +321,7 @@ class _SkippedWeights(logging.Handler):
     weights were not loaded from checkpoint: {...}" (a warning, for unquantized models; from
     `vllm.v1.worker.gpu_model_runner` in 0.16, `vllm.model_executor.model_loader.reload.inplace` in 0.32 and 0.33).
     Only that line counts: 0.32's "<Layer>: Failed to load weights" lines come on good syncs too. A fused layer
-    with one shard missing (k_proj of qkv_proj) is not reported at all: `_Stream.check_drained` and the log-prob
-    tripwire are the guards there."""
+    with one shard missing (k_proj of qkv_proj) is not reported at all: `SyncCheck.verify` refuses it."""
 
     PREFIX = "Following weights were not loaded"
 

