@@ -39,16 +39,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--x-axis", choices=("updates", "rollout"), default="updates", help="The figure's x-axis.")
 
 
-# The figure's panels after eval avg@k: metric -> its y-axis label.
-CURVES = {
-    M.ENTROPY: "entropy (nats)",
-    M.RESP_LEN_MEAN: "mean response length",
-    M.RESP_TRUNC_FRAC: "truncated fraction",
-    M.CLIPFRAC_HIGH: "upper clip fraction",
-    M.DS_TOKENS_GENERATED: "tokens generated per step",
-}
-
-
 @dataclass
 class Comparison:
     row_a: str
@@ -120,7 +110,7 @@ def compare(
 ) -> Comparison:
     """Everything `dapo compare` prints and writes, for two rows of a loaded experiment."""
     from dapo.designs import DESIGNS, marginal_pairs
-    from dapo.report.figures import AVG, FigureSpec, draw_figure, panel
+    from dapo.report.figures import AVG, COMPARE_CURVES, FigureSpec, draw_figure, panel
     from dapo.report.mechanisms import MECHANISMS, compare_mechanism, mechanisms_table
     from dapo.report.table1 import difference_interval, evals_of
 
@@ -139,7 +129,7 @@ def compare(
     )
     curve = eval_curve(exp, row_a, row_b)
 
-    panels = (AVG, *(panel(metric, ylabel) for metric, ylabel in CURVES.items()))
+    panels = (AVG, *(panel(metric, ylabel) for metric, ylabel in COMPARE_CURVES.items()))
     stem = f"{row_a}_vs_{row_b}"
     spec = FigureSpec(stem, lambda k: f"{row_a} vs {row_b}", (row_a, row_b), panels, ncols=3)
     fig = draw_figure(exp, spec, out, x_axis)

@@ -279,3 +279,13 @@ def make_figures(exp: Experiment, out_dir: str | Path, x_axis: XAxis = "updates"
         raise ValueError(f"x_axis must be 'updates' or 'rollout', got {x_axis!r}")
     logged = {name for run in exp.runs for name in run.history}
     return [draw_figure(exp, spec, out_dir, x_axis) for spec in FIGURES if spec.needs is None or spec.needs in logged]
+
+
+# The training curves `dapo compare` draws beside eval avg@k, with their axis labels.
+COMPARE_CURVES = {
+    M.ENTROPY: "entropy (nats)",
+    M.RESP_LEN_MEAN: "mean response length",
+    M.RESP_TRUNC_FRAC: "truncated fraction",
+    M.CLIPFRAC_HIGH: "upper clip fraction",
+    M.DS_TOKENS_GENERATED: "tokens generated per step",
+}
