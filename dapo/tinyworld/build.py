@@ -454,8 +454,8 @@ def _child_main(argv: list[str]) -> int:
         _build(
             tiny,
             Path(request["out_dir"]),
-            **request["settings"],
-            progress=lambda phase, done, total: say({"progress": [phase, done, total]}),
+            request["settings"],
+            lambda phase, done, total: say({"progress": [phase, done, total]}),
         )
     except Exception as e:  # reported to the parent, which raises it with this message
         say({"error": {"type": type(e).__name__, "message": str(e)}})
@@ -463,75 +463,100 @@ def _child_main(argv: list[str]) -> int:
     return 0
 
 
-def _build(
-    tiny: TinyWorldConfig,
-    out_dir: Path,
-    *,
-    eval_n: int,
-    eval_temperature: float,
-    eval_top_p: float,
-    max_new_tokens: int,
-    group_n: int,
-    group_temperature: float,
-    group_top_p: float,
-    max_prompt_length: int,
-    progress: Progress | None,
-) -> dict[str, Any]:
+def _build(tiny: TinyWorldConfig, out_dir: Path, settings: dict[str, Any], progress: Progress | None) -> dict[str, Any]:
     """Build one world into `out_dir` and return its manifest (in the child process `ensure_tiny_world` starts, with
-    the CPU kernels pinned). In order, each phase reported to `progress` as it goes:
-
-    1. tasks: the train / eval splits (written as JSONL) and the supervised problems with their worked solutions
-       (`world_splits`, `supervised_solutions`: pure in `tiny`);
-    2. tokenizer: a byte-level BPE trained on the texts the model will see, with the chat template;
-    3. sft: the Qwen2 base model (`tiny.hidden_size`, ...) trained `tiny.sft_steps` steps on the solutions;
-    4. the model, tokenizer and generation config saved, so transformers and vLLM load them offline;
-    5. measure: the base model's avg@n / pass@n on the eval split and its groups' statistics on train prompts (the
-       `eval_*` and `group_*` settings), which the manifest keeps beside the config, the weights' SHA-256 and the
-       build's wall and CPU time.
-    """
+    the CPU kernels pinned): the stages below in order, each reported to `progress` as it goes. `settings`: the
+    measurement's, `build_tiny_world`'s keyword arguments."""
     import torch
 
-    from dapo.data.prompts import build_prompt
-    from dapo.tinyworld.measure import measure
-    from dapo.tinyworld.model import SFTExample, make_model, param_count, train_sft
+    from dapo.tinyworld.model import param_count
 
     report = progress or (lambda phase, done, total: None)
     t0, c0 = time.perf_counter(), time.process_time()
     out = tiny_paths(out_dir)
     out.model.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(tiny.seed)
+    splits, solutions = _tasks_stage(tiny, out, report)
+    tokenizer = _tokenizer_stage(splits, solutions, report)
+    eval_prompts, longest = _prompts_stage(tokenizer, splits, settings["max_prompt_length"])
+    model, sft = _sft_stage(tiny, tokenizer, splits, solutions, report)
+    _save_stage(model, tokenizer, out)
+    measured = _measure_stage(tiny, model, tokenizer, splits, eval_prompts, settings, report)
+    manifest = {
+        "hash": world_hash(tiny),
+        "build_version": BUILD_VERSION,
+        "seed": tiny.seed,
+        "tiny": {k: v for k, v in tiny.model_dump(mode="json").items() if k != "n_eval_large"},
+        "recipe": {"sft_batch": SFT_BATCH, "sft_lr": SFT_LR, "n_sft_examples": tiny.sft_steps * SFT_BATCH},
+        "created_unix": time.time(),
+        "build_seconds": round(time.perf_counter() - t0, 1),
+        "build_cpu_seconds": round(time.process_time() - c0, 1),
+        "kernels": {**kernels_record(tiny.kernels), "cpu_capability": torch.backends.cpu.get_cpu_capability()},
+        "weights_sha256": weights_digest(out.model),
+        "param_count": param_count(model),
+        "vocab_size": len(tokenizer),
+        "max_prompt_tokens": longest,
+        "n_train": len(splits.train),
+        "n_eval": len(splits.eval),
+        "sft": {k: round(v, 4) for k, v in sft.items()},
+        **measured,
+    }
+    out.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
 
-    # 1. tasks: disjoint train / eval, and fresh problems with worked solutions for the supervised phase
+
+def _tasks_stage(tiny: TinyWorldConfig, out: TinyPaths, report: Progress) -> tuple[Splits, list[str]]:
+    """1. Tasks: the train / eval splits, written as JSONL, and the supervised problems with their worked solutions
+    (`world_splits`, `supervised_solutions`: pure in `tiny`)."""
     report("tasks", 0, 1)
-    n_sft = tiny.sft_steps * SFT_BATCH
     splits = world_splits(tiny)
     solutions = supervised_solutions(tiny, splits.sft)
     _write_jsonl(out.train, splits.train, "tiny-train", kinds=tiny.kind == "habits")
     _write_jsonl(out.eval, splits.eval, "tiny-eval", kinds=tiny.kind == "habits")
     report("tasks", 1, 1)
+    return splits, solutions
 
-    # 2. tokenizer: trained on the texts the model will see (chat roles, DAPO template, problems, solutions)
+
+def _tokenizer_stage(splits: Splits, solutions: list[str], report: Progress) -> PreTrainedTokenizerBase:
+    """2. Tokenizer: a byte-level BPE trained on the texts the model will see (`world_tokenizer`)."""
     report("tokenizer", 0, 1)
     tokenizer = world_tokenizer(splits.sft, solutions)
     report("tokenizer", 1, 1)
+    return tokenizer
 
-    def prompt_ids(tasks: list[Task]) -> list[list[int]]:
-        # the same text as data.prompts.build_prompt + encode_prompt, encoded as one batch (19k prompts)
-        texts = [build_prompt(t.text, tokenizer, use_chat_template=True) for t in tasks]
-        return [list(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
-    eval_prompts = prompt_ids(splits.eval)
-    longest = max(len(p) for p in eval_prompts + prompt_ids(splits.train))
-    if longest > max_prompt_length:
+def _prompt_ids(tokenizer: PreTrainedTokenizerBase, tasks: list[Task]) -> list[list[int]]:
+    """The ids data.prompts.build_prompt + encode_prompt give, encoded as one batch (19k prompts)."""
+    from dapo.data.prompts import build_prompt
+
+    texts = [build_prompt(t.text, tokenizer, use_chat_template=True) for t in tasks]
+    return [list(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def _prompts_stage(tokenizer: PreTrainedTokenizerBase, splits: Splits, limit: int) -> tuple[list[list[int]], int]:
+    """3. Prompts: the eval split's prompt ids, and the longest train or eval prompt, refused above `limit`
+    (`data.max_prompt_length`: the run would drop it)."""
+    eval_prompts = _prompt_ids(tokenizer, splits.eval)
+    longest = max(len(p) for p in eval_prompts + _prompt_ids(tokenizer, splits.train))
+    if longest > limit:
         raise ValueError(
             f"tiny world prompts reach {longest} tokens > data.max_prompt_length "
-            f"({max_prompt_length}); raise data.max_prompt_length or lower tiny.difficulty"
+            f"({limit}); raise data.max_prompt_length or lower tiny.difficulty"
         )
+    return eval_prompts, longest
 
-    # 3. supervised phase
+
+def _sft_stage(
+    tiny: TinyWorldConfig, tokenizer: PreTrainedTokenizerBase, splits: Splits, solutions: list[str], report: Progress
+) -> tuple[Any, dict[str, float]]:
+    """4. SFT: the Qwen2 base model (`tiny.hidden_size`, ...) trained `tiny.sft_steps` steps on the solutions;
+    returns it and the supervised phase's loss record."""
+    from dapo.tinyworld.model import SFTExample, make_model, train_sft
+
     eos = tokenizer.eos_token_id
     responses = tokenizer(solutions, add_special_tokens=False)["input_ids"]
-    examples = [SFTExample(p, list(r) + [eos]) for p, r in zip(prompt_ids(splits.sft), responses, strict=True)]
+    prompts = _prompt_ids(tokenizer, splits.sft)
+    examples = [SFTExample(p, list(r) + [eos]) for p, r in zip(prompts, responses, strict=True)]
     model = make_model(
         len(tokenizer),
         hidden_size=tiny.hidden_size,
@@ -555,80 +580,71 @@ def _build(
         on_step=lambda step, loss: report("sft", step, tiny.sft_steps),
         micro_batches=HABITS_SFT_MICRO_BATCHES if tiny.kind == "habits" else 1,
     )
+    return model, sft
 
-    # 4. save (model + tokenizer + generation config) so AutoModel / AutoTokenizer / vLLM load it offline
-    model.generation_config.eos_token_id = eos
+
+def _save_stage(model: Any, tokenizer: PreTrainedTokenizerBase, out: TinyPaths) -> None:
+    """5. Save: model, tokenizer and generation config, so AutoModel / AutoTokenizer / vLLM load them offline."""
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
     model.save_pretrained(out.model)
     tokenizer.save_pretrained(out.model)
 
-    # 5. measure where RL starts: eval avg@k at the eval settings; group fractions at the rollout settings
+
+def _measure_stage(
+    tiny: TinyWorldConfig,
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    splits: Splits,
+    eval_prompts: list[list[int]],
+    s: dict[str, Any],
+    report: Progress,
+) -> dict[str, Any]:
+    """6. Measure where RL starts: avg@n / pass@n on the eval split at the eval settings, and the groups of the
+    first train prompts at the rollout settings (with the habits world's profile). Returns the manifest's `eval` and
+    `train_groups`, each measurement beside the settings it was taken at."""
+    from dapo.tinyworld.measure import measure
+
     report("measure", 0, 2)
-    ev = measure(
-        model,
-        tokenizer,
-        eval_prompts,
-        [str(t.answer) for t in splits.eval],
-        n=eval_n,
-        max_new_tokens=max_new_tokens,
-        temperature=eval_temperature,
-        top_p=eval_top_p,
-        seed=tiny.seed,
-    )
+    n, g = s["eval_n"], s["group_n"]
+    answers = [str(t.answer) for t in splits.eval]
+    ev = measure(model, tokenizer, eval_prompts, answers, n=n, max_new_tokens=s["max_new_tokens"],
+                 temperature=s["eval_temperature"], top_p=s["eval_top_p"], seed=tiny.seed)  # fmt: skip
     report("measure", 1, 2)
     group_tasks = splits.train[: HABITS_GROUP_PROMPTS if tiny.kind == "habits" else GROUP_PROMPTS]
     gr = measure(
         model,
         tokenizer,
-        prompt_ids(group_tasks),
+        _prompt_ids(tokenizer, group_tasks),
         [str(t.answer) for t in group_tasks],
-        n=group_n,
-        max_new_tokens=max_new_tokens,
-        temperature=group_temperature,
-        top_p=group_top_p,
+        n=g,
+        max_new_tokens=s["max_new_tokens"],
+        temperature=s["group_temperature"],
+        top_p=s["group_top_p"],
         seed=tiny.seed + 1,
         habit_problems=[t.text for t in group_tasks] if tiny.kind == "habits" else None,
     )
     report("measure", 2, 2)
-
-    manifest = {
-        "hash": world_hash(tiny),
-        "build_version": BUILD_VERSION,
-        "seed": tiny.seed,
-        "tiny": {k: v for k, v in tiny.model_dump(mode="json").items() if k != "n_eval_large"},
-        "recipe": {"sft_batch": SFT_BATCH, "sft_lr": SFT_LR, "n_sft_examples": n_sft},
-        "created_unix": time.time(),
-        "build_seconds": round(time.perf_counter() - t0, 1),
-        "build_cpu_seconds": round(time.process_time() - c0, 1),
-        "kernels": {**kernels_record(tiny.kernels), "cpu_capability": torch.backends.cpu.get_cpu_capability()},
-        "weights_sha256": weights_digest(out.model),
-        "param_count": param_count(model),
-        "vocab_size": len(tokenizer),
-        "max_prompt_tokens": longest,
-        "n_train": len(splits.train),
-        "n_eval": len(splits.eval),
-        "sft": {k: round(v, 4) for k, v in sft.items()},
+    return {
         "eval": {
-            "n": eval_n,
-            "temperature": eval_temperature,
-            "top_p": eval_top_p,
-            "max_new_tokens": max_new_tokens,
-            f"avg@{eval_n}": round(ev["avg"], 2),
-            f"pass@{eval_n}": round(ev["pass"], 2),
+            "n": n,
+            "temperature": s["eval_temperature"],
+            "top_p": s["eval_top_p"],
+            "max_new_tokens": s["max_new_tokens"],
+            f"avg@{n}": round(ev["avg"], 2),
+            f"pass@{n}": round(ev["pass"], 2),
             "truncated_fraction": round(ev["truncated_fraction"], 4),
         },
         "train_groups": {
             "prompts": len(group_tasks),
-            "n": group_n,
-            "temperature": group_temperature,
-            "top_p": group_top_p,
-            f"avg@{group_n}": round(gr["avg"], 2),
+            "n": g,
+            "temperature": s["group_temperature"],
+            "top_p": s["group_top_p"],
+            f"avg@{g}": round(gr["avg"], 2),
             "all_correct_fraction": round(gr["all_correct_fraction"], 4),
             "all_wrong_fraction": round(gr["all_wrong_fraction"], 4),
             "truncated_fraction": round(gr["truncated_fraction"], 4),
             **({"habits": gr["habits"]} if "habits" in gr else {}),
         },
     }
-    out.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
-    return manifest
