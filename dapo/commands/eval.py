@@ -105,7 +105,7 @@ def mlflow_step(cfg: RunConfig, model: Path, run_id: str | None, step: int | Non
     from mlflow.tracking import MlflowClient
 
     from dapo import metric_names as M
-    from dapo.tracking import resolve_uri
+    from dapo.tracking import fail_fast_http, resolve_uri
 
     done = model.parent / "DONE.json"
     if done.is_file():
@@ -113,7 +113,8 @@ def mlflow_step(cfg: RunConfig, model: Path, run_id: str | None, step: int | Non
         if summary.get("run_id") == run_id:
             return int(summary["step"])
     try:
-        hist = MlflowClient(tracking_uri=resolve_uri(cfg.tracking.uri)).get_metric_history(run_id, M.ROLLOUT_STEP)
+        with fail_fast_http():  # a server that is away is named in seconds, not after MLflow's minutes of retries
+            hist = MlflowClient(tracking_uri=resolve_uri(cfg.tracking.uri)).get_metric_history(run_id, M.ROLLOUT_STEP)
     except Exception as e:  # noqa: BLE001 (any failure to read it leaves the step unknown)
         raise SystemExit(
             f"dapo eval: cannot read the last rollout step of MLflow run {run_id} ({type(e).__name__}: {e}); "
