@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +120,21 @@ class TinyPaths:
     train: Path
     eval: Path
     manifest: Path
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """What the build measures the base model at: the eval's sampling (`eval_*`, `max_new_tokens`) and the
+    rollout's (`group_*`), and the prompt length the run keeps."""
+
+    eval_n: int
+    eval_temperature: float
+    eval_top_p: float
+    max_new_tokens: int
+    group_n: int
+    group_temperature: float
+    group_top_p: float
+    max_prompt_length: int
 
 
 def tiny_paths(root: str | Path) -> TinyPaths:
@@ -228,9 +243,7 @@ def ensure_tiny_world(
         tmp = root.parent / f".{root.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            build_tiny_world(
-                cfg.tiny,
-                tmp,
+            settings = MeasureSettings(
                 eval_n=max(cfg.eval.n, MEASURE_MIN_N),
                 eval_temperature=cfg.eval.temperature,
                 eval_top_p=cfg.eval.top_p,
@@ -239,8 +252,8 @@ def ensure_tiny_world(
                 group_temperature=cfg.rollout.temperature,
                 group_top_p=cfg.rollout.top_p,
                 max_prompt_length=cfg.data.max_prompt_length,
-                progress=progress,
             )
+            build_tiny_world(cfg.tiny, tmp, settings, progress)
             if root.exists():
                 old = root.parent / f".{root.name}.old-{os.getpid()}"
                 os.replace(root, old)
@@ -377,35 +390,11 @@ def weights_digest(model_dir: str | Path) -> str:
 
 
 def build_tiny_world(
-    tiny: TinyWorldConfig,
-    out_dir: str | Path,
-    *,
-    eval_n: int,
-    eval_temperature: float,
-    eval_top_p: float,
-    max_new_tokens: int,
-    group_n: int,
-    group_temperature: float,
-    group_top_p: float,
-    max_prompt_length: int,
-    progress: Progress | None = None,
+    tiny: TinyWorldConfig, out_dir: str | Path, settings: MeasureSettings, progress: Progress | None = None
 ) -> dict[str, Any]:
     """Build everything into `out_dir` (no caching here) in a child process with pinned CPU kernels, and return the
     manifest it wrote. A ValueError of the build (a config it cannot build) is raised here with its message."""
-    request = {
-        "tiny": tiny.model_dump(mode="json"),
-        "out_dir": str(out_dir),
-        "settings": {
-            "eval_n": eval_n,
-            "eval_temperature": eval_temperature,
-            "eval_top_p": eval_top_p,
-            "max_new_tokens": max_new_tokens,
-            "group_n": group_n,
-            "group_temperature": group_temperature,
-            "group_top_p": group_top_p,
-            "max_prompt_length": max_prompt_length,
-        },
-    }
+    request = {"tiny": tiny.model_dump(mode="json"), "out_dir": str(out_dir), "settings": asdict(settings)}
     threads_env = {k: str(tiny.build_threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     env = {**os.environ, **pinned_kernels(tiny.kernels), **threads_env}
     error: dict[str, str] | None = None
@@ -454,7 +443,7 @@ def _child_main(argv: list[str]) -> int:
         _build(
             tiny,
             Path(request["out_dir"]),
-            request["settings"],
+            MeasureSettings(**request["settings"]),
             lambda phase, done, total: say({"progress": [phase, done, total]}),
         )
     except Exception as e:  # reported to the parent, which raises it with this message
@@ -463,10 +452,11 @@ def _child_main(argv: list[str]) -> int:
     return 0
 
 
-def _build(tiny: TinyWorldConfig, out_dir: Path, settings: dict[str, Any], progress: Progress | None) -> dict[str, Any]:
+def _build(
+    tiny: TinyWorldConfig, out_dir: Path, settings: MeasureSettings, progress: Progress | None
+) -> dict[str, Any]:
     """Build one world into `out_dir` and return its manifest (in the child process `ensure_tiny_world` starts, with
-    the CPU kernels pinned): the stages below in order, each reported to `progress` as it goes. `settings`: the
-    measurement's, `build_tiny_world`'s keyword arguments."""
+    the CPU kernels pinned): the stages below in order, each reported to `progress` as it goes."""
     import torch
 
     from dapo.tinyworld.model import param_count
@@ -478,7 +468,7 @@ def _build(tiny: TinyWorldConfig, out_dir: Path, settings: dict[str, Any], progr
     torch.manual_seed(tiny.seed)
     splits, solutions = _tasks_stage(tiny, out, report)
     tokenizer = _tokenizer_stage(splits, solutions, report)
-    eval_prompts, longest = _prompts_stage(tokenizer, splits, settings["max_prompt_length"])
+    eval_prompts, longest = _prompts_stage(tokenizer, splits, settings.max_prompt_length)
     model, sft = _sft_stage(tiny, tokenizer, splits, solutions, report)
     _save_stage(model, tokenizer, out)
     measured = _measure_stage(tiny, model, tokenizer, splits, eval_prompts, settings, report)
@@ -598,7 +588,7 @@ def _measure_stage(
     tokenizer: PreTrainedTokenizerBase,
     splits: Splits,
     eval_prompts: list[list[int]],
-    s: dict[str, Any],
+    s: MeasureSettings,
     report: Progress,
 ) -> dict[str, Any]:
     """6. Measure where RL starts: avg@n / pass@n on the eval split at the eval settings, and the groups of the
@@ -607,10 +597,18 @@ def _measure_stage(
     from dapo.tinyworld.measure import measure
 
     report("measure", 0, 2)
-    n, g = s["eval_n"], s["group_n"]
-    answers = [str(t.answer) for t in splits.eval]
-    ev = measure(model, tokenizer, eval_prompts, answers, n=n, max_new_tokens=s["max_new_tokens"],
-                 temperature=s["eval_temperature"], top_p=s["eval_top_p"], seed=tiny.seed)  # fmt: skip
+    n, g = s.eval_n, s.group_n
+    ev = measure(
+        model,
+        tokenizer,
+        eval_prompts,
+        [str(t.answer) for t in splits.eval],
+        n=n,
+        max_new_tokens=s.max_new_tokens,
+        temperature=s.eval_temperature,
+        top_p=s.eval_top_p,
+        seed=tiny.seed,
+    )
     report("measure", 1, 2)
     group_tasks = splits.train[: HABITS_GROUP_PROMPTS if tiny.kind == "habits" else GROUP_PROMPTS]
     gr = measure(
@@ -619,9 +617,9 @@ def _measure_stage(
         _prompt_ids(tokenizer, group_tasks),
         [str(t.answer) for t in group_tasks],
         n=g,
-        max_new_tokens=s["max_new_tokens"],
-        temperature=s["group_temperature"],
-        top_p=s["group_top_p"],
+        max_new_tokens=s.max_new_tokens,
+        temperature=s.group_temperature,
+        top_p=s.group_top_p,
         seed=tiny.seed + 1,
         habit_problems=[t.text for t in group_tasks] if tiny.kind == "habits" else None,
     )
@@ -629,9 +627,9 @@ def _measure_stage(
     return {
         "eval": {
             "n": n,
-            "temperature": s["eval_temperature"],
-            "top_p": s["eval_top_p"],
-            "max_new_tokens": s["max_new_tokens"],
+            "temperature": s.eval_temperature,
+            "top_p": s.eval_top_p,
+            "max_new_tokens": s.max_new_tokens,
             f"avg@{n}": round(ev["avg"], 2),
             f"pass@{n}": round(ev["pass"], 2),
             "truncated_fraction": round(ev["truncated_fraction"], 4),
@@ -639,8 +637,8 @@ def _measure_stage(
         "train_groups": {
             "prompts": len(group_tasks),
             "n": g,
-            "temperature": s["group_temperature"],
-            "top_p": s["group_top_p"],
+            "temperature": s.group_temperature,
+            "top_p": s.group_top_p,
             f"avg@{g}": round(gr["avg"], 2),
             "all_correct_fraction": round(gr["all_correct_fraction"], 4),
             "all_wrong_fraction": round(gr["all_wrong_fraction"], 4),
