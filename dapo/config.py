@@ -194,7 +194,17 @@ class TinyWorldConfig(_Section):
         0.15,
         ge=0,
         le=1,
-        description="habits world: fraction of supervised solutions that halve at the fork (the rest subtract 2).",
+        description="habits world: fraction of supervised solutions that halve at the fork (the rest subtract 2); in "
+        "the clip-higher assay, that write each rare fork's right operation.",
+    )
+    sft_fork_right_control: float = Field(
+        0.3, ge=0, le=1, description="clip-higher assay: ... that write the control fork's right operation (x / 3)."
+    )
+    assay: Literal["none", "clip_higher"] = Field(
+        "none",
+        description="habits world: `clip_higher` makes it the clip-higher assay's world: fork problems with four forks "
+        "(three whose right operation is rare in the supervised data, tiny.sft_fork_right, and a control fork, "
+        "tiny.sft_fork_right_control) beside easy and unsolvable filler (docs/evidence.md, section 8).",
     )
     sft_connectives: float = Field(
         0.0,

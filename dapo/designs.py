@@ -137,6 +137,13 @@ def _computation(spec: RunSpec) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if not k.startswith(RUN_KEYS)}
 
 
+def assay_pairs(toggle: str) -> list[tuple[str, str]]:
+    """(with, without) runs an assay of `toggle` compares (dapo.report.assays): the toggle's cumulative pair and its
+    one-at-a-time pair (naive GRPO with the toggle, against naive GRPO)."""
+    t = next(t for t in toggles() if t.name == toggle)
+    return [(t.row, t.above), (PREFIX["one_at_a_time"] + t.name, ladder()[0])]
+
+
 def design_runs(design: Design, ablations_dir: Path = ABLATIONS_DIR) -> list[RunSpec]:
     """The runs of one design (the module docstring): its reference first, then one per toggle (in ladder order); a
     design run that computes exactly what a ladder row computes is that ladder row (same name, no overrides)."""

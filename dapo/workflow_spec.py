@@ -15,6 +15,7 @@ from dapo.designs import (
     ALLOW_KEY,
     RunSpec,
     all_design_runs,
+    assay_pairs,
     check_ladder,
     design_runs,
     ladder,
@@ -213,6 +214,8 @@ def build_spec(
     by_design["evidence"] = sorted(set(chosen) | {placebo_run().name})
     # each variant of configs/variants/ beside the ladder row it inherits (dapo.designs.variant_runs)
     by_design["variants"] = [r.name for r in variant_runs()]
+    # an assay's two pairs of rows (dapo.report.assays): the toggle's on the ladder and its one-at-a-time pair
+    by_design["assay_clip_higher"] = sorted({row for pair in assay_pairs("clip_higher") for row in pair})
     spec: dict[str, Any] = {
         "preset": preset,
         "preset_name": name,

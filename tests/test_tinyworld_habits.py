@@ -8,6 +8,7 @@ import pytest
 
 from dapo import metric_names as M
 from dapo.tinyworld import habits as H
+from dapo.types import GroupOutcome
 
 MIX = H.Mix(easy=0.25, fork=0.2, long=0.1, unsolvable=0.15)
 PLAIN = H.Habits(verbose=0.0, loop=0.0, loop_slip=0.0, fork_right=1.0, slip=0.0)
@@ -231,3 +232,59 @@ def test_the_presets_working_styles_sit_where_each_toggle_needs_them_against_the
     assert min(lengths[H.VERBOSE, "long4"]) > cap - buffer >= max(max(lengths[H.CONCISE, k]) for k in ("long6", H.CORE))
     accuracy = {key: sum(r) / len(r) for key, r in right.items()}
     assert accuracy[H.CONCISE, H.LONG] < accuracy[H.CONCISE, H.CORE] - 0.2 < accuracy[H.VERBOSE, H.LONG] - 0.2
+
+
+ASSAY_MIX = H.Mix(easy=0.25, fork=0.6, long=0.0, unsolvable=0.15)
+
+
+def test_the_habits_worlds_problems_solutions_and_tags_are_those_its_frozen_worlds_were_built_from():
+    """The clip-higher assay's forks came after the habits world was frozen: its problems, supervised solutions and
+    tags at the preset's settings are the same text as before them (digest taken on the commit before)."""
+    import hashlib
+
+    mix, sft_mix = H.Mix(0.35, 0.15, 0.35, 0.1), H.Mix(0.235, 0.235, 0.355, 0.0)
+    sp = H.make_splits(0, mix, 4000, 30, 3000, sft_mix)
+    h = H.Habits(0.45, 0.2, 0.35, 0.15, 0.12, verbose_slip=0.01, long_slip=0.5, combine=1.0)
+    rng = random.Random("x")
+    sols = ["\n".join(H.solution_lines(t, h, rng)[0]) for t in sp.sft]
+    large = H.make_large_eval(0, mix, 640, set())
+    text = "\n".join([t.text for t in sp.train + sp.eval + sp.sft + large] + sols)
+    tags = [H.tag_response(t.text, s, False) for t, s in zip(sp.sft, sols, strict=True)]
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == "06b45b8f29269594"
+    assert hashlib.sha256(repr(tags).encode()).hexdigest()[:16] == "fd1a67d29c6e382c"
+
+
+def test_the_clip_assay_draws_four_forks_each_marked_by_its_own_operations_alone():
+    sp = H.make_splits(5, ASSAY_MIX, 2000, 40, 10, forks=H.ASSAY_FORKS)
+    seen = Counter()
+    for t in sp.train:
+        fork = H.fork_of(t.text)
+        if fork is None:
+            continue
+        seen[fork.phrase] += 1
+        ops = _ops(t)
+        assert ops.count(fork.right) == 1 and fork.wrong not in ops, t.text  # the tag reads the fork's line alone
+        assert H.problem_kind(t.text) == (H.FORK_CONTROL if fork is H.FORKS[H.CONTROL_FORK] else H.FORK)
+        right = H.Habits(0.0, 0.0, 0.0, fork_right=1.0, slip=0.0, fork_right_control=1.0)
+        lines = H.solution_lines(t, right, random.Random(0))[0]
+        assert H.tag_response(t.text, "\n".join(lines), False) == (H.FORK_RIGHT,) and lines[-1] == f"Answer: {t.answer}"
+    assert len(seen) == 4 and min(seen.values()) > 0.2 * sum(seen.values())  # each fork about a quarter
+
+
+def test_the_supervised_data_writes_the_rare_forks_right_operation_rarely_and_the_controls_often():
+    sp = H.make_splits(6, ASSAY_MIX, 10, 10, 6000, forks=H.ASSAY_FORKS)
+    h = H.Habits(verbose=0.0, loop=0.0, loop_slip=0.0, fork_right=0.04, slip=0.0, fork_right_control=0.3)
+    rng, right = random.Random(1), {H.FORK: [], H.FORK_CONTROL: []}
+    for t in sp.sft:
+        kind = H.problem_kind(t.text)
+        if kind in right:
+            lines = H.solution_lines(t, h, rng)[0]
+            tags = H.tag_response(t.text, "\n".join(lines), False)
+            assert (H.FORK_RIGHT in tags) == (lines[-1] == f"Answer: {t.answer}")  # the wrong operation is wrong
+            right[kind].append(H.FORK_RIGHT in tags)
+    rare, control = (sum(v) / len(v) for v in right.values())
+    assert 0.025 < rare < 0.055 and 0.25 < control < 0.35
+    m = H.Tagger().metrics(
+        [GroupOutcome([True, False], [1, -1], [9, 9], [False, False], [[H.FORK_RIGHT], [H.FORK_WRONG]], H.FORK_CONTROL)]
+    )
+    assert m[M.HABIT_FORK_RIGHT_CONTROL] == 0.5 and M.HABIT_FORK_RIGHT not in m  # the control is its own unit

@@ -62,7 +62,18 @@ def test_tiny_spec_has_every_run_with_its_command_and_the_cpu_plan(tmp_path):
     assert spec["resources"]["train"]["slurm_extra"] == "--signal=USR1@60 --open-mode=append"
     assert spec["local_launcher"]["train"] == "env" and spec["refusal"] is None
     assert "CPU only (no GPU budget)" in spec["plan_text"] and "+ Dynamic Sampling (DAPO)" in spec["plan_text"]
-    assert set(spec["designs"]) == {"leave_one_out", "one_at_a_time", "designs", "evidence", "variants"}
+    assert set(spec["designs"]) == {
+        "leave_one_out",
+        "one_at_a_time",
+        "designs",
+        "evidence",
+        "variants",
+        "assay_clip_higher",
+    }
+    # the clip-higher assay: its ladder pair and its one-at-a-time pair, each a run of the spec
+    assay = spec["designs"]["assay_clip_higher"]
+    assert assay == ["00_naive_grpo", "01_overlong_filtering", "02_clip_higher", "grpo_plus_clip_higher"]
+    assert all(r in spec["runs"] for r in assay)
     # the variants design: each variant of configs/variants/ and the rows they inherit, every one a run of the spec
     variants = spec["designs"]["variants"]
     assert {"gspo", "cispo", "clip_cov", "kl_cov", "dr_grpo", "tis", "00_naive_grpo", "05_dynamic_sampling"} <= set(

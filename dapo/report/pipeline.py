@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from dapo import metric_names as M
+from dapo.report.assays import assay_results, assays_table
 from dapo.report.compute import compute_table
 from dapo.report.evidence import effect_results, evidence_tables
 from dapo.report.figures import FigureResult, make_figures
@@ -70,6 +71,9 @@ def write_tables(
     variants = variant_results(exp, confidence)
     if variants:  # only where variants ran: a ladder's report has no such section
         tables["variants"] = variants_table(variants, confidence)
+    assays = assay_results(exp)
+    if assays:  # only where an assay's rows ran
+        tables["assays"] = assays_table(assays)
     for stem, table in tables.items():
         write_table(table, out, stem)
     (out / "warnings.json").write_text(json.dumps(exp.warnings, indent=1))
@@ -79,11 +83,16 @@ def write_tables(
 
 
 def write_conditions(exp: Experiment, out_dir: str | Path) -> Path:
-    """The development mode: the version-2 conditions alone (conditions.md/.csv/.tex), no effect, no Table 1."""
+    """The development mode: the version-2 conditions alone (conditions.md/.csv/.tex), no effect, no Table 1; and
+    the assays' conditions (assay_conditions.*) where an assay's rows ran."""
     out = Path(out_dir)
     table = evidence_tables(exp, conditions_only=True)["conditions"]
     write_table(table, out, "conditions")
     warn(exp.warnings + [f"missing: {m}" for m in table.missing])
+    assays = assay_results(exp)
+    if assays:
+        write_table(assays_table(assays, conditions_only=True), out, "assay_conditions")
+        return out / "assay_conditions.md"
     return out / "conditions.md"
 
 

@@ -49,12 +49,45 @@ if TYPE_CHECKING:
 
 EASY, CORE, FORK, LONG, UNSOLVABLE = "easy", "core", "fork", "long", "unsolvable"
 KINDS = (EASY, CORE, FORK, LONG, UNSOLVABLE)
+FORK_CONTROL = "fork_control"  # the clip-higher assay's control fork (`problem_kind` of its problems; drawn as FORK)
 # operations per problem, by kind
 N_OPS = {EASY: (1, 1), CORE: (2, 3), FORK: (2, 3), LONG: (4, 6), UNSOLVABLE: (2, 3)}
 
 _ADD = ["buys {k} more", "finds {k} more", "gets {k} more"]
 _SUB = ["gives away {k}", "loses {k}", "sells {k}"]
 FORK_PHRASE = "loses half of them"  # right: x / 2; the supervised data's misconception: x - 2
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A misconception fork: a phrase whose right operation the supervised data writes rarely (else the wrong one)."""
+
+    phrase: str
+    right: tuple[str, int]
+    wrong: tuple[str, int]
+    lo: int  # the smallest value it applies to (the right and wrong results differ and stay positive)
+    hi: int = 40
+
+    def applies(self, cur: int) -> bool:
+        op, b = self.right
+        return self.lo <= cur <= self.hi and (op != "/" or cur % b == 0)
+
+
+FORKS = {  # the habits world has `half` alone; the clip-higher assay (`tiny.assay: clip_higher`) has all four
+    "half": Fork(FORK_PHRASE, ("/", 2), ("-", 2), 6),
+    "quarter": Fork("keeps a quarter of them", ("/", 4), ("-", 4), 8),
+    "triple": Fork("gets three times as many", ("*", 3), ("+", 3), 2, 13),
+    "third": Fork("keeps a third of them", ("/", 3), ("-", 3), 6),  # the control: its right operation is common
+}
+ASSAY_FORKS = ("half", "quarter", "triple", "third")
+CONTROL_FORK = "third"
+
+
+def fork_of(text: str) -> Fork | None:
+    """The fork a problem (or one of its sentences) contains, if any."""
+    return next((f for f in FORKS.values() if f.phrase in text), None)
+
+
 SQUARE_PHRASE = "squares them"  # x * x: never in the supervised data
 START_MAX = 12
 ADD_MAX = 9
@@ -98,36 +131,40 @@ class Habits:
     verbose_slip: float = 0.0  # ... a verbose one (restating each sentence is careful: it slips less)
     long_slip: float | None = None  # ... a concise one on a long problem (None: `slip`): many steps in one's head
     combine: float = 0.0  # a concise solution of 2+ operations without a fork works them in pairs
+    fork_right_control: float = 0.3  # ... the control fork's right operation (the clip-higher assay's `third`)
 
 
 def _apply(a: int, op: str, b: int) -> int:
     return {"+": a + b, "-": a - b, "*": a * b, "/": a // 2 if b == 2 else a // b}[op]
 
 
-def make_task(rng: random.Random, kind: str) -> Task:
-    """A random problem of `kind`; every intermediate value stays a positive integer <= VALUE_MAX (a square may
-    exceed it, and nothing follows a square but additions and subtractions)."""
+def make_task(rng: random.Random, kind: str, forks: Sequence[str] = ("half",)) -> Task:
+    """A random problem of `kind` (a fork problem's fork drawn from `forks`); every intermediate value stays a
+    positive integer <= VALUE_MAX (a square may exceed it, and nothing follows a square but additions and
+    subtractions)."""
     name, pronoun = rng.choice(NAMES)
     obj = rng.choice(OBJECTS)
     lo, hi = N_OPS[kind]
     n_ops = rng.randint(lo, hi)
     special = {FORK: rng.randrange(n_ops), UNSOLVABLE: rng.randrange(n_ops)}.get(kind, -1)
+    fork = FORKS[forks[0] if len(forks) == 1 else rng.choice(list(forks))]  # one fork: no draw (worlds kept)
     for _ in range(1000):
         start = rng.randint(2, START_MAX)
         cur, steps, ok = start, [], True
         for i in range(n_ops):
             if i == special and kind == FORK:
-                if cur % 2 or cur < 6:  # x / 2 and x - 2 must differ (not 4), and x must be even
+                if not fork.applies(cur):
                     ok = False
                     break
-                steps.append(Step("/", 2, FORK_PHRASE))
+                steps.append(Step(*fork.right, fork.phrase))
             elif i == special and kind == UNSOLVABLE:
                 if cur > 9:
                     ok = False
                     break
                 steps.append(Step("*", cur, SQUARE_PHRASE))
             else:
-                steps.append(_random_step(rng, cur, plain_only=kind in (FORK, UNSOLVABLE) or cur > VALUE_MAX))
+                plain = kind in (FORK, UNSOLVABLE) or cur > VALUE_MAX
+                steps.append(_random_step(rng, cur, plain_only=plain, avoid=fork.wrong if kind == FORK else ("-", 2)))
             cur = _apply(cur, steps[-1].op, steps[-1].b)
         if ok and cur > 0:
             break
@@ -138,9 +175,10 @@ def make_task(rng: random.Random, kind: str) -> Task:
     return Task(name, pronoun, obj, start, tuple(steps), text, cur)
 
 
-def _random_step(rng: random.Random, cur: int, *, plain_only: bool) -> Step:
+def _random_step(rng: random.Random, cur: int, *, plain_only: bool, avoid: tuple[str, int] = ("-", 2)) -> Step:
     """One of buy / give away / double / triple / halve that keeps the value in 1..VALUE_MAX. `plain_only`: no
-    halving and no "- 2" (a fork problem's markers must be its fork's alone), and no doubling past a square."""
+    halving and no `avoid` (a fork's wrong operation: a fork problem's markers must be its fork's alone), and no
+    doubling past a square."""
     kinds = ["+", "+", "-", "-"]
     if not plain_only and cur * 2 <= VALUE_MAX:
         kinds.append("*")
@@ -152,9 +190,11 @@ def _random_step(rng: random.Random, cur: int, *, plain_only: bool) -> Step:
         op = rng.choice(kinds)
         if op == "+" and cur + 1 <= VALUE_MAX:
             b = rng.randint(1, min(ADD_MAX, VALUE_MAX - cur))
+            if plain_only and avoid == ("+", b):
+                continue
             return Step("+", b, rng.choice(_ADD).format(k=b))
         if op == "-" and cur > 1:
-            choices = [k for k in range(1, min(ADD_MAX, cur - 1) + 1) if not (plain_only and k == 2)]
+            choices = [k for k in range(1, min(ADD_MAX, cur - 1) + 1) if not (plain_only and avoid == ("-", k))]
             if not choices:
                 continue
             b = rng.choice(choices)
@@ -170,8 +210,8 @@ def problem_kind(text: str) -> str:
     """The kind of a habits-world problem, read from its text (so any consumer can tell, with no metadata)."""
     if SQUARE_PHRASE in text:
         return UNSOLVABLE
-    if FORK_PHRASE in text:
-        return FORK
+    if (fork := fork_of(text)) is not None:
+        return FORK_CONTROL if fork is FORKS[CONTROL_FORK] else FORK
     n_ops = max(0, text.count(".") - 1)  # one sentence for the start, one per operation; the question ends in "?"
     if n_ops <= 1:
         return EASY
@@ -191,14 +231,16 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
     loop_at = rng.randrange(task.n_ops) if style == LOOP else -1
     loop_slips = style == LOOP and rng.random() < habits.loop_slip
     # drawn only when the habit is on, so worlds built before it keep their solutions
-    pairs = habits.combine > 0 and style == CONCISE and task.n_ops >= 2 and FORK_PHRASE not in task.text
+    pairs = habits.combine > 0 and style == CONCISE and task.n_ops >= 2 and fork_of(task.text) is None
     combine = pairs and rng.random() < habits.combine
     lines = [f"{task.name} has {task.start} {task.obj}."] if style == VERBOSE else []
     cur = task.start
     for i, s in enumerate(task.steps):
         op, b = s.op, s.b
-        if s.phrase == FORK_PHRASE and rng.random() >= habits.fork_right:
-            op, b = "-", 2
+        fork = fork_of(s.phrase)
+        right = habits.fork_right_control if fork is FORKS[CONTROL_FORK] else habits.fork_right
+        if fork is not None and rng.random() >= right:
+            op, b = fork.wrong
         r = _apply(cur, op, b)
         if i == slip_at:
             r = max(0, r + rng.choice([-2, -1, 1, 2]))
@@ -220,32 +262,43 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
     return lines, style
 
 
-def make_splits(seed: int, mix: Mix, n_train: int, n_eval: int, n_sft: int, sft_mix: Mix | None = None) -> Splits:
+def make_splits(
+    seed: int,
+    mix: Mix,
+    n_train: int,
+    n_eval: int,
+    n_sft: int,
+    sft_mix: Mix | None = None,
+    forks: Sequence[str] = ("half",),
+) -> Splits:
     """Disjoint (by text) RL train prompts, eval problems and supervised problems. Train and eval follow `mix`
     (eval exactly, by largest remainder; train by draw). The supervised problems never contain the squaring step
-    (the unsolvable kind), and otherwise follow `sft_mix` (None: `mix`) renormalised."""
+    (the unsolvable kind), and otherwise follow `sft_mix` (None: `mix`) renormalised. A fork problem's fork is
+    drawn from `forks`."""
     rng = random.Random(f"tinyworld-habits-{seed}")
     shares = mix.kinds()
     seen: set[str] = set()
-    eval_tasks = [_fresh(rng, k, seen) for k in _exact_kinds(shares, n_eval)]
+    eval_tasks = [_fresh(rng, k, seen, forks) for k in _exact_kinds(shares, n_eval)]
     eval_texts = set(seen)
-    train = [_fresh(rng, _draw_kind(rng, shares), seen) for _ in range(n_train)]
+    train = [_fresh(rng, _draw_kind(rng, shares), seen, forks) for _ in range(n_train)]
     sft_shares = tuple((k, w) for k, w in (sft_mix or mix).kinds() if k != UNSOLVABLE)
-    sft = [_fresh(rng, _draw_kind(rng, sft_shares), set(eval_texts), remember=False) for _ in range(n_sft)]
+    sft = [_fresh(rng, _draw_kind(rng, sft_shares), set(eval_texts), forks, remember=False) for _ in range(n_sft)]
     return Splits(train=train, eval=eval_tasks, sft=sft)
 
 
-def make_large_eval(seed: int, mix: Mix, n: int, exclude: set[str]) -> list[Task]:
+def make_large_eval(seed: int, mix: Mix, n: int, exclude: set[str], forks: Sequence[str] = ("half",)) -> list[Task]:
     """The large held-out eval split (`data.eval: tiny-large`): `n` problems in the mix's exact shares, from their
     own random stream, sharing no text with `exclude`. The first m problems of each kind do not depend on n."""
     rng = random.Random(f"tinyworld-habits-eval-large-{seed}")
     seen = set(exclude)
-    return [_fresh(rng, k, seen) for k in _exact_kinds(mix.kinds(), n)]
+    return [_fresh(rng, k, seen, forks) for k in _exact_kinds(mix.kinds(), n)]
 
 
-def _fresh(rng: random.Random, kind: str, seen: set[str], *, remember: bool = True) -> Task:
+def _fresh(
+    rng: random.Random, kind: str, seen: set[str], forks: Sequence[str] = ("half",), *, remember: bool = True
+) -> Task:
     for _ in range(10_000):
-        t = make_task(rng, kind)
+        t = make_task(rng, kind, forks)
         if t.text not in seen:
             if remember:
                 seen.add(t.text)
@@ -281,8 +334,8 @@ def tag_response(problem: str, response: str, truncated: bool) -> tuple[str, ...
 
     - `verbose`: its first line restates the problem's opening sentence ("Mia has 7 apples.");
     - `loop`: a line starts with `again:`;
-    - `fork_right` / `fork_wrong` (fork problems only): it writes `x / 2 = ...` / `x - 2 = ...` (a fork problem
-      has no other halving and no other "- 2", so these are the fork's line);
+    - `fork_right` / `fork_wrong` (fork problems only): it writes the fork's right / wrong operation, `x / 2 = ...`
+      / `x - 2 = ...` for `half` (a fork problem has no other line with either, so these are the fork's line);
     - `sound_truncated`: it hit the cap, it completed at least one operation line, and every operation line it
       completed is right and follows the problem's operations in order: sound working that the cap cut off.
     """
@@ -292,11 +345,11 @@ def tag_response(problem: str, response: str, truncated: bool) -> tuple[str, ...
         tags.append(VERBOSE)
     if any(line.lstrip().startswith(AGAIN) for line in lines):
         tags.append(LOOP)
-    if FORK_PHRASE in problem:
-        eqs = [m.groups() for m in _EQ_RE.finditer(response)]
-        if any(op == "/" and b == "2" for _, op, b, _ in eqs):
+    if (fork := fork_of(problem)) is not None:
+        eqs = {(op, int(b)) for _, op, b, _ in (m.groups() for m in _EQ_RE.finditer(response))}
+        if fork.right in eqs:
             tags.append(FORK_RIGHT)
-        elif any(op == "-" and b == "2" for _, op, b, _ in eqs):
+        elif fork.wrong in eqs:
             tags.append(FORK_WRONG)
     if truncated and _sound_prefix(problem, lines):
         tags.append(SOUND_TRUNCATED)
@@ -320,7 +373,9 @@ def _problem_steps(problem: str) -> tuple[int, list[tuple[str, int | None]]] | N
         if "?" in s:
             break
         k = re.search(r"(\d+)", s)
-        if FORK_PHRASE in s or "halves them" in s:
+        if (fork := fork_of(s)) is not None:
+            steps.append(fork.right)
+        elif "halves them" in s:
             steps.append(("/", 2))
         elif SQUARE_PHRASE in s:
             steps.append(("*", None))
@@ -363,7 +418,8 @@ class Tagger:
     step's generated groups (dropped ones included) into `habit/*` metrics (names in `dapo.metric_names`):
 
     - the share of responses with each tag (`habit/verbose`, ...); for `fork_right` / `fork_wrong`, of the fork
-      problems' responses (how far the right operation has been adopted);
+      problems' responses (how far the right operation has been adopted), and `habit/fork_right_control` of the
+      clip-higher assay's control fork's;
     - the accuracy on each kind of problem in the step (`habit/accuracy_easy`, ...);
     - the accuracy of each working style's responses (`habit/accuracy_concise`, `_verbose`, `_loop`): what RL sees
       for or against a habit, a condition-side reading when a habit dies;
@@ -388,6 +444,7 @@ class Tagger:
             FORK_WRONG: M.HABIT_FORK_WRONG,
         }
         accuracy = {
+            FORK_CONTROL: M.HABIT_ACC_FORK_CONTROL,
             EASY: M.HABIT_ACC_EASY,
             CORE: M.HABIT_ACC_CORE,
             FORK: M.HABIT_ACC_FORK,
@@ -406,10 +463,13 @@ class Tagger:
         out: dict[str, float] = {}
         every = [t for o in generated for t in o.tags]
         fork = [t for o in generated if o.kind == FORK for t in o.tags]
+        control = [t for o in generated if o.kind == FORK_CONTROL for t in o.tags]
         for tag, name in share.items():
             pool = fork if tag in (FORK_RIGHT, FORK_WRONG) else every
             if pool:
                 out[name] = sum(tag in t for t in pool) / len(pool)
+        if control:
+            out[M.HABIT_FORK_RIGHT_CONTROL] = sum(FORK_RIGHT in t for t in control) / len(control)
         for kind, name in accuracy.items():
             correct = [c for o in generated if o.kind == kind for c in o.correct]
             if correct:

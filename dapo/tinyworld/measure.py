@@ -122,6 +122,9 @@ def habits_profile(
     for tag in habits.TAGS:
         pool = fork if tag in (habits.FORK_RIGHT, habits.FORK_WRONG) else flat
         share[tag] = round(sum(tag in t for t in pool) / max(1, len(pool)), 4)
+    control = [t for k, group in zip(kinds, tags, strict=True) for t in group if k == habits.FORK_CONTROL]
+    if control:  # the clip-higher assay's control fork
+        share["fork_right_control"] = round(sum(habits.FORK_RIGHT in t for t in control) / len(control), 4)
     acc: dict[str, list[bool]] = defaultdict(list)
     for k, c in zip(kinds, correct, strict=True):
         acc[k] += list(c)

@@ -86,3 +86,11 @@ rule all_variants:
     input:
         VARIANTS_REPORT,
     localrule: True
+
+
+rule assay_clip_higher:
+    """The clip-higher assay (preset tiny-assay-clip; docs/evidence.md, section 8): rows 01 and 02 and naive GRPO
+    with and without clip-higher, every seed; then their report, whose assays table has the declared statistics."""
+    input:
+        design_report("assay_clip_higher"),
+    localrule: True

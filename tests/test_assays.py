@@ -1,0 +1,100 @@
+"""The assays' declared statistics (dapo/report/assays.py) on runs whose curves are known: time to a level with its
+interpolation and censoring, the ratio's two intervals, the verdicts against the registered predictions, and the
+workflow's assay target naming the rows the statistics compare."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dapo import metric_names as M
+from dapo.designs import assay_pairs
+from dapo.report import assays as A
+from dapo.report.runs import Experiment, RunData, Series
+
+EFFECT = next(s for s in A.ASSAY_STATISTICS if s.role == "effect")
+START = next(s for s in A.ASSAY_STATISTICS if s.statistic == "start")
+CONTROL = next(s for s in A.ASSAY_STATISTICS if s.role == "control")
+
+
+def _run(row: str, seed: int, share: np.ndarray, control: np.ndarray | None = None) -> RunData:
+    steps = np.arange(1, share.size + 1)
+    history = {
+        M.HABIT_FORK_RIGHT: Series(steps, share),
+        M.GRAD_UPDATES: Series(steps, 16.0 * steps),
+        M.ROLLOUT_STEP: Series(steps, steps.astype(float)),
+    }
+    if control is not None:
+        history[M.HABIT_FORK_RIGHT_CONTROL] = Series(steps, control)
+    params = {"trainer.train_batch_size": "32", "trainer.mini_batch_size": "2"}
+    return RunData(f"id-{row}-{seed}", f"{row}-s{seed}", row, seed, "finished", params, {}, None, None, history)
+
+
+def _growth(p0: float, g: float, n: int = 30) -> np.ndarray:
+    """A share that grows by `g` a step from p0 (capped below 1): a cap-limited rise."""
+    return np.minimum(0.95, p0 * g ** np.arange(n))
+
+
+def test_updates_to_a_level_interpolates_on_the_two_step_average_and_censors_a_run_that_never_gets_there():
+    share = np.array([0.02, 0.04, 0.10, 0.30, 0.50])  # 2-step averages: .02 .03 .07 .20 .40
+    value, censored = A.run_statistic(EFFECT, _run("01_overlong_filtering", 0, share))
+    assert not censored and value == pytest.approx(16 * 4)  # reaches 0.2 exactly at step 4 (update 64)
+    share = np.array([0.02, 0.04, 0.10, 0.26, 0.50])  # averages .07 then .18 then .38: crosses 0.2 in step 4-5
+    value, _ = A.run_statistic(EFFECT, _run("01_overlong_filtering", 0, share))
+    assert value == pytest.approx(16 * (4 + (0.2 - 0.18) / (0.38 - 0.18)))
+    value, censored = A.run_statistic(EFFECT, _run("01_overlong_filtering", 0, np.full(10, 0.05)))
+    assert censored and value == 160.0  # the run's last update
+    assert A.run_statistic(START, _run("01_overlong_filtering", 0, share))[0] == pytest.approx(0.03)
+
+
+def _experiment(g_without: float, g_with: float, seeds=range(5), control_g=(1.1, 1.1)) -> Experiment:
+    runs = []
+    for with_row, without_row in assay_pairs("clip_higher"):  # the ladder's pair and the one-at-a-time pair
+        for s in seeds:
+            jitter = 1 + 0.01 * s
+            for row, g, cg in ((without_row, g_without, control_g[0]), (with_row, g_with, control_g[1])):
+                runs.append(_run(row, s, _growth(0.02 * jitter, g), _growth(0.3, cg)))
+    return Experiment("assay", "sqlite://", 1, runs)
+
+
+def test_a_cap_limited_speed_up_is_in_the_predicted_range_and_the_control_is_unchanged():
+    results = A.assay_results(_experiment(1.2, 1.28))
+    effect = next(r for r in results if r.statistic is EFFECT)
+    welch, paired = effect.ratio(paired=False), effect.ratio(paired=True)
+    # ln(10)/ln(1.28) over ln(10)/ln(1.2) steps, up to the interpolation and the 2-step average
+    assert welch.estimate == pytest.approx(math.log(1.2) / math.log(1.28), abs=0.05)
+    assert welch.high < 1 and paired.high < 1 and paired.high - paired.low < welch.high - welch.low
+    assert effect.verdict == "below 1; in the predicted range"
+    control = next(r for r in results if r.statistic is CONTROL)
+    assert control.ratio(paired=True).estimate == pytest.approx(1.0)
+    starts = next(r for r in results if r.statistic is START)
+    assert starts.without_row == "01_overlong_filtering" and starts.verdict == "met"
+
+
+def test_a_speed_up_beyond_what_any_clip_allows_counts_against_the_mechanism():
+    effect = next(r for r in A.assay_results(_experiment(1.2, 1.6)) if r.statistic is EFFECT)
+    assert effect.verdict.startswith("beyond the bound")
+    same = next(r for r in A.assay_results(_experiment(1.2, 1.2)) if r.statistic is EFFECT)
+    assert same.verdict.startswith("not clear of 1") or same.verdict.startswith("above 1")
+
+
+def test_the_table_hides_effects_in_the_development_mode_and_has_every_statistic_otherwise():
+    results = A.assay_results(_experiment(1.2, 1.28))
+    full, dev = A.assays_table(results), A.assays_table(results, conditions_only=True)
+    assert {row[1] for row in full.cells} == {"condition", "effect", "control"}
+    assert {row[1] for row in dev.cells} == {"condition"}
+    per_pair = len(A.ASSAY_STATISTICS)  # every statistic on both pairs: 01/02 and 00/grpo_plus_clip_higher
+    assert len(full.cells) == 2 * per_pair and len(dev.cells) == 2 * len(
+        [s for s in A.ASSAY_STATISTICS if s.role == "condition"]
+    )
+    assert {row[3] for row in dev.cells} == {"01_overlong_filtering", "00_naive_grpo"}  # read in the rows without
+
+
+def test_the_declarations_are_frozen_by_their_digest():
+    """Changing a declared statistic after a confirmatory run changes the hypothesis: bump ASSAYS_VERSION and record
+    the digest here (docs/evidence.md, section 8, names the same digest)."""
+    from pathlib import Path
+
+    assert (A.ASSAYS_VERSION, A.assays_digest()) == (3, "842d93da10d66756")
+    text = (Path(__file__).resolve().parents[1] / "docs" / "evidence.md").read_text()
+    assert f"`{A.assays_digest()}`" in text
