@@ -214,8 +214,9 @@ def build_spec(
     by_design["evidence"] = sorted(set(chosen) | {placebo_run().name})
     # each variant of configs/variants/ beside the ladder row it inherits (dapo.designs.variant_runs)
     by_design["variants"] = [r.name for r in variant_runs()]
-    # an assay's two pairs of rows (dapo.report.assays): the toggle's on the ladder and its one-at-a-time pair
-    by_design["assay_clip_higher"] = sorted({row for pair in assay_pairs("clip_higher") for row in pair})
+    # the clip-higher assay's ladder pair (dapo.report.assays): in its world no response reaches the cap, so overlong
+    # filtering masks nothing and the one-at-a-time pair (00, grpo_plus_clip_higher) would train the same runs again
+    by_design["assay_clip_higher"] = sorted(assay_pairs("clip_higher")[0])
     spec: dict[str, Any] = {
         "preset": preset,
         "preset_name": name,

@@ -89,8 +89,8 @@ rule all_variants:
 
 
 rule assay_clip_higher:
-    """The clip-higher assay (preset tiny-assay-clip; docs/evidence.md, section 8): rows 01 and 02 and naive GRPO
-    with and without clip-higher, every seed; then their report, whose assays table has the declared statistics."""
+    """The clip-higher assay (preset tiny-assay-clip; docs/evidence.md, section 8): rows 01 and 02, every seed; then
+    their report, whose assays table (assays.md) has the declared statistics."""
     input:
         design_report("assay_clip_higher"),
     localrule: True
