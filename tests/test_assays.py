@@ -98,3 +98,16 @@ def test_the_declarations_are_frozen_by_their_digest():
     assert (A.ASSAYS_VERSION, A.assays_digest()) == (3, "842d93da10d66756")
     text = (Path(__file__).resolve().parents[1] / "docs" / "evidence.md").read_text()
     assert f"`{A.assays_digest()}`" in text
+
+
+def test_the_report_loads_every_declared_metric_and_names_one_no_run_logged():
+    """The control's metric was once left out of what the report loads: its statistic then read "missing" with
+    nothing listed under the table's Missing."""
+    from dapo.report.load import report_metrics
+
+    assert {s.metric for s in A.ASSAY_STATISTICS} <= set(report_metrics(1))
+    exp = _experiment(1.2, 1.28)
+    for run in exp.runs:
+        del run.history[M.HABIT_FORK_RIGHT_CONTROL]
+    table = A.assays_table(A.assay_results(exp))
+    assert any("habit/fork_right_control in no run of 02_clip_higher" in m for m in table.missing)

@@ -198,6 +198,8 @@ def assays_table(results: list[AssayResult], conditions_only: bool = False) -> T
         cells=[[line[k] for k in shown] for line in lines],
         csv_columns=list(lines[0]) if lines else shown,
         csv_rows=[list(line.values()) for line in lines],
+        missing=[f"{r.statistic.assay} / {r.statistic.quantity}: {r.statistic.metric} in no run of {r.with_row} or "
+                 f"{r.without_row}" for r in results if r.verdict == "missing"],
         notes=[
             f"Declared in dapo/report/assays.py (version {ASSAYS_VERSION}, digest `{assays_digest()}`) before the "
             "confirmatory runs. A condition is read in the row without the toggle (an `updates_to` condition as a "

@@ -18,6 +18,7 @@ from dapo.report.runs import Experiment, ExperimentNotFound, RunData, Series
 def report_metrics(k: int) -> list[str]:
     """Every metric the report reads, for eval size k: those of the figures, the declared statistics, `dapo
     compare`'s curves, the x-axes and the compute table."""
+    from dapo.report.assays import ASSAY_STATISTICS
     from dapo.report.figures import COMPARE_CURVES, FIGURES
     from dapo.report.mechanisms import MECHANISMS, MECHANISMS_V2
     from dapo.report.variants import VARIANT_STATISTICS
@@ -34,6 +35,7 @@ def report_metrics(k: int) -> list[str]:
     ]
     figures = [metric(k) for spec in FIGURES for p in spec.panels for metric in p.metrics]
     stats = [m.metric_name(k) for m in MECHANISMS + MECHANISMS_V2 + VARIANT_STATISTICS]
+    stats += [s.metric for s in ASSAY_STATISTICS]
     return list(dict.fromkeys(ev + counters + figures + stats))
 
 
