@@ -226,6 +226,8 @@ class TinyWorldConfig(_Section):
 
     @model_validator(mode="after")
     def _habits_shares(self) -> TinyWorldConfig:
+        if self.assay != "none" and self.kind != "habits":
+            raise ValueError(f"tiny.assay={self.assay} is a habits world's: set tiny.kind=habits, or tiny.assay=none")
         if self.kind == "habits":
             mix = self.mix_easy + self.mix_fork + self.mix_long + self.mix_unsolvable
             if mix > 1 + 1e-9:

@@ -197,6 +197,8 @@ def test_the_habits_world_config_refuses_shares_above_one():
         load_config(preset="tiny", overrides=["tiny.kind=habits", "tiny.sft_verbose=0.9", "tiny.sft_loop=0.2"])
     with pytest.raises(ConfigError, match="sft_mix_easy .* = 1.1"):  # the unset sft_mix_fork is mix_fork's 0.2
         load_config(preset="tiny", overrides=["tiny.kind=habits", "tiny.sft_mix_easy=0.6", "tiny.sft_mix_long=0.3"])
+    with pytest.raises(ConfigError, match="tiny.assay=clip_higher is a habits world's: set tiny.kind=habits"):
+        load_config(preset="tiny", overrides=["tiny.assay=clip_higher"])  # the arithmetic world would ignore it
 
 
 def test_the_presets_working_styles_sit_where_each_toggle_needs_them_against_the_cap():
