@@ -5,8 +5,9 @@ except in CI (CI=true), where they must run.
 
 Each test runs `snakemake --profile slurm` on one row of the tiny preset cut to seconds a step (HF engine, a
 20-step tiny world; the row-05 test runs vLLM replicas on the cached tiny world). A requeued SLURM job is held
-about two minutes before it may start again (its begin time, while the old job credential expires: a job started
-earlier is killed with "Job credential revoked"), so each requeue costs these tests two minutes.
+until its old job credential expires before it may start again (a job started earlier is killed with "Job
+credential revoked"): 120 s by default, 30 s on the test cluster (scripts/slurm/start.sh sets `cred_expire`), so
+each requeue costs these tests half a minute.
 """
 
 from __future__ import annotations

@@ -40,6 +40,8 @@ SlurmctldHost=$NODE(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# a requeued job waits out its old credential's lifetime before it starts again (120 s by default): the tests requeue
+AuthInfo=cred_expire=30
 CredType=cred/munge
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/d
