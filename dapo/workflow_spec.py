@@ -217,6 +217,8 @@ def build_spec(
     # the clip-higher assay's ladder pair (dapo.report.assays): in its world no response reaches the cap, so overlong
     # filtering masks nothing and the one-at-a-time pair (00, grpo_plus_clip_higher) would train the same runs again
     by_design["assay_clip_higher"] = sorted(assay_pairs("clip_higher")[0])
+    # the token-level-loss assay's two pairs: rows 03/04, and 00 against 00 with token-mean
+    by_design["assay_token_level_loss"] = sorted({run for pair in assay_pairs("token_level_loss") for run in pair})
     spec: dict[str, Any] = {
         "preset": preset,
         "preset_name": name,

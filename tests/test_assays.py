@@ -26,7 +26,7 @@ def _run(row: str, seed: int, share: np.ndarray, control: np.ndarray | None = No
     }
     if control is not None:
         history[M.HABIT_FORK_RIGHT_CONTROL] = Series(steps, control)
-    params = {"trainer.train_batch_size": "32", "trainer.mini_batch_size": "2"}
+    params = {"trainer.train_batch_size": "32", "trainer.mini_batch_size": "2", "tiny.assay": "clip_higher"}
     return RunData(f"id-{row}-{seed}", f"{row}-s{seed}", row, seed, "finished", params, {}, None, None, history)
 
 
@@ -60,13 +60,13 @@ def _experiment(g_without: float, g_with: float, seeds=range(5), control_g=(1.1,
 def test_a_cap_limited_speed_up_is_in_the_predicted_range_and_the_control_is_unchanged():
     results = A.assay_results(_experiment(1.2, 1.28))
     effect = next(r for r in results if r.statistic is EFFECT)
-    welch, paired = effect.ratio(paired=False), effect.ratio(paired=True)
+    welch, paired = effect.effect(paired=False), effect.effect(paired=True)
     # ln(10)/ln(1.28) over ln(10)/ln(1.2) steps, up to the interpolation and the 2-step average
     assert welch.estimate == pytest.approx(math.log(1.2) / math.log(1.28), abs=0.05)
     assert welch.high < 1 and paired.high < 1 and paired.high - paired.low < welch.high - welch.low
     assert effect.verdict == "below 1; in the predicted range"
     control = next(r for r in results if r.statistic is CONTROL)
-    assert control.ratio(paired=True).estimate == pytest.approx(1.0)
+    assert control.effect(paired=True).estimate == pytest.approx(1.0)
     starts = next(r for r in results if r.statistic is START)
     assert starts.without_row == "01_overlong_filtering" and starts.verdict == "met"
 
@@ -83,10 +83,9 @@ def test_the_table_hides_effects_in_the_development_mode_and_has_every_statistic
     full, dev = A.assays_table(results), A.assays_table(results, conditions_only=True)
     assert {row[1] for row in full.cells} == {"condition", "effect", "control"}
     assert {row[1] for row in dev.cells} == {"condition"}
-    per_pair = len(A.ASSAY_STATISTICS)  # every statistic on both pairs: 01/02 and 00/grpo_plus_clip_higher
-    assert len(full.cells) == 2 * per_pair and len(dev.cells) == 2 * len(
-        [s for s in A.ASSAY_STATISTICS if s.role == "condition"]
-    )
+    clip = [s for s in A.ASSAY_STATISTICS if s.assay == "clip_higher"]  # the only assay whose rows ran here
+    assert len(full.cells) == 2 * len(clip)  # every statistic on both pairs: 01/02 and 00/grpo_plus_clip_higher
+    assert len(dev.cells) == 2 * len([s for s in clip if s.role == "condition"])
     assert {row[3] for row in dev.cells} == {"01_overlong_filtering", "00_naive_grpo"}  # read in the rows without
 
 
@@ -95,9 +94,9 @@ def test_the_declarations_are_frozen_by_their_digest():
     the digest here (docs/evidence.md, section 8, names the same digest)."""
     from pathlib import Path
 
-    assert (A.ASSAYS_VERSION, A.assays_digest()) == (3, "842d93da10d66756")
+    assert (A.ASSAYS_VERSION, A.assays_digest("clip_higher")) == (3, "842d93da10d66756")
     text = (Path(__file__).resolve().parents[1] / "docs" / "evidence.md").read_text()
-    assert f"`{A.assays_digest()}`" in text
+    assert f"`{A.assays_digest('clip_higher')}`" in text
 
 
 def test_the_report_loads_every_declared_metric_and_names_one_no_run_logged():
@@ -111,3 +110,42 @@ def test_the_report_loads_every_declared_metric_and_names_one_no_run_logged():
         del run.history[M.HABIT_FORK_RIGHT_CONTROL]
     table = A.assays_table(A.assay_results(exp))
     assert any("habit/fork_right_control in no run of 02_clip_higher" in m for m in table.missing)
+
+
+TOKEN = {(s.role, s.metric): s for s in A.ASSAY_STATISTICS if s.assay == "token_level_loss"}
+
+
+def _token_run(row: str, seed: int, odds_slope: float, length_rise: float) -> RunData:
+    steps = np.arange(1, 21)
+    odds = -0.5 + odds_slope * steps + 0.01 * (seed % 2) * (-1) ** steps  # a little noise about the line
+    history = {
+        M.HABIT_LOOP_ODDS: Series(steps, odds),
+        M.HABIT_LOOP_ODDS_CONTROL: Series(steps, np.full(20, 0.3)),
+        M.HABIT_LOOP_LENGTH: Series(steps, 90 + length_rise * steps),
+        M.HABIT_LOOP: Series(steps, np.linspace(0.2, 0.0, 20)),
+        M.GRAD_UPDATES: Series(steps, 8.0 * steps),
+    }
+    params = {"tiny.assay": "token_loss"}
+    return RunData(f"id-{row}-{seed}", f"{row}-s{seed}", row, seed, "finished", params, {}, None, None, history)
+
+
+def test_the_token_assay_reads_slopes_and_drifts_in_fixed_windows_and_compares_them_as_differences():
+    run = _token_run("03_soft_overlong_punishment", 0, 0.1, 1.0)
+    assert A.run_statistic(TOKEN["effect", M.HABIT_LOOP_ODDS], run)[0] == pytest.approx(0.1)  # steps 1-10
+    # the middle third of 20 steps is 7-13 (mean 10 -> length 100), the start steps 1-2 (mean 1.5 -> 91.5)
+    assert A.run_statistic(TOKEN["effect", M.HABIT_LOOP_LENGTH], run)[0] == pytest.approx(8.5)
+    mid_loops = next(s for s in A.ASSAY_STATISTICS if s.metric == M.HABIT_LOOP and s.statistic == "mid")
+    assert A.run_statistic(mid_loops, run)[0] == pytest.approx(0.2 * (1 - 9 / 19))  # the linspace at step 10
+    runs = [_token_run(row, s, slope, rise) for s in range(5)
+            for row, slope, rise in (("03_soft_overlong_punishment", 0.1, 1.0), ("04_token_level_loss", 0.0, 0.0),
+                                     ("00_naive_grpo", 0.1, 1.0))]  # fmt: skip
+    results = A.assay_results(Experiment("assay", "sqlite://", 1, runs))
+    assert {r.statistic.assay for r in results} == {"token_level_loss"}  # row 00 here ran in the token world
+    effect = next(r for r in results if r.statistic is TOKEN["effect", M.HABIT_LOOP_ODDS])
+    assert effect.effect(paired=True).estimate == pytest.approx(-0.1, abs=1e-3)  # a difference, not a ratio
+    assert effect.verdict == "below 0; in the predicted range"
+    control = next(r for r in results if r.statistic is TOKEN["control", M.HABIT_LOOP_ODDS_CONTROL])
+    assert control.effect(paired=False).estimate == pytest.approx(0.0, abs=1e-9)
+    assert control.verdict.startswith("no interval") or "in the predicted range" in control.verdict
+    table = A.assays_table(results)
+    assert "token_level_loss `" in table.notes[0] and "clip_higher" not in table.notes[0]  # only the assay that ran

@@ -1,6 +1,7 @@
 """The habits world (dapo/tinyworld/habits.py): problems of each kind, solutions written with each habit, and the
 tags that count the habits in any response, checked on hand-written examples."""
 
+import math
 import random
 from collections import Counter
 
@@ -257,7 +258,7 @@ def test_the_habits_worlds_problems_solutions_and_tags_are_those_its_frozen_worl
 
 
 def test_the_clip_assay_draws_four_forks_each_marked_by_its_own_operations_alone():
-    sp = H.make_splits(5, ASSAY_MIX, 2000, 40, 10, forks=H.ASSAY_FORKS)
+    sp = H.make_splits(5, ASSAY_MIX, 2000, 40, 10, assay=H.CLIP_HIGHER)
     seen = Counter()
     for t in sp.train:
         fork = H.fork_of(t.text)
@@ -274,7 +275,7 @@ def test_the_clip_assay_draws_four_forks_each_marked_by_its_own_operations_alone
 
 
 def test_the_supervised_data_writes_the_rare_forks_right_operation_rarely_and_the_controls_often():
-    sp = H.make_splits(6, ASSAY_MIX, 10, 10, 6000, forks=H.ASSAY_FORKS)
+    sp = H.make_splits(6, ASSAY_MIX, 10, 10, 6000, assay=H.CLIP_HIGHER)
     h = H.Habits(verbose=0.0, loop=0.0, loop_slip=0.0, fork_right=0.04, slip=0.0, fork_right_control=0.3)
     rng, right = random.Random(1), {H.FORK: [], H.FORK_CONTROL: []}
     for t in sp.sft:
@@ -290,3 +291,41 @@ def test_the_supervised_data_writes_the_rare_forks_right_operation_rarely_and_th
         [GroupOutcome([True, False], [1, -1], [9, 9], [False, False], [[H.FORK_RIGHT], [H.FORK_WRONG]], H.FORK_CONTROL)]
     )
     assert m[M.HABIT_FORK_RIGHT_CONTROL] == 0.5 and M.HABIT_FORK_RIGHT not in m  # the control is its own unit
+
+
+TOKEN_HABITS = H.Habits(0.0, loop=0.3, loop_slip=0.0, fork_right=0.15, slip=0.0, short_wrong=0.3, loop_continue=0.5)
+
+
+def test_the_token_assay_writes_two_always_wrong_habits_whose_lengths_differ_on_core_problems_only():
+    """Both wrong habits must be wrong whatever the numbers (an off-by-one carried through additions and
+    subtractions), loops about three times right working's length on core problems, and as long as the short habit
+    on control problems (where per-response averaging has no length to act on)."""
+    sp = H.make_splits(7, H.Mix(0.0, 0.0, 0.0, 0.0), 1200, 10, 10, assay=H.TOKEN_LOSS)
+    rng, words = random.Random(2), {}
+    for t in sp.train:
+        kind = H.problem_kind(t.text)
+        assert len(t.steps) == 3 and {op for op, _ in _ops(t)} <= {"+", "-"}, t.text
+        lines, style = H.solution_lines(t, TOKEN_HABITS, rng)
+        tags = H.tag_response(t.text, "\n".join(lines), False)
+        assert tags == {H.LOOP: (H.LOOP,), H.SHORT_WRONG: (H.SHORT_WRONG,), H.CONCISE: ()}[style]
+        assert (lines[-1] == f"Answer: {t.answer}") == (style == H.CONCISE), (style, lines)
+        blocks = sum(line.startswith(H.AGAIN) for line in lines)
+        assert (1 <= blocks <= (H.MAX_BLOCKS if kind == H.CORE else 1)) if style == H.LOOP else blocks == 0
+        words.setdefault((kind, style), []).append(len("\n".join(lines).split()))
+    mean = {k: sum(v) / len(v) for k, v in words.items()}
+    control_share = sum(len(v) for (k, _), v in words.items() if k == H.CORE_CONTROL) / len(sp.train)
+    assert 0.2 < control_share < 0.3
+    assert 2.6 < mean[H.CORE, H.LOOP] / mean[H.CORE, H.CONCISE] < 3.4  # 1 + 2 blocks on average (at most 4)
+    assert abs(mean[H.CORE, H.SHORT_WRONG] - mean[H.CORE, H.CONCISE]) <= 1  # "so" opens it
+    assert abs(mean[H.CORE_CONTROL, H.LOOP] - mean[H.CORE_CONTROL, H.SHORT_WRONG]) <= 0.5
+
+
+def test_the_token_assay_logs_the_loop_odds_where_its_control_problems_are():
+    core = GroupOutcome([False, False, False, True], [0] * 4, [90, 120, 30, 30], [False] * 4,
+                        [[H.LOOP], [H.LOOP], [H.SHORT_WRONG], []], kind=H.CORE)  # fmt: skip
+    control = GroupOutcome([False, True], [0, 1], [31, 30], [False] * 2, [[H.SHORT_WRONG], []], kind=H.CORE_CONTROL)
+    m = H.Tagger().metrics([core, control])
+    assert m[M.HABIT_LOOP_ODDS] == pytest.approx(math.log(2.5 / 1.5))
+    assert m[M.HABIT_LOOP_ODDS_CONTROL] == pytest.approx(math.log(0.5 / 1.5))
+    assert (m[M.HABIT_LOOP_LENGTH], m[M.HABIT_SHORT_WRONG]) == (105.0, 2 / 6)
+    assert M.HABIT_LOOP_ODDS not in H.Tagger().metrics([core])  # the habits world: no such unit, no such metric

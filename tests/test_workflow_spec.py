@@ -69,11 +69,21 @@ def test_tiny_spec_has_every_run_with_its_command_and_the_cpu_plan(tmp_path):
         "evidence",
         "variants",
         "assay_clip_higher",
+        "assay_token_level_loss",
     }
     # the clip-higher assay: its ladder pair (its one-at-a-time pair trains the same runs in its world)
     assay = spec["designs"]["assay_clip_higher"]
     assert assay == ["01_overlong_filtering", "02_clip_higher"]
     assert all(r in spec["runs"] for r in assay)
+    # the token-level-loss assay: both pairs (its loops never reach the cap, but rows 00 and 03 differ in the clip)
+    token = spec["designs"]["assay_token_level_loss"]
+    assert token == [
+        "00_naive_grpo",
+        "03_soft_overlong_punishment",
+        "04_token_level_loss",
+        "grpo_plus_token_level_loss",
+    ]
+    assert all(r in spec["runs"] for r in token)
     # the variants design: each variant of configs/variants/ and the rows they inherit, every one a run of the spec
     variants = spec["designs"]["variants"]
     assert {"gspo", "cispo", "clip_cov", "kl_cov", "dr_grpo", "tis", "00_naive_grpo", "05_dynamic_sampling"} <= set(

@@ -12,11 +12,14 @@ without it). Roles:
 - `control`: the same statistic on a unit of the world the mechanism predicts is unaffected (ratio in `band`).
 
 Ratios are of geometric means over seeds, with two 95% intervals on the log scale: Welch's (runs independent) and
-paired by training seed (the two rows of a seed share the base model and their first rollouts).
+paired by training seed (the two rows of a seed share the base model and their first rollouts). A `slope` or a
+`drift` can be 0 or negative, so its effect is the difference with - without of means over seeds instead.
 
-Statistics (per run): `start`, the metric's mean over rollout steps 1-2 (where RL starts); `updates_to`, the
-gradient updates until the metric's two-step moving average first reaches `level` (interpolated between steps;
-a run that never reaches it counts its last update, and is marked censored).
+Statistics (per run, over its rollout steps 1..T): `start`, the metric's mean over steps 1-2 (where RL starts);
+`mid`, its mean over the middle third (T/3 < step <= 2T/3); `drift`, mid minus start; `slope`, its least-squares
+slope per step over the first half (step <= T/2); `updates_to`, the gradient updates until the metric's two-step
+moving average first reaches `level` (interpolated between steps; a run that never reaches it counts its last
+update, and is marked censored).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from dapo.report.formats import Table
 from dapo.report.runs import Experiment, RunData
 
 ASSAYS_VERSION = 3
+DIFFERENCES = ("drift", "slope")  # compared as with - without; the other statistics as ratios
+WORLDS = {"clip_higher": "clip_higher", "token_level_loss": "token_loss"}  # each assay's world (`tiny.assay`)
 
 
 @dataclass(frozen=True)
@@ -42,18 +47,44 @@ class AssayStatistic:
     role: Literal["condition", "effect", "control"]
     quantity: str
     metric: str
-    statistic: Literal["start", "updates_to"]
+    statistic: Literal["start", "mid", "drift", "slope", "updates_to"]
     band: tuple[float, float]  # a condition's range (row without); an effect's or control's predicted ratio
     level: float | None = None  # updates_to: the level reached
     falsified_below: float | None = None  # an effect: a ratio below this is faster than the mechanism allows
 
 
-# The declarations. Changing one after a confirmatory run is changing the hypothesis: bump ASSAYS_VERSION and record
-# the new digest (tests/test_mechanisms.py checks both). The clip-higher numbers: while the upper clip is what holds
-# a rare token back, its probability grows at most (1 + eps_high)(1 + d) per rollout step (d: one update's
-# overshoot), so reaching a level takes ln(1.2)/ln(1.28) = 0.74 as many steps at eps_high 0.28 with d = 0, 0.85 at
-# d = 0.1; no clip allows more than 1/1.4.
+# The declarations, each assay's frozen by its digest before its confirmatory run: changing one after it is changing
+# the hypothesis (bump ASSAYS_VERSION and record the new digest; tests/test_assays.py checks). The clip-higher
+# numbers: while the upper clip is what holds a rare token back, its probability grows at most (1 + eps_high)(1 + d)
+# per rollout step (d: one update's overshoot), so reaching a level takes ln(1.2)/ln(1.28) = 0.74 as many steps at
+# eps_high 0.28 with d = 0, 0.85 at d = 0.1; no clip allows more than 1/1.4.
+# The token-level-loss numbers: per-response averaging gives a response's tokens 1/L of its advantage, so of two
+# always-wrong habits the one 3x as long declines about 0.5x as fast (docs/evidence.md, section 8): their log-odds
+# rise by the difference of the decline rates, about 0.1 a step where the short one falls from 0.2 to 0.03 in 10
+# steps, and do not move under token-mean; where both habits are as long (control problems) neither mode moves them.
+# The loops' length drifts up under per-response averaging (short loops are pushed down harder), not under
+# token-mean.
 # fmt: off
+TOKEN_LOSS_STATISTICS: tuple[AssayStatistic, ...] = (
+    AssayStatistic("token_level_loss", "condition", "loops' share of responses, at the start", M.HABIT_LOOP, "start",
+                   (0.1, 0.4)),
+    AssayStatistic("token_level_loss", "condition", "the short wrong habit's share, at the start", M.HABIT_SHORT_WRONG,
+                   "start", (0.1, 0.4)),
+    AssayStatistic("token_level_loss", "condition", "loops' share in the middle third", M.HABIT_LOOP, "mid",
+                   (0.03, 1.0)),
+    AssayStatistic("token_level_loss", "condition", "the short wrong habit's share in the middle third",
+                   M.HABIT_SHORT_WRONG, "mid", (0.03, 1.0)),
+    AssayStatistic("token_level_loss", "condition", "core problems' loops' tokens at the start (right working: about "
+                   "30; the penalty starts at 160)", M.HABIT_LOOP_LENGTH, "start", (85.0, 150.0)),
+    AssayStatistic("token_level_loss", "condition", "soft overlong penalty in the middle third",
+                   M.OVERLONG_PENALTY_MEAN, "mid", (-0.01, 0.0)),
+    AssayStatistic("token_level_loss", "effect", "slope a step of the loop : short wrong log-odds, core problems, "
+                   "first half (with - without)", M.HABIT_LOOP_ODDS, "slope", (-0.2, -0.03)),
+    AssayStatistic("token_level_loss", "effect", "drift of the core problems' loops' tokens, middle third minus start "
+                   "(with - without)", M.HABIT_LOOP_LENGTH, "drift", (-40.0, -3.0)),
+    AssayStatistic("token_level_loss", "control", "slope a step of the log-odds on control problems, where both "
+                   "habits are as long (with - without)", M.HABIT_LOOP_ODDS_CONTROL, "slope", (-0.03, 0.03)),
+)
 ASSAY_STATISTICS: tuple[AssayStatistic, ...] = (  # assay, role, quantity, metric, statistic, band, ...
     AssayStatistic("clip_higher", "condition", "right operation's share at the rare forks, at the start",
                    M.HABIT_FORK_RIGHT, "start", (0.015, 0.05)),
@@ -63,15 +94,16 @@ ASSAY_STATISTICS: tuple[AssayStatistic, ...] = (  # assay, role, quantity, metri
                    M.HABIT_FORK_RIGHT, "updates_to", (0.74, 0.85), level=0.2, falsified_below=1 / 1.4),
     AssayStatistic("clip_higher", "control", "updates until the control fork's right share reaches 0.6 (from about "
                    "0.3)", M.HABIT_FORK_RIGHT_CONTROL, "updates_to", (0.9, 1.1), level=0.6),
+    *TOKEN_LOSS_STATISTICS,
 )
 # fmt: on
 
 
-def assays_digest() -> str:
+def assays_digest(assay: str) -> str:
     import hashlib
     import json
 
-    text = json.dumps([asdict(s) for s in ASSAY_STATISTICS], sort_keys=True)
+    text = json.dumps([asdict(s) for s in ASSAY_STATISTICS if s.assay == assay], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -84,8 +116,18 @@ def run_statistic(s: AssayStatistic, run: RunData) -> tuple[float, bool] | None:
     steps, values = series.steps[keep], series.values[keep]
     if not steps.size:
         return None
-    if s.statistic == "start":
-        return float(values[steps <= 2].mean()) if (steps <= 2).any() else None, False
+    start = float(values[steps <= 2].mean()) if (steps <= 2).any() else None
+    last = float(steps[-1])
+    middle = values[(steps > last / 3) & (steps <= 2 * last / 3)]
+    mid = float(middle.mean()) if middle.size else None
+    if s.statistic in ("start", "mid", "drift"):
+        value = {"start": start, "mid": mid}.get(s.statistic)
+        if s.statistic == "drift":
+            value = None if start is None or mid is None else mid - start
+        return value, False
+    if s.statistic == "slope":
+        half = steps <= last / 2
+        return (float(np.polyfit(steps[half], values[half], 1)[0]) if half.sum() >= 3 else None), False
     assert s.level is not None
     x = run.x_of(steps, "updates")
     smooth = np.convolve(values, [0.5, 0.5])[: values.size]  # the mean of a step and the one before it
@@ -107,18 +149,23 @@ class AssayResult:
     values: dict[str, dict[int, float]]  # row -> seed -> value
     censored: int  # runs that never reached the level
 
-    def ratio(self, paired: bool) -> Interval | None:
-        """with / without: a geometric-mean ratio (Welch) or the mean per-seed ratio (paired), 95% on logs."""
+    def effect(self, paired: bool) -> Interval | None:
+        """with / without: a geometric-mean ratio (Welch) or the mean per-seed ratio (paired), 95% on logs; for a
+        slope or a drift, the difference with - without of means (Welch) or the mean per-seed difference."""
         a, b = self.values.get(self.without_row, {}), self.values.get(self.with_row, {})
-        if not a or not b or min(list(a.values()) + list(b.values())) <= 0:
+        diff = self.statistic.statistic in DIFFERENCES
+        if not a or not b or (not diff and min(list(a.values()) + list(b.values())) <= 0):
             return None
+        f = (lambda v: v) if diff else math.log
         if paired:
             seeds = sorted(set(a) & set(b))
             if not seeds:
                 return None
-            iv = seed_mean_interval([math.log(b[s] / a[s]) for s in seeds])
+            iv = seed_mean_interval([f(b[s]) - f(a[s]) for s in seeds])
         else:
-            iv = welch_interval([math.log(v) for v in b.values()], [math.log(v) for v in a.values()])
+            iv = welch_interval([f(v) for v in b.values()], [f(v) for v in a.values()])
+        if diff:
+            return iv
         exp = lambda v: None if v is None else math.exp(v)  # noqa: E731
         return Interval(math.exp(iv.estimate), exp(iv.low), exp(iv.high), iv.se, iv.df, iv.method)
 
@@ -133,7 +180,7 @@ class AssayResult:
         if s.role == "condition":
             m = self.condition_mean()
             return "missing" if m is None else "met" if lo <= m <= hi else "not met"
-        iv = self.ratio(paired=False)
+        iv = self.effect(paired=False)
         if iv is None:
             return "missing"
         if s.falsified_below is not None and iv.estimate < s.falsified_below:
@@ -141,22 +188,26 @@ class AssayResult:
         inside = "in the predicted range" if lo <= iv.estimate <= hi else "outside the predicted range"
         if iv.low is None or iv.high is None:
             return f"no interval; {inside}"
-        clear = "below 1" if iv.high < 1 else "above 1" if iv.low > 1 else "not clear of 1"
+        null = 0 if s.statistic in DIFFERENCES else 1
+        clear = f"below {null}" if iv.high < null else f"above {null}" if iv.low > null else f"not clear of {null}"
         return f"{clear}; {inside}"
 
 
 def assay_results(exp: Experiment) -> list[AssayResult]:
-    """Every declared statistic of every assay whose rows the experiment has, for each of its pairs."""
+    """Every declared statistic of every assay whose rows the experiment has, in the assay's world, for each of its
+    pairs (rows 00's runs belong to the world they ran in, not to every assay that compares against row 00)."""
     out = []
     for s in ASSAY_STATISTICS:
+        world = WORLDS[s.assay]
+        runs_of = lambda row, world=world: [r for r in exp.runs_of(row) if r.params.get("tiny.assay") == world]  # noqa: E731
         for with_row, without_row in assay_pairs(s.assay):
             rows = (without_row,) if s.role == "condition" else (without_row, with_row)
-            if not all(exp.runs_of(r) for r in rows):
+            if not all(runs_of(r) for r in rows):
                 continue
             values: dict[str, dict[int, float]] = {}
             censored = 0
             for row in rows:
-                for i, run in enumerate(exp.runs_of(row)):
+                for i, run in enumerate(runs_of(row)):
                     got = run_statistic(s, run)
                     if got is not None and got[0] is not None:
                         values.setdefault(row, {})[run.seed if run.seed is not None else -i] = got[0]
@@ -180,30 +231,33 @@ def assays_table(results: list[AssayResult], conditions_only: bool = False) -> T
         s, cond = r.statistic, r.statistic.role == "condition"
         if conditions_only and not cond:
             continue
-        welch, paired = (None, None) if cond else (r.ratio(False), r.ratio(True))
+        welch, paired = (None, None) if cond else (r.effect(False), r.effect(True))
         lines.append({
             "assay": s.assay, "role": s.role, "quantity": f"{s.quantity} (`{s.metric}`)", "statistic": s.statistic,
             "rows": r.without_row if cond else f"{r.with_row} / {r.without_row}",
             "per_seed": "; ".join(f"{row}: " + " ".join(f"{v:.3g}" for _, v in sorted(d.items()))
                                   for row, d in r.values.items()),
             "estimate": f"{m:.3g}" if cond and (m := r.condition_mean()) is not None else _fmt(welch),
-            "paired": _fmt(paired), "predicted": f"{s.band[0]:g}-{s.band[1]:g}",
+            "paired": _fmt(paired), "predicted": f"{s.band[0]:g} to {s.band[1]:g}",
             "verdict": r.verdict + (f" ({r.censored} censored)" if r.censored else ""),
         })  # fmt: skip
     shown = ["assay", "role", "quantity", "rows", "per_seed", "estimate", "paired", "predicted", "verdict"]
     return Table(
         title="Assays: declared statistics (version 3)",
         columns=["Assay", "Role", "Quantity (metric)", "Rows (with / without)", "Per seed",
-                 "Ratio [95% Welch] (a condition: mean)", "Ratio [95% paired]", "Predicted / needed", "Verdict"],
+                 "With / without or with - without [95% Welch] (a condition: mean)", "Paired [95%]",
+                 "Predicted / needed", "Verdict"],
         cells=[[line[k] for k in shown] for line in lines],
         csv_columns=list(lines[0]) if lines else shown,
         csv_rows=[list(line.values()) for line in lines],
         missing=[f"{r.statistic.assay} / {r.statistic.quantity}: {r.statistic.metric} in no run of {r.with_row} or "
                  f"{r.without_row}" for r in results if r.verdict == "missing"],
         notes=[
-            f"Declared in dapo/report/assays.py (version {ASSAYS_VERSION}, digest `{assays_digest()}`) before the "
-            "confirmatory runs. A condition is read in the row without the toggle (an `updates_to` condition as a "
-            "share of the run's updates); an effect or control is the ratio with / without of geometric means over "
-            "seeds, with Welch's interval and the interval paired by training seed."
+            f"Declared in dapo/report/assays.py (version {ASSAYS_VERSION}; digests: "
+            + ", ".join(f"{a} `{assays_digest(a)}`" for a in dict.fromkeys(r.statistic.assay for r in results))
+            + ") before the confirmatory runs. A condition is read in the row without the toggle (an `updates_to` "
+            "condition as a share of the run's updates); an effect or control is the ratio with / without of geometric "
+            "means over seeds (a slope or a drift: the difference with - without of means), with Welch's interval and "
+            "the interval paired by training seed."
         ],
     )  # fmt: skip

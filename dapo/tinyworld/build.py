@@ -88,6 +88,8 @@ KEYS_ADDED_LATER = {
     "sft_mix_long": None,
     "assay": "none",
     "sft_fork_right_control": 0.3,
+    "sft_short_wrong": 0.0,
+    "sft_loop_continue": 0.5,
 }
 # tiny.* keys that only one kind of world reads (left out of the other kind's hash)
 ARITHMETIC_ONLY_KEYS = ("difficulty", "sft_guess", "sft_connectives")
@@ -107,6 +109,8 @@ HABITS_ONLY_KEYS = (
     "sft_fork_right",
     "sft_fork_right_control",
     "assay",
+    "sft_short_wrong",
+    "sft_loop_continue",
 )
 
 # progress(phase, done, total): phases "tasks", "tokenizer", "sft", "measure"
@@ -289,7 +293,7 @@ def ensure_large_eval(cfg: RunConfig) -> Path:
         splits = world_splits(tiny)
         exclude = {t.text for t in splits.train + splits.eval + splits.sft}
         if tiny.kind == "habits":
-            tasks = habits.make_large_eval(tiny.seed, habits_mix(tiny), tiny.n_eval_large, exclude, world_forks(tiny))
+            tasks = habits.make_large_eval(tiny.seed, habits_mix(tiny), tiny.n_eval_large, exclude, tiny.assay)
         else:
             tasks = make_large_eval(tiny.seed, tiny.difficulty, tiny.n_eval_large, exclude)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -325,20 +329,13 @@ def habits_mix(tiny: TinyWorldConfig) -> habits.Mix:
     return habits.Mix(easy=tiny.mix_easy, fork=tiny.mix_fork, long=tiny.mix_long, unsolvable=tiny.mix_unsolvable)
 
 
-def world_forks(tiny: TinyWorldConfig) -> tuple[str, ...]:
-    """The forks of a habits world's fork problems: the clip-higher assay's four, else `half` alone."""
-    return habits.ASSAY_FORKS if tiny.assay == "clip_higher" else ("half",)
-
-
 def world_splits(tiny: TinyWorldConfig) -> Splits:
     """The world's RL train prompts, AIME-sized eval problems and supervised problems (pure in `tiny`)."""
     n_sft = tiny.sft_steps * SFT_BATCH
     if tiny.kind == "habits":
         own = tiny.sft_mix()
         sft_mix = None if own is None else habits.Mix(easy=own[0], fork=own[1], long=own[2], unsolvable=0.0)
-        return habits.make_splits(
-            tiny.seed, habits_mix(tiny), tiny.n_train, tiny.n_eval, n_sft, sft_mix, world_forks(tiny)
-        )
+        return habits.make_splits(tiny.seed, habits_mix(tiny), tiny.n_train, tiny.n_eval, n_sft, sft_mix, tiny.assay)
     return make_splits(tiny.seed, tiny.difficulty, tiny.n_train, tiny.n_eval, n_sft)
 
 
@@ -357,6 +354,8 @@ def supervised_solutions(tiny: TinyWorldConfig, tasks: list[Task]) -> list[str]:
             long_slip=tiny.sft_long_slip,
             combine=tiny.sft_combine,
             fork_right_control=tiny.sft_fork_right_control,
+            short_wrong=tiny.sft_short_wrong,
+            loop_continue=tiny.sft_loop_continue if tiny.assay == habits.TOKEN_LOSS else 0.0,
         )
         return ["\n".join(habits.solution_lines(t, h, rng)[0]) for t in tasks]
     for t in tasks:

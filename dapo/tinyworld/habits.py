@@ -36,6 +36,7 @@ Everything is a pure function of a `random.Random`, so a seed reproduces the sam
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Sequence
@@ -50,6 +51,12 @@ if TYPE_CHECKING:
 EASY, CORE, FORK, LONG, UNSOLVABLE = "easy", "core", "fork", "long", "unsolvable"
 KINDS = (EASY, CORE, FORK, LONG, UNSOLVABLE)
 FORK_CONTROL = "fork_control"  # the clip-higher assay's control fork (`problem_kind` of its problems; drawn as FORK)
+CORE_CONTROL = "core_control"  # the token-level-loss assay's control problems (drawn as CORE)
+CLIP_HIGHER, TOKEN_LOSS = "clip_higher", "token_loss"  # the assays' worlds (`tiny.assay`)
+# The token-level-loss assay: its core problems take 3 plain operations, and this share of them are the control
+# problems, whose question ends "in the end?"; its loops re-do the working in blocks (at most MAX_BLOCKS in the
+# supervised data: about 160 tokens, where row 03's penalty starts).
+CONTROL_SHARE, CONTROL_QUESTION, MAX_BLOCKS = 0.25, "in the end?", 4
 # operations per problem, by kind
 N_OPS = {EASY: (1, 1), CORE: (2, 3), FORK: (2, 3), LONG: (4, 6), UNSOLVABLE: (2, 3)}
 
@@ -97,9 +104,10 @@ THEN = "then"  # joins two operations worked on one line: "6 + 4 then * 2 = 20" 
 
 # Response tags (`tag_response`) and the problem-kind tag prefix.
 VERBOSE, LOOP, SOUND_TRUNCATED = "verbose", "loop", "sound_truncated"
+SHORT_WRONG, SO = "short_wrong", "so"  # the token-level-loss assay's short wrong habit, and the word that opens it
 CONCISE = "concise"  # a style without a tag of its own: neither verbose nor looping
 FORK_RIGHT, FORK_WRONG = "fork_right", "fork_wrong"
-TAGS = (VERBOSE, LOOP, FORK_RIGHT, FORK_WRONG, SOUND_TRUNCATED)
+TAGS = (VERBOSE, LOOP, FORK_RIGHT, FORK_WRONG, SOUND_TRUNCATED, SHORT_WRONG)
 
 
 @dataclass(frozen=True)
@@ -132,22 +140,28 @@ class Habits:
     long_slip: float | None = None  # ... a concise one on a long problem (None: `slip`): many steps in one's head
     combine: float = 0.0  # a concise solution of 2+ operations without a fork works them in pairs
     fork_right_control: float = 0.3  # ... the control fork's right operation (the clip-higher assay's `third`)
+    short_wrong: float = 0.0  # a solution is the token-level-loss assay's short wrong habit (`_wrong_habit_lines`)
+    loop_continue: float = 0.0  # > 0: loops are the token-level-loss assay's, blocks each followed by another with it
 
 
 def _apply(a: int, op: str, b: int) -> int:
     return {"+": a + b, "-": a - b, "*": a * b, "/": a // 2 if b == 2 else a // b}[op]
 
 
-def make_task(rng: random.Random, kind: str, forks: Sequence[str] = ("half",)) -> Task:
-    """A random problem of `kind` (a fork problem's fork drawn from `forks`); every intermediate value stays a
+def make_task(rng: random.Random, kind: str, assay: str = "none") -> Task:
+    """A random problem of `kind` in the world of `assay` (`tiny.assay`: a fork problem's fork is `half`, or one of
+    the clip-higher assay's four); every intermediate value stays a
     positive integer <= VALUE_MAX (a square may exceed it, and nothing follows a square but additions and
-    subtractions)."""
+    subtractions). In the token-level-loss assay's world a core problem takes 3 additions or subtractions (so a
+    value off by one stays off by one to the answer), and CONTROL_SHARE of them are its control problems."""
     name, pronoun = rng.choice(NAMES)
     obj = rng.choice(OBJECTS)
     lo, hi = N_OPS[kind]
     n_ops = rng.randint(lo, hi)
+    plain_core = assay == TOKEN_LOSS and kind == CORE
+    n_ops = 3 if plain_core else n_ops
     special = {FORK: rng.randrange(n_ops), UNSOLVABLE: rng.randrange(n_ops)}.get(kind, -1)
-    fork = FORKS[forks[0] if len(forks) == 1 else rng.choice(list(forks))]  # one fork: no draw (worlds kept)
+    fork = FORKS[rng.choice(ASSAY_FORKS) if assay == CLIP_HIGHER else "half"]
     for _ in range(1000):
         start = rng.randint(2, START_MAX)
         cur, steps, ok = start, [], True
@@ -163,7 +177,7 @@ def make_task(rng: random.Random, kind: str, forks: Sequence[str] = ("half",)) -
                     break
                 steps.append(Step("*", cur, SQUARE_PHRASE))
             else:
-                plain = kind in (FORK, UNSOLVABLE) or cur > VALUE_MAX
+                plain = kind in (FORK, UNSOLVABLE) or cur > VALUE_MAX or plain_core
                 steps.append(_random_step(rng, cur, plain_only=plain, avoid=fork.wrong if kind == FORK else ("-", 2)))
             cur = _apply(cur, steps[-1].op, steps[-1].b)
         if ok and cur > 0:
@@ -171,7 +185,8 @@ def make_task(rng: random.Random, kind: str, forks: Sequence[str] = ("half",)) -
     else:  # pragma: no cover - the draw above succeeds within a few tries
         raise RuntimeError(f"could not draw a {kind} problem")
     sentences = [f"{name} has {start} {obj}."] + [f"{pronoun} {s.phrase}." for s in steps]
-    text = " ".join(sentences + [f"How many {obj} does {name} have now?"])
+    question = CONTROL_QUESTION if plain_core and rng.random() < CONTROL_SHARE else "now?"
+    text = " ".join(sentences + [f"How many {obj} does {name} have {question}"])
     return Task(name, pronoun, obj, start, tuple(steps), text, cur)
 
 
@@ -212,6 +227,8 @@ def problem_kind(text: str) -> str:
         return UNSOLVABLE
     if (fork := fork_of(text)) is not None:
         return FORK_CONTROL if fork is FORKS[CONTROL_FORK] else FORK
+    if text.endswith(CONTROL_QUESTION):
+        return CORE_CONTROL
     n_ops = max(0, text.count(".") - 1)  # one sentence for the start, one per operation; the question ends in "?"
     if n_ops <= 1:
         return EASY
@@ -224,6 +241,10 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
     fork's misconception."""
     u = rng.random()
     style = VERBOSE if u < habits.verbose else LOOP if u < habits.verbose + habits.loop else CONCISE
+    if style == CONCISE and u < habits.verbose + habits.loop + habits.short_wrong:
+        style = SHORT_WRONG
+    if habits.loop_continue > 0 and style in (LOOP, SHORT_WRONG):
+        return _wrong_habit_lines(task, style, habits.loop_continue, rng), style
     slip = habits.verbose_slip if style == VERBOSE else habits.slip
     if style == CONCISE and habits.long_slip is not None and problem_kind(task.text) == LONG:
         slip = habits.long_slip
@@ -262,6 +283,38 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
     return lines, style
 
 
+def _working(start: int, steps: Sequence[Step]) -> tuple[list[str], int]:
+    lines, cur = [], start
+    for s in steps:
+        lines.append(f"{cur} {s.op} {s.b} = {_apply(cur, s.op, s.b)}")
+        cur = _apply(cur, s.op, s.b)
+    return lines, cur
+
+
+def _wrong_habit_lines(task: Task, style: str, c: float, rng: random.Random) -> list[str]:
+    """The token-level-loss assay's two always-wrong habits, on problems of additions and subtractions (so that a
+    value one too many stays one too many to the answer):
+
+    - short wrong: `so` opens the working and its last result is one too many (as long as right working);
+    - loop: the working, then blocks that re-do it from a start one too many, the first line of each marked
+      `again:`, each block followed by another with probability `c` (at most MAX_BLOCKS): about 1 + 1/(1 - c) times
+      as long as right working. On a control problem the loop is as long as the short wrong habit: the last line
+      alone is re-written, marked `again:` and one too many.
+    """
+    lines, cur = _working(task.start, task.steps)  # (a one-operation problem is written as a control problem)
+    head = lines[-1].rsplit(" = ", 1)[0]
+    if style == SHORT_WRONG or problem_kind(task.text) != CORE:
+        lines[-1] = f"{AGAIN} {head} = {cur + 1}" if style == LOOP else f"{head} = {cur + 1}"
+        lines[0] = f"{SO} {lines[0]}" if style == SHORT_WRONG else lines[0]
+        return lines + [f"Answer: {cur + 1}"]
+    block, wrong = _working(task.start + 1, task.steps)
+    block[0] = f"{AGAIN} {block[0]}"
+    n = 1
+    while n < MAX_BLOCKS and rng.random() < c:
+        n += 1
+    return lines + block * n + [f"Answer: {wrong}"]
+
+
 def make_splits(
     seed: int,
     mix: Mix,
@@ -269,36 +322,34 @@ def make_splits(
     n_eval: int,
     n_sft: int,
     sft_mix: Mix | None = None,
-    forks: Sequence[str] = ("half",),
+    assay: str = "none",
 ) -> Splits:
     """Disjoint (by text) RL train prompts, eval problems and supervised problems. Train and eval follow `mix`
     (eval exactly, by largest remainder; train by draw). The supervised problems never contain the squaring step
-    (the unsolvable kind), and otherwise follow `sft_mix` (None: `mix`) renormalised. A fork problem's fork is
-    drawn from `forks`."""
+    (the unsolvable kind), and otherwise follow `sft_mix` (None: `mix`) renormalised. `assay`: the world's
+    (`make_task`)."""
     rng = random.Random(f"tinyworld-habits-{seed}")
     shares = mix.kinds()
     seen: set[str] = set()
-    eval_tasks = [_fresh(rng, k, seen, forks) for k in _exact_kinds(shares, n_eval)]
+    eval_tasks = [_fresh(rng, k, seen, assay) for k in _exact_kinds(shares, n_eval)]
     eval_texts = set(seen)
-    train = [_fresh(rng, _draw_kind(rng, shares), seen, forks) for _ in range(n_train)]
+    train = [_fresh(rng, _draw_kind(rng, shares), seen, assay) for _ in range(n_train)]
     sft_shares = tuple((k, w) for k, w in (sft_mix or mix).kinds() if k != UNSOLVABLE)
-    sft = [_fresh(rng, _draw_kind(rng, sft_shares), set(eval_texts), forks, remember=False) for _ in range(n_sft)]
+    sft = [_fresh(rng, _draw_kind(rng, sft_shares), set(eval_texts), assay, remember=False) for _ in range(n_sft)]
     return Splits(train=train, eval=eval_tasks, sft=sft)
 
 
-def make_large_eval(seed: int, mix: Mix, n: int, exclude: set[str], forks: Sequence[str] = ("half",)) -> list[Task]:
+def make_large_eval(seed: int, mix: Mix, n: int, exclude: set[str], assay: str = "none") -> list[Task]:
     """The large held-out eval split (`data.eval: tiny-large`): `n` problems in the mix's exact shares, from their
     own random stream, sharing no text with `exclude`. The first m problems of each kind do not depend on n."""
     rng = random.Random(f"tinyworld-habits-eval-large-{seed}")
     seen = set(exclude)
-    return [_fresh(rng, k, seen, forks) for k in _exact_kinds(mix.kinds(), n)]
+    return [_fresh(rng, k, seen, assay) for k in _exact_kinds(mix.kinds(), n)]
 
 
-def _fresh(
-    rng: random.Random, kind: str, seen: set[str], forks: Sequence[str] = ("half",), *, remember: bool = True
-) -> Task:
+def _fresh(rng: random.Random, kind: str, seen: set[str], assay: str = "none", *, remember: bool = True) -> Task:
     for _ in range(10_000):
-        t = make_task(rng, kind, forks)
+        t = make_task(rng, kind, assay)
         if t.text not in seen:
             if remember:
                 seen.add(t.text)
@@ -345,6 +396,8 @@ def tag_response(problem: str, response: str, truncated: bool) -> tuple[str, ...
         tags.append(VERBOSE)
     if any(line.lstrip().startswith(AGAIN) for line in lines):
         tags.append(LOOP)
+    if lines and lines[0].startswith(f"{SO} "):
+        tags.append(SHORT_WRONG)
     if (fork := fork_of(problem)) is not None:
         eqs = {(op, int(b)) for _, op, b, _ in (m.groups() for m in _EQ_RE.finditer(response))}
         if fork.right in eqs:
@@ -358,8 +411,8 @@ def tag_response(problem: str, response: str, truncated: bool) -> tuple[str, ...
 
 def response_style(tags: Sequence[str]) -> str:
     """A response's working style from its tags: `loop` if it re-checks a line, else `verbose` if it restates the
-    problem, else `concise` (the three styles `solution_lines` writes)."""
-    return LOOP if LOOP in tags else VERBOSE if VERBOSE in tags else CONCISE
+    problem, else `short_wrong` if it opens with `so`, else `concise` (the styles `solution_lines` writes)."""
+    return LOOP if LOOP in tags else VERBOSE if VERBOSE in tags else SHORT_WRONG if SHORT_WRONG in tags else CONCISE
 
 
 def _problem_steps(problem: str) -> tuple[int, list[tuple[str, int | None]]] | None:
@@ -485,4 +538,25 @@ class Tagger:
             lengths = [n for s, c, n in responses if s == style and c == right]
             if lengths:
                 out[name] = sum(lengths) / len(lengths)
+        if any(o.kind == CORE_CONTROL for o in generated):  # the token-level-loss assay's world
+            out.update(wrong_habit_metrics(generated))
         return out
+
+
+def wrong_habit_metrics(generated: Sequence[GroupOutcome]) -> dict[str, float]:
+    """The token-level-loss assay's metrics: the short wrong habit's share of all responses; the log-odds of a loop
+    against the short wrong habit among the core and among the control problems' responses (each count plus 0.5, so
+    that it stays finite), whose drift per-response loss averaging predicts where loops are the longer (core) and not
+    where both are as long (control); the mean length of the core problems' loops."""
+    from dapo import metric_names as M
+
+    every = [t for o in generated for t in o.tags]
+    out = {M.HABIT_SHORT_WRONG: sum(SHORT_WRONG in t for t in every) / len(every)}
+    for kind, name in ((CORE, M.HABIT_LOOP_ODDS), (CORE_CONTROL, M.HABIT_LOOP_ODDS_CONTROL)):
+        tags = [t for o in generated if o.kind == kind for t in o.tags]
+        if tags:
+            out[name] = math.log((sum(LOOP in t for t in tags) + 0.5) / (sum(SHORT_WRONG in t for t in tags) + 0.5))
+    loops = [n for o in generated if o.kind == CORE for t, n in zip(o.tags, o.lengths, strict=True) if LOOP in t]
+    if loops:
+        out[M.HABIT_LOOP_LENGTH] = sum(loops) / len(loops)
+    return out

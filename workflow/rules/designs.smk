@@ -94,3 +94,12 @@ rule assay_clip_higher:
     input:
         design_report("assay_clip_higher"),
     localrule: True
+
+
+rule assay_token_level_loss:
+    """The token-level-loss assay (preset tiny-assay-token; docs/evidence.md, section 8): rows 03 and 04, and row 00
+    with and without token-mean, every seed; then their report, whose assays table (assays.md) has the declared
+    statistics."""
+    input:
+        design_report("assay_token_level_loss"),
+    localrule: True
