@@ -121,10 +121,8 @@ def run_statistic(s: AssayStatistic, run: RunData) -> tuple[float, bool] | None:
     middle = values[(steps > last / 3) & (steps <= 2 * last / 3)]
     mid = float(middle.mean()) if middle.size else None
     if s.statistic in ("start", "mid", "drift"):
-        value = {"start": start, "mid": mid}.get(s.statistic)
-        if s.statistic == "drift":
-            value = None if start is None or mid is None else mid - start
-        return value, False
+        drift = None if start is None or mid is None else mid - start
+        return {"start": start, "mid": mid, "drift": drift}[s.statistic], False
     if s.statistic == "slope":
         half = steps <= last / 2
         return (float(np.polyfit(steps[half], values[half], 1)[0]) if half.sum() >= 3 else None), False

@@ -149,11 +149,11 @@ def _apply(a: int, op: str, b: int) -> int:
 
 
 def make_task(rng: random.Random, kind: str, assay: str = "none") -> Task:
-    """A random problem of `kind` in the world of `assay` (`tiny.assay`: a fork problem's fork is `half`, or one of
-    the clip-higher assay's four); every intermediate value stays a
-    positive integer <= VALUE_MAX (a square may exceed it, and nothing follows a square but additions and
-    subtractions). In the token-level-loss assay's world a core problem takes 3 additions or subtractions (so a
-    value off by one stays off by one to the answer), and CONTROL_SHARE of them are its control problems."""
+    """A random problem of `kind` in the world of `assay` (`tiny.assay`: a fork problem's fork is `half`, or one of the
+    clip-higher assay's four); every intermediate value stays a positive integer <= VALUE_MAX (a square may exceed
+    it, and nothing follows a square but additions and subtractions). In the token-level-loss assay's world a core
+    problem takes 3 additions or subtractions (so a value off by one stays off by one to the answer), and
+    CONTROL_SHARE of them are its control problems."""
     name, pronoun = rng.choice(NAMES)
     obj = rng.choice(OBJECTS)
     lo, hi = N_OPS[kind]
@@ -286,8 +286,9 @@ def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list
 def _working(start: int, steps: Sequence[Step]) -> tuple[list[str], int]:
     lines, cur = [], start
     for s in steps:
-        lines.append(f"{cur} {s.op} {s.b} = {_apply(cur, s.op, s.b)}")
-        cur = _apply(cur, s.op, s.b)
+        r = _apply(cur, s.op, s.b)
+        lines.append(f"{cur} {s.op} {s.b} = {r}")
+        cur = r
     return lines, cur
 
 
