@@ -1,25 +1,15 @@
 """Ablation designs generated from the one config ladder in configs/ablations/ (no copied files).
 
 The ladder is cumulative (the paper's Table 1): row k inherits row k-1 and sets only its own toggle's keys, so a
-toggle *is* the keys its row file sets (`tracking.row` aside), with the values it sets and the values they had
-in the row above. Three designs follow, each a reference run and one run per toggle:
+toggle *is* the keys its row file sets (`tracking.row` aside). Three designs follow, each a reference run and one
+run per toggle (a design run equal to a ladder row is that row's run):
 
 - cumulative: row k against row k-1 (the paper's; each gain is conditional on every toggle above it);
-- leave_one_out: full DAPO (the last row) against full DAPO with one toggle's keys reverted,
-  run `dapo_minus_<toggle>`;
-- one_at_a_time: naive GRPO (the first row) against naive GRPO with one toggle's keys set, run
-  `grpo_plus_<toggle>`.
+- leave_one_out: full DAPO (the last row) against full DAPO with one toggle's keys reverted, run `dapo_minus_<toggle>`;
+- one_at_a_time: naive GRPO (the first row) against naive GRPO with one toggle's keys set, run `grpo_plus_<toggle>`.
 
-A design run is (a ladder row file, overrides): the toggle's keys set or reverted, and `tracking.row` naming it.
-Where a design run's config equals a ladder row's (full DAPO minus the last toggle *is* the row above it; naive
-GRPO plus the first toggle *is* row 01), the design reuses that row's runs rather than training a copy.
-
-    from dapo.designs import design_runs, marginal_pairs
-    design_runs("leave_one_out")      # [RunSpec(name="dapo_minus_overlong_filtering", ...), ...]
-
-A fourth design compares the losses researchers set against DAPO's (`variant_runs`): configs/variants/ holds one file
-per variant, each inheriting a ladder row (its parent) and setting only the keys that variant owns (`VARIANT_KEYS`),
-checked like a row (`variants`); each variant runs beside its parent.
+A fourth, the variants of configs/variants/, runs each beside its parent row (`variant_runs`; docs/variants.md).
+Details: docs/evidence.md, section 4; docs/architecture.md, "designs.py".
 """
 
 from __future__ import annotations

@@ -666,15 +666,6 @@ def test_zero3_learner_streams_its_weights_into_every_replica(tmp_path: Path, ti
         assert ranks[0]["responses"] == ranks[1]["responses"]
 
 
-def test_colocation_keeps_nothing_of_the_engine_during_training() -> None:
-    from dapo.rollout.colocation import gpu_residency
-
-    phases = {p.phase: p for p in gpu_residency(zero_stage=3)}
-    assert phases["training"].engine == () and "kv_cache" in phases["generation"].engine
-    assert phases["generation"].learner == ()  # offloaded while the engine samples
-    assert gpu_residency(zero_stage=0)[0].learner  # ZeRO 0 cannot offload: its states stay
-
-
 # ------------------------------------------------------------------------------- model.config_overrides
 @pytest.mark.slow
 def test_config_overrides_reach_the_learner_and_both_engines(tmp_path: Path, vllm) -> None:

@@ -1,19 +1,10 @@
-"""Evaluation statistics: avg@k, unbiased pass@k, maj@k, each with a bootstrap confidence interval.
+"""Evaluation statistics: avg@k, unbiased pass@k, maj@k, each with a bootstrap confidence interval, in percent.
 
-- avg@n: mean accuracy over all P x n samples (the paper's headline AIME avg@32), in percent.
-- pass@k: the unbiased estimator 1 - C(n-c, k) / C(n, k) per problem (Chen et al. 2021), averaged over problems.
-  pass@n with n samples is "any of them correct".
-- maj@n: per problem, the most frequent extracted answer among the n samples is scored (None never wins).
-
-All three are means over problems of a per-problem value, so the confidence interval is a percentile bootstrap
-over problems (resample P problems with replacement, seeded): AIME has only 30 problems, and the problem
-sample, not the n draws per problem, dominates the uncertainty. Every value is in percent.
-
-Across runs (Table 1, the mechanisms, the designs' marginal effects), `contrast_interval` gives the interval of a
-row's mean (or of a difference of rows) over both the problems and the training seeds: per-problem accuracies
-y [S, P] of each seed's final eval, the problem term var over problems of the seed-averaged accuracy / P (paired
-on problems for a difference), the seed term from a two-way ANOVA (`seed_variance`) / S, and a t quantile with
-Satterthwaite's degrees of freedom. `welch_interval` compares one statistic per seed between two rows.
+avg@n is the mean accuracy over all P x n samples; pass@k the unbiased 1 - C(n-c, k) / C(n, k) per problem (Chen et
+al. 2021); maj@n scores each problem's most frequent extracted answer (None never wins). All three are means over
+problems, so the interval is a seeded percentile bootstrap over problems (docs/algorithm.md section 5). Across runs,
+`contrast_interval` gives the interval of a row's mean or a difference of rows over problems and training seeds, and
+`welch_interval` compares one statistic per seed between two rows (docs/evidence.md, section 2).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Evaluate a policy: sample n responses per problem, score them, and summarise as avg@n, pass@k and maj@n with
 bootstrap confidence intervals (the paper's section 4.1: AIME 2024, n = 32, temperature 1.0, top_p 0.7).
 
-Each problem is sampled n times by the engine (never repeated n times in the eval file, which would make the
-samples of a "problem" come from several problems' worth of prompts), scored by `dapo.rewards.score_responses`
-(the training reward's verifier) and summarised once by `dapo.algos.evalstats.eval_summary`.
-
-Two entry points, one path: `evaluate` in one process (`dapo eval`), and `evaluate_on_replicas` inside a training
-job, where the problems are cut into shards, each shard is split across the rollout replicas
-(`dapo.rollout.replicas`), each replica samples and scores its part, and the parts are gathered and summarised
-once. A stop request is honoured between shards (`None` is returned; the trainer checkpoints and redoes the whole
-evaluation after the restart).
+`evaluate` runs in one process (`dapo eval`); `evaluate_on_replicas` inside a training job, shard by shard across
+the rollout replicas, returning None on a stop request between shards (the trainer redoes the whole evaluation after
+the restart). docs/architecture.md, "evaluation/"; on replicas: docs/distributed.md, "One rollout step on W ranks".
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """What the trainer hands the learner (`PolicyBatch`, `LossSpec`), and how a batch becomes micro-batches.
 
-By default micro-batches are length-sorted and right-padded under a token budget, not packed. Packing several
-sequences into one row needs attention that stays inside each sequence: flash-attn's varlen kernels (GPU only)
-or a block mask that grows as L^2 per row. Sorting by length first makes padding small (neighbours have similar
-lengths), keeps every model's plain causal attention, and gives the same per-token numbers on CPU and GPU. The
-budget counts padded tokens (rows x longest row), so it bounds activation memory the same way.
-
-`trainer.pack_prompts` packs the responses of a group behind one copy of their shared prompt instead
-(`plan_packed_micro_batches`, `collate_packed`): each response attends to the prompt and to itself, at the
-positions it would have alone, so every log-prob is the unpacked one (to float rounding) and the prompt's
-forward and backward run once per group instead of once per response. That pays where prompts are a large
-share of the tokens (the tiny preset: ~100-token prompts, ~30-token responses, 8 per group); its L^2 mask rules
-it out for 20K-token responses, and it needs an attention that takes a 4D mask (sdpa or eager, not
-flash-attn 2).
+By default micro-batches are length-sorted and right-padded under a token budget that counts padded tokens (rows x
+longest row), not packed: plain causal attention on every model, the same per-token numbers on CPU and GPU.
+`trainer.pack_prompts` packs a group's responses behind one copy of their prompt instead (`plan_packed_micro_batches`,
+`collate_packed`), under a block mask that grows as L^2 per row: worth it where prompts are a large share of the
+tokens, as in the tiny preset. docs/architecture.md, "learner/".
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """`Learner`: the policy under DeepSpeed. Old log-probs, one clipped-surrogate update per mini-batch, weights out.
 
-One update (docs/algorithm.md sections 2, 3 and 8):
-
-1. The aggregation's counts of the whole mini-batch (loss tokens, responses, and for the group-token-mean the
-   loss tokens of each group, whose responses may sit on several ranks) are summed over the data-parallel ranks
-   *before* any backward pass, and the per-token weights are built from them
-   (`dapo.algos.aggregation.token_weights`), so the loss is the mini-batch loss whatever the split.
-2. Each micro-batch: forward -> per-token log-probs (`chunked_logprobs_entropy`: no [T, V] logits) ->
-   `clipped_surrogate` -> `weighted_sum` -> backward. DeepSpeed *averages* gradients over W ranks, so each rank's
-   loss is multiplied by W: the gradient is then exactly the world-size-1, one-micro-batch gradient.
-3. Every rank runs the same number of micro-batches (a rank with fewer runs zero-weight dummy ones): ZeRO gathers
-   and reduces parameters collectively inside each forward and backward.
-4. One optimizer step at the accumulation boundary. A non-finite loss on any rank, or a non-finite gradient norm,
-   skips it: gradients are zeroed and the weights and optimizer state stay as they were.
+One update (docs/algorithm.md sections 2, 3 and 8; the rules: docs/architecture.md, "learner/"): the aggregation's
+counts are summed over ranks before any backward pass; each rank's loss is multiplied by W to undo DeepSpeed's
+gradient averaging; every rank runs the same number of micro-batches (a rank with fewer runs zero-weight dummy ones:
+ZeRO gathers collectively); a non-finite loss or gradient norm skips the optimizer step, weights and state unchanged.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """`ReferencePolicy`: the frozen policy that the KL term pulls towards (GRPO's reference model; off in DAPO).
 
-    ref = ReferencePolicy(model_path, zero_stage=3, dtype="bfloat16", micro_batch_tokens=45056,
-                          logprob_chunk_size=256, temperature=1.0)      # the initial model, never updated
-    batch.ref_logp = ref.compute_logprobs(batch)                        # [N, R], the whole batch; no grad
-    learner.update(batch)                                               # adds kl_coef * k3 per loss token
-
-The reference is the model the run starts from (`model.path`), loaded a second time without an optimizer, with
-the learner's dtype and ranks. Its log-probs come from the same micro-batching and chunked log-prob head as the
-learner's (`ChunkedForward`), at the same temperature, so with unchanged weights they equal the learner's old
-log-probs exactly. Under ZeRO-3 its parameters are partitioned over the ranks like the learner's (each rank holds
-1/world of them, gathered layer by layer during the forward); under ZeRO 0-2, which partition only optimizer
-state and gradients and a frozen model has neither, every rank holds a whole copy. docs/algorithm.md section 9
-gives its memory at the 32B preset.
-
-Every rank calls `compute_logprobs` (ZeRO-3 gathers collectively) with the whole batch; each computes its shard.
+The model the run starts from (`model.path`), loaded a second time without an optimizer, with the learner's dtype
+and ranks; its log-probs come from the learner's micro-batching and chunked head (`ChunkedForward`) at the same
+temperature, so with unchanged weights they equal the learner's old log-probs exactly. Every rank calls
+`compute_logprobs` with the whole batch (ZeRO-3 gathers collectively). Sharding, memory: docs/algorithm.md section 9.
 """
 
 from __future__ import annotations

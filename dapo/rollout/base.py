@@ -6,10 +6,8 @@ recomputes old-policy log-probs itself (as in PPO and GRPO, the paper's section 
 the distribution it sampled from) measure how far the engine's numerics are from the learner's (a tripwire for a
 broken weight sync) and, with `algorithm.rollout_correction`, reweight the loss.
 
-Colocation (engine and learner on the same GPUs): between rollouts the trainer calls `sleep()` (the engine frees
-its accelerator memory for the learner), then `sync_weights(...)` (which brings the weights back first) and
-`wake_up()` (the rest: the KV cache) before the next `generate`. On a CPU all three are plain calls: nothing is
-freed, and the same sequence runs.
+Colocation (docs/distributed.md, "Colocation"): between rollouts the trainer calls `sleep()`, then `sync_weights(...)`
+and `wake_up()` before the next `generate`; on a CPU the same sequence runs and frees nothing.
 """
 
 from __future__ import annotations

