@@ -220,6 +220,7 @@ def test_dapo_train_with_a_kl_term_runs_and_logs_it(tmp_path):
         "rollout.engine=hf",
         "algorithm.overlong_buffer_len=8",
         "algorithm.kl_coef=0.1",
+        "data.eval=tiny",
         "eval.every=0",
         "eval.n=2",
         "eval.pass_k=[1,2]",

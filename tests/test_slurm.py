@@ -38,6 +38,7 @@ SMALL = [
     "rollout.max_response_length=24",
     "rollout.engine=hf",
     "algorithm.overlong_buffer_len=8",
+    "data.eval=tiny",  # the world's own eval split, not the preset's 640 problems
     "eval.n=2",
     "eval.every=0",
     "eval.pass_k=[1,2]",
@@ -304,7 +305,8 @@ def test_makes_cpu_defaults_stay_out_of_a_real_model_presets_job(world, tmp_path
         f"data: {{train: {world / 'train.jsonl'}, eval: {world / 'eval.jsonl'}}}\n"
         "tracking: {preset: local-model}\n"
     )
-    wf = Workflow(tmp_path, world, ["trainer.total_steps=1"], preset=str(preset))
+    own_eval = [x for x in SMALL if not x.startswith("data.eval")]  # the preset's eval file
+    wf = Workflow(tmp_path, world, ["trainer.total_steps=1"], base=own_eval, preset=str(preset))
     assert wf.wait() == 0, wf.text()[-4000:] + wf.train_log()[-3000:]
     assert "not passed on to the jobs of preset local-model (make's CPU defaults)" in wf.text()
     assert "== environment: DS_ACCELERATOR=<unset> HF_HUB_OFFLINE=<unset>" in wf.train_log()

@@ -59,6 +59,7 @@ def args(world: Path, uri: str, *extra: str) -> list[str]:
         "rollout.max_response_length=24",
         "rollout.engine=hf",
         "algorithm.overlong_buffer_len=8",
+        "data.eval=tiny",  # the world's 4 eval problems: a 640-problem eval at every eval step cost minutes in CI
         "eval.n=2",
         "eval.every=2",
         "eval.pass_k=[1,2]",
