@@ -200,14 +200,19 @@ class TinyWorldConfig(_Section):
     sft_fork_right_control: float = Field(
         0.3, ge=0, le=1, description="clip-higher assay: ... that write the control fork's right operation (x / 3)."
     )
-    assay: Literal["none", "clip_higher", "token_loss"] = Field(
+    assay: Literal["none", "clip_higher", "token_loss", "overlong"] = Field(
         "none",
         description="habits world: `clip_higher` makes it the clip-higher assay's world: fork problems with four forks "
         "(three whose right operation is rare in the supervised data, tiny.sft_fork_right, and a control fork, "
         "tiny.sft_fork_right_control) beside easy and unsolvable filler; `token_loss` the token-level-loss assay's: "
         "problems of three additions or subtractions, with two always-wrong habits, a short one (tiny.sft_short_wrong) "
-        "and loops about three times as long (tiny.sft_loop), and control problems where the loop is as short "
-        "(docs/evidence.md, section 8).",
+        "and loops about three times as long (tiny.sft_loop), and control problems where the loop is as short; "
+        "`overlong` the overlong-filtering assay's: running sums whose length is hidden in their digits, worked a "
+        "digit a line (tiny.sft_careful; cut off by a 192-token cap about 40% of the time) or three digits a line, "
+        "and control problems careful working always fits (docs/evidence.md, section 8).",
+    )
+    sft_careful: float = Field(
+        0.5, ge=0, le=1, description="overlong-filtering assay: share of running sums worked a digit a line."
     )
     sft_short_wrong: float = Field(
         0.0, ge=0, le=1, description="token-level-loss assay: share of supervised solutions in the short wrong habit."

@@ -219,6 +219,8 @@ def build_spec(
     by_design["assay_clip_higher"] = sorted(assay_pairs("clip_higher")[0])
     # the token-level-loss assay's two pairs: rows 03/04, and 00 against 00 with token-mean
     by_design["assay_token_level_loss"] = sorted({run for pair in assay_pairs("token_level_loss") for run in pair})
+    # the overlong-filtering assay's ladder pair: row 01 is row 00 with the filter, its one-at-a-time pair too
+    by_design["assay_overlong_filtering"] = sorted(assay_pairs("overlong_filtering")[0])
     spec: dict[str, Any] = {
         "preset": preset,
         "preset_name": name,

@@ -94,9 +94,15 @@ def test_the_declarations_are_frozen_by_their_digest():
     the digest here (docs/evidence.md, section 8, names the same digest)."""
     from pathlib import Path
 
-    assert (A.ASSAYS_VERSION, A.assays_digest("clip_higher")) == (3, "842d93da10d66756")
+    digests = {a: A.assays_digest(a) for a in A.WORLDS}
+    assert A.ASSAYS_VERSION == 3
+    assert digests == {
+        "clip_higher": "842d93da10d66756",
+        "token_level_loss": "d48e9f64fbf91541",
+        "overlong_filtering": "cd27309de76456ea",
+    }
     text = (Path(__file__).resolve().parents[1] / "docs" / "evidence.md").read_text()
-    assert f"`{A.assays_digest('clip_higher')}`" in text
+    assert all(f"`{d}`" in text for d in digests.values())
 
 
 def test_the_report_loads_every_declared_metric_and_names_one_no_run_logged():
@@ -149,3 +155,25 @@ def test_the_token_assay_reads_slopes_and_drifts_in_fixed_windows_and_compares_t
     assert control.verdict.startswith("no interval") or "in the predicted range" in control.verdict
     table = A.assays_table(results)
     assert "token_level_loss `" in table.notes[0] and "clip_higher" not in table.notes[0]  # only the assay that ran
+
+
+def test_the_overlong_assay_reads_means_over_the_run_and_its_last_third_and_compares_means_as_differences():
+    def run(row: str, seed: int, share: np.ndarray) -> RunData:
+        steps = np.arange(1, 21)
+        history = {M.HABIT_CAREFUL: Series(steps, share), M.HABIT_CAREFUL_CONTROL: Series(steps, np.full(20, 0.6)),
+                   M.GRAD_UPDATES: Series(steps, 8.0 * steps)}  # fmt: skip
+        return RunData(f"{row}-{seed}", f"{row}-s{seed}", row, seed, "finished", {"tiny.assay": "overlong"}, {},
+                       None, None, history)  # fmt: skip
+
+    without, with_ = np.linspace(0.4, 0.7, 20), np.linspace(0.4, 0.95, 20)
+    stat = {(s.role, s.metric, s.statistic): s for s in A.ASSAY_STATISTICS if s.assay == "overlong_filtering"}
+    last = A.run_statistic(stat["condition", M.HABIT_CAREFUL, "last"], run("00_naive_grpo", 0, without))[0]
+    assert last == pytest.approx(without[13:].mean())  # the last third of 20 steps: 14-20
+    runs = [run(row, s, share + 0.01 * s) for s in range(5)
+            for row, share in (("00_naive_grpo", without), ("01_overlong_filtering", with_))]  # fmt: skip
+    results = A.assay_results(Experiment("assay", "sqlite://", 1, runs))
+    effect = next(r for r in results if r.statistic is stat["effect", M.HABIT_CAREFUL, "mean"])
+    assert effect.effect(paired=True).estimate == pytest.approx((with_ - without).mean())  # 0.125: a difference
+    assert effect.verdict == "above 0; outside the predicted range"
+    control = next(r for r in results if r.statistic is stat["control", M.HABIT_CAREFUL_CONTROL, "mean"])
+    assert control.effect(paired=False).estimate == pytest.approx(0.0, abs=1e-12)

@@ -329,3 +329,50 @@ def test_the_token_assay_logs_the_loop_odds_where_its_control_problems_are():
     assert m[M.HABIT_LOOP_ODDS_CONTROL] == pytest.approx(math.log(0.5 / 1.5))
     assert (m[M.HABIT_LOOP_LENGTH], m[M.HABIT_SHORT_WRONG]) == (105.0, 2 / 6)
     assert M.HABIT_LOOP_ODDS not in H.Tagger().metrics([core])  # the habits world: no such unit, no such metric
+
+
+def test_the_overlong_assay_hides_each_sums_length_in_its_digits_and_the_cap_cuts_careful_working_off_on_some():
+    """Running sums whose careful working (a digit a line) the 192-token cap cuts off on 35-45% of them, by their
+    digits alone (every prompt is 30 digits); concise working (three digits a line) always fits; both are right; the
+    control problems' careful working always fits; `careful_tokens` counts what the world's tokenizer makes of it."""
+    from dapo.data.prompts import apply_dapo_template
+    from dapo.tinyworld.tokenizer import train_tokenizer
+
+    sp = H.make_splits(7, H.Mix(0.0, 0.0, 0.0, 0.0), 1000, 10, 10, assay=H.OVERLONG)
+    careful, concise = H.Habits(0.0, 0.0, 0.0, 0.0, 0.0, careful=1.0), H.Habits(0.0, 0.0, 0.0, 0.0, 0.0, careful=0.0)
+    rng = random.Random(3)
+    worked = [(t, H.solution_lines(t, careful, rng), H.solution_lines(t, concise, rng)) for t in sp.train]
+    corpus = [f"user\n{apply_dapo_template(t.text)}" for t in sp.train[:300]]
+    tok = train_tokenizer(corpus + ["assistant\n" + "\n".join(c[0]) for _, c, _ in worked[:300]], 512)
+    kinds = Counter(H.problem_kind(t.text) for t in sp.train)
+    assert set(kinds) == {H.RUN_FITS, H.RUN_OVERRUNS, H.RUN_CONTROL}
+    assert 0.2 < kinds[H.RUN_CONTROL] / len(sp.train) < 0.3
+    assert 0.35 < kinds[H.RUN_OVERRUNS] / (kinds[H.RUN_OVERRUNS] + kinds[H.RUN_FITS]) < 0.45
+    for i, (t, (c_lines, c_style), (s_lines, s_style)) in enumerate(worked):
+        kind = H.problem_kind(t.text)
+        assert (c_style, s_style) == (H.CAREFUL, H.CONCISE)
+        assert c_lines[-1] == s_lines[-1] == f"Answer: {t.answer}"
+        sums = [int(line.rsplit(" = ", 1)[1]) for line in c_lines[:-1]]
+        limit = int(t.text.split("more than ")[1].split(".")[0])
+        assert sums[-1] == t.answer > limit and all(s <= limit for s in sums[:-1]), t.text  # stops as it passes it
+        assert all(line.count("+") <= 3 for line in s_lines[:-1]) and len(s_lines) - 1 == -(-(t.n_ops + 1) // 3)
+        assert H.tag_response(t.text, "\n".join(c_lines), False) == (H.CAREFUL,)
+        assert H.tag_response(t.text, "\n".join(s_lines), False) == ()
+        if i < 200:  # the tokens as the world's tokenizer spells them (+1: the end of the turn)
+            assert H.careful_tokens(t) == len(tok("\n".join(c_lines))["input_ids"]) + 1
+            assert len(tok("\n".join(s_lines))["input_ids"]) + 1 <= H.RUN_CAP, s_lines
+            assert len(tok(apply_dapo_template(t.text))["input_ids"]) <= 110  # the template's prompts keep under 128
+        assert (H.careful_tokens(t) > H.RUN_CAP) == (kind == H.RUN_OVERRUNS)
+    assert H.response_style((H.CAREFUL,)) == H.CAREFUL and H.response_style(()) == H.CONCISE
+
+
+def test_the_overlong_assay_logs_the_careful_share_its_cut_off_share_and_margin_where_its_control_problems_are():
+    fits = GroupOutcome([True, False, True, False], [0] * 4, [150, 192, 90, 90], [False, True, False, False],
+                        [[H.CAREFUL], [H.CAREFUL], [], []], kind=H.RUN_FITS)  # fmt: skip
+    over = GroupOutcome([False, True], [0] * 2, [192, 100], [True, False], [[H.CAREFUL], []], kind=H.RUN_OVERRUNS)
+    control = GroupOutcome([True, True], [1, 1], [40, 30], [False] * 2, [[H.CAREFUL], []], kind=H.RUN_CONTROL)
+    m = H.Tagger().metrics([fits, over, control])
+    assert (m[M.HABIT_CAREFUL], m[M.HABIT_CAREFUL_CONTROL], m[M.HABIT_CAREFUL_TRUNCATED]) == (0.5, 0.5, 2 / 3)
+    assert m[M.HABIT_CAREFUL_MARGIN] == pytest.approx(1 / 3 - 2 / 3)  # a cut-off response counts as wrong
+    assert (m[M.HABIT_ACC_RUN_FITS], m[M.HABIT_ACC_RUN_OVERRUNS], m[M.HABIT_ACC_RUN_CONTROL]) == (0.5, 0.5, 1.0)
+    assert M.HABIT_CAREFUL not in H.Tagger().metrics([fits])  # no control problems: not the assay's world

@@ -70,7 +70,10 @@ def test_tiny_spec_has_every_run_with_its_command_and_the_cpu_plan(tmp_path):
         "variants",
         "assay_clip_higher",
         "assay_token_level_loss",
+        "assay_overlong_filtering",
     }
+    # the overlong-filtering assay: its ladder pair (row 01 is row 00 with the filter: its one-at-a-time pair too)
+    assert spec["designs"]["assay_overlong_filtering"] == ["00_naive_grpo", "01_overlong_filtering"]
     # the clip-higher assay: its ladder pair (its one-at-a-time pair trains the same runs in its world)
     assay = spec["designs"]["assay_clip_higher"]
     assert assay == ["01_overlong_filtering", "02_clip_higher"]

@@ -16,7 +16,8 @@ paired by training seed (the two rows of a seed share the base model and their f
 `drift` can be 0 or negative, so its effect is the difference with - without of means over seeds instead.
 
 Statistics (per run, over its rollout steps 1..T): `start`, the metric's mean over steps 1-2 (where RL starts);
-`mid`, its mean over the middle third (T/3 < step <= 2T/3); `drift`, mid minus start; `slope`, its least-squares
+`mid`, its mean over the middle third (T/3 < step <= 2T/3); `last`, over the last third (step > 2T/3); `mean`, over
+every step (an area); `drift`, mid minus start; `slope`, its least-squares
 slope per step over the first half (step <= T/2); `updates_to`, the gradient updates until the metric's two-step
 moving average first reaches `level` (interpolated between steps; a run that never reaches it counts its last
 update, and is marked censored).
@@ -37,8 +38,9 @@ from dapo.report.formats import Table
 from dapo.report.runs import Experiment, RunData
 
 ASSAYS_VERSION = 3
-DIFFERENCES = ("drift", "slope")  # compared as with - without; the other statistics as ratios
-WORLDS = {"clip_higher": "clip_higher", "token_level_loss": "token_loss"}  # each assay's world (`tiny.assay`)
+DIFFERENCES = ("drift", "slope", "mean")  # compared as with - without; the other statistics as ratios
+# each assay's world (`tiny.assay`)
+WORLDS = {"clip_higher": "clip_higher", "token_level_loss": "token_loss", "overlong_filtering": "overlong"}
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class AssayStatistic:
     role: Literal["condition", "effect", "control"]
     quantity: str
     metric: str
-    statistic: Literal["start", "mid", "drift", "slope", "updates_to"]
+    statistic: Literal["start", "mid", "last", "mean", "drift", "slope", "updates_to"]
     band: tuple[float, float]  # a condition's range (row without); an effect's or control's predicted ratio
     level: float | None = None  # updates_to: the level reached
     falsified_below: float | None = None  # an effect: a ratio below this is faster than the mechanism allows
@@ -85,6 +87,28 @@ TOKEN_LOSS_STATISTICS: tuple[AssayStatistic, ...] = (
     AssayStatistic("token_level_loss", "control", "slope a step of the log-odds on control problems, where both "
                    "habits are as long (with - without)", M.HABIT_LOOP_ODDS_CONTROL, "slope", (-0.03, 0.03)),
 )
+# The overlong-filtering numbers: the filter masks the loss of cut-off responses but keeps their reward in the group's
+# baseline, so a careful style cut off a share f of the time drifts up with margin m0 + f * mu instead of m0 =
+# (1 - f) a_c - a_s (mu: the group's mean reward); at m0 about 0.09 and f * mu about 0.2 (R about 3) a logistic
+# projection puts the careful share's mean over the run 0.15-0.25 higher with the filter; the accuracy where careful
+# working fits rises by that times the gap to concise working there (about 0.4). Control problems, where careful
+# working always fits, have nothing for the filter to mask.
+OVERLONG_STATISTICS: tuple[AssayStatistic, ...] = (
+    AssayStatistic("overlong_filtering", "condition", "careful working's share of the running sums, at the start",
+                   M.HABIT_CAREFUL, "start", (0.3, 0.6)),
+    AssayStatistic("overlong_filtering", "condition", "share of careful working the cap cuts off (f), at the start",
+                   M.HABIT_CAREFUL_TRUNCATED, "start", (0.3, 0.5)),
+    AssayStatistic("overlong_filtering", "condition", "careful accuracy (cut off: wrong) minus concise accuracy (m0), "
+                   "at the start", M.HABIT_CAREFUL_MARGIN, "start", (0.03, 0.15)),
+    AssayStatistic("overlong_filtering", "condition", "careful working's share in the last third (not yet the rule "
+                   "without the filter)", M.HABIT_CAREFUL, "last", (0.0, 0.8)),
+    AssayStatistic("overlong_filtering", "effect", "careful working's share of the running sums, mean over the run "
+                   "(with - without)", M.HABIT_CAREFUL, "mean", (0.15, 0.25)),
+    AssayStatistic("overlong_filtering", "effect", "accuracy on the running sums careful working fits, mean over "
+                   "the run (with - without)", M.HABIT_ACC_RUN_FITS, "mean", (0.03, 0.15)),
+    AssayStatistic("overlong_filtering", "control", "careful working's share of the control problems, which it "
+                   "always fits, mean over the run (with - without)", M.HABIT_CAREFUL_CONTROL, "mean", (-0.05, 0.05)),
+)
 ASSAY_STATISTICS: tuple[AssayStatistic, ...] = (  # assay, role, quantity, metric, statistic, band, ...
     AssayStatistic("clip_higher", "condition", "right operation's share at the rare forks, at the start",
                    M.HABIT_FORK_RIGHT, "start", (0.015, 0.05)),
@@ -95,6 +119,7 @@ ASSAY_STATISTICS: tuple[AssayStatistic, ...] = (  # assay, role, quantity, metri
     AssayStatistic("clip_higher", "control", "updates until the control fork's right share reaches 0.6 (from about "
                    "0.3)", M.HABIT_FORK_RIGHT_CONTROL, "updates_to", (0.9, 1.1), level=0.6),
     *TOKEN_LOSS_STATISTICS,
+    *OVERLONG_STATISTICS,
 )
 # fmt: on
 
@@ -118,11 +143,12 @@ def run_statistic(s: AssayStatistic, run: RunData) -> tuple[float, bool] | None:
         return None
     start = float(values[steps <= 2].mean()) if (steps <= 2).any() else None
     last = float(steps[-1])
-    middle = values[(steps > last / 3) & (steps <= 2 * last / 3)]
+    middle, end = values[(steps > last / 3) & (steps <= 2 * last / 3)], values[steps > 2 * last / 3]
     mid = float(middle.mean()) if middle.size else None
-    if s.statistic in ("start", "mid", "drift"):
+    if s.statistic in ("start", "mid", "last", "mean", "drift"):
         drift = None if start is None or mid is None else mid - start
-        return {"start": start, "mid": mid, "drift": drift}[s.statistic], False
+        ends = {"last": float(end.mean()) if end.size else None, "mean": float(values.mean())}
+        return {"start": start, "mid": mid, "drift": drift, **ends}[s.statistic], False
     if s.statistic == "slope":
         half = steps <= last / 2
         return (float(np.polyfit(steps[half], values[half], 1)[0]) if half.sum() >= 3 else None), False

@@ -90,6 +90,7 @@ KEYS_ADDED_LATER = {
     "sft_fork_right_control": 0.3,
     "sft_short_wrong": 0.0,
     "sft_loop_continue": 0.5,
+    "sft_careful": 0.5,
 }
 # tiny.* keys that only one kind of world reads (left out of the other kind's hash)
 ARITHMETIC_ONLY_KEYS = ("difficulty", "sft_guess", "sft_connectives")
@@ -111,6 +112,7 @@ HABITS_ONLY_KEYS = (
     "assay",
     "sft_short_wrong",
     "sft_loop_continue",
+    "sft_careful",
 )
 
 # progress(phase, done, total): phases "tasks", "tokenizer", "sft", "measure"
@@ -356,6 +358,7 @@ def supervised_solutions(tiny: TinyWorldConfig, tasks: list[Task]) -> list[str]:
             fork_right_control=tiny.sft_fork_right_control,
             short_wrong=tiny.sft_short_wrong,
             loop_continue=tiny.sft_loop_continue if tiny.assay == habits.TOKEN_LOSS else 0.0,
+            careful=tiny.sft_careful,
         )
         return ["\n".join(habits.solution_lines(t, h, rng)[0]) for t in tasks]
     for t in tasks:

@@ -52,11 +52,19 @@ EASY, CORE, FORK, LONG, UNSOLVABLE = "easy", "core", "fork", "long", "unsolvable
 KINDS = (EASY, CORE, FORK, LONG, UNSOLVABLE)
 FORK_CONTROL = "fork_control"  # the clip-higher assay's control fork (`problem_kind` of its problems; drawn as FORK)
 CORE_CONTROL = "core_control"  # the token-level-loss assay's control problems (drawn as CORE)
-CLIP_HIGHER, TOKEN_LOSS = "clip_higher", "token_loss"  # the assays' worlds (`tiny.assay`)
+CLIP_HIGHER, TOKEN_LOSS, OVERLONG = "clip_higher", "token_loss", "overlong"  # the assays' worlds (`tiny.assay`)
 # The token-level-loss assay: its core problems take 3 plain operations, and this share of them are the control
 # problems, whose question ends "in the end?"; its loops re-do the working in blocks (at most MAX_BLOCKS in the
 # supervised data: about 160 tokens, where row 03's penalty starts).
 CONTROL_SHARE, CONTROL_QUESTION, MAX_BLOCKS = 0.25, "in the end?", 4
+# The overlong-filtering assay: its core problems are running sums, "Mia adds up the digits of 3517... from the left
+# until the total is more than 62", whose length is hidden in the digits (`_running_task`): careful working (a line
+# a digit) overruns RUN_CAP tokens on about 40% of them (`run_overruns`), concise working (three digits a line) never
+# does. CONTROL_SHARE of them are its control problems ("totals", 8 digits: careful working always fits).
+RUN_FITS, RUN_OVERRUNS, RUN_CONTROL = "run_fits", "run_overruns", "run_control"
+RUN_CAP = 192  # the assay's response cap (configs/presets/tiny-assay-overlong.yaml)
+_RUN_DRAW = {False: ("adds up", 30, 55, 70), True: ("totals", 8, 10, 20)}  # control? -> verb, digits, limit range
+_RUN_RE = re.compile(r"[A-Z][a-z]+ (adds up|totals) the digits of (\d+) from the left until the total is more than")
 # operations per problem, by kind
 N_OPS = {EASY: (1, 1), CORE: (2, 3), FORK: (2, 3), LONG: (4, 6), UNSOLVABLE: (2, 3)}
 
@@ -107,7 +115,8 @@ VERBOSE, LOOP, SOUND_TRUNCATED = "verbose", "loop", "sound_truncated"
 SHORT_WRONG, SO = "short_wrong", "so"  # the token-level-loss assay's short wrong habit, and the word that opens it
 CONCISE = "concise"  # a style without a tag of its own: neither verbose nor looping
 FORK_RIGHT, FORK_WRONG = "fork_right", "fork_wrong"
-TAGS = (VERBOSE, LOOP, FORK_RIGHT, FORK_WRONG, SOUND_TRUNCATED, SHORT_WRONG)
+CAREFUL = "careful"  # the overlong-filtering assay's long style: a running sum worked a digit a line
+TAGS = (VERBOSE, LOOP, FORK_RIGHT, FORK_WRONG, SOUND_TRUNCATED, SHORT_WRONG, CAREFUL)
 
 
 @dataclass(frozen=True)
@@ -142,6 +151,7 @@ class Habits:
     fork_right_control: float = 0.3  # ... the control fork's right operation (the clip-higher assay's `third`)
     short_wrong: float = 0.0  # a solution is the token-level-loss assay's short wrong habit (`_wrong_habit_lines`)
     loop_continue: float = 0.0  # > 0: loops are the token-level-loss assay's, blocks each followed by another with it
+    careful: float = 0.5  # a running sum (the overlong-filtering assay's problems) is worked a digit a line
 
 
 def _apply(a: int, op: str, b: int) -> int:
@@ -153,7 +163,10 @@ def make_task(rng: random.Random, kind: str, assay: str = "none") -> Task:
     clip-higher assay's four); every intermediate value stays a positive integer <= VALUE_MAX (a square may exceed
     it, and nothing follows a square but additions and subtractions). In the token-level-loss assay's world a core
     problem takes 3 additions or subtractions (so a value off by one stays off by one to the answer), and
-    CONTROL_SHARE of them are its control problems."""
+    CONTROL_SHARE of them are its control problems. In the overlong-filtering assay's, a core problem is a running sum
+    (`_running_task`)."""
+    if assay == OVERLONG and kind == CORE:
+        return _running_task(rng, control=rng.random() < CONTROL_SHARE)
     name, pronoun = rng.choice(NAMES)
     obj = rng.choice(OBJECTS)
     lo, hi = N_OPS[kind]
@@ -188,6 +201,35 @@ def make_task(rng: random.Random, kind: str, assay: str = "none") -> Task:
     question = CONTROL_QUESTION if plain_core and rng.random() < CONTROL_SHARE else "now?"
     text = " ".join(sentences + [f"How many {obj} does {name} have {question}"])
     return Task(name, pronoun, obj, start, tuple(steps), text, cur)
+
+
+def _running_task(rng: random.Random, *, control: bool) -> Task:
+    """A running sum over the digits (1 to 3-9) of a number until the total passes a limit; the answer is that total.
+    It takes 3 digits or more (so that careful and concise working differ from their first line)."""
+    name, pronoun = rng.choice(NAMES)
+    verb, n, lo, hi = _RUN_DRAW[control]
+    while True:
+        top, limit = rng.randint(3, 9), rng.randint(lo, hi)
+        digits = [rng.randint(1, top) for _ in range(n)]
+        if (k := _digits_taken(digits, limit)) >= 3:
+            break
+    text = (f"{name} {verb} the digits of {''.join(map(str, digits))} from the left until the total is more than "
+            f"{limit}. What is the total then?")  # fmt: skip
+    steps = tuple(Step("+", d, "") for d in digits[1:k])
+    return Task(name, pronoun, "digits", digits[0], steps, text, sum(digits[:k]))
+
+
+def _digits_taken(digits: Sequence[int], limit: int) -> int:
+    """How many digits a running sum adds until its total passes `limit` (0: it never does)."""
+    return next((i + 1 for i in range(len(digits)) if sum(digits[: i + 1]) > limit), 0)
+
+
+def careful_tokens(task: Task) -> int:
+    """Tokens of the careful working of a running sum (`solution_lines`) with its answer and end of turn: the world's
+    tokenizer spells every digit, " +", " =", " " and a line break as a token each (a line "38 + 5 = 43" and its
+    break: 10), and "Answer: 63" as "Answer", ":", " " and the digits."""
+    lines, cur = _working(task.start, task.steps)
+    return sum(len(line) - 1 for line in lines) + 3 + len(str(cur)) + 1
 
 
 def _random_step(rng: random.Random, cur: int, *, plain_only: bool, avoid: tuple[str, int] = ("-", 2)) -> Step:
@@ -229,6 +271,13 @@ def problem_kind(text: str) -> str:
         return FORK_CONTROL if fork is FORKS[CONTROL_FORK] else FORK
     if text.endswith(CONTROL_QUESTION):
         return CORE_CONTROL
+    if (m := _RUN_RE.match(text)) is not None:
+        if m.group(1) == _RUN_DRAW[True][0]:
+            return RUN_CONTROL
+        digits = [int(d) for d in m.group(2)]
+        k = _digits_taken(digits, int(text[m.end() :].split(".")[0]))
+        task = Task("", "", "", digits[0], tuple(Step("+", d, "") for d in digits[1:k]), text, 0)
+        return RUN_OVERRUNS if careful_tokens(task) > RUN_CAP else RUN_FITS
     n_ops = max(0, text.count(".") - 1)  # one sentence for the start, one per operation; the question ends in "?"
     if n_ops <= 1:
         return EASY
@@ -238,7 +287,9 @@ def problem_kind(text: str) -> str:
 def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list[str], str]:
     """A supervised solution of `task` written with the habits' probabilities: (lines ending in `Answer: N`, the
     style: "concise", "verbose" or "loop"). Its answer is wrong when it slips, loops with a slip, or takes the
-    fork's misconception."""
+    fork's misconception. A running sum is worked carefully (a digit a line) or concisely (three digits a line)."""
+    if _RUN_RE.match(task.text):
+        return _running_lines(task, habits.careful, rng)
     u = rng.random()
     style = VERBOSE if u < habits.verbose else LOOP if u < habits.verbose + habits.loop else CONCISE
     if style == CONCISE and u < habits.verbose + habits.loop + habits.short_wrong:
@@ -290,6 +341,18 @@ def _working(start: int, steps: Sequence[Step]) -> tuple[list[str], int]:
         lines.append(f"{cur} {s.op} {s.b} = {r}")
         cur = r
     return lines, cur
+
+
+def _running_lines(task: Task, careful: float, rng: random.Random) -> tuple[list[str], str]:
+    if rng.random() < careful:
+        lines, _ = _working(task.start, task.steps)
+        return [*lines, f"Answer: {task.answer}"], CAREFUL
+    digits, lines, cur = [task.start] + [s.b for s in task.steps], [], 0
+    for i in range(0, len(digits), 3):
+        terms = ([cur] if i else []) + digits[i : i + 3]
+        cur = sum(terms)
+        lines.append(" + ".join(map(str, terms)) + f" = {cur}")
+    return [*lines, f"Answer: {cur}"], CONCISE
 
 
 def _wrong_habit_lines(task: Task, style: str, c: float, rng: random.Random) -> list[str]:
@@ -389,9 +452,12 @@ def tag_response(problem: str, response: str, truncated: bool) -> tuple[str, ...
     - `fork_right` / `fork_wrong` (fork problems only): it writes the fork's right / wrong operation, `x / 2 = ...`
       / `x - 2 = ...` for `half` (a fork problem has no other line with either, so these are the fork's line);
     - `sound_truncated`: it hit the cap, it completed at least one operation line, and every operation line it
-      completed is right and follows the problem's operations in order: sound working that the cap cut off.
+      completed is right and follows the problem's operations in order: sound working that the cap cut off;
+    - `careful` (running sums only, their one tag): its first line adds a single digit ("3 + 5 = 8").
     """
     lines = response.strip().splitlines()
+    if _RUN_RE.match(problem):  # a running sum: careful working's first line adds one digit
+        return (CAREFUL,) if lines and re.fullmatch(r"\d+ \+ \d+ = \d+", lines[0].strip()) else ()
     tags = []
     if lines and re.fullmatch(r"[A-Z][a-z]+ has \d+ [a-z]+\.", lines[0].strip()):
         tags.append(VERBOSE)
@@ -412,8 +478,12 @@ def tag_response(problem: str, response: str, truncated: bool) -> tuple[str, ...
 
 def response_style(tags: Sequence[str]) -> str:
     """A response's working style from its tags: `loop` if it re-checks a line, else `verbose` if it restates the
-    problem, else `short_wrong` if it opens with `so`, else `concise` (the styles `solution_lines` writes)."""
-    return LOOP if LOOP in tags else VERBOSE if VERBOSE in tags else SHORT_WRONG if SHORT_WRONG in tags else CONCISE
+    problem, else `short_wrong` if it opens with `so`, else `careful` if it adds a digit a line, else `concise` (the
+    styles `solution_lines` writes)."""
+    for style in (LOOP, VERBOSE, SHORT_WRONG, CAREFUL):
+        if style in tags:
+            return style
+    return CONCISE
 
 
 def _problem_steps(problem: str) -> tuple[int, list[tuple[str, int | None]]] | None:
@@ -478,7 +548,8 @@ class Tagger:
     - the accuracy of each working style's responses (`habit/accuracy_concise`, `_verbose`, `_loop`): what RL sees
       for or against a habit, a condition-side reading when a habit dies;
     - the mean length of each working style's wrong and right responses (`habit/length_wrong_concise`, ...): which
-      style makes wrong responses longer or shorter than right ones.
+      style makes wrong responses longer or shorter than right ones;
+    - in an assay's world, its own metrics (`wrong_habit_metrics`, `careful_metrics`).
     """
 
     def tags(self, problem: str, response: str, truncated: bool) -> tuple[str, ...]:
@@ -504,6 +575,9 @@ class Tagger:
             FORK: M.HABIT_ACC_FORK,
             LONG: M.HABIT_ACC_LONG,
             UNSOLVABLE: M.HABIT_ACC_UNSOLVABLE,
+            RUN_FITS: M.HABIT_ACC_RUN_FITS,
+            RUN_OVERRUNS: M.HABIT_ACC_RUN_OVERRUNS,
+            RUN_CONTROL: M.HABIT_ACC_RUN_CONTROL,
         }
         by_style = {CONCISE: M.HABIT_ACC_CONCISE, VERBOSE: M.HABIT_ACC_VERBOSE, LOOP: M.HABIT_ACC_LOOP}
         length = {
@@ -541,6 +615,8 @@ class Tagger:
                 out[name] = sum(lengths) / len(lengths)
         if any(o.kind == CORE_CONTROL for o in generated):  # the token-level-loss assay's world
             out.update(wrong_habit_metrics(generated))
+        if any(o.kind == RUN_CONTROL for o in generated):  # the overlong-filtering assay's world
+            out.update(careful_metrics(generated))
         return out
 
 
@@ -560,4 +636,33 @@ def wrong_habit_metrics(generated: Sequence[GroupOutcome]) -> dict[str, float]:
     loops = [n for o in generated if o.kind == CORE for t, n in zip(o.tags, o.lengths, strict=True) if LOOP in t]
     if loops:
         out[M.HABIT_LOOP_LENGTH] = sum(loops) / len(loops)
+    return out
+
+
+def careful_metrics(generated: Sequence[GroupOutcome]) -> dict[str, float]:
+    """The overlong-filtering assay's metrics, on its running sums (control problems apart): the careful style's
+    share; the share of careful responses the cap cut off (f); the careful style's accuracy minus the concise
+    style's, a cut-off response counting as wrong ((1 - f) a_c - a_s: how far plain GRPO already favours it); and
+    the careful style's share on the control problems, where it always fits."""
+    from dapo import metric_names as M
+
+    def responses(kinds: tuple[str, ...]) -> list[tuple[bool, bool, bool]]:
+        return [
+            (CAREFUL in t, c, cut)
+            for o in generated
+            if o.kind in kinds
+            for t, c, cut in zip(o.tags, o.correct, o.truncated, strict=True)
+        ]
+
+    out: dict[str, float] = {}
+    for kinds, name in (((RUN_FITS, RUN_OVERRUNS), M.HABIT_CAREFUL), ((RUN_CONTROL,), M.HABIT_CAREFUL_CONTROL)):
+        if got := responses(kinds):
+            out[name] = sum(careful for careful, _, _ in got) / len(got)
+    got = responses((RUN_FITS, RUN_OVERRUNS))
+    careful = [(c, cut) for is_careful, c, cut in got if is_careful]
+    concise = [c for is_careful, c, _ in got if not is_careful]
+    if careful:
+        out[M.HABIT_CAREFUL_TRUNCATED] = sum(cut for _, cut in careful) / len(careful)
+    if careful and concise:
+        out[M.HABIT_CAREFUL_MARGIN] = sum(c for c, _ in careful) / len(careful) - sum(concise) / len(concise)
     return out

@@ -103,3 +103,11 @@ rule assay_token_level_loss:
     input:
         design_report("assay_token_level_loss"),
     localrule: True
+
+
+rule assay_overlong_filtering:
+    """The overlong-filtering assay (preset tiny-assay-overlong; docs/evidence.md, section 8): rows 00 and 01, every
+    seed; then their report, whose assays table (assays.md) has the declared statistics."""
+    input:
+        design_report("assay_overlong_filtering"),
+    localrule: True
