@@ -12,8 +12,8 @@ without it). Roles:
 - `control`: the same statistic on a unit of the world the mechanism predicts is unaffected (ratio in `band`).
 
 Ratios are of geometric means over seeds, with two 95% intervals on the log scale: Welch's (runs independent) and
-paired by training seed (the two rows of a seed share the base model and their first rollouts). A `slope` or a
-`drift` can be 0 or negative, so its effect is the difference with - without of means over seeds instead.
+paired by training seed (the two rows of a seed share the base model and their first rollouts). A `slope`, a
+`drift` or a `mean` can be 0 or negative, so its effect is the difference with - without of means over seeds instead.
 
 Statistics (per run, over its rollout steps 1..T): `start`, the metric's mean over steps 1-2 (where RL starts);
 `mid`, its mean over the middle third (T/3 < step <= 2T/3); `last`, over the last third (step > 2T/3); `mean`, over
