@@ -349,7 +349,7 @@ def test_the_overlong_assay_hides_each_sums_length_in_its_digits_and_the_cap_cut
     assert 0.2 < kinds[H.RUN_CONTROL] / len(sp.train) < 0.3
     assert 0.35 < kinds[H.RUN_OVERRUNS] / (kinds[H.RUN_OVERRUNS] + kinds[H.RUN_FITS]) < 0.45
     for i, (t, (c_lines, c_style), (s_lines, s_style)) in enumerate(worked):
-        kind = H.problem_kind(t.text)
+        kind, digits = H.problem_kind(t.text), [t.start, *(s.b for s in t.steps)]
         assert (c_style, s_style) == (H.CAREFUL, H.CONCISE)
         assert c_lines[-1] == s_lines[-1] == f"Answer: {t.answer}"
         sums = [int(line.rsplit(" = ", 1)[1]) for line in c_lines[:-1]]
@@ -359,10 +359,10 @@ def test_the_overlong_assay_hides_each_sums_length_in_its_digits_and_the_cap_cut
         assert H.tag_response(t.text, "\n".join(c_lines), False) == (H.CAREFUL,)
         assert H.tag_response(t.text, "\n".join(s_lines), False) == ()
         if i < 200:  # the tokens as the world's tokenizer spells them (+1: the end of the turn)
-            assert H.careful_tokens(t) == len(tok("\n".join(c_lines))["input_ids"]) + 1
+            assert H.careful_tokens(digits) == len(tok("\n".join(c_lines))["input_ids"]) + 1
             assert len(tok("\n".join(s_lines))["input_ids"]) + 1 <= H.RUN_CAP, s_lines
             assert len(tok(apply_dapo_template(t.text))["input_ids"]) <= 110  # the template's prompts keep under 128
-        assert (H.careful_tokens(t) > H.RUN_CAP) == (kind == H.RUN_OVERRUNS)
+        assert (H.careful_tokens(digits) > H.RUN_CAP) == (kind == H.RUN_OVERRUNS)
     assert H.response_style((H.CAREFUL,)) == H.CAREFUL and H.response_style(()) == H.CONCISE
 
 

@@ -36,6 +36,7 @@ Everything is a pure function of a `random.Random`, so a seed reproduces the sam
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import re
@@ -221,15 +222,15 @@ def _running_task(rng: random.Random, *, control: bool) -> Task:
 
 def _digits_taken(digits: Sequence[int], limit: int) -> int:
     """How many digits a running sum adds until its total passes `limit` (0: it never does)."""
-    return next((i + 1 for i in range(len(digits)) if sum(digits[: i + 1]) > limit), 0)
+    return next((i + 1 for i, total in enumerate(itertools.accumulate(digits)) if total > limit), 0)
 
 
-def careful_tokens(task: Task) -> int:
-    """Tokens of the careful working of a running sum (`solution_lines`) with its answer and end of turn: the world's
-    tokenizer spells every digit, " +", " =", " " and a line break as a token each (a line "38 + 5 = 43" and its
-    break: 10), and "Answer: 63" as "Answer", ":", " " and the digits."""
-    lines, cur = _working(task.start, task.steps)
-    return sum(len(line) - 1 for line in lines) + 3 + len(str(cur)) + 1
+def careful_tokens(digits: Sequence[int]) -> int:
+    """Tokens of the careful working of a running sum over `digits` (`solution_lines`) with its answer and end of
+    turn: the world's tokenizer spells every digit, " +", " =", " " and a line break as a token each (a line
+    "38 + 5 = 43" and its break: 10), and "Answer: 63" as "Answer", ":", " " and the digits."""
+    lines, total = _working(digits[0], [Step("+", d, "") for d in digits[1:]])
+    return sum(len(line) - 1 for line in lines) + 3 + len(str(total)) + 1
 
 
 def _random_step(rng: random.Random, cur: int, *, plain_only: bool, avoid: tuple[str, int] = ("-", 2)) -> Step:
@@ -276,8 +277,7 @@ def problem_kind(text: str) -> str:
             return RUN_CONTROL
         digits = [int(d) for d in m.group(2)]
         k = _digits_taken(digits, int(text[m.end() :].split(".")[0]))
-        task = Task("", "", "", digits[0], tuple(Step("+", d, "") for d in digits[1:k]), text, 0)
-        return RUN_OVERRUNS if careful_tokens(task) > RUN_CAP else RUN_FITS
+        return RUN_OVERRUNS if careful_tokens(digits[:k]) > RUN_CAP else RUN_FITS
     n_ops = max(0, text.count(".") - 1)  # one sentence for the start, one per operation; the question ends in "?"
     if n_ops <= 1:
         return EASY
@@ -655,10 +655,10 @@ def careful_metrics(generated: Sequence[GroupOutcome]) -> dict[str, float]:
         ]
 
     out: dict[str, float] = {}
-    for kinds, name in (((RUN_FITS, RUN_OVERRUNS), M.HABIT_CAREFUL), ((RUN_CONTROL,), M.HABIT_CAREFUL_CONTROL)):
-        if got := responses(kinds):
-            out[name] = sum(careful for careful, _, _ in got) / len(got)
-    got = responses((RUN_FITS, RUN_OVERRUNS))
+    got, control = responses((RUN_FITS, RUN_OVERRUNS)), responses((RUN_CONTROL,))
+    for pool, name in ((got, M.HABIT_CAREFUL), (control, M.HABIT_CAREFUL_CONTROL)):
+        if pool:
+            out[name] = sum(careful for careful, _, _ in pool) / len(pool)
     careful = [(c, cut) for is_careful, c, cut in got if is_careful]
     concise = [c for is_careful, c, _ in got if not is_careful]
     if careful:
