@@ -172,6 +172,7 @@ def test_the_overlong_assay_reads_means_over_the_run_and_its_last_third_and_comp
     runs = [run(row, s, share + 0.01 * s) for s in range(5)
             for row, share in (("00_naive_grpo", without), ("01_overlong_filtering", with_))]  # fmt: skip
     results = A.assay_results(Experiment("assay", "sqlite://", 1, runs))
+    assert sorted(id(r.statistic) for r in results) == sorted(map(id, stat.values()))  # each once: one pair, 01 / 00
     effect = next(r for r in results if r.statistic is stat["effect", M.HABIT_CAREFUL, "mean"])
     assert effect.effect(paired=True).estimate == pytest.approx((with_ - without).mean())  # 0.125: a difference
     assert effect.verdict == "above 0; outside the predicted range"

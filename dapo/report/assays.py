@@ -224,10 +224,12 @@ def assay_results(exp: Experiment) -> list[AssayResult]:
     for s in ASSAY_STATISTICS:
         world = WORLDS[s.assay]
         runs_of = lambda row, world=world: [r for r in exp.runs_of(row) if r.params.get("tiny.assay") == world]  # noqa: E731
+        seen = set()  # a condition of two pairs with one row without (overlong filtering's 00) is read once
         for with_row, without_row in assay_pairs(s.assay):
             rows = (without_row,) if s.role == "condition" else (without_row, with_row)
-            if not all(runs_of(r) for r in rows):
+            if rows in seen or not all(runs_of(r) for r in rows):
                 continue
+            seen.add(rows)
             values: dict[str, dict[int, float]] = {}
             censored = 0
             for row in rows:
