@@ -59,12 +59,14 @@ CLIP_HIGHER, TOKEN_LOSS, OVERLONG = "clip_higher", "token_loss", "overlong"  # t
 # supervised data: about 160 tokens, where row 03's penalty starts).
 CONTROL_SHARE, CONTROL_QUESTION, MAX_BLOCKS = 0.25, "in the end?", 4
 # The overlong-filtering assay: its core problems are running sums, "Mia adds up the digits of 3517... from the left
-# until the total is more than 62", whose length is hidden in the digits (`_running_task`): careful working (a line
-# a digit) overruns RUN_CAP tokens on about 40% of them (`run_overruns`), concise working (three digits a line) never
-# does. CONTROL_SHARE of them are its control problems ("totals", 8 digits: careful working always fits).
+# until the total is more than 39", whose length is hidden in the digits (`_running_task`): careful working (a line
+# a digit) overruns RUN_CAP tokens on about 40% of them (`run_overruns`), concise working (two digits a line, the
+# limit checked at a line's end: one digit too many half the time) never does. CONTROL_SHARE of them are its control
+# problems ("totals", 8 digits: careful working always fits). A limit is one below a multiple of ten, so that a
+# line's total passes it when its tens digit reaches the limit's tens + 1.
 RUN_FITS, RUN_OVERRUNS, RUN_CONTROL = "run_fits", "run_overruns", "run_control"
-RUN_CAP = 192  # the assay's response cap (configs/presets/tiny-assay-overlong.yaml)
-_RUN_DRAW = {False: ("adds up", 30, 55, 70), True: ("totals", 8, 10, 20)}  # control? -> verb, digits, limit range
+RUN_CAP, RUN_TAKES = 100, 15  # the assay's response cap (its preset's); a sum adds 3 to RUN_TAKES digits
+_RUN_DRAW = {False: ("adds up", 20, (29, 39)), True: ("totals", 8, (9, 19))}  # control? -> verb, digits, limits
 _RUN_RE = re.compile(r"[A-Z][a-z]+ (adds up|totals) the digits of (\d+) from the left until the total is more than")
 # operations per problem, by kind
 N_OPS = {EASY: (1, 1), CORE: (2, 3), FORK: (2, 3), LONG: (4, 6), UNSOLVABLE: (2, 3)}
@@ -206,13 +208,14 @@ def make_task(rng: random.Random, kind: str, assay: str = "none") -> Task:
 
 def _running_task(rng: random.Random, *, control: bool) -> Task:
     """A running sum over the digits (1 to 3-9) of a number until the total passes a limit; the answer is that total.
-    It takes 3 digits or more (so that careful and concise working differ from their first line)."""
+    It takes 3 digits or more (so that careful and concise working differ from their first line), and at most
+    RUN_TAKES (so that concise working fits the cap)."""
     name, pronoun = rng.choice(NAMES)
-    verb, n, lo, hi = _RUN_DRAW[control]
+    verb, n, limits = _RUN_DRAW[control]
     while True:
-        top, limit = rng.randint(3, 9), rng.randint(lo, hi)
+        top, limit = rng.randint(3, 9), rng.choice(limits)
         digits = [rng.randint(1, top) for _ in range(n)]
-        if (k := _digits_taken(digits, limit)) >= 3:
+        if 3 <= (k := _digits_taken(digits, limit)) <= RUN_TAKES:
             break
     text = (f"{name} {verb} the digits of {''.join(map(str, digits))} from the left until the total is more than "
             f"{limit}. What is the total then?")  # fmt: skip
@@ -344,14 +347,18 @@ def _working(start: int, steps: Sequence[Step]) -> tuple[list[str], int]:
 
 
 def _running_lines(task: Task, careful: float, rng: random.Random) -> tuple[list[str], str]:
+    """Careful working: a digit a line, the total checked after each. Concise: three digits, then two a line, the
+    total checked only at a line's end, so that about half the time it adds one digit past the limit."""
     if rng.random() < careful:
         lines, _ = _working(task.start, task.steps)
         return [*lines, f"Answer: {task.answer}"], CAREFUL
-    digits, lines, cur = [task.start] + [s.b for s in task.steps], [], 0
-    for i in range(0, len(digits), 3):
-        terms = ([cur] if i else []) + digits[i : i + 3]
-        cur = sum(terms)
+    digits = [int(c) for c in _RUN_RE.match(task.text).group(2)]  # type: ignore[union-attr]
+    lines, cur, start = [], 0, 0
+    while start <= task.n_ops:  # until a line has added the digit that passes the limit (careful working's last)
+        end = 3 if start == 0 else start + 2
+        cur = sum(terms := ([cur] if start else []) + digits[start:end])
         lines.append(" + ".join(map(str, terms)) + f" = {cur}")
+        start = end
     return [*lines, f"Answer: {cur}"], CONCISE
 
 
