@@ -208,9 +208,9 @@ class TinyWorldConfig(_Section):
         "problems of three additions or subtractions, with two always-wrong habits, a short one (tiny.sft_short_wrong) "
         "and loops about three times as long (tiny.sft_loop), and control problems where the loop is as short; "
         "`overlong` the overlong-filtering assay's: running sums whose length is hidden in their digits, worked a "
-        "digit a line (tiny.sft_careful; cut off by the preset's 100-token cap about 40% of the time) or two a line, "
-        "checking the limit at a line's end, and control problems careful working always fits (docs/evidence.md, "
-        "section 8).",
+        "digit a line (tiny.sft_careful; cut off by the preset's 100-token cap about 40% of the time) or three and "
+        "then two a line, checking the limit at a line's end, and control problems careful working always fits "
+        "(docs/evidence.md, section 8).",
     )
     sft_careful: float = Field(
         0.5, ge=0, le=1, description="overlong-filtering assay: share of running sums worked a digit a line."

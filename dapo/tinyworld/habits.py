@@ -60,10 +60,10 @@ CLIP_HIGHER, TOKEN_LOSS, OVERLONG = "clip_higher", "token_loss", "overlong"  # t
 CONTROL_SHARE, CONTROL_QUESTION, MAX_BLOCKS = 0.25, "in the end?", 4
 # The overlong-filtering assay: its core problems are running sums, "Mia adds up the digits of 3517... from the left
 # until the total is more than 39", whose length is hidden in the digits (`_running_task`): careful working (a line
-# a digit) overruns RUN_CAP tokens on about 40% of them (`run_overruns`), concise working (two digits a line, the
-# limit checked at a line's end: one digit too many half the time) never does. CONTROL_SHARE of them are its control
-# problems ("totals", 8 digits: careful working always fits). A limit is one below a multiple of ten, so that a
-# line's total passes it when its tens digit reaches the limit's tens + 1.
+# a digit) overruns RUN_CAP tokens on about 40% of them (`run_overruns`), concise working (three digits, then two a
+# line, the limit checked at a line's end: one digit too many half the time) never does. CONTROL_SHARE of them are
+# its control problems ("totals", 8 digits: careful working always fits). A limit is one below a multiple of ten, so
+# that a line's total passes it when its tens digit reaches the limit's tens + 1.
 RUN_FITS, RUN_OVERRUNS, RUN_CONTROL = "run_fits", "run_overruns", "run_control"
 RUN_CAP, RUN_TAKES = 100, 15  # the assay's response cap (its preset's); a sum adds 3 to RUN_TAKES digits
 _RUN_DRAW = {False: ("adds up", 20, (29, 39)), True: ("totals", 8, (9, 19))}  # control? -> verb, digits, limits
