@@ -290,7 +290,7 @@ def problem_kind(text: str) -> str:
 def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list[str], str]:
     """A supervised solution of `task` written with the habits' probabilities: (lines ending in `Answer: N`, the
     style: "concise", "verbose" or "loop"). Its answer is wrong when it slips, loops with a slip, or takes the
-    fork's misconception. A running sum is worked carefully (a digit a line) or concisely (three digits a line)."""
+    fork's misconception. A running sum is worked carefully (a digit a line) or concisely (`_running_lines`)."""
     if _RUN_RE.match(task.text):
         return _running_lines(task, habits.careful, rng)
     u = rng.random()
