@@ -412,13 +412,26 @@ class TrainerConfig(_Section):
     train_batch_size: int = Field(512, gt=0, description="Prompts (groups) per rollout step. Paper: 512.")
     mini_batch_size: int = Field(32, gt=0, description="Prompts per gradient update. Paper: 32 (16 updates).")
     epochs: int = Field(1, gt=0, description="Passes over each rollout batch.")
-    micro_batch_tokens: int = Field(32768, gt=0, description="Token budget per micro-batch (forward/backward).")
-    pack_prompts: bool = Field(
-        False,
-        description="Learner: each group's responses share one copy of their prompt "
-        "in the forward (block mask; same log-probs). Pays when prompts are a large share "
-        "of the tokens (tiny preset: learner ~2x faster); needs sdpa/eager attention. Its mask "
-        "takes rows x L^2 memory: keep micro_batch_tokens small (tiny preset: 4096).",
+    micro_batch_tokens: int = Field(
+        32768,
+        gt=0,
+        description="Token budget of an update's micro-batch (forward + backward): real tokens when packed; rows x "
+        "longest row with packing: none.",
+    )
+    forward_micro_batch_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="Token budget of the no-grad passes (old log-probs, the reference policy, the covariance "
+        "losses' selection), which keep no activations for a backward. null: 1.5 x micro_batch_tokens (verl's DAPO "
+        "recipes: 3 x against 2 x (prompt + response)).",
+    )
+    packing: Literal["sequences", "prompts", "none"] = Field(
+        "sequences",
+        description="How the learner lays out a micro-batch (dapo/learner/batch.py). sequences: one row of whole "
+        "sequences end to end, each attending to itself only (variable-length flash attention on GPUs), nothing "
+        "padded. prompts: the same with each group's responses behind one copy of their prompt: pays where prompts "
+        "are a large share of the tokens (the tiny worlds). none: right-padded rows under transformers' own "
+        "attention, for models the packed attention does not take (sliding windows, soft-capped attention).",
     )
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate after the warm-up (the paper: 1e-6).")
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (the DAPO recipe: 0.1).")
@@ -477,6 +490,10 @@ class TrainerConfig(_Section):
     @property
     def updates_per_step(self) -> int:
         return (self.train_batch_size // self.mini_batch_size) * self.epochs
+
+    def resolved_forward_micro_batch_tokens(self) -> int:
+        """The no-grad passes' budget: `forward_micro_batch_tokens`, or 1.5 x `micro_batch_tokens`."""
+        return self.forward_micro_batch_tokens or self.micro_batch_tokens * 3 // 2
 
 
 # ------------------------------------------------------------------------------------------------ eval
@@ -862,7 +879,16 @@ def _get(data: Any, loc: list[str]) -> Any:
     return data
 
 
+# Keys that were renamed: the old name -> what to write instead.
+RENAMED = {
+    "trainer.pack_prompts": "trainer.packing (pack_prompts: true is packing: prompts; false was the padded path, now "
+    "packing: none, and the default is packing: sequences)",
+}
+
+
 def _suggest(loc: list[str]) -> str:
+    if ".".join(loc) in RENAMED:
+        return f"; it is now {RENAMED['.'.join(loc)]}"
     model: type[BaseModel] = RunConfig
     for part in loc[:-1]:
         field = model.model_fields.get(part)

@@ -4,11 +4,15 @@ docs/cost.md, "Cost per row". Estimates of the order of magnitude, not measureme
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 from dapo.decode import BatchTime, LengthModel, Replica, batch_seconds
+from dapo.packing import Lengths, learner_tokens
 from dapo.shapes import ModelShape, PlanError
 
 SEGMENTS = 16  # a run's response-length growth is summed over this many equal parts of its steps
@@ -83,7 +87,10 @@ class CostInputs:
     gen_batch_prompts: int  # algorithm.gen_batch_size (or the train batch)
     max_gen_batches: int  # algorithm.max_num_gen_batches (0: no cap)
     informative_fraction: float
-    pack_prompts: bool
+    packing: str  # trainer.packing: what the learner pads (learner_padding)
+    micro_batch_tokens: int  # the update's budget ...
+    forward_micro_batch_tokens: int  # ... and the no-grad passes'
+    mini_batch_prompts: int  # prompts per gradient update
     gradient_checkpointing: bool
     reference_forward: bool  # kl_coef > 0: one more forward per token
     total_steps: int
@@ -107,6 +114,61 @@ class CostInputs:
 
     covariance_forward: bool = False  # Clip-Cov / KL-Cov: a no-grad forward per update before it (the selection)
 
+    def padding_at(self, fraction: float) -> Padding:
+        """The learner's padded shares `fraction` of the way through the run: `learner_padding` at the first and the
+        last step's length model, in between linear in the step (as the mean length is)."""
+        a, b = (self.padding(self.response_tokens_at(x)) for x in (0.0, 1.0))
+        return Padding(a.update + (b.update - a.update) * fraction, a.forward + (b.forward - a.forward) * fraction)
+
+    def padding(self, mean_response: float) -> Padding:
+        return learner_padding(
+            self.packing, mean_response, self.max_response_tokens, self.mean_prompt_tokens, self.prompts_per_step,
+            self.n, self.mini_batch_prompts, self.world_size, self.micro_batch_tokens, self.forward_micro_batch_tokens,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Padding:
+    """Of the tokens the learner computes, the share that is padding: in the updates and in the no-grad passes."""
+
+    update: float
+    forward: float
+
+
+@lru_cache(maxsize=256)
+def learner_padding(
+    packing: str,
+    mean_response: float,
+    cap: int,
+    prompt_tokens: float,
+    prompts: int,
+    n: int,
+    mini_batch_prompts: int,
+    world_size: int,
+    micro_batch_tokens: int,
+    forward_micro_batch_tokens: int,
+) -> Padding:
+    """The learner's padded shares at a length model (`dapo.packing.learner_tokens`, what the learner itself runs):
+    one rollout step's responses drawn from it (exponential of that capped mean, seeded: the same figure each time;
+    each group's prompt `prompt_tokens` long), its mini-batches of `mini_batch_prompts` groups shared over the ranks
+    into micro-batches of `micro_batch_tokens`, and the whole step at `forward_micro_batch_tokens` (old log-probs)."""
+    model = LengthModel.of(mean_response, cap)
+    rng = random.Random(0)
+
+    def draw() -> int:
+        return cap if math.isinf(model.scale) else min(cap, max(1, math.ceil(rng.expovariate(1 / model.scale))))
+
+    responses = tuple(draw() for _ in range(prompts * n))
+    p = max(1, round(prompt_tokens))
+    lengths = Lengths((p,) * len(responses), responses, tuple(i // n for i in range(len(responses))))
+    computed = padding = 0
+    for first in range(0, prompts, mini_batch_prompts):
+        rows = range(first * n, min(prompts, first + mini_batch_prompts) * n)
+        counts = learner_tokens(lengths.select(rows), world_size, micro_batch_tokens, packing)
+        computed, padding = computed + counts.computed, padding + counts.padding
+    forward = learner_tokens(lengths, world_size, forward_micro_batch_tokens, packing).padded_fraction
+    return Padding(padding / computed if computed else 0.0, forward)
+
 
 @dataclass(frozen=True)
 class StepCost:
@@ -114,7 +176,8 @@ class StepCost:
 
     response_tokens: float  # the mean the length model was given (the cap cuts it where it is longer)
     gen_tokens: float  # response tokens generated, dropped groups included
-    train_tokens: float  # tokens through the learner (prompts and responses)
+    train_tokens: float  # tokens through the learner (prompts and responses), padding not counted
+    padding: Padding  # the learner's padded shares: the FLOPs spent on padding, on top of train_tokens'
     batch: BatchTime  # one generation batch on one replica
     gen_s: float  # every generation batch of the step
     train_s: float
@@ -151,8 +214,9 @@ def checkpoint_bytes(s: ModelShape, dtype_bytes: int) -> float:
     return s.params * (dtype_bytes + (12 if dtype_bytes == 2 else 8))
 
 
-def step_cost(c: CostInputs, mean_response: float, gen_batches: float) -> StepCost:
-    """Generation, training and one evaluation at mean response length `mean_response`."""
+def step_cost(c: CostInputs, fraction: float, gen_batches: float) -> StepCost:
+    """Generation, training and one evaluation `fraction` of the way through the run (0: the first step)."""
+    mean_response = c.response_tokens_at(fraction)
     r, w = c.replica, c.world_size
     s = r.shape
     lengths = LengthModel.of(mean_response, c.max_response_tokens)
@@ -163,12 +227,15 @@ def step_cost(c: CostInputs, mean_response: float, gen_batches: float) -> StepCo
     gen_tokens = gen_batches * batch_prompts * c.n * m
 
     seq = c.mean_prompt_tokens + m
-    per_group = c.mean_prompt_tokens + c.n * m if c.pack_prompts else c.n * seq
+    per_group = c.mean_prompt_tokens + c.n * m if c.packing == "prompts" else c.n * seq
     train_tokens = c.prompts_per_step * per_group
     # update: forward + backward (2x) + the recompute of checkpointed layers; old log-probs: one forward;
-    # the reference policy's log-probs: one more when the KL term is on; the covariance losses' selection: one more
-    passes = 3 + c.gradient_checkpointing + 1 + c.reference_forward + c.covariance_forward
-    flops = train_tokens * passes * forward_flops_per_token(s, seq / 2)
+    # the reference policy's log-probs: one more when the KL term is on; the covariance losses' selection: one more.
+    # Each over the tokens the learner computes: the real ones / (1 - its padded share) (`learner_padding`).
+    pad = c.padding_at(fraction)
+    update_passes = (3 + c.gradient_checkpointing) / (1 - pad.update) + c.covariance_forward / (1 - pad.forward)
+    forward_passes = (1 + c.reference_forward) / (1 - pad.forward)
+    flops = train_tokens * (update_passes + forward_passes) * forward_flops_per_token(s, seq / 2)
     train = flops / (w * r.bf16_tflops * 1e12 * c.train_mfu)
 
     # evaluation: shards no larger than a generation batch, each split over the replicas
@@ -176,7 +243,7 @@ def step_cost(c: CostInputs, mean_response: float, gen_batches: float) -> StepCo
     shards = math.ceil(c.eval_problems / batch_prompts)
     eval_batch = batch_seconds(r, c.eval_problems / shards * c.eval_n / c.replicas, c.mean_prompt_tokens, eval_lengths)
     eval_s = shards * eval_batch.seconds
-    return StepCost(mean_response, gen_tokens, train_tokens, batch, gen_batches * batch.seconds, train, eval_s)
+    return StepCost(mean_response, gen_tokens, train_tokens, pad, batch, gen_batches * batch.seconds, train, eval_s)
 
 
 def row_cost(c: CostInputs) -> RowCost:
@@ -185,12 +252,12 @@ def row_cost(c: CostInputs) -> RowCost:
         k = expected_gen_batches(c.prompts_per_step, c.gen_batch_prompts, c.informative_fraction, c.max_gen_batches)
     else:
         k = 1.0
-    first = step_cost(c, c.response_tokens_at(0.0), k)
-    last = step_cost(c, c.response_tokens_at(1.0), k)
+    first = step_cost(c, 0.0, k)
+    last = step_cost(c, 1.0, k)
     evals = evals_per_run(c.total_steps, c.eval_every)
     steps_s, evals_s = 0.0, first.eval_s  # the evaluation before the first step
     for i in range(SEGMENTS):
-        mid = step_cost(c, c.response_tokens_at((i + 0.5) / SEGMENTS), k)
+        mid = step_cost(c, (i + 0.5) / SEGMENTS, k)
         steps_s += c.total_steps / SEGMENTS * mid.step_s(c.step_overhead_s)
         evals_s += (evals - 1) / SEGMENTS * mid.eval_s
     ckpts = checkpoints_per_run(c.total_steps, c.checkpoint_every)
@@ -200,6 +267,27 @@ def row_cost(c: CostInputs) -> RowCost:
     hours = (steps_s + evals_s + ckpts * ckpt_s) / 3600
     step_s = steps_s / c.total_steps
     return RowCost(k, first, last, step_s, evals, evals_s, ckpts, ckpt_bytes, ckpt_s, disk, hours, hours * c.world_size)
+
+
+def padding_line(c: CostInputs, rc: RowCost) -> str:
+    """What the learner pads at the first row's length model, and what that costs, beside what the padded layout
+    (`trainer.packing: none`) would."""
+
+    def shares(cost: CostInputs) -> tuple[str, float]:
+        a, b = cost.padding_at(0.0), cost.padding_at(1.0)
+        extra = sum(step_cost(cost, x, 1.0).train_s for x in (0.0, 1.0))
+        return (
+            f"{a.update:.1%}-{b.update:.1%} of an update's tokens and {a.forward:.1%}-{b.forward:.1%} of the "
+            "old-log-prob pass's",
+            extra,
+        )
+
+    mine, t_mine = shares(c)
+    line = f"    learner (trainer.packing: {c.packing}): padding is {mine} (first-last step)"
+    if c.packing != "none":
+        padded, t_padded = shares(dataclasses.replace(c, packing="none"))
+        line += f"; padded (packing: none) it would be {padded}, {t_padded / t_mine:.2f}x the training time"
+    return line
 
 
 def jobs_needed(hours: float, limit_h: float, restart_h: float, step_h: float) -> int | None:
@@ -266,6 +354,7 @@ def render_costs(
                 f"more than the time limit x (1 + max_resubmits) = {limit_h:g} h x {allowed} allows: raise "
                 "resources.train.runtime_min or max_resubmits, or lower trainer.total_steps"
             )
+    lines.append(padding_line(c0, rc0))
     tail = rc0.last.batch
     lines.append(
         f"    a generation batch lasts as long as its longest response: at the last step each of the "

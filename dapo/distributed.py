@@ -91,6 +91,7 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
         else:
             dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
         _forget_deepspeed_world_group()
+    object_group()  # made now, at the same point on every rank (making a group is itself collective)
     return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local, device=device)
 
 
@@ -106,10 +107,31 @@ def _forget_deepspeed_world_group() -> None:
 
 def shutdown() -> None:
     """End a run cleanly: a barrier then `destroy_process_group` (without them, ranks can abort at exit)."""
+    global _OBJECT_GROUP
     if dist.is_initialized():
         if dist.get_world_size() > 1:
             dist.barrier()
         dist.destroy_process_group()
+    _OBJECT_GROUP = None
+
+
+# The group that pickled objects travel over: the default group where it is already a CPU one (gloo), else a gloo
+# group over the same ranks. Over NCCL, `all_gather_object` stages world x the largest pickle on every rank's GPU
+# (at the 32B preset's 128 ranks, a generation batch's samples: GBs, while vLLM holds most of the memory); gloo
+# keeps them in host memory. docs/distributed.md, "Collective safety".
+_OBJECT_GROUP: Any = None
+
+
+def object_group() -> Any:
+    """The process group of `broadcast` and `all_gather` (None: the default group, when that is gloo). Made once,
+    by `init_distributed` on every rank."""
+    global _OBJECT_GROUP
+    if not dist.is_initialized() or dist.get_world_size() == 1 or dist.get_backend() == "gloo":
+        return None
+    world = dist.group.WORLD
+    if _OBJECT_GROUP is None or _OBJECT_GROUP[0] is not world:  # a default group made anew needs its own
+        _OBJECT_GROUP = (world, dist.new_group(backend="gloo"))
+    return _OBJECT_GROUP[1]
 
 
 # ---------------------------------------------------------------------------------------------- collectives
@@ -126,25 +148,27 @@ def is_main() -> bool:
 
 
 def _device() -> torch.device | None:
-    """Where object collectives stage their bytes: NCCL moves only CUDA tensors."""
+    """Where tensor collectives move their bytes: NCCL moves only CUDA tensors."""
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
 
 
 def broadcast(obj: Any) -> Any:
-    """Rank 0's `obj` on every rank (pickled; CPU tensors inside are fine). One process: `obj` itself."""
+    """Rank 0's `obj` on every rank (pickled, over the CPU `object_group`; CPU tensors inside are fine). One
+    process: `obj` itself."""
     if world_size() == 1:
         return obj
     box = [obj if is_main() else None]
-    dist.broadcast_object_list(box, src=0, device=_device())
+    dist.broadcast_object_list(box, src=0, group=object_group(), device=torch.device("cpu"))
     return box[0]
 
 
 def all_gather(obj: Any) -> list[Any]:
-    """Every rank's `obj` (pickled), in rank order."""
+    """Every rank's `obj` (pickled), in rank order, over the CPU `object_group`: host memory only, world x the
+    largest pickle on each rank."""
     if world_size() == 1:
         return [obj]
     out: list[Any] = [None] * world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=object_group())
     return out
 
 

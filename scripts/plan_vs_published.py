@@ -158,7 +158,11 @@ def cost_of(s: Setup, plan: dict):
         mean_prompt_tokens=s.prompt_tokens, response_tokens_start=s.response_tokens[0],
         response_tokens_end=s.response_tokens[1], max_response_tokens=s.cap, dynamic_sampling=bool(s.gen_batch),
         gen_batch_prompts=s.gen_batch or s.prompts, max_gen_batches=10,
-        informative_fraction=plan["informative_fraction"], pack_prompts=False, gradient_checkpointing=s.checkpointing,
+        informative_fraction=plan["informative_fraction"], gradient_checkpointing=s.checkpointing,
+        # the published runs pack sequences (verl's use_remove_padding, NeMo RL's sequence packing); the update's
+        # mini-batch: the step's prompts in 16 updates, as each of these recipes
+        packing="sequences", micro_batch_tokens=8192, forward_micro_batch_tokens=12288,
+        mini_batch_prompts=max(1, s.prompts // 16),
         reference_forward=s.reference, total_steps=s.steps, eval_every=s.eval_every, eval_problems=s.eval_problems,
         eval_n=s.eval_n, eval_max_tokens=s.cap, train_mfu=plan["train_mfu"], step_overhead_s=plan["step_overhead_s"],
         checkpoint_every=s.checkpoint_every or s.steps, keep_checkpoints=1,

@@ -6,8 +6,11 @@
 The same `run_cases` runs in the pytest process for world size 1, so both worlds execute identical code. Each
 case starts from the model's initial weights (a DeepSpeed checkpoint taken right after construction), makes one
 update on the whole mini-batch (each rank trains its shard, split by tokens, so groups straddle the ranks) and
-records the full (gathered) parameters. Rank 0
-writes {case name: {"params": float64 vector, "metrics": dict, "micro_batches": int}} to OUT.pt.
+records the full (gathered) parameters: for every engine (ZeRO 2, 3 and 0; ZeRO 2 with gradient checkpointing), every
+packing (`none`, `sequences`, `prompts`) and every policy loss (ppo_clip under each aggregation, GSPO, CISPO,
+Clip-Cov, KL-Cov, and the rollout correction's weights), at one micro-batch and at several (ZeRO 2) or several
+only. Rank 0 writes {case name: {"params": float64 vector, "metrics": dict, "micro_batches": int}} to OUT.pt,
+named `engine/loss/packing/budget` (`case_name`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -25,6 +29,7 @@ import torch  # noqa: E402
 from dapo.algos.aggregation import MODES  # noqa: E402
 from dapo.learner import Learner, LossSpec, PolicyBatch  # noqa: E402
 
+WORKER_FILES = ("batch.pt", "w2.pt", "w2")  # what the test passes after the model: the batch, the output, a folder
 BIG_BUDGET = 100_000  # one micro-batch
 SMALL_BUDGET = 34  # 4 micro-batches for the test batch at world size 1 (2-3 per rank at 2)
 SEQ_SUM_C = 16.0
@@ -71,14 +76,37 @@ def flat_params(learner: Learner) -> torch.Tensor:
     return torch.cat([streamed[n].reshape(-1) for n, _ in learner.engine.module.lm.named_parameters()])
 
 
+PACKINGS = ("none", "sequences", "prompts")
+# every policy loss with its aggregation (ppo_clip once per aggregation) and the rollout correction's weights
+LOSS_CASES = [(mode, "ppo_clip") for mode in MODES] + [(mode, name) for name, mode in POLICY_LOSS_CASES.items()]
+
+
+def case_name(engine: str, loss: str, packing: str, budget: int) -> str:
+    return f"{engine}/{loss}/{packing}/{budget}"
+
+
+def set_packing(learner: Learner, packing: str) -> None:
+    """Switch a built learner between the padded and the packed layouts: the plan and collate (`passes.packing`)
+    and the model's attention (`sdpa` with a padding mask, or `dapo.modeling.packed_attention`)."""
+    from dapo.modeling import ATTENTION_PACKED, ATTENTION_PADDED, register_packed_attention
+
+    register_packed_attention()
+    learner.passes.packing = packing
+    learner.engine.module.lm.set_attn_implementation(ATTENTION_PADDED if packing == "none" else ATTENTION_PACKED)
+
+
 def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, dict]:
+    """Each engine x packing x loss (x budget on z2) from the same initial weights; see the module docstring."""
     results: dict[str, dict] = {}
-    engines = {  # name: (zero stage, grad clip)
-        "z2": (2, 1e6),
-        "z3": (3, CLIP),
-        "z0": (0, CLIP),
+    engines = {  # name: (zero stage, grad clip, gradient checkpointing)
+        "z2": (2, 1e6, False),
+        "z3": (3, CLIP, False),
+        "z0": (0, CLIP, False),
+        "z2c": (2, 1e6, True),
     }
-    for ename, (stage, clip) in engines.items():
+    weighted = batch.select(list(range(len(batch))))
+    weighted.is_weights = is_weights(batch)
+    for ename, (stage, clip, ckpt) in engines.items():
         learner = Learner(
             model_dir,
             loss=loss_spec("token-mean"),
@@ -89,6 +117,7 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             optimizer=lambda params: torch.optim.SGD(params, lr=SGD_LR),  # one step = lr x gradient
             micro_batch_tokens=BIG_BUDGET,
             logprob_chunk_size=7,
+            gradient_checkpointing=ckpt,
         )
         world = learner.dist.world_size
         # Every rank passes the whole mini-batch; the learner trains its shard, split by tokens: at world size 2 some
@@ -104,61 +133,57 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
             b: PolicyBatch,
             learner: Learner = learner,
             init_dir: Path = init_dir,
-            pack: bool = False,
+            packing: str = "none",
             policy_loss: str = "ppo_clip",
+            ename: str = ename,
         ) -> None:
             learner.load_checkpoint(init_dir)
+            set_packing(learner, packing)
             learner.loss, learner.passes.micro_batch_tokens = loss_spec(mode, policy_loss), budget
-            learner.passes.pack_prompts = pack
             mine = b.select(learner.passes.my_rows(b))  # what the update trains
             plan = [r for r in learner.passes.plan(mine) if r]
             metrics = learner.update(b, salt=SALT)
-            results[name] = {"params": flat_params(learner), "metrics": metrics, "micro_batches": len(plan)}
+            logp, entropy = learner.compute_logprobs(b) if ename == "z2" and budget == SMALL_BUDGET else (None, None)
+            results[name] = {
+                "params": flat_params(learner),
+                "metrics": metrics,
+                "micro_batches": len(plan),
+                "logp_after": logp,
+                "entropy_after": entropy,
+            }
 
-        if ename == "z2":
-            for mode in MODES:
-                for budget in (BIG_BUDGET, SMALL_BUDGET):
-                    one(f"z2/{mode}/{budget}", mode, budget, batch)
-                    one(f"z2/{mode}/packed/{budget}", mode, budget, batch, pack=True)
-            for name, mode in POLICY_LOSS_CASES.items():
-                for budget in (BIG_BUDGET, SMALL_BUDGET):
-                    one(f"z2/{name}/{budget}", mode, budget, batch, policy_loss=name)
-                    one(f"z2/{name}/packed/{budget}", mode, budget, batch, pack=True, policy_loss=name)
-            # The rollout correction's weights, made on whole responses, then split with the batch.
-            weighted = batch.select(list(range(len(batch))))
-            weighted.is_weights = is_weights(batch)
-            for budget in (BIG_BUDGET, SMALL_BUDGET):
-                one(f"z2/is_weights/{budget}", "token-mean", budget, weighted)
+        budgets = (BIG_BUDGET, SMALL_BUDGET) if ename == "z2" else (SMALL_BUDGET,)
+        for packing in PACKINGS:
+            for budget in budgets:
+                for mode, policy_loss in LOSS_CASES:
+                    loss = mode if policy_loss == "ppo_clip" else policy_loss
+                    one(case_name(ename, loss, packing, budget), mode, budget, batch, packing=packing,
+                        policy_loss=policy_loss)  # fmt: skip
+                # The rollout correction's weights, made on whole responses, then split with the batch.
+                one(case_name(ename, "is_weights", packing, budget), "token-mean", budget, weighted, packing=packing)
+        if ename in ("z2", "z0"):
             # A NaN advantage on one response that trains (on the last rank only, at world size 2).
             bad = batch.select(list(range(len(batch))))
             bad.advantages = bad.advantages.clone()
             bad.advantages[_row_on_last_rank(batch, world)] = math.nan
-            one("z2/nan", "token-mean", SMALL_BUDGET, bad)
-            # The engine is sane after a skipped step: the next update is the ordinary one.
-            metrics = learner.update(batch)
-            results["z2/after_nan"] = {"params": flat_params(learner), "metrics": metrics}
-        else:
-            for mode in MODES:
-                one(f"{ename}/{mode}/{SMALL_BUDGET}", mode, SMALL_BUDGET, batch)
-                one(f"{ename}/{mode}/packed/{SMALL_BUDGET}", mode, SMALL_BUDGET, batch, pack=True)
-            if ename == "z3":
-                # The final save at ZeRO-3: rank 0 alone holds the gathered model, and writes it.
-                held = learner.state_dict_on_main()
-                per_rank = [len(held)]
-                if world > 1:
-                    per_rank = [None] * world
-                    torch.distributed.all_gather_object(per_rank, len(held))
-                learner.save_hf(work_dir / f"hf_z3_w{world}")
-                results["z3/save"] = {
-                    "params": flat_params(learner),
-                    "tensors_held_per_rank": per_rank,
-                    "hf_dir": str(work_dir / f"hf_z3_w{world}"),
-                }
-            if ename == "z0":
-                bad = batch.select(list(range(len(batch))))
-                bad.advantages = bad.advantages.clone()
-                bad.advantages[_row_on_last_rank(batch, world)] = math.nan
-                one("z0/nan", "token-mean", SMALL_BUDGET, bad)
+            one(f"{ename}/nan", "token-mean", SMALL_BUDGET, bad, packing="sequences")
+            if ename == "z2":
+                # The engine is sane after a skipped step: the next update is the ordinary one.
+                metrics = learner.update(batch)
+                results["z2/after_nan"] = {"params": flat_params(learner), "metrics": metrics}
+        if ename == "z3":
+            # The final save at ZeRO-3: rank 0 alone holds the gathered model, and writes it.
+            held = learner.state_dict_on_main()
+            per_rank = [len(held)]
+            if world > 1:
+                per_rank = [None] * world
+                torch.distributed.all_gather_object(per_rank, len(held))
+            learner.save_hf(work_dir / f"hf_z3_w{world}")
+            results["z3/save"] = {
+                "params": flat_params(learner),
+                "tensors_held_per_rank": per_rank,
+                "hf_dir": str(work_dir / f"hf_z3_w{world}"),
+            }
     return results
 
 
@@ -179,6 +204,8 @@ def _row_on_last_rank(batch: PolicyBatch, world: int) -> int:
 
 
 def main() -> None:
+    # DeepSpeed calls collectives that torch 2.13 marks deprecated, once per call: thousands of lines otherwise
+    warnings.filterwarnings("ignore", message=".*is deprecated", category=FutureWarning)
     model_dir, batch_path, out_path, work_dir = sys.argv[1:5]
     torch.set_num_threads(1)
     batch = torch.load(batch_path, weights_only=False)

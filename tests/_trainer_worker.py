@@ -115,7 +115,7 @@ def main() -> None:
             "trainer.checkpoint_every=0",
             "trainer.lr=2e-4",  # AdamW: a small step keeps float noise in near-zero gradients small
             "trainer.warmup_steps=0",
-            "trainer.pack_prompts=false",
+            "trainer.packing=sequences",
             "model.dtype=float32",
             "rollout.n=4",
             "rollout.max_response_length=6",

@@ -269,3 +269,11 @@ def test_no_production_module_imports_or_names_test_machinery():
         if TEST_MACHINERY.search(line)
     ]
     assert not found, "test machinery in the package:\n" + "\n".join(found)
+
+
+def test_no_engine_reaches_into_the_learner():
+    """What the engines and the learner both need of a model (its dtype, config overrides, attention) lives below
+    both (`dapo.modeling`): the table gives `rollout` no edge to `learner`, and `learner` none to `rollout`."""
+    table = allowed_edges()
+    assert "learner" not in table["rollout"] and "rollout" not in table["learner"]
+    assert {"modeling"} <= table["rollout"] & table["learner"]

@@ -1,141 +1,64 @@
-"""The learner: micro-batching, schedule, launcher env, and above all that one update's gradient does not depend on
-how the mini-batch is split (1 or 4+ micro-batches, 1 or 2 data-parallel ranks) and equals the loss of
-docs/algorithm.md computed naively on the whole mini-batch, for every aggregation mode (a pitfall of
-docs/algorithm.md section 8).
+"""The learner: schedule, launcher env, and above all that one update's gradient does not depend on how the
+mini-batch is split or laid out (1 or 4+ micro-batches, 1 or 2 data-parallel ranks, padded or packed, ZeRO 0, 2 or 3,
+gradient checkpointing or not) and equals the loss of docs/algorithm.md computed naively on the whole mini-batch,
+for every aggregation mode and policy loss (a pitfall of docs/algorithm.md section 8). How batches become
+micro-batches is tests/test_learner_batch.py's.
 
 The DeepSpeed cases run twice through tests/_learner_worker.py: in this process (world size 1) and in one
 2-process gloo launch, each running every case and returning the gathered parameters after one SGD step (lr 1,
-so the step *is* the gradient, to 1e-6 in float32).
+so the step *is* the gradient).
+
+Tolerances: float32 rounding, sized by the computation compared, never by what one machine gave (`world` computes
+them; each says why). The two sides of a comparison run the same arithmetic in different orders (another split,
+another layout, the reference's full-logit forward), so they differ by rounding; the a-priori bound for reordering
+a float32 sum of n terms is about n x eps x the terms' scale.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 import torch
 from _env import free_port, rank_env
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from dapo import metric_names as M
 from dapo.algos.aggregation import MODES, aggregate
 from dapo.algos.metrics import RARE_TOKEN_PROB
 from dapo.algos.policy_loss import clipped_surrogate, covariance_selection, per_token_loss
 from dapo.distributed import first_slurm_host, launcher_env
-from dapo.learner import (
-    UPDATE_SKIPPED,
-    Learner,
-    LossSpec,
-    PolicyBatch,
-    lr_at,
-    plan_micro_batches,
-    response_mask,
-)
-from dapo.learner.batch import collate, collate_packed, plan_packed_micro_batches, rank_loads, split_by_tokens
+from dapo.learner import UPDATE_SKIPPED, Learner, LossSpec, PolicyBatch, lr_at, response_mask
+from dapo.packing import learner_tokens
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _learner_worker as W  # noqa: E402
 
-TOL = 1e-6
+EPS32 = torch.finfo(torch.float32).eps  # 2^-23, float32's spacing at 1
+
+
+def step_tol(ref: torch.Tensor, init: torch.Tensor, n_tokens: int) -> float:
+    """How far two float32 computations of one SGD step at lr 1 (p' = p - g) may differ: half a unit of float32 storage
+    of p' on each side (eps x |p'|), plus each side's gradient, a float32 sum over the `n_tokens` loss tokens taken
+    in another order (n_tokens x eps x the step's scale, each side)."""
+    return float(EPS32 * (2 * ref.abs().max() + 2 * n_tokens * (ref - init).abs().max()))
+
+
+def loss_tol(per_token: torch.Tensor, weights: torch.Tensor) -> float:
+    """How far two float32 computations of the mini-batch loss, sum_t w_t l_t over the loss tokens, may differ when
+    they sum in another order (micro-batches, ranks, float64 partial sums): 16 x eps x sum_t |w_t l_t| (the a-priori
+    bound of a reordered sum with depth to spare)."""
+    return float(16 * EPS32 * (weights.double() * per_token.detach().double()).abs().sum())
+
+
 # DeepSpeed calls torch.distributed collectives that torch 2.13 marks deprecated; nothing for us to act on.
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated:FutureWarning")
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
-def test_micro_batches_respect_the_token_budget_and_cover_every_sequence():
-    lengths = [5, 17, 3, 0, 9, 9, 12, 1, 30]
-    plan = plan_micro_batches(lengths, token_budget=20)
-    flat = sorted(i for mb in plan for i in mb)
-    assert flat == [0, 1, 2, 4, 5, 6, 7, 8]  # the empty sequence (3) has nothing to compute
-    for mb in plan:
-        widest = max(lengths[i] for i in mb)
-        assert len(mb) * widest <= 20 or len(mb) == 1  # 30 > budget: alone
-        assert [lengths[i] for i in mb] == sorted((lengths[i] for i in mb), reverse=True)
-    assert plan[0] == [8]  # longest first
-    assert plan_micro_batches(lengths, 10**6) == [[8, 1, 6, 4, 5, 0, 2, 7]]
-
-
-def _greedy_plan(lengths: list[int], budget: int) -> list[list[int]]:
-    """Fill each micro-batch to the budget before opening the next (the fewest passes, not the least padding)."""
-    out: list[list[int]] = []
-    for i in sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: (-lengths[i], i)):
-        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= budget:
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
-
-
-def _padded(lengths: list[int], plan: list[list[int]]) -> int:
-    return sum(len(mb) * max(lengths[i] for i in mb) for mb in plan)
-
-
-def test_micro_batches_pad_less_than_filling_each_to_the_budget():
-    """[20K, 6K | 3K, 1K] computes 46K tokens; [20K | 6K, 3K, 1K] 38K, in as many passes."""
-    lengths = [20000, 6000, 3000, 1000]
-    assert plan_micro_batches(lengths, 45056) == [[0], [1, 2, 3]]
-    assert _padded(lengths, _greedy_plan(lengths, 45056)) == 46000 and _padded(lengths, [[0], [1, 2, 3]]) == 38000
-
-
-@settings(max_examples=80, deadline=None)
-@given(lengths=st.lists(st.integers(0, 50), min_size=1, max_size=14), budget=st.integers(1, 200))
-def test_micro_batches_are_as_few_as_filling_and_never_pad_more(lengths, budget):
-    plan = plan_micro_batches(lengths, budget)
-    greedy = _greedy_plan(lengths, budget)
-    assert sorted(i for mb in plan for i in mb) == [i for i, n in enumerate(lengths) if n > 0]
-    assert all(len(mb) == 1 or len(mb) * lengths[mb[0]] <= budget for mb in plan)
-    assert len(plan) == len(greedy) and _padded(lengths, plan) <= _padded(lengths, greedy)
-
-
-def test_collate_puts_each_target_at_the_position_that_predicts_it():
-    mb = collate([[7, 8], [9]], [[1, 2, 3], [4]], rows=[0, 1])
-    assert mb.input_ids.tolist() == [[7, 8, 1, 2], [9, 0, 0, 0]]  # last response token is never an input
-    assert mb.attention_mask.tolist() == [[1, 1, 1, 1], [1, 0, 0, 0]]
-    assert mb.positions.tolist() == [1, 2, 3, 4]  # row 1 position 0 = flat 4
-    assert mb.targets.tolist() == [1, 2, 3, 4]
-    assert mb.token_rows.tolist() == [0, 0, 0, 1] and mb.token_cols.tolist() == [0, 1, 2, 0]
-
-
-def test_packed_rows_share_the_prompt_and_keep_each_response_to_itself():
-    prompts = [[7, 8], [7, 8], [9], [7, 8]]
-    responses = [[1, 2, 3], [4], [5, 6], []]
-    plan = plan_packed_micro_batches(prompts, responses, token_budget=100)
-    assert plan == [[[0, 1], [2]]]  # one row per prompt; the empty response has nothing to compute
-    mb = collate_packed(prompts, responses, plan[0])
-    assert mb.input_ids.tolist() == [[7, 8, 1, 2], [9, 5, 0, 0]]  # the prompt once, then response[:-1] each
-    assert mb.position_ids.tolist()[0] == [0, 1, 2, 3]
-    # response 0's tokens at 0 <- prompt end (1), 1 <- its token 0 (2), 2 <- 3; response 1 (one token) <- 1
-    assert mb.positions.tolist() == [1, 2, 3, 1, 4 + 0, 4 + 1]
-    assert mb.targets.tolist() == [1, 2, 3, 4, 5, 6]
-    assert mb.token_rows.tolist() == [0, 0, 0, 1, 2, 2] and mb.token_cols.tolist() == [0, 1, 2, 0, 0, 1]
-    m = mb.attention_mask[:, 0].int().tolist()
-    assert m[0] == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
-    assert m[1] == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]  # padding sees itself only
-    # Two responses of one prompt: the second one does not see the first, and restarts at the prompt's end.
-    two = collate_packed([[7, 8]] * 2, [[1, 2, 3], [4, 5]], [[0, 1]])
-    assert two.position_ids.tolist() == [[0, 1, 2, 3, 2]]
-    assert two.attention_mask[0, 0, 4].int().tolist() == [1, 1, 0, 0, 1]
-    # Over the budget: the group is cut into rows that each repeat the prompt.
-    cut = plan_packed_micro_batches([[7, 8]] * 3, [[1] * 6, [2] * 6, [3] * 6], token_budget=12)
-    assert sorted(i for mb in cut for row in mb for i in row) == [0, 1, 2]
-    assert all(len(row) <= 2 for mb in cut for row in mb)
-
-
-def test_packing_refuses_an_attention_that_ignores_the_block_mask():
-    from types import SimpleNamespace
-
-    from dapo.learner.model import check_packable
-
-    check_packable(SimpleNamespace(config=SimpleNamespace(_attn_implementation="sdpa")))
-    with pytest.raises(ValueError, match="pack_prompts: false"):
-        check_packable(SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2")))
-
-
 def test_lr_warms_up_linearly_over_rollout_steps_then_stays_constant():
     assert [lr_at(s, 1e-6, 4) for s in range(6)] == pytest.approx([0.25e-6, 0.5e-6, 0.75e-6, 1e-6, 1e-6, 1e-6])
     assert lr_at(0, 3e-4, 0) == 3e-4
@@ -163,65 +86,10 @@ def test_launcher_env_from_torchrun_slurm_or_nothing():
     assert first_slurm_host("nodeA,nodeB") == "nodeA" and first_slurm_host("n[7-9]") == "n7"
 
 
-def _costs(prompts, responses):
-    return [len(p) + len(r) - 1 if r else 0 for p, r in zip(prompts, responses, strict=True)]
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    lengths=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 60)), min_size=1, max_size=9),
-    world=st.integers(1, 4),
-    pack=st.booleans(),
-)
-def test_split_by_tokens_covers_every_row_once_within_its_bounds(lengths, world, pack):
-    """Every row on exactly one rank, rows ascending, the same split when asked again; the busiest rank within
-    mean + longest sequence, and (unpacked) within 4/3 of the best split found by brute force."""
-    prompts = [[7] * p for p, _ in lengths]  # equal lengths share a prompt: the packing case
-    responses = [[1] * r for _, r in lengths]
-    split = split_by_tokens(prompts, responses, world, pack_prompts=pack)
-    assert len(split) == world and sorted(i for rows in split for i in rows) == list(range(len(lengths)))
-    assert all(rows == sorted(rows) for rows in split)
-    assert split == split_by_tokens(prompts, responses, world, pack_prompts=pack)
-    cost = _costs(prompts, responses)
-    loads = rank_loads(prompts, responses, split, pack_prompts=pack)
-    assert max(loads) <= sum(cost) / world + max(cost)
-    if not pack and len(lengths) <= 7:
-        best = min(
-            max(sum(c for c, k in zip(cost, owner, strict=True) if k == r) for r in range(world))
-            for owner in itertools.product(range(world), repeat=len(cost))
-        )
-        assert max(loads) <= (4 / 3 - 1 / (3 * world)) * best + 1e-9
-
-
-def test_split_by_tokens_balances_where_whole_groups_cannot():
-    """Two groups of four over four ranks: whole groups leave two ranks idle; by sequence every rank gets one
-    long and one short response, at the mean exactly."""
-    prompts = [[5, 5]] * 4 + [[6, 6]] * 4
-    responses = [[1] * n for n in (30, 10, 30, 10, 30, 10, 30, 10)]
-    split = split_by_tokens(prompts, responses, 4)
-    assert rank_loads(prompts, responses, split) == [sum(_costs(prompts, responses)) // 4] * 4
-    batch = PolicyBatch(prompts, responses, torch.zeros(8), response_mask(responses), torch.tensor([0] * 4 + [1] * 4))
-    shards = [batch.shard_rows(r, 4) for r in range(4)]
-    assert [len(s) for s in shards] == [2, 2, 2, 2]
-    assert shards[3] == split[3] and batch.shard_rows(0, 1) == list(range(8))
-    with pytest.raises(ValueError, match="rank 4 is outside a world of size 4"):
-        batch.shard_rows(4, 4)
-
-
-def test_packed_split_keeps_a_group_on_one_rank_when_its_prompt_dominates():
-    """Long prompts, short responses (the tiny preset's shape): a split group would compute its prompt twice,
-    so with pack_prompts each group stays whole and the ranks' packed loads are equal."""
-    prompts = [[5] * 100] * 4 + [[6] * 100] * 4
-    responses = [[1] * 9] * 8
-    split = split_by_tokens(prompts, responses, 2, pack_prompts=True)
-    assert sorted(split) == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert rank_loads(prompts, responses, split, pack_prompts=True) == [100 + 4 * 8] * 2
-
-
 # ---------------------------------------------------------------------------------------- the tiny world
 def make_batch(seed: int = 4) -> PolicyBatch:
     """4 groups of 3 responses, unequal lengths; one overlong-filtered response and one group filtered whole.
-    Seed 4: split over 2 ranks by tokens, with and without pack_prompts, some group has responses on both."""
+    Seed 4: split over 2 ranks by tokens, with and without shared prompts, some group has responses on both."""
     g = torch.Generator().manual_seed(seed)
     prompts, responses, groups = [], [], []
     for gid, plen in enumerate([3, 6, 2, 5]):
@@ -280,25 +148,19 @@ def world(tmp_path_factory):
 
     port = free_port()
     (tmp / "w2").mkdir()
-    procs = []
-    for rank in range(2):
-        env = rank_env(rank, 2, port)
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    str(Path(W.__file__)),
-                    str(model_dir),
-                    str(tmp / "batch.pt"),
-                    str(tmp / "w2.pt"),
-                    str(tmp / "w2"),
-                ],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
+    procs, logs = [], [tmp / f"w2_rank{rank}.log" for rank in range(2)]
+    for rank, log in enumerate(logs):
+        # to a file, not a pipe: nothing reads a pipe until this process's own cases are done, and a worker that
+        # filled one would wait for it
+        with log.open("w") as out:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(Path(W.__file__)), str(model_dir), *(str(tmp / f) for f in W.WORKER_FILES)],
+                    env=rank_env(rank, 2, port),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
             )
-        )
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -307,78 +169,36 @@ def world(tmp_path_factory):
         w1 = W.run_cases(str(model_dir), batch, tmp / "w1")
     finally:
         torch.set_num_threads(threads)
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-4000:] for log in logs)
+    for p in procs:
+        p.wait(timeout=600)
+    assert all(p.returncode == 0 for p in procs), "\n".join(log.read_text()[-4000:] for log in logs)
     w2 = torch.load(tmp / "w2.pt", weights_only=False)
-    return {"w1": w1, "w2": w2, "model": model, "model_dir": model_dir, "batch": batch, "tmp": tmp}
+    n_tokens = int(batch.loss_mask.sum())  # the longest float sum of the step: each weight's over the loss tokens
+    return {
+        "w1": w1,
+        "w2": w2,
+        "model": model,
+        "model_dir": model_dir,
+        "batch": batch,
+        "tmp": tmp,
+        "n_tokens": n_tokens,
+        # the gradient norm: its entries carry the step's rounding (below, relative: 2 x n_tokens x eps), and DeepSpeed
+        # sums their squares in float32 (pairwise: log2(n_params) roundings deep)
+        "norm_rtol": 2 * (n_tokens + math.log2(w1["z2/init"]["params"].numel())) * EPS32,
+        # a per-token log-prob or entropy, relative to the largest: its forward's longest dot product is the MLP's
+        # (intermediate_size terms), then a log-sum-exp over the vocabulary
+        "logp_rtol": (model.config.intermediate_size + model.config.vocab_size) * EPS32,
+    }
 
 
-def reference_step(model, batch: PolicyBatch, mode: str, clip: float | None = None):
-    """The loss of docs/algorithm.md on the whole mini-batch, one SGD step with lr 1 (optionally norm-clipped like
-    DeepSpeed)."""
-    spec = W.loss_spec(mode)
-    model.zero_grad()
-    logp = reference_logp(model, batch, spec.temperature)
-    out = clipped_surrogate(logp, batch.old_logp, batch.advantages, spec.eps_low, spec.eps_high, spec.dual_clip_c)
-    loss = aggregate(out.loss, batch.loss_mask, mode, batch.group_ids, seq_sum_constant=spec.seq_token_sum_constant)
-    loss.backward()
-    grads = [p.grad.double() for _, p in model.named_parameters()]
-    norm = float(torch.sqrt(sum((g**2).sum() for g in grads)))
-    coef = min(1.0, clip / (norm + 1e-6)) if clip else 1.0
-    params = torch.cat(
-        [
-            (p.detach().double() - W.SGD_LR * coef * g).reshape(-1)
-            for (_, p), g in zip(model.named_parameters(), grads, strict=True)
-        ]
-    )
-    model.zero_grad()
-    return params, float(loss.detach()), norm, out
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_one_update_equals_the_naive_whole_batch_step(world, mode):
-    ref, ref_loss, ref_norm, out = reference_step(world["model"], world["batch"], mode)
-    got = world["w1"][f"z2/{mode}/{W.BIG_BUDGET}"]
-    init = world["w1"]["z2/init"]["params"]
-    assert (ref - init).abs().max() > 1e-2  # the step is large enough to tell modes apart
-    assert (got["params"] - ref).abs().max() < TOL
-    m = got["metrics"]
-    mask = world["batch"].loss_mask
-    on = mask > 0
-    low, high = (float((f & on).sum()) / float(on.sum()) for f in (out.clipped_lower, out.clipped_upper))
-    assert m[M.POLICY_LOSS] == pytest.approx(ref_loss, abs=1e-6)
-    assert m[M.GRAD_NORM] == pytest.approx(ref_norm, rel=1e-5)
-    assert (m[M.CLIPFRAC_LOW], m[M.CLIPFRAC_HIGH]) == pytest.approx((low, high), abs=1e-9)
-    assert 0 < low and 0 < high  # both bounds bind in this batch
-    up = out.clipped_upper & (mask > 0)
-    assert m[M.CLIP_HIGH_PROB] == pytest.approx(float(world["batch"].old_logp.exp()[up].mean()), abs=1e-6)
-    assert m[M.DUAL_CLIPFRAC] > 0 and m[UPDATE_SKIPPED] == 0.0 and m[M.LR] == W.SGD_LR
-    # of the rare tokens (old probability < RARE_TOKEN_PROB) with positive advantage, the share clipped above
-    b = world["batch"]
-    rare = (mask > 0) & (b.old_logp.exp() < RARE_TOKEN_PROB) & (b.advantages[:, None] > 0)
-    assert rare.sum() > 0 and (out.clipped_upper & rare).sum() > 0  # the case occurs in this batch
-    assert m[M.CLIPFRAC_HIGH_RARE] == pytest.approx(float((out.clipped_upper & rare).sum() / rare.sum()), abs=1e-9)
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_update_does_not_depend_on_micro_batches_ranks_or_packing(world, mode):
-    """Packed (`pack_prompts`: each group's responses behind one copy of the prompt) is the same step too."""
-    ref = world["w1"][f"z2/{mode}/{W.BIG_BUDGET}"]
-    assert world["w1"][f"z2/{mode}/{W.SMALL_BUDGET}"]["micro_batches"] == 4
-    assert world["w1"][f"z2/{mode}/packed/{W.SMALL_BUDGET}"]["micro_batches"] > 1
-    for w in ("w1", "w2"):
-        for case in (W.BIG_BUDGET, W.SMALL_BUDGET, f"packed/{W.BIG_BUDGET}", f"packed/{W.SMALL_BUDGET}"):
-            got = world[w][f"z2/{mode}/{case}"]
-            assert (got["params"] - ref["params"]).abs().max() < TOL, (w, case)
-            assert got["metrics"][M.POLICY_LOSS] == pytest.approx(ref["metrics"][M.POLICY_LOSS], abs=1e-6)
-            assert got["metrics"][M.CLIPFRAC_HIGH] == pytest.approx(ref["metrics"][M.CLIPFRAC_HIGH], abs=1e-9)
-            assert got["metrics"][M.CLIPFRAC_HIGH_RARE] == pytest.approx(ref["metrics"][M.CLIPFRAC_HIGH_RARE], abs=1e-9)
-
-
-def policy_loss_step(model, batch: PolicyBatch, name: str, is_weights: torch.Tensor | None = None):
-    """The named policy loss (dapo.algos.policy_loss) on the whole mini-batch, from the definitions, one SGD step
-    with lr 1: the covariance rules select over the whole batch from the current log-probs."""
-    mode = W.POLICY_LOSS_CASES.get(name, "token-mean")
+def definition_step(model, batch: PolicyBatch, loss: str, clip: float | None = None):
+    """One SGD step (lr 1) of the loss named `loss`, written from the definitions on the whole mini-batch: the
+    clipped surrogate under an aggregation mode (`loss` in MODES), another policy loss with its aggregation
+    (`W.POLICY_LOSS_CASES`; the covariance rules select over the whole batch from the current log-probs), or
+    `is_weights` (the clipped surrogate, token-mean, times the rollout correction's weights); optionally
+    norm-clipped as DeepSpeed clips."""
+    name = loss if loss in W.POLICY_LOSS_CASES else "ppo_clip"
+    mode = W.POLICY_LOSS_CASES.get(name, loss if loss in MODES else "token-mean")
     spec = W.loss_spec(mode, name)
     model.zero_grad()
     logp = reference_logp(model, batch, spec.temperature)
@@ -399,94 +219,194 @@ def policy_loss_step(model, batch: PolicyBatch, name: str, is_weights: torch.Ten
             lb=spec.clip_cov_lb,
             ub=spec.clip_cov_ub,
         )
-    out = per_token_loss(
-        name,
-        logp,
-        batch.old_logp,
-        batch.advantages,
-        batch.loss_mask,
-        eps_low=spec.eps_low,
-        eps_high=spec.eps_high,
-        dual_clip_c=spec.dual_clip_c,
-        cispo_clip_max=spec.cispo_clip_max,
-        kl_cov_coef=spec.kl_cov_coef,
-        selected=selected,
-    )
-    per_token = out.loss if is_weights is None else out.loss * is_weights
-    loss = aggregate(per_token, batch.loss_mask, mode, batch.group_ids, seq_sum_constant=spec.seq_token_sum_constant)
-    loss.backward()
-    params = torch.cat([(p.detach().double() - W.SGD_LR * p.grad.double()).reshape(-1) for p in model.parameters()])
-    model.zero_grad()
-    return params, float(loss.detach()), out
-
-
-@pytest.mark.parametrize("name", list(W.POLICY_LOSS_CASES))
-def test_each_policy_loss_is_its_definition_in_any_split(world, name):
-    """GSPO, CISPO, Clip-Cov and KL-Cov through the learner: the whole-batch step of their definitions, the same on
-    1 and 2 ranks, in 1 or 4 micro-batches, packed or not (GSPO's ratio needs whole responses; the covariance rules
-    the whole mini-batch's means and k-th token), with each loss's own metric over the whole mini-batch."""
-    ref, ref_loss, out = policy_loss_step(world["model"], world["batch"], name)
-    init = world["w1"]["z2/init"]["params"]
-    assert (ref - init).abs().max() > 1e-2
-    first = world["w1"][f"z2/{name}/{W.BIG_BUDGET}"]
-    assert first["metrics"][M.POLICY_LOSS] == pytest.approx(ref_loss, abs=1e-6)
-    m = world["batch"].loss_mask > 0
-    if name == "gspo":  # responses with a clipped sequence ratio, of those with a loss token
-        own = (M.SEQ_CLIPFRAC_HIGH, float((out.clipped_upper & m).any(-1).sum()) / float(m.any(-1).sum()))
+    if name == "ppo_clip":  # the paper's surrogate, straight from its definition
+        out = clipped_surrogate(logp, batch.old_logp, batch.advantages, spec.eps_low, spec.eps_high, spec.dual_clip_c)
     else:
-        flag = out.capped if name == "cispo" else out.selected
-        own = (
-            M.CISPO_CAPPED_FRAC if name == "cispo" else M.COV_SELECTED_FRAC,
-            float((flag & m).sum()) / float(m.sum()),
+        out = per_token_loss(
+            name,
+            logp,
+            batch.old_logp,
+            batch.advantages,
+            batch.loss_mask,
+            eps_low=spec.eps_low,
+            eps_high=spec.eps_high,
+            dual_clip_c=spec.dual_clip_c,
+            cispo_clip_max=spec.cispo_clip_max,
+            kl_cov_coef=spec.kl_cov_coef,
+            selected=selected,
         )
-    assert own[1] > 0  # the loss's own mechanism acts on this batch
-    for w in ("w1", "w2"):
-        for case in (W.BIG_BUDGET, W.SMALL_BUDGET, f"packed/{W.BIG_BUDGET}", f"packed/{W.SMALL_BUDGET}"):
-            got = world[w][f"z2/{name}/{case}"]
-            assert (got["params"] - ref).abs().max() < TOL, (w, case)
-            assert got["metrics"][M.POLICY_LOSS] == pytest.approx(ref_loss, abs=1e-6), (w, case)
-            assert got["metrics"][own[0]] == pytest.approx(own[1], abs=1e-9), (w, case)
+    per_token = out.loss * W.is_weights(batch) if loss == "is_weights" else out.loss
+    value = aggregate(per_token, batch.loss_mask, mode, batch.group_ids, seq_sum_constant=spec.seq_token_sum_constant)
+    # each token's weight in the aggregate (it is linear in the per-token losses): what `loss_tol` is sized by
+    probe = per_token.detach().clone().requires_grad_()
+    agg = aggregate(probe, batch.loss_mask, mode, batch.group_ids, seq_sum_constant=spec.seq_token_sum_constant)
+    (weights,) = torch.autograd.grad(agg, probe)
+    value.backward()
+    grads = [p.grad.double() for _, p in model.named_parameters()]
+    norm = float(torch.sqrt(sum((g**2).sum() for g in grads)))
+    coef = min(1.0, clip / (norm + 1e-6)) if clip else 1.0
+    params = torch.cat(
+        [
+            (p.detach().double() - W.SGD_LR * coef * g).reshape(-1)
+            for (_, p), g in zip(model.named_parameters(), grads, strict=True)
+        ]
+    )
+    model.zero_grad()
+    return Definition(params, float(value.detach()), norm, out, loss_tol(per_token, weights))
 
 
-def test_rollout_correction_weights_are_exact_in_any_split(world):
-    """The rollout correction's weights (made on whole responses) multiply each token's clipped loss: the learner's
-    step is that definition's, on 1 or 2 ranks and in 1 or 4 micro-batches."""
-    batch = world["batch"]
-    w = W.is_weights(batch)
-    ref, ref_loss, _ = policy_loss_step(world["model"], batch, "ppo_clip", is_weights=w)
-    unweighted = world["w1"][f"z2/token-mean/{W.BIG_BUDGET}"]["params"]
-    assert (ref - unweighted).abs().max() > 1e-3  # the weights change the step
-    for wname in ("w1", "w2"):
-        for budget in (W.BIG_BUDGET, W.SMALL_BUDGET):
-            got = world[wname][f"z2/is_weights/{budget}"]
-            assert (got["params"] - ref).abs().max() < TOL, (wname, budget)
-            assert got["metrics"][M.POLICY_LOSS] == pytest.approx(ref_loss, abs=1e-6)
+class Definition(NamedTuple):
+    """`definition_step`'s result: the weights after the step, the loss, the gradient norm, the per-token loss's
+    output (its clip flags), and how far a float32 computation of that loss in another order may be from it."""
+
+    params: torch.Tensor
+    loss: float
+    norm: float
+    out: Any
+    loss_tol: float
+
+
+LOSSES = [*MODES, *W.POLICY_LOSS_CASES, "is_weights"]
+CLIPS = {"z2": None, "z2c": None, "z3": W.CLIP, "z0": W.CLIP}  # the engines' gradient clipping (z2: none binds)
+
+
+@pytest.fixture(scope="module")
+def definitions(world):
+    """`definition_step` of every loss, with and without the engines' clip: what every case is compared with."""
+    return {
+        (loss, clip): definition_step(world["model"], world["batch"], loss, clip)
+        for loss in LOSSES
+        for clip in set(CLIPS.values())
+    }
+
+
+def test_the_step_tolerance_is_rounding_and_catches_a_planted_error(world, definitions):
+    """The bound every step comparison below uses (`step_tol`) is float32 rounding, and small against what it exists
+    to catch: a normaliser off by one token, the smallest error a split could make (a micro-batch or a rank counting
+    one token too many or too few), moves the step by far more. Planted here: the token-mean's normaliser + 1, and
+    (larger still) one token's loss left out."""
+    ref = definitions[("token-mean", None)].params
+    got = world["w1"][W.case_name("z2", "token-mean", "none", W.BIG_BUDGET)]["params"]
+    init = world["w1"]["z2/init"]["params"]
+    bound = step_tol(ref, init, world["n_tokens"])
+    assert (got - ref).abs().max() < bound
+    n = world["n_tokens"]
+    planted = init + (ref - init) * n / (n + 1)  # every token's weight 1 / (n + 1) instead of 1 / n
+    assert (planted - ref).abs().max() > 100 * bound
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_one_update_equals_the_naive_whole_batch_step(world, definitions, mode):
+    ref, ref_loss, ref_norm, out, tol = definitions[(mode, None)]
+    got = world["w1"][W.case_name("z2", mode, "none", W.BIG_BUDGET)]
+    init = world["w1"]["z2/init"]["params"]
+    assert (ref - init).abs().max() > 1e-2  # the step is large enough to tell modes apart
+    assert (got["params"] - ref).abs().max() < step_tol(ref, init, world["n_tokens"])
+    m = got["metrics"]
+    mask = world["batch"].loss_mask
+    on = mask > 0
+    low, high = (float((f & on).sum()) / float(on.sum()) for f in (out.clipped_lower, out.clipped_upper))
+    assert m[M.POLICY_LOSS] == pytest.approx(ref_loss, abs=tol)
+    assert m[M.GRAD_NORM] == pytest.approx(ref_norm, rel=world["norm_rtol"])
+    assert (m[M.CLIPFRAC_LOW], m[M.CLIPFRAC_HIGH]) == pytest.approx((low, high), abs=1e-12)  # ratios of counts
+    assert 0 < low and 0 < high  # both bounds bind in this batch
+    up = out.clipped_upper & (mask > 0)
+    clip_high_prob = float(world["batch"].old_logp.exp()[up].mean())  # a mean of float32 probabilities below 1
+    assert m[M.CLIP_HIGH_PROB] == pytest.approx(clip_high_prob, abs=int(up.sum()) * EPS32)
+    assert m[M.DUAL_CLIPFRAC] > 0 and m[UPDATE_SKIPPED] == 0.0 and m[M.LR] == W.SGD_LR
+    # of the rare tokens (old probability < RARE_TOKEN_PROB) with positive advantage, the share clipped above
+    b = world["batch"]
+    rare = (mask > 0) & (b.old_logp.exp() < RARE_TOKEN_PROB) & (b.advantages[:, None] > 0)
+    assert rare.sum() > 0 and (out.clipped_upper & rare).sum() > 0  # the case occurs in this batch
+    assert m[M.CLIPFRAC_HIGH_RARE] == pytest.approx(float((out.clipped_upper & rare).sum() / rare.sum()), abs=1e-12)
+
+
+def _every_split(world, engine: str):
+    """(world, packing, budget) of every case an engine ran."""
+    budgets = (W.BIG_BUDGET, W.SMALL_BUDGET) if engine == "z2" else (W.SMALL_BUDGET,)
+    return [(w, packing, b) for w in ("w1", "w2") for packing in W.PACKINGS for b in budgets]
+
+
+@pytest.mark.parametrize("engine", list(CLIPS))
+@pytest.mark.parametrize("loss", LOSSES)
+def test_each_loss_is_its_definition_in_any_split_packing_and_zero_stage(world, definitions, engine, loss):
+    """Every policy loss (the clipped surrogate under each aggregation, GSPO, CISPO, Clip-Cov, KL-Cov) and the
+    rollout correction's weights, through the learner: the whole-batch step of their definitions, the same on 1 and
+    2 ranks, in 1 or several micro-batches, padded or packed (`sequences`, `prompts`), at ZeRO 2, 3 and 0 and with
+    gradient checkpointing (GSPO's ratio needs whole responses; the covariance rules the whole mini-batch's means
+    and k-th token; the group-token-mean every rank's per-group counts), with the loss's own metric over the whole
+    mini-batch."""
+    ref, ref_loss, ref_norm, out, tol = definitions[(loss, CLIPS[engine])]
+    init = world["w1"][f"{engine}/init"]["params"]
+    assert (ref - init).abs().max() > (1e-3 if CLIPS[engine] else 1e-2)  # the step tells losses apart
+    bound = step_tol(ref, init, world["n_tokens"])
+    m = world["batch"].loss_mask > 0
+    own = None
+    if loss == "gspo":  # responses with a clipped sequence ratio, of those with a loss token
+        own = (M.SEQ_CLIPFRAC_HIGH, float((out.clipped_upper & m).any(-1).sum()) / float(m.any(-1).sum()))
+    elif loss in ("cispo", "clip_cov", "kl_cov"):
+        flag = out.capped if loss == "cispo" else out.selected
+        own = (M.CISPO_CAPPED_FRAC if loss == "cispo" else M.COV_SELECTED_FRAC, int((flag & m).sum()) / int(m.sum()))
+    if own is not None:
+        assert own[1] > 0  # the loss's own mechanism acts on this batch
+    for w, packing, budget in _every_split(world, engine):
+        got = world[w][W.case_name(engine, loss, packing, budget)]
+        case = (w, packing, budget)
+        assert got["params"].shape == ref.shape  # gathered to full size under ZeRO-3
+        assert (got["params"] - ref).abs().max() < bound, case
+        assert got["metrics"][M.POLICY_LOSS] == pytest.approx(ref_loss, abs=tol), case
+        assert got["metrics"][M.GRAD_NORM] == pytest.approx(ref_norm, rel=world["norm_rtol"]), case
+        if own is not None:
+            assert got["metrics"][own[0]] == pytest.approx(own[1], abs=1e-12), case
+
+
+def test_the_engines_clip_binds_and_the_splits_are_real(world, definitions):
+    """What makes the cases above exact only with every rule in place: the clipped engines' clip binds, several
+    micro-batches run at the small budget (padded and packed), and groups straddle the ranks."""
+    assert definitions[("token-mean", None)].norm > 2 * W.CLIP
+    for packing in W.PACKINGS:
+        assert world["w1"][W.case_name("z2", "token-mean", packing, W.SMALL_BUDGET)]["micro_batches"] > 1, packing
+        assert world["w1"][W.case_name("z2", "token-mean", packing, W.BIG_BUDGET)]["micro_batches"] == 1, packing
+    assert world["w1"][W.case_name("z2", "token-mean", "none", W.SMALL_BUDGET)]["micro_batches"] == 4
 
 
 def test_the_test_batch_has_groups_split_across_ranks():
     """What makes the world-size-2 cases exact only with the per-group counts summed over ranks."""
     batch = make_batch()
-    for pack in (False, True):
+    for share in (False, True):
         owners: dict[int, set[int]] = {}
         for rank in range(2):
-            for g in batch.group_ids[batch.shard_rows(rank, 2, pack_prompts=pack)].tolist():
+            for g in batch.group_ids[batch.shard_rows(rank, 2, share_prompts=share)].tolist():
                 owners.setdefault(g, set()).add(rank)
         live = {int(g) for g, n in zip(batch.group_ids, batch.loss_mask.sum(1), strict=True) if n > 0}
-        assert any(len(owners[g]) == 2 for g in live), pack
+        assert any(len(owners[g]) == 2 for g in live), share
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("engine", ["z3", "z0"])
-def test_zero3_and_zero0_with_gradient_clipping_match_the_clipped_reference(world, engine, mode):
-    ref, _, ref_norm, _ = reference_step(world["model"], world["batch"], mode, clip=W.CLIP)
-    if mode == "token-mean":
-        assert ref_norm > 2 * W.CLIP  # the clip binds
+def test_packed_log_probs_and_entropies_are_the_padded_ones(world):
+    """After the same update, `compute_logprobs` packed (`sequences`, `prompts`) gives the padded path's per-token
+    log-probs and entropies, on 1 and 2 ranks."""
     for w in ("w1", "w2"):
-        for case in (f"{W.SMALL_BUDGET}", f"packed/{W.SMALL_BUDGET}"):
-            got = world[w][f"{engine}/{mode}/{case}"]
-            assert got["params"].shape == ref.shape  # gathered to full size under ZeRO-3
-            assert (got["params"] - ref).abs().max() < TOL, (w, case)
-            assert got["metrics"][M.GRAD_NORM] == pytest.approx(ref_norm, rel=1e-5)
+        padded = world[w][W.case_name("z2", "token-mean", "none", W.SMALL_BUDGET)]
+        for packing in ("sequences", "prompts"):
+            got = world[w][W.case_name("z2", "token-mean", packing, W.SMALL_BUDGET)]
+            for key in ("logp_after", "entropy_after"):
+                scale = float(padded[key].abs().max())
+                assert (got[key] - padded[key]).abs().max() <= world["logp_rtol"] * scale, (w, packing, key)
+
+
+def test_the_update_reports_its_padded_share(world):
+    """`perf/learner_padded_fraction` is what `learner_tokens` counts for the split: above 0 padded at the small
+    budget, 0 packed on one rank (on two, only the one-token dummy passes that even out the ranks, if any)."""
+    batch = world["batch"]
+    for w, ranks in (("w1", 1), ("w2", 2)):
+        for packing in W.PACKINGS:
+            got = world[w][W.case_name("z2", "token-mean", packing, W.SMALL_BUDGET)]["metrics"]
+            counts = learner_tokens(batch.lengths(), ranks, W.SMALL_BUDGET, packing)
+            assert got[M.LEARNER_PADDED_FRACTION] == counts.padded_fraction, (w, packing)
+            if packing == "none":
+                assert counts.padded_fraction > 0.05
+            else:
+                assert counts.padding <= ranks * counts.passes_per_rank  # dummies only, one token each
 
 
 def test_a_zero3_learner_leaves_later_model_loads_in_the_process_whole(world):
@@ -516,11 +436,12 @@ def test_a_non_finite_loss_on_one_rank_skips_the_step_everywhere(world, case):
 
 
 def test_after_a_skipped_step_the_next_update_is_the_ordinary_one(world):
-    ordinary = world["w1"][f"z2/token-mean/{W.SMALL_BUDGET}"]["params"]
+    ordinary = world["w1"][W.case_name("z2", "token-mean", "sequences", W.SMALL_BUDGET)]["params"]
     for w in ("w1", "w2"):
         after = world[w]["z2/after_nan"]
         assert after["metrics"][UPDATE_SKIPPED] == 0.0
-        assert (after["params"] - ordinary).abs().max() < TOL
+        bound = step_tol(ordinary, world[w]["z2/init"]["params"], world["n_tokens"])
+        assert (after["params"] - ordinary).abs().max() < bound
 
 
 # ---------------------------------------------------------------------- single-process learner behaviour
@@ -551,9 +472,10 @@ def test_compute_logprobs_matches_full_logits_at_the_sampling_temperature(world,
         ref = reference_logp(world["model"], batch, temperature=0.7)
     logp, entropy = adamw.compute_logprobs(batch)
     valid = response_mask(batch.response_ids, width=14).bool()
-    assert (logp - ref).abs().max() < 1e-5
+    assert (logp - ref).abs().max() <= world["logp_rtol"] * ref.abs().max()  # chunked head against full logits
     assert bool((logp[~valid] == 0).all()) and bool((entropy[valid] > 0).all())
-    assert float(entropy[valid].max()) <= math.log(101) + 1e-5  # at most the uniform distribution's
+    # at most the uniform distribution's, up to the entropy's own rounding
+    assert float(entropy[valid].max()) <= math.log(101) * (1 + world["logp_rtol"])
 
 
 def test_checkpoint_round_trip_is_exact_and_restores_the_schedule(world, adamw, tmp_path):
@@ -561,7 +483,8 @@ def test_checkpoint_round_trip_is_exact_and_restores_the_schedule(world, adamw, 
     fresh = batch.select(list(range(len(batch))))
     fresh.old_logp, _ = adamw.compute_logprobs(batch)
     first = adamw.update(fresh)
-    assert first[M.APPROX_KL] == pytest.approx(0.0, abs=1e-9) and first[M.CLIPFRAC_HIGH] == 0.0  # ratio 1
+    # ratio 1: the same weights give the old and the new log-probs up to rounding (|d| ~ 1e-6), and k3 ~ d^2 / 2
+    assert first[M.APPROX_KL] == pytest.approx(0.0, abs=1e-9) and first[M.CLIPFRAC_HIGH] == 0.0
     assert first[M.LR] == pytest.approx(1e-3 / 3)
     assert adamw.schedule(1) == pytest.approx(2e-3 / 3)
     adamw.save_checkpoint(tmp_path / "ck")

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dapo.learner.model import check_plain_logits, load_policy
+from dapo.learner.model import load_policy
 from dapo.learner.optim import deepspeed_config
+from dapo.modeling import check_plain_logits
 
 
 def _save_config(cfg, path):

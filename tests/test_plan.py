@@ -228,7 +228,10 @@ def toy_cost(**kw) -> CostInputs:
         gen_batch_prompts=6,
         max_gen_batches=0,
         informative_fraction=0.5,
-        pack_prompts=False,
+        packing="sequences",
+        micro_batch_tokens=1000,
+        forward_micro_batch_tokens=1500,
+        mini_batch_prompts=4,  # one sequence a rank in each pass: no dummy passes, no padding
         gradient_checkpointing=True,
         reference_forward=False,
         total_steps=10,
@@ -365,7 +368,7 @@ def test_cost_of_dynamic_sampling_packing_and_a_reference_model():
     assert ds.gen_batches == pytest.approx(expected_gen_batches(4, 6, 0.25, 0))
     assert ds.first.gen_tokens == pytest.approx(ds.gen_batches * 6 * 2 * 30, rel=1e-6)
     assert ds.first.train_tokens == plain.first.train_tokens  # the kept groups train, the rest only cost generation
-    packed = row_cost(toy_cost(pack_prompts=True))
+    packed = row_cost(toy_cost(packing="prompts"))
     assert packed.first.train_tokens == pytest.approx(4 * (10 + 2 * 30), rel=1e-6)  # one prompt per group
     with_ref = row_cost(toy_cost(reference_forward=True))
     assert with_ref.first.train_s == pytest.approx(plain.first.train_s * 6 / 5)

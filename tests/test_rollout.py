@@ -673,7 +673,7 @@ def test_config_overrides_reach_the_learner_and_both_engines(tmp_path: Path, vll
     before the learner and the engines build the model: this model ships max_position_embeddings 1,024, and a
     vLLM engine for 1,536-token sequences starts only with the override, which every side then reports."""
     from dapo.learner import Learner, LossSpec
-    from dapo.learner.model import apply_config_overrides
+    from dapo.modeling import apply_config_overrides
 
     model = str(build_tiny_qwen2(tmp_path / "model", tie=True))
     raised = {"max_position_embeddings": 2048}

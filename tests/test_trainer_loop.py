@@ -117,6 +117,9 @@ class FakeLearner:
         assert not self.offloaded
         return torch.zeros_like(batch.loss_mask), torch.full_like(batch.loss_mask, 0.5)
 
+    def padded_fraction(self, batch, *, forward_only):
+        return 0.0
+
     def update(self, mb, *, salt=0):
         assert not self.offloaded
         self.updates += 1

@@ -71,6 +71,9 @@ class RecordingLearner:
         self.batch = batch
         return torch.zeros_like(batch.loss_mask), torch.zeros_like(batch.loss_mask)
 
+    def padded_fraction(self, batch, *, forward_only):
+        return 0.0
+
     def schedule(self, rollout_step):
         return 0.0
 

@@ -3,7 +3,7 @@
 non-finite steps): docs/architecture.md, "learner/"."""
 
 from dapo.distributed import init_distributed, shutdown
-from dapo.learner.batch import LossSpec, PolicyBatch, pad_rows, plan_micro_batches, response_mask
+from dapo.learner.batch import LossSpec, PolicyBatch, pad_rows, response_mask
 from dapo.learner.learner import UPDATE_SKIPPED, Learner
 from dapo.learner.optim import lr_at
 from dapo.learner.reference import ReferencePolicy
@@ -17,7 +17,6 @@ __all__ = [
     "init_distributed",
     "lr_at",
     "pad_rows",
-    "plan_micro_batches",
     "response_mask",
     "shutdown",
 ]

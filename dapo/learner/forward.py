@@ -14,15 +14,8 @@ import torch
 from torch import Tensor
 
 from dapo.distributed import DistInfo, all_gather, all_reduce
-from dapo.learner.batch import (
-    MicroBatch,
-    PolicyBatch,
-    collate,
-    collate_packed,
-    dummy_micro_batch,
-    plan_micro_batches,
-    plan_packed_micro_batches,
-)
+from dapo.learner.batch import MicroBatch, PolicyBatch, collate, collate_packed, dummy_micro_batch
+from dapo.packing import TokenCounts, learner_tokens, plan_micro_batches, plan_packed_micro_batches
 
 
 @dataclass
@@ -33,27 +26,36 @@ class ChunkedForward:
     Attributes:
         engine: the DeepSpeed engine around the `PolicyModule`.
         dist: this rank's place in the job (`dapo.distributed.DistInfo`).
-        micro_batch_tokens: the padded-token budget of a micro-batch.
+        micro_batch_tokens: the token budget of an update's micro-batch (real tokens when packed; rows x longest
+            row with `packing: none`).
+        forward_micro_batch_tokens: the same for the no-grad passes (old log-probs, the reference's, the covariance
+            losses' selection), which keep no activations for a backward.
         chunk_size: positions per chunk of the log-prob head.
-        pack_prompts: one copy of each prompt per micro-batch row (`dapo.learner.batch`).
+        packing: `sequences`, `prompts` or `none` (`dapo.learner.batch`).
     """
 
     engine: Any
     dist: DistInfo
     micro_batch_tokens: int
+    forward_micro_batch_tokens: int
     chunk_size: int
-    pack_prompts: bool
+    packing: str
 
-    def plan(self, batch: PolicyBatch) -> list[list[Any]]:
-        """Micro-batches of this rank (sequence indices, or packed rows of them with `pack_prompts`), padded with
-        empty ones ([]: a dummy pass) to the most any rank has."""
-        if self.pack_prompts:
-            plan = plan_packed_micro_batches(batch.prompt_ids, batch.response_ids, self.micro_batch_tokens)
+    @property
+    def packed(self) -> bool:
+        return self.packing != "none"
+
+    def budget(self, forward_only: bool) -> int:
+        return self.forward_micro_batch_tokens if forward_only else self.micro_batch_tokens
+
+    def plan(self, batch: PolicyBatch, forward_only: bool = False) -> list[list[Any]]:
+        """Micro-batches of this rank (sequence indices; lists of packing units when packed), padded with empty ones
+        ([]: a dummy pass) to the most any rank has."""
+        budget, lengths = self.budget(forward_only), batch.lengths()
+        if self.packed:
+            plan: list[list[Any]] = plan_packed_micro_batches(lengths, budget, self.packing == "prompts")
         else:
-            lengths = [
-                len(p) + len(r) - 1 if r else 0 for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)
-            ]
-            plan = plan_micro_batches(lengths, self.micro_batch_tokens)
+            plan = plan_micro_batches([lengths.input_length(i) for i in range(len(lengths))], budget)
         # At least one pass, so a step always follows a backward (a mini-batch without responses).
         most = max(1, int(all_reduce(torch.tensor([len(plan)], dtype=torch.float64), "max").item()))
         return plan + [[] for _ in range(most - len(plan))]
@@ -61,23 +63,28 @@ class ChunkedForward:
     def collate(self, batch: PolicyBatch, item: list[Any]) -> MicroBatch:
         """The model inputs of one planned micro-batch ([]: the dummy pass)."""
         if not item:
-            return dummy_micro_batch()
-        if self.pack_prompts:
-            return collate_packed(batch.prompt_ids, batch.response_ids, item)
+            return dummy_micro_batch(self.packed)
+        if self.packed:
+            return collate_packed(batch.prompt_ids, batch.response_ids, item, self.packing == "prompts")
         return collate(batch.prompt_ids, batch.response_ids, item)
+
+    def tokens(self, batch: PolicyBatch, forward_only: bool) -> TokenCounts:
+        """What one pass over `batch` (held whole by every rank) computes on all ranks together: no collective."""
+        return learner_tokens(batch.lengths(), self.dist.world_size, self.budget(forward_only), self.packing)
 
     def run(self, mb: MicroBatch, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         """(log-probs [T], entropies [T] or None) of the micro-batch's targets, logits divided by `temperature`."""
         dev = self.dist.device
         return self.engine(
             input_ids=mb.input_ids.to(dev),
-            attention_mask=mb.attention_mask.to(dev),
+            attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(dev),
             positions=mb.positions.to(dev),
             targets=mb.targets.to(dev),
             temperature=temperature,
             chunk_size=self.chunk_size,
             with_entropy=with_entropy,
             position_ids=None if mb.position_ids is None else mb.position_ids.to(dev),
+            packed_row=mb.packed_row,
         )
 
     def my_rows(self, batch: PolicyBatch) -> list[int]:
@@ -91,7 +98,7 @@ class ChunkedForward:
                     f"rank {self.dist.rank} passed {len(batch)} responses, another rank a batch of another size: "
                     "every rank passes the whole batch to the learner, which takes its own shard"
                 )
-        return batch.shard_rows(self.dist.rank, world, pack_prompts=self.pack_prompts)
+        return batch.shard_rows(self.dist.rank, world, share_prompts=self.packing == "prompts")
 
     @torch.no_grad()
     def whole_batch(self, batch: PolicyBatch, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
@@ -115,7 +122,7 @@ class ChunkedForward:
         n, width = batch.loss_mask.shape
         logp = torch.zeros(n, width, dtype=torch.float32)
         entropy = torch.zeros(n, width, dtype=torch.float32) if with_entropy else None
-        for rows in self.plan(batch):
+        for rows in self.plan(batch, forward_only=True):
             mb = self.collate(batch, rows)
             lp, ent = self.run(mb, temperature, with_entropy)
             if rows:

@@ -25,8 +25,9 @@ from dapo.algos.policy_loss import COVARIANCE_LOSSES, covariance_selection, k3_t
 from dapo.distributed import all_gather, all_reduce, init_distributed
 from dapo.learner.batch import LossSpec, MicroBatch, PolicyBatch, dummy_micro_batch
 from dapo.learner.forward import ChunkedForward
-from dapo.learner.model import check_packable, copy_tokenizer_files, load_policy, prepare_deepspeed
-from dapo.learner.optim import deepspeed_config, lr_at, make_optimizer, resolve_dtype
+from dapo.learner.model import load_policy, prepare_deepspeed
+from dapo.learner.optim import deepspeed_config, lr_at, make_optimizer
+from dapo.modeling import ATTENTION_PACKED, ATTENTION_PADDED, copy_tokenizer_files, model_hidden_size, resolve_dtype
 
 # The per-update "this step was skipped" flag (1.0 / 0.0); the cumulative count is M.NONFINITE_SKIPPED.
 UPDATE_SKIPPED = M.UPDATE_SKIPPED
@@ -59,10 +60,11 @@ class Learner:
         zero_stage: int = 2,
         dtype: str = "auto",
         micro_batch_tokens: int = 32768,
+        forward_micro_batch_tokens: int | None = None,
         logprob_chunk_size: int = 1024,
         gradient_checkpointing: bool = False,
         optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
-        pack_prompts: bool = False,
+        packing: str = "sequences",
         config_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         import deepspeed
@@ -78,18 +80,26 @@ class Learner:
         self._own_step = zero_stage == 0 and self.dtype == torch.float32
         self.grad_clip = grad_clip
         ds_clip = 0.0 if self._own_step else grad_clip
-        ds_config = deepspeed_config(zero_stage, self.dtype == torch.bfloat16, ds_clip, self.dist.world_size)
-        policy = load_policy(model_path, self.dtype, gradient_checkpointing, ds_config, config_overrides)
-        if pack_prompts:
-            check_packable(policy.lm)
+        ds_config = deepspeed_config(
+            zero_stage, self.dtype == torch.bfloat16, ds_clip, self.dist.world_size, model_hidden_size(model_path)
+        )
+        attention = ATTENTION_PADDED if packing == "none" else ATTENTION_PACKED
+        policy = load_policy(model_path, self.dtype, gradient_checkpointing, ds_config, config_overrides, attention)
         self._torch_opt = (
             make_optimizer(policy.parameters(), lr, weight_decay, betas)
             if optimizer is None
             else optimizer(list(policy.parameters()))
         )
         self.engine, *_ = deepspeed.initialize(model=policy, optimizer=self._torch_opt, config=ds_config)
-        # micro-batches and the chunked head; `pack_prompts`: one prompt per group in the forward (learner.batch)
-        self.passes = ChunkedForward(self.engine, self.dist, micro_batch_tokens, logprob_chunk_size, pack_prompts)
+        # micro-batches (packed or padded: learner.batch) and the chunked head
+        self.passes = ChunkedForward(
+            self.engine,
+            self.dist,
+            micro_batch_tokens,
+            forward_micro_batch_tokens or micro_batch_tokens,
+            logprob_chunk_size,
+            packing,
+        )
         if zero_stage == 3:
             # The head weight is read in PolicyModule.forward, outside the head module's own forward.
             deepspeed.zero.register_external_parameter(self.engine.module, self.engine.module.head_weight())
@@ -137,6 +147,11 @@ class Learner:
         assert entropy is not None
         return logp, entropy
 
+    def padded_fraction(self, batch: PolicyBatch, *, forward_only: bool) -> float:
+        """The share of the tokens one pass over `batch` computes (every rank's, dummy passes included) that are
+        padding: for `compute_logprobs` (`forward_only`) or an `update`. Arithmetic on lengths, no collective."""
+        return self.passes.tokens(batch, forward_only).padded_fraction
+
     # ------------------------------------------------------------------------------------------ update
     def update(self, batch: PolicyBatch, *, salt: int = 0) -> dict[str, float]:
         """One optimizer step on a mini-batch: every rank calls it with the whole mini-batch and trains its shard,
@@ -148,7 +163,8 @@ class Learner:
         Returns metrics over the whole mini-batch (all ranks), keyed by `dapo.metric_names`: policy loss, lower
         and upper clip fractions, mean old probability of upper-clipped tokens (NaN if none), dual-clip
         fraction, approx KL to the old policy, KL to the reference (with ref_logp), gradient norm before clipping,
-        lr, and UPDATE_SKIPPED (1.0 when this step was skipped as non-finite); and the chosen loss's own
+        lr, UPDATE_SKIPPED (1.0 when this step was skipped as non-finite), the padded share of the tokens computed
+        (`M.LEARNER_PADDED_FRACTION`); and the chosen loss's own
         (sequence clip fractions for GSPO, capped weights for CISPO, selected tokens for Clip-Cov and KL-Cov).
         """
         if batch.old_logp is None:
@@ -156,6 +172,7 @@ class Learner:
         if self.loss.kl_coef > 0 and batch.ref_logp is None:
             raise ValueError("kl_coef > 0 needs batch.ref_logp (`dapo.learner.ReferencePolicy.compute_logprobs`)")
         spec, world = self.loss, self.dist.world_size
+        whole = batch
         batch = batch.select(self.passes.my_rows(batch)) if world > 1 else batch
         counts = self._global_counts(batch)
         weights = token_weights(
@@ -181,7 +198,8 @@ class Learner:
                 sums += torch.stack([part[name] for name in UPDATE_SUMS])
                 local_bad |= ~torch.isfinite(loss.detach())
             else:
-                lp, _ = self.passes.run(dummy_micro_batch(), self.loss.temperature, with_entropy=False)
+                dummy = dummy_micro_batch(self.passes.packed)
+                lp, _ = self.passes.run(dummy, self.loss.temperature, with_entropy=False)
                 loss = lp.sum() * 0.0
             if last and bool(all_reduce(local_bad.double().reshape(1), "max").item()):
                 # A non-finite loss anywhere: make every rank's gradient non-finite, so the overflow check
@@ -191,7 +209,14 @@ class Learner:
         grad_norm, applied = self._step()
         summed = dict(zip(UPDATE_SUMS, all_reduce(sums, "sum").tolist(), strict=True))
         metrics = update_metrics(summed, counts.num_tokens, counts.num_seqs, spec.policy_loss, spec.kl_coef > 0)
-        return {**metrics, M.GRAD_NORM: grad_norm, M.LR: self.lr, UPDATE_SKIPPED: 0.0 if applied else 1.0}
+        padded = self.passes.tokens(whole, forward_only=False).padded_fraction
+        return {
+            **metrics,
+            M.GRAD_NORM: grad_norm,
+            M.LR: self.lr,
+            UPDATE_SKIPPED: 0.0 if applied else 1.0,
+            M.LEARNER_PADDED_FRACTION: padded,
+        }
 
     def _covariance_selection(self, batch: PolicyBatch, salt: int) -> Tensor | None:
         """Clip-Cov's and KL-Cov's tokens of this rank's rows, [N, R] bool, chosen over the whole mini-batch from a

@@ -35,33 +35,57 @@ def make_optimizer(
     return torch.optim.AdamW(list(params), lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
 
 
-def deepspeed_config(zero_stage: int, bf16: bool, grad_clip: float, world_size: int) -> dict[str, Any]:
-    """The DeepSpeed config. The learner owns micro-batching and the accumulation boundary, so DeepSpeed sees
-    one sample per micro-step and accumulation steps 1 (it never rescales the loss by 1/accumulation)."""
+# ZeRO-1/2's gradient and parameter buckets (elements): the value of transformers' DeepSpeed examples, not
+# DeepSpeed's 5e8 default; with `overlap_comm` DeepSpeed keeps about 4.5 x a bucket's worth of buffers (x 2 B in
+# bf16: 1.8 GB at 2e8, 4.5 GB at 5e8), so the plan counts it (dapo/plan.py).
+ZERO2_BUCKET = 200_000_000
+
+
+def zero_optimization(zero_stage: int, hidden_size: int | None) -> dict[str, Any]:
+    """The `zero_optimization` section as DeepSpeed and transformers' integration recommend for each stage (their
+    sources and what each does: docs/distributed.md, "ZeRO's collectives").
+
+    Stages 1-2: gradients reduced in buckets while the backward still runs (`overlap_comm`) into one contiguous
+    buffer (`contiguous_gradients`), by reduce-scatter. Stage 3: the same for its reduce-scatters, and the next
+    modules' parameters all-gathered while the current one computes (`stage3_prefetch_bucket_size`, 0.9 x hidden^2
+    elements), parameters below 10 x hidden elements (norms, biases) kept whole on every rank rather than gathered
+    in every pass (`stage3_param_persistence_threshold`), a reduce bucket of hidden^2: transformers' "auto" values
+    (`HfTrainerDeepSpeedConfig`). Without a hidden size (a model config without one), DeepSpeed's own defaults."""
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
     zero: dict[str, Any] = {"stage": zero_stage}
-    if zero_stage == 3:
-        # Gather each layer's parameters just in time; nothing kept resident beyond what a layer needs.
-        zero.update({"stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 0})
+    if zero_stage in (1, 2):
+        zero.update(
+            overlap_comm=True,
+            contiguous_gradients=True,
+            reduce_scatter=True,
+            reduce_bucket_size=ZERO2_BUCKET,
+            allgather_bucket_size=ZERO2_BUCKET,
+        )
+    elif zero_stage == 3:
+        zero.update(overlap_comm=True, contiguous_gradients=True)
+        if hidden_size:
+            zero.update(
+                reduce_bucket_size=hidden_size * hidden_size,
+                stage3_prefetch_bucket_size=int(0.9 * hidden_size * hidden_size),
+                stage3_param_persistence_threshold=10 * hidden_size,
+            )
+    return zero
+
+
+def deepspeed_config(
+    zero_stage: int, bf16: bool, grad_clip: float, world_size: int, hidden_size: int | None = None
+) -> dict[str, Any]:
+    """The DeepSpeed config. The learner owns micro-batching and the accumulation boundary, so DeepSpeed sees
+    one sample per micro-step and accumulation steps 1 (it never rescales the loss by 1/accumulation)."""
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "train_batch_size": world_size,
         "gradient_clipping": grad_clip,
-        "zero_optimization": zero,
+        "zero_optimization": zero_optimization(zero_stage, hidden_size),
         "bf16": {"enabled": bf16},
         "zero_allow_untested_optimizer": True,  # a torch optimizer (see make_optimizer)
         "steps_per_print": 10**12,
         "wall_clock_breakdown": False,
     }
-
-
-def resolve_dtype(dtype: str) -> torch.dtype:
-    """ "auto" -> bfloat16 on a GPU that has it, else float32 (CPU runs and tests stay exact in float32)."""
-    if dtype == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
-    table = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    if dtype not in table:
-        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")
-    return table[dtype]

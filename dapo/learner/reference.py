@@ -17,8 +17,9 @@ from torch import Tensor
 from dapo.distributed import init_distributed
 from dapo.learner.batch import PolicyBatch
 from dapo.learner.forward import ChunkedForward
-from dapo.learner.model import check_packable, load_policy, prepare_deepspeed
-from dapo.learner.optim import deepspeed_config, resolve_dtype
+from dapo.learner.model import load_policy, prepare_deepspeed
+from dapo.learner.optim import deepspeed_config
+from dapo.modeling import ATTENTION_PACKED, ATTENTION_PADDED, model_hidden_size, resolve_dtype
 
 
 class ReferencePolicy:
@@ -33,7 +34,7 @@ class ReferencePolicy:
         micro_batch_tokens: int = 32768,
         logprob_chunk_size: int = 1024,
         temperature: float = 1.0,
-        pack_prompts: bool = False,
+        packing: str = "sequences",
         config_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         import deepspeed
@@ -44,17 +45,21 @@ class ReferencePolicy:
         self.dtype = resolve_dtype(dtype)
         # Stages 1 and 2 partition optimizer state and gradients only; without either they would be stage 0.
         self.zero_stage = 3 if zero_stage == 3 else 0
-        ds_config = deepspeed_config(self.zero_stage, self.dtype == torch.bfloat16, 1.0, self.dist.world_size)
-        policy = load_policy(model_path, self.dtype, False, ds_config, config_overrides)
+        ds_config = deepspeed_config(
+            self.zero_stage, self.dtype == torch.bfloat16, 1.0, self.dist.world_size, model_hidden_size(model_path)
+        )
+        attention = ATTENTION_PADDED if packing == "none" else ATTENTION_PACKED
+        policy = load_policy(model_path, self.dtype, False, ds_config, config_overrides, attention)
         policy.requires_grad_(False)
-        if pack_prompts:
-            check_packable(policy.lm)
         self.engine, *_ = deepspeed.initialize(model=policy, config=ds_config)
         if self.zero_stage == 3:
             # The head weight is read in PolicyModule.forward, outside the head module's own forward.
             deepspeed.zero.register_external_parameter(self.engine.module, self.engine.module.head_weight())
         self.engine.eval()
-        self.passes = ChunkedForward(self.engine, self.dist, micro_batch_tokens, logprob_chunk_size, pack_prompts)
+        # no update: every pass is a no-grad one, at the forward budget (`micro_batch_tokens`: the learner's)
+        self.passes = ChunkedForward(
+            self.engine, self.dist, micro_batch_tokens, micro_batch_tokens, logprob_chunk_size, packing
+        )
 
     @torch.no_grad()
     def compute_logprobs(self, batch: PolicyBatch) -> Tensor:

@@ -95,9 +95,9 @@ def strip_prefix(name: str) -> str:
 
 
 def dtype_name(dtype: str) -> str:
-    """The dtype the engine runs in, as a name: the learner's choice (`dapo.learner.optim.resolve_dtype`), so that
+    """The dtype the engine runs in, as a name: the learner's choice too (`dapo.modeling.resolve_dtype`), so that
     engine and learner agree ("auto": bfloat16 on a GPU that has it, float32 on CPUs)."""
-    from dapo.learner.optim import resolve_dtype
+    from dapo.modeling import resolve_dtype
 
     return str(resolve_dtype(dtype)).removeprefix("torch.")
 

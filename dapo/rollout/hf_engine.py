@@ -53,14 +53,13 @@ class HFEngine(RolloutEngine):
         config_overrides: Mapping[str, Any] | None = None,
         batch_invariant: bool = False,
     ) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        from dapo.learner.model import apply_config_overrides
+        from dapo.modeling import load_causal_lm
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        config = apply_config_overrides(AutoConfig.from_pretrained(model_path), config_overrides, model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=_DTYPES[dtype_name(dtype)])
+        self.model = load_causal_lm(model_path, _DTYPES[dtype_name(dtype)], config_overrides)
         self.model.to(self.device).eval()
         self.max_model_len = max_model_len
         self.max_batch_sequences = max_batch_sequences

@@ -38,6 +38,11 @@ class PolicyLearner(Protocol):
         rank passes the whole batch; each computes its shard and all get every row."""
         ...
 
+    def padded_fraction(self, batch: PolicyBatch, *, forward_only: bool) -> float:
+        """The share of padding in what one pass over `batch` computes (`compute_logprobs`'s with `forward_only`,
+        else an update's): arithmetic on lengths, not collective."""
+        ...
+
     def update(self, batch: PolicyBatch, *, salt: int = 0) -> dict[str, float]:
         """One optimizer step on a mini-batch (every rank passes all of it and trains its shard); metrics keyed by
         `dapo.metric_names`. `salt` keys any random draw of the loss (the trainer's update count: the same again

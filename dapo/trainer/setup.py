@@ -221,16 +221,18 @@ def make_learner(cfg: RunConfig, path: str) -> Learner:
         loss=loss,
         betas=tuple(t.betas),
         gradient_checkpointing=cfg.model.gradient_checkpointing,
+        micro_batch_tokens=t.micro_batch_tokens,
+        forward_micro_batch_tokens=t.resolved_forward_micro_batch_tokens(),
         **_pick(t, "lr", "warmup_steps", "weight_decay", "grad_clip"),
         **_learner_model(cfg),
     )
 
 
 def _learner_model(cfg: RunConfig) -> dict[str, Any]:
-    """What the learner and the KL term's reference policy both take: the model, its ZeRO stage and batching."""
+    """What the learner and the KL term's reference policy both take: the model, its ZeRO stage and packing."""
     t = cfg.trainer
     return {
-        **_pick(t, "zero_stage", "micro_batch_tokens", "logprob_chunk_size", "pack_prompts"),
+        **_pick(t, "zero_stage", "logprob_chunk_size", "packing"),
         **_pick(cfg.model, "dtype", "config_overrides"),
     }
 
@@ -241,7 +243,12 @@ def make_reference(cfg: RunConfig, path: str) -> ReferencePolicy:
     section 9)."""
     from dapo.learner import ReferencePolicy
 
-    return ReferencePolicy(path, temperature=cfg.rollout.temperature, **_learner_model(cfg))
+    return ReferencePolicy(
+        path,
+        temperature=cfg.rollout.temperature,
+        micro_batch_tokens=cfg.trainer.resolved_forward_micro_batch_tokens(),  # it only runs no-grad passes
+        **_learner_model(cfg),
+    )
 
 
 def make_eval_set(cfg: RunConfig, tokenizer: Any, world: World) -> EvalSet:

@@ -128,6 +128,7 @@ class PartialStep:
     batch: PolicyBatch | None = None
     update_stats: list[dict[str, float]] = field(default_factory=list)
     correction: dict[str, float] = field(default_factory=dict)  # what the rollout correction did (its metrics)
+    forward_padded_fraction: float = math.nan  # the learner's padding in the old-log-prob pass
 
 
 # Everything a PartialStep holds, for a checkpoint loader that allows only named types.
@@ -188,6 +189,7 @@ def rollout_step(
             if s.overlong_filter:  # 6. mask: truncated responses leave the loss (row 1)
                 part.batch.loss_mask = overlong_loss_mask(part.batch.response_mask, part.batch.truncated)
             part.batch.old_logp, part.batch.entropy = io.learner.compute_logprobs(part.batch)  # 7. old log-probs
+            part.forward_padded_fraction = io.learner.padded_fraction(part.batch, forward_only=True)
             if io.reference is not None:
                 part.batch.ref_logp = io.reference.compute_logprobs(part.batch)
             if s.rollout_correction != "none":
@@ -201,6 +203,7 @@ def rollout_step(
     metrics = rollout_metrics(groups, stats, part.generated, part.batch, part.correction, s.norm_adv_by_std)  # 9.
     metrics.update(io.tagger.metrics(part.generated) if io.tagger is not None else {})  # the world's `habit/*`
     metrics.update(update_means(part.update_stats))
+    metrics[M.LEARNER_FORWARD_PADDED_FRACTION] = part.forward_padded_fraction
     t_sync = sync(io.engine, io.learner)  # 10. sync: every replica loads the new weights
     metrics.update(timing_metrics(counters, stats, part.timings, lr, t_sync, time.perf_counter() - t_step))
     return metrics

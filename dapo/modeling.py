@@ -1,0 +1,275 @@
+"""Loading a Hugging Face causal LM the way the learner and the engines both need it, and the attention that packed
+micro-batches run through. Below both `learner` and `rollout`, so neither reaches into the other.
+
+- `resolve_dtype`: "auto" is bfloat16 on a GPU that has it, float32 elsewhere: the learner and the HF engine agree.
+- `apply_config_overrides`, `check_plain_logits`: `model.config_overrides` set before a model is built, and the
+  refusal of models whose logits are transformed after the head (the chunked head computes plain logits).
+- `load_causal_lm`: the model with those checks, every dropout at 0 where asked, and its attention: transformers'
+  SDPA (`ATTENTION_PADDED`) or `ATTENTION_PACKED`.
+- `packed_attention`: registered with transformers' `AttentionInterface` under `ATTENTION_PACKED`. A packed
+  micro-batch is one row of whole sequences end to end (`PackedRow`): each attends causally to itself only, and,
+  where a group's responses share one copy of their prompt (`trainer.packing: prompts`), to that prompt too. No mask
+  of any size is built: on CUDA in bfloat16 / float16 the row goes to PyTorch's variable-length flash kernel
+  (`torch.nn.attention.varlen.varlen_attn`, boundaries as cumulative lengths); elsewhere (CPUs, float32) each
+  sequence goes through `scaled_dot_product_attention` alone, causal, which computes exactly its own L_i^2 scores.
+  docs/architecture.md, "learner/", says how a micro-batch is laid out.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ATTENTION_PADDED = "sdpa"  # transformers' own; the padded path (`trainer.packing: none`) and the HF engine
+ATTENTION_PACKED = "dapo_packed"  # `packed_attention`, registered on first use
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "tokenizer.model",
+    "chat_template.jinja",
+)
+
+# Config keys with which transformers' causal LMs change the logits after the output head (transformers 5.x:
+# Gemma 2/3 soft-cap with tanh, Cohere multiplies, Granite divides and HyperCLOVA X multiplies by
+# `logits_scaling`, MuseGlimmer multiplies by `output_multiplier`), each with the value that changes nothing.
+LOGIT_TRANSFORM_KEYS: dict[str, float | None] = {
+    "final_logit_softcapping": None,
+    "logit_scale": 1.0,
+    "logits_scaling": 1.0,
+    "output_multiplier": 1.0,
+}
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    """ "auto" -> bfloat16 on a GPU that has it, else float32 (CPU runs and tests stay exact in float32)."""
+    if dtype == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if dtype not in table:
+        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")
+    return table[dtype]
+
+
+def apply_config_overrides(config: Any, overrides: Mapping[str, Any] | None, where: str) -> Any:
+    """Set `overrides` (config.json names) on a transformers config before the model is built from it: the
+    learner's and the HF engine's side of `model.config_overrides` (vLLM takes the same mapping as hf_overrides).
+    A key the config does not have is refused, naming `where` (the model) and the key: a typo would otherwise be
+    kept as a stray attribute that changes nothing."""
+    unknown = sorted(k for k in (overrides or {}) if not hasattr(config, k))
+    if unknown:
+        raise ValueError(
+            f"model.config_overrides: {where} has no config key(s) {unknown} (config.json names, e.g. "
+            "max_position_embeddings)"
+        )
+    for key, value in (overrides or {}).items():
+        setattr(config, key, value)
+    return config
+
+
+def check_plain_logits(config: Any, source: str) -> None:
+    """Raise if the model's config transforms the logits after the output head.
+
+    The chunked head (`dapo.algos.logprobs`) computes logits as hidden @ head^T / temperature; a model that
+    soft-caps or scales them would get log-probs of another distribution than the one the engine samples from,
+    and the ratio to the old policy would be wrong without any error. Nested configs (`text_config`) count too.
+    """
+    configs = [("", config)]
+    for sub in ("text_config", "decoder"):
+        nested = getattr(config, sub, None)
+        if nested is not None and not isinstance(nested, (str, bool, int, float, dict)):
+            configs.append((f"{sub}.", nested))
+    for prefix, cfg in configs:
+        for key, neutral in LOGIT_TRANSFORM_KEYS.items():
+            value = getattr(cfg, key, None)
+            if value is not None and value != neutral:
+                what = "soft-caps the logits with tanh" if "softcap" in key else "scales the logits"
+                raise ValueError(
+                    f"{source}: `{prefix}{key}` = {value!r} {what} after the output head; the learner's chunked "
+                    "log-prob head computes plain logits (hidden @ head / temperature), so its log-probs would not "
+                    "be those the rollout engine samples from. Models that transform their logits are not "
+                    "supported: choose another model.path."
+                )
+
+
+def load_causal_lm(
+    model_path: str,
+    dtype: torch.dtype,
+    config_overrides: Mapping[str, Any] | None = None,
+    *,
+    attention: str = ATTENTION_PADDED,
+    no_dropout: bool = False,
+) -> nn.Module:
+    """The HF causal LM at `model_path` in `dtype`, `config_overrides` applied to its config first, with
+    `attention` (`ATTENTION_PADDED` or `ATTENTION_PACKED`) and, with `no_dropout`, every dropout of its config at 0
+    (the learner's: the first update on freshly computed old log-probs must see ratio 1). A model whose config
+    transforms its logits is refused before any weight is loaded."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if attention == ATTENTION_PACKED:
+        register_packed_attention()
+    config = apply_config_overrides(AutoConfig.from_pretrained(model_path), config_overrides, model_path)
+    check_plain_logits(config, f"{model_path}/config.json")
+    if no_dropout:
+        for key, value in config.to_dict().items():
+            if "dropout" in key and isinstance(value, float):
+                setattr(config, key, 0.0)
+    return AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=dtype, attn_implementation=attention)
+
+
+def model_hidden_size(model_path: str) -> int | None:
+    """The model's hidden size from its config (DeepSpeed's ZeRO-3 buckets are sized by it), or None if the
+    config names none."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    config = getattr(config, "text_config", None) or config
+    return getattr(config, "hidden_size", None)
+
+
+def copy_tokenizer_files(src: str | Path, dst: Path) -> None:
+    """Copy the tokenizer files found in a local model directory `src` to `dst` (a hub id: nothing to copy)."""
+    src = Path(src)
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+
+
+# ---------------------------------------------------------------------------------------------- packed attention
+@dataclass(frozen=True)
+class PackedRow:
+    """Where the sequences of one packed row sit (row positions; `bounds[i]:bounds[i + 1]` is sequence i).
+
+    Attributes:
+        bounds: 0 = b_0 < b_1 < ... < b_D = L, the sequences' boundaries (D sequences, L tokens in all).
+        prefixes: per sequence, the (start, end) of an earlier part of the row it also attends to, wholly: the
+            shared prompt of a response under `trainer.packing: prompts`, (0, 0) for none. None: no sequence has one.
+    """
+
+    bounds: tuple[int, ...]
+    prefixes: tuple[tuple[int, int], ...] | None = None
+
+    def model_kwargs(self, device: torch.device) -> dict[str, Any]:
+        """What the model's forward passes down to every attention layer: the cumulative lengths under the names
+        transformers' flash-attention path reads (`cu_seq_lens_q`, `max_length_q`, ...), and this row itself."""
+        cu = torch.tensor(self.bounds, dtype=torch.int32, device=device)
+        longest = max(b - a for a, b in zip(self.bounds, self.bounds[1:], strict=False))
+        return {
+            "cu_seq_lens_q": cu,
+            "cu_seq_lens_k": cu,
+            "max_length_q": longest,
+            "max_length_k": longest,
+            "packed_row": self,
+        }
+
+
+def packed_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    packed_row: PackedRow | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """Attention over packed rows, for transformers' `AttentionInterface` (query [B, H_q, L, D], key and value
+    [B, H_kv, L, D], rotary embeddings applied; returns [B, L, H_q, D]). With `packed_row` (B = 1) each sequence
+    attends causally to itself (and to its prefix); without, each of the B rows is one whole sequence."""
+    if attention_mask is not None or sliding_window is not None or softcap is not None or dropout:
+        what = "a mask" if attention_mask is not None else "sliding windows, soft-capping or attention dropout"
+        raise ValueError(
+            f"packed attention was given {what}, which it does not implement: set trainer.packing: none for this model"
+        )
+    if packed_row is not None and query.shape[0] != 1:
+        raise ValueError(f"a packed micro-batch is one row; got {query.shape[0]}")
+    if packed_row is None:
+        packed_row = PackedRow((0, query.shape[2]))
+        if query.shape[0] > 1:
+            return torch.cat([packed_attention(module, q[None], k[None], v[None], None, scaling=scaling)[0]
+                              for q, k, v in zip(query, key, value, strict=True)])  # fmt: skip
+    varlen = _varlen_attn()
+    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and varlen and packed_row.prefixes is None:
+        out = _flash_varlen(varlen, query, key, value, scaling, kwargs["cu_seq_lens_q"], kwargs["max_length_q"])
+    else:
+        out = _per_sequence(query, key, value, scaling, packed_row)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _per_sequence(query: Tensor, key: Tensor, value: Tensor, scaling: float | None, row: PackedRow) -> Tensor:
+    """[1, H_q, L, D]: each sequence through SDPA alone (causal; a prefix joins its keys, wholly visible)."""
+    gqa = query.shape[1] != key.shape[1]
+    outs = []
+    b = row.bounds
+    for i, (start, end) in enumerate(zip(b, b[1:], strict=False)):
+        q, k, v = query[:, :, start:end], key[:, :, start:end], value[:, :, start:end]
+        lo, hi = row.prefixes[i] if row.prefixes is not None else (0, 0)
+        if hi > lo:  # a response behind its shared prompt: the prompt wholly, then itself causally
+            k = torch.cat([key[:, :, lo:hi], k], dim=2)
+            v = torch.cat([value[:, :, lo:hi], v], dim=2)
+            n = end - start
+            mask = torch.ones(n, hi - lo + n, dtype=torch.bool, device=query.device)
+            mask[:, hi - lo :] = torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
+            outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa))
+        else:
+            outs.append(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa))
+    return torch.cat(outs, dim=2)
+
+
+def _flash_varlen(
+    varlen: Any, query: Tensor, key: Tensor, value: Tensor, scaling: float | None, cu: Tensor, longest: int
+) -> Tensor:
+    """[1, H_q, L, D] through PyTorch's variable-length flash kernel, causal within each sequence. The keyword
+    for causality changed between releases (`is_causal` in 2.9-2.11, `window_size=(-1, 0)` since), and GQA needs
+    `enable_gqa` where it exists (else the KV heads are repeated)."""
+    params = _varlen_params()
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # [L, H, D]
+    extra: dict[str, Any] = {"scale": scaling}
+    extra.update({"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)})
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            extra["enable_gqa"] = True
+        else:
+            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    out = varlen(q, k, v, cu, cu, longest, longest, **extra)
+    return out.transpose(0, 1)[None]
+
+
+@cache
+def _varlen_attn() -> Any:
+    """PyTorch's `varlen_attn` where this build has it (2.9 and later, CUDA kernels), else None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+@cache
+def _varlen_params() -> frozenset[str]:
+    return frozenset(inspect.signature(_varlen_attn()).parameters)
+
+
+@cache
+def register_packed_attention() -> None:
+    """Make `ATTENTION_PACKED` a name transformers' models accept (`attn_implementation=`). It has no mask
+    function registered, so transformers builds no mask for it (masking_utils returns None for such names)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_PACKED, packed_attention)
