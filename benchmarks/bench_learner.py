@@ -78,6 +78,7 @@ def dapo_side(path: Path, b: dict, zero: int, tokens_budget: int):
         zero_stage=zero,
         dtype="float32",
         micro_batch_tokens=tokens_budget,
+        packing="none",  # padded, as TRL's trainer and the plain side below (bench_packing.py: packed against padded)
     )
     batch = PolicyBatch(b["prompts"], b["responses"], b["advantages"], response_mask(b["responses"]), b["groups"])
     batch.old_logp, _ = learner.compute_logprobs(batch)

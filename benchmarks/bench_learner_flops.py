@@ -122,7 +122,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from dapo.learner import Learner, LossSpec, PolicyBatch, response_mask
-    from dapo.learner.batch import plan_micro_batches
+    from dapo.packing import plan_micro_batches
 
     info = machine()
     name = "tiny" if args.quick else args.model
@@ -145,6 +145,7 @@ def main() -> None:
             dtype=args.dtype,
             micro_batch_tokens=budget,
             logprob_chunk_size=args.chunk,
+            packing="none",  # the padded layout this benchmark counts (bench_packing.py compares the layouts)
         )
         batch = PolicyBatch(b["prompts"], b["responses"], b["advantages"], response_mask(b["responses"]), b["groups"])
         batch.old_logp, _ = learner.compute_logprobs(batch)

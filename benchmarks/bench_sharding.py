@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, md_table, print_table, record  # noqa: E402
 
-from dapo.learner.batch import rank_loads, split_by_tokens  # noqa: E402
+from dapo.packing import Lengths, rank_loads, split_by_tokens  # noqa: E402
 from dapo.shapes import KNOWN_MODELS, ModelShape  # noqa: E402
 
 PROMPTS, GROUP, MAX_PROMPT, MAX_RESPONSE = 32, 16, 2048, 20480
@@ -122,15 +122,14 @@ def main() -> None:
         for _ in range(trials):
             prompts, responses, groups = draw_batch(rng, mu, args.sigma)
             t0 = time.perf_counter()
-            split = split_by_tokens(prompts, responses, args.ranks)
+            lengths = Lengths.of(prompts, responses)
+            split = split_by_tokens(lengths, args.ranks)
             secs.append(time.perf_counter() - t0)
-            loads = rank_loads(prompts, responses, split)
+            loads = rank_loads(lengths, split)
             ours.append(imbalance(loads))
             longest = max(len(p) + len(r) - 1 for p, r in zip(prompts, responses, strict=True))
             bound.append(max(0.0, longest / (sum(loads) / args.ranks) - 1))
-            old.append(
-                imbalance(rank_loads(prompts, responses, whole_group_split(prompts, responses, groups, args.ranks)))
-            )
+            old.append(imbalance(rank_loads(lengths, whole_group_split(prompts, responses, groups, args.ranks))))
             in_flops.append(imbalance([sum(flops(len(prompts[i]), len(responses[i])) for i in rows) for rows in split]))
         met = sum(o <= max(TARGET, b) + 1e-12 for o, b in zip(ours, bound, strict=True))
         rows.append(

@@ -213,17 +213,21 @@ def packed_attention(
 
 
 def _per_sequence(query: Tensor, key: Tensor, value: Tensor, scaling: float | None, row: PackedRow) -> Tensor:
-    """[1, H_q, L, D]: each sequence through SDPA alone (causal; a prefix joins its keys, wholly visible)."""
+    """[1, H_q, L, D]: each sequence through SDPA alone (causal; a prefix joins its keys, wholly visible). The row is
+    split once (`split`'s backward is one concatenation; a slice per sequence would have each backward fill and add a
+    gradient of the whole row, quadratic in the number of sequences)."""
     gqa = query.shape[1] != key.shape[1]
-    outs = []
     b = row.bounds
-    for i, (start, end) in enumerate(zip(b, b[1:], strict=False)):
-        q, k, v = query[:, :, start:end], key[:, :, start:end], value[:, :, start:end]
+    sizes = [end - start for start, end in zip(b, b[1:], strict=False)]
+    qs, ks, vs = (t.split(sizes, dim=2) for t in (query, key, value))
+    starts = {start: i for i, start in enumerate(b[:-1])}
+    outs = []
+    for i, (q, k, v) in enumerate(zip(qs, ks, vs, strict=True)):
         lo, hi = row.prefixes[i] if row.prefixes is not None else (0, 0)
-        if hi > lo:  # a response behind its shared prompt: the prompt wholly, then itself causally
-            k = torch.cat([key[:, :, lo:hi], k], dim=2)
-            v = torch.cat([value[:, :, lo:hi], v], dim=2)
-            n = end - start
+        if hi > lo:  # a response behind its shared prompt (a sequence of the row): the prompt wholly, then itself
+            j = starts[lo]
+            k, v = torch.cat([ks[j], k], dim=2), torch.cat([vs[j], v], dim=2)
+            n = sizes[i]
             mask = torch.ones(n, hi - lo + n, dtype=torch.bool, device=query.device)
             mask[:, hi - lo :] = torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
             outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa))

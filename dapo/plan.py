@@ -12,8 +12,11 @@ from dapo.decode import kv_bytes_per_token_per_gpu
 from dapo.shapes import ModelShape
 
 GIB = 1024**3
-# DeepSpeed's default reduce_bucket_size (elements): the gradient bucket it reduce-scatters at once.
-ZERO_REDUCE_BUCKET = 500_000_000
+# ZeRO-1/2's gradient and parameter buckets (elements) as the learner sets them (dapo.learner.optim): the value of
+# transformers' DeepSpeed examples, not DeepSpeed's 5e8 default; with `overlap_comm` DeepSpeed keeps about 4.5 x a
+# bucket of buffers (its docs: 9 GB at 5e8 in 16-bit), 1.7 GiB at 2e8.
+ZERO2_BUCKET = 200_000_000
+ZERO2_BUFFERS = 4.5
 
 
 # --------------------------------------------------------------------------------------------- memory
@@ -38,6 +41,8 @@ class MemoryInputs:
     allowance_gib: float  # CUDA context, NCCL buffers, what vLLM keeps while asleep, fragmentation
     vllm_batched_tokens: int
     vllm_max_seqs: int
+    gpus_per_node: int = 1
+    host_memory_gib: float | None = None  # per node (resources.train.mem_mb); None: not checked
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class MemoryBudget:
     kv_cache_gib: float
     kv_tokens_per_replica: int
     notes: tuple[str, ...]
+    host_gib_per_node: float = 0.0  # pinned host memory: offloaded learner states (and level-1 weights), a node's GPUs
 
     @property
     def generation_gib(self) -> float:
@@ -114,6 +120,11 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
     kv_tokens = max(0, int(kv * GIB // kv_tok))
     states, states_how = zero_state_bytes_per_param(b, m.zero_stage, w)
     learner = Line("learner states", p * states / GIB, f"{_b(p)} x {states_how}")
+    if m.zero_stage >= 1:  # the step offloads them for the engine (DeepSpeed offload_states; ZeRO 0 cannot)
+        how = f"offloaded to host memory while the engine generates ({learner.gib:.1f} GiB a GPU, pinned)"
+        resident = Line("learner states", 0.0, how)
+    else:
+        resident = Line("learner states", learner.gib, f"{learner.how}: resident (ZeRO-0 cannot offload them)")
     big = s.largest_module_params
     gen = [
         Line("vLLM share", pool, f"{m.gpu_memory_utilization:g} x {total:g} GiB (rollout.gpu_memory_utilization)"),
@@ -134,7 +145,7 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
             f"{int(kv_tokens // max(1.0, m.mean_seq_tokens)):,} of {m.mean_seq_tokens:,.0f} (the mean)",
             depth=1,
         ),
-        learner,
+        resident,
     ]
     if m.zero_stage == 3:
         gen.append(Line("weight sync", big * b / GIB, f"one gathered parameter at a time: {_b(big)} x {b} B"))
@@ -148,13 +159,14 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
     else:
         tr.append(Line("vLLM (awake)", pool, "rollout.enable_sleep_mode is false: its share stays allocated"))
     tr.append(learner)
-    bucket = min(ZERO_REDUCE_BUCKET, p)
-    bucket_how = f"reduce bucket {_b(bucket)} x {b} B"
     if m.zero_stage == 3:
-        work = f"largest gathered module and its full gradient 2 x {_b(big)} x {b} B + {bucket_how}"
-        tr.append(Line("ZeRO-3 working set", (2 * big + bucket) * b / GIB, work))
-    elif m.zero_stage == 2:
-        tr.append(Line("ZeRO-2 buckets", bucket * b / GIB, bucket_how))
+        # the reduce and prefetch buckets are hidden^2 and 0.9 hidden^2 elements (dapo.learner.optim)
+        work = f"largest gathered module and its full gradient 2 x {_b(big)} x {b} B + buckets 1.9 x {s.hidden}^2 x {b} B"
+        tr.append(Line("ZeRO-3 working set", (2 * big + 1.9 * s.hidden**2) * b / GIB, work))
+    elif m.zero_stage in (1, 2):
+        bucket = min(ZERO2_BUCKET, p)
+        how = f"overlap_comm's buffers {ZERO2_BUFFERS:g} x bucket {_b(bucket)} x {b} B"
+        tr.append(Line(f"ZeRO-{m.zero_stage} buckets", ZERO2_BUFFERS * bucket * b / GIB, how))
     per_layer = activation_bytes_per_token_layer(s, b)
     if m.gradient_checkpointing:
         ckpt = s.layers * t * s.hidden * b
@@ -178,9 +190,11 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
     )
     tr.append(Line("log-prob head", head / GIB, how))
     tr.append(Line("allowance", m.allowance_gib, "CUDA context, NCCL buffers, vLLM asleep, fragmentation"))
+    host = m.gpus_per_node * (learner.gib - resident.gib)
     if m.sleep_mode and m.sleep_level == 1:
         notes.append(f"sleep level 1 keeps the weights in host memory: {weights:.1f} GiB per GPU of pinned host memory")
-    return MemoryBudget(m, tuple(gen), tuple(tr), kv, kv_tokens, tuple(notes))
+        host += m.gpus_per_node * weights
+    return MemoryBudget(m, tuple(gen), tuple(tr), kv, kv_tokens, tuple(notes), host)
 
 
 def plan_problems(budget: MemoryBudget) -> list[str]:
@@ -209,6 +223,15 @@ def plan_problems(budget: MemoryBudget) -> list[str]:
             f"generation needs {budget.generation_gib:.1f} GiB > {total:g} GiB: lower rollout.gpu_memory_utilization "
             f"({m.gpu_memory_utilization:g}) to at most {util_max:.2f}"
         )
+    final_save = m.shape.params * m.dtype_bytes / GIB  # rank 0 gathers the whole model for the final save
+    if m.host_memory_gib is not None and budget.host_gib_per_node + final_save > m.host_memory_gib:
+        out.append(
+            f"the learner states offloaded while the engine generates take {budget.host_gib_per_node:.0f} GiB of pinned "
+            f"host memory per node ({m.gpus_per_node} GPUs) and the final save gathers {final_save:.0f} GiB more: "
+            f"{budget.host_gib_per_node + final_save:.0f} GiB > resources.train.mem_mb ({m.host_memory_gib:.0f} GiB): "
+            f"raise resources.train.mem_mb, or shard the states further (trainer.zero_stage {m.zero_stage} -> "
+            f"{min(3, m.zero_stage + 1)}, or more nodes)"
+        )
     if budget.training_gib > total:
         # training memory is linear in the micro-batch from one log-prob chunk up: solve for the largest that fits
         t0 = m.logprob_chunk_tokens
@@ -233,7 +256,7 @@ def render_memory(budget: MemoryBudget) -> str:
     """The budget as text, one line per item with its arithmetic."""
     rows = []
     phases = (
-        ("generation (engine awake, learner states resident)", budget.generation, budget.generation_gib),
+        ("generation (engine awake; learner states offloaded at ZeRO 1-3)", budget.generation, budget.generation_gib),
         ("training (engine asleep)", budget.training, budget.training_gib),
     )
     for title, lines, tot in phases:
@@ -259,3 +282,60 @@ def context_problem(max_positions: int, max_model_len: int, model: str) -> str |
         f"model.config_overrides.max_position_embeddings to at least {max_model_len:,} (the DAPO recipes raise "
         "Qwen2.5-Math's 4,096 to 32,768), or lower rollout.max_response_length"
     )
+
+
+# --------------------------------------------------------------------------------------------- ZeRO stage
+@dataclass(frozen=True)
+class StageOption:
+    stage: int
+    problems: tuple[str, ...]  # why it does not fit ([] : it fits)
+    gb_per_step: float  # what each GPU sends (and receives) in ZeRO's collectives in one rollout step
+
+
+def zero_traffic_gb(stage: int, params: float, dtype_b: int, world: int, updates: int, micro: int, forward: int) -> float:
+    """GB each GPU moves in ZeRO's collectives per rollout step: `updates` optimizer steps of `micro` micro-batches
+    each and `forward` no-grad micro-batches (old log-probs), a ring moving (W - 1) / W of the data (DeepSpeed's
+    schedule: docs/distributed.md, "ZeRO's collectives"). ZeRO 0 and 1 reduce the gradients once per update (an
+    all-reduce; a reduce-scatter and the new weights' all-gather): 2 P. ZeRO-2 reduce-scatters at every micro-batch,
+    then all-gathers the weights: (micro + 1) P. ZeRO-3 gathers every layer in the forward and again in the backward
+    and reduce-scatters the gradients, at every micro-batch, and gathers every layer of each no-grad pass:
+    3 micro P + forward P. The weight sync's gather, at ZeRO-3 only, is one P more."""
+    ring = (world - 1) / world
+    p = params * dtype_b * ring / 1e9
+    if stage <= 1:
+        return updates * 2 * p
+    if stage == 2:
+        return updates * (micro + 1) * p
+    return updates * 3 * micro * p + (forward + 1) * p
+
+
+def zero_stage_options(m: MemoryInputs, updates: int, micro: int, forward: int) -> list[StageOption]:
+    """Every ZeRO stage with why it does not fit at `m` (its memory budget's problems) and its traffic per step."""
+    return [
+        StageOption(
+            stage,
+            tuple(plan_problems(memory_budget(dataclasses.replace(m, zero_stage=stage)))),
+            zero_traffic_gb(stage, m.shape.params, m.dtype_bytes, m.world_size, updates, micro, forward),
+        )
+        for stage in (0, 1, 2, 3)
+    ]
+
+
+def best_zero_stage(options: list[StageOption]) -> StageOption | None:
+    """The stage that fits with the least traffic; at equal traffic (one GPU moves nothing at any stage) the one
+    that holds less but ZeRO-3, whose hooks gather and release every layer in every pass even with nothing to move.
+    None when none fits."""
+    fitting = [o for o in options if not o.problems]
+    return min(fitting, key=lambda o: (round(o.gb_per_step, 6), o.stage == 3, -o.stage), default=None)
+
+
+def render_zero_choice(options: list[StageOption], chosen: int) -> str:
+    """One line per stage: fits or why not, and its traffic; the best marked, and the run's own."""
+    best = best_zero_stage(options)
+    rows = []
+    for o in options:
+        mark = " <- the least traffic that fits" if best is not None and o.stage == best.stage else ""
+        mine = " (trainer.zero_stage)" if o.stage == chosen else ""
+        why = "fits" if not o.problems else "does not fit: " + o.problems[0].split(":")[0]
+        rows.append(f"      ZeRO-{o.stage}{mine}: {o.gb_per_step:,.0f} GB a GPU per step; {why}{mark}")
+    return "\n".join(rows)

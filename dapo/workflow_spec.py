@@ -5,6 +5,7 @@ A bad run config raises `WorkflowSpecError`; a GPU plan that does not fit is the
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -404,8 +405,36 @@ def gpu_memory_budget(base: RunConfig, p: dict[str, Any], shape: Any, gpu_memory
         micro_batch_tokens=t.micro_batch_tokens, logprob_chunk_tokens=t.logprob_chunk_size,
         gradient_checkpointing=base.model.gradient_checkpointing, sleep_mode=r.enable_sleep_mode,
         sleep_level=ENGINE_SLEEP_LEVEL, allowance_gib=p["allowance_gib"], vllm_batched_tokens=batched,
-        vllm_max_seqs=seqs,
+        vllm_max_seqs=seqs, gpus_per_node=max(1, tr.gpus_per_node), host_memory_gib=tr.mem_mb / 1024,
     ))  # fmt: skip
+
+
+def _zero_stage_lines(base: RunConfig, p: dict[str, Any], m: Any) -> tuple[list[str], list[str]]:
+    """Which ZeRO stage fits with the least traffic at the last step's lengths (`dapo.plan.zero_stage_options`),
+    and a warning when the run's own is another."""
+    from dapo import plan as P
+
+    t, r = base.trainer, base.rollout
+    seq = p["mean_prompt_tokens"] + p["response_tokens"]["end"]
+    ranks = m.world_size
+    micro = max(1, math.ceil(t.mini_batch_size * r.n * seq / ranks / t.micro_batch_tokens))
+    forward = max(1, math.ceil(t.train_batch_size * r.n * seq / ranks / t.resolved_forward_micro_batch_tokens()))
+    options = P.zero_stage_options(m, t.updates_per_step, micro, forward)
+    best = P.best_zero_stage(options)
+    lines = [
+        f"  ZeRO stage: each GPU's traffic per rollout step ({t.updates_per_step} updates of about {micro} "
+        f"micro-batch(es) a rank, {forward} no-grad one(s), at the last step's {seq:,.0f}-token sequences; "
+        "docs/distributed.md, \"ZeRO's collectives\"):",
+        P.render_zero_choice(options, t.zero_stage),
+    ]
+    warn = []
+    if best is not None and best.stage != t.zero_stage:
+        mine = next(o for o in options if o.stage == t.zero_stage)
+        warn.append(
+            f"trainer.zero_stage is {t.zero_stage} ({mine.gb_per_step:,.0f} GB a GPU per step); ZeRO-{best.stage} "
+            f"fits and moves {best.gb_per_step:,.0f} GB: set trainer.zero_stage: {best.stage}"
+        )
+    return lines, warn
 
 
 def _gpu_plan(
@@ -452,6 +481,8 @@ def _gpu_plan(
     refusals = P.plan_problems(budget)
     too_long = P.context_problem(shape.max_positions, m.max_model_len, base.model.path)
     refusals += [too_long] if too_long else []
+    stage_lines, stage_warning = _zero_stage_lines(base, p, m)
+    lines += stage_lines
 
     def cost_inputs(row: str, cfg: RunConfig) -> Any:
         a, own = cfg.algorithm, {**p["response_tokens"], **(p.get("rows") or {}).get(row, {})}
@@ -484,6 +515,7 @@ def _gpu_plan(
         )  # fmt: skip
 
     text, warnings = costs(spec["rows"], stop_margin_s=t.stop_margin_s)
+    warnings += stage_warning
     lines += ["  cost per row (estimates; the arithmetic and the sources of the defaults: docs/cost.md):", text]
     variants = [r for r in spec["designs"].get("variants", []) if r not in spec["rows"] and (r, seeds[0]) in cfgs]
     if variants:

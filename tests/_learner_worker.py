@@ -6,7 +6,7 @@
 The same `run_cases` runs in the pytest process for world size 1, so both worlds execute identical code. Each
 case starts from the model's initial weights (a DeepSpeed checkpoint taken right after construction), makes one
 update on the whole mini-batch (each rank trains its shard, split by tokens, so groups straddle the ranks) and
-records the full (gathered) parameters: for every engine (ZeRO 2, 3 and 0; ZeRO 2 with gradient checkpointing), every
+records the full (gathered) parameters: for every engine (ZeRO 2, 3, 0 and 1; ZeRO 2 with gradient checkpointing), every
 packing (`none`, `sequences`, `prompts`) and every policy loss (ppo_clip under each aggregation, GSPO, CISPO,
 Clip-Cov, KL-Cov, and the rollout correction's weights), at one micro-batch and at several (ZeRO 2) or several
 only. Rank 0 writes {case name: {"params": float64 vector, "metrics": dict, "micro_batches": int}} to OUT.pt,
@@ -102,6 +102,7 @@ def run_cases(model_dir: str, batch: PolicyBatch, work_dir: Path) -> dict[str, d
         "z2": (2, 1e6, False),
         "z3": (3, CLIP, False),
         "z0": (0, CLIP, False),
+        "z1": (1, CLIP, False),  # the 7B presets' stage
         "z2c": (2, 1e6, True),
     }
     weighted = batch.select(list(range(len(batch))))

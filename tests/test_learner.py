@@ -267,7 +267,7 @@ class Definition(NamedTuple):
 
 
 LOSSES = [*MODES, *W.POLICY_LOSS_CASES, "is_weights"]
-CLIPS = {"z2": None, "z2c": None, "z3": W.CLIP, "z0": W.CLIP}  # the engines' gradient clipping (z2: none binds)
+CLIPS = {"z2": None, "z2c": None, "z3": W.CLIP, "z0": W.CLIP, "z1": W.CLIP}  # the engines' clip (z2: none binds)
 
 
 @pytest.fixture(scope="module")
@@ -332,7 +332,7 @@ def _every_split(world, engine: str):
 def test_each_loss_is_its_definition_in_any_split_packing_and_zero_stage(world, definitions, engine, loss):
     """Every policy loss (the clipped surrogate under each aggregation, GSPO, CISPO, Clip-Cov, KL-Cov) and the
     rollout correction's weights, through the learner: the whole-batch step of their definitions, the same on 1 and
-    2 ranks, in 1 or several micro-batches, padded or packed (`sequences`, `prompts`), at ZeRO 2, 3 and 0 and with
+    2 ranks, in 1 or several micro-batches, padded or packed (`sequences`, `prompts`), at ZeRO 0, 1, 2 and 3 and with
     gradient checkpointing (GSPO's ratio needs whole responses; the covariance rules the whole mini-batch's means
     and k-th token; the group-token-mean every rank's per-group counts), with the loss's own metric over the whole
     mini-batch."""

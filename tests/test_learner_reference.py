@@ -223,6 +223,7 @@ def test_dapo_train_with_a_kl_term_runs_and_logs_it(tmp_path):
         # wrong (the weak 20-step base model's usual case), and the KL to the reference grows from 0
         "algorithm.overlong_penalty=true",
         "algorithm.kl_coef=0.1",
+        "trainer.packing=none",  # the padded layout end to end (the reference's passes too)
         "data.eval=tiny",
         "eval.every=0",
         "eval.n=2",
@@ -247,3 +248,6 @@ def test_dapo_train_with_a_kl_term_runs_and_logs_it(tmp_path):
     kl = {m.step: m.value for m in client.get_metric_history(done["run_id"], M.KL_REF)}
     assert sorted(kl) == [1, 2, 3]
     assert all(v >= 0 for v in kl.values()) and kl[3] > kl[1] > 0  # the policy moves away from the reference
+    # padded, the learner computes padding (the same shape packed logs at most 2%: tests/test_trainer_e2e.py)
+    padded = [m.value for m in client.get_metric_history(done["run_id"], M.LEARNER_FORWARD_PADDED_FRACTION)]
+    assert len(padded) == 3 and min(padded) > 0.02

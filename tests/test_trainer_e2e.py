@@ -171,9 +171,15 @@ def test_uninterrupted_run_logs_everything(reference):
         M.DISTINCT_RESPONSES,
         M.IDENTICAL_GROUP_FRAC,
         M.IMPLAUSIBLE_GROUP_FRAC,
+        M.LEARNER_PADDED_FRACTION,
+        M.LEARNER_FORWARD_PADDED_FRACTION,
     }
     for key in always:
         assert set(h[key]) == {1, 2, 3}, key
+    # packed (the tiny preset's packing: prompts): the learner computes next to no padding, in the updates and in
+    # the old-log-prob pass (the padded layout's share on the same shape: tests/test_learner_reference.py's KL run)
+    assert max(h[M.LEARNER_PADDED_FRACTION].values()) <= 0.02
+    assert max(h[M.LEARNER_FORWARD_PADDED_FRACTION].values()) <= 0.02
     # the tripwires' inputs on a sound run: the engine on the learner's weights (fp32 rounding), samples independent
     assert max(h[M.MISMATCH_ABS_DIFF].values()) < 1e-4 and max(h[M.IMPLAUSIBLE_GROUP_FRAC].values()) == 0
     assert h[M.LR][1] == pytest.approx(1e-4 / 2) and h[M.LR][2] == pytest.approx(1e-4)  # warm-up 2 steps

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from dapo.plan import ZERO2_BUCKET  # the plan counts its buffers
+
 
 def lr_at(rollout_step: int, lr: float, warmup_steps: int) -> float:
     """The learning rate in effect during rollout step `rollout_step` (0-based)."""
@@ -33,12 +35,6 @@ def make_optimizer(
     the default for-loop form took twice as long per step on the CPU: bench_learner_flops.py); DeepSpeed's own
     AdamW builds a C++ op first (~75 s on 2 CPU cores, DeepSpeed 0.19.8)."""
     return torch.optim.AdamW(list(params), lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
-
-
-# ZeRO-1/2's gradient and parameter buckets (elements): the value of transformers' DeepSpeed examples, not
-# DeepSpeed's 5e8 default; with `overlap_comm` DeepSpeed keeps about 4.5 x a bucket's worth of buffers (x 2 B in
-# bf16: 1.8 GB at 2e8, 4.5 GB at 5e8), so the plan counts it (dapo/plan.py).
-ZERO2_BUCKET = 200_000_000
 
 
 def zero_optimization(zero_stage: int, hidden_size: int | None) -> dict[str, Any]:
