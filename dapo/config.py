@@ -372,10 +372,20 @@ class AlgorithmConfig(_Section):
         description="The per-token policy loss (dapo/algos/policy_loss.py): ppo_clip (the paper's clipped surrogate, "
         "every row of Table 1), gspo (sequence-level ratio and clip; set eps_low/eps_high to its 3e-4/4e-4), "
         "cispo (clipped importance weight times log-prob), clip_cov or kl_cov (act on the tokens of largest "
-        "log-prob/advantage covariance). configs/variants/ has one file per variant.",
+        "log-prob/advantage covariance), sapo (a soft, temperature-gated trust region instead of the clip), gmpo "
+        "(the geometric mean of the token ratios, each clipped in log space at eps_low/eps_high: its 0.4/0.4), "
+        "dppo_tv or dppo_kl (the policy gradient on the tokens whose probability stays within a divergence of the "
+        "old policy's: eps_low/eps_high are its bounds, 0.15 for TV and 0.05 for KL). configs/variants/ has one "
+        "file per variant.",
     )
     cispo_clip_max: float = Field(
         5.0, gt=0, description="CISPO: the cap on the importance weight (1 + eps_high^IS; TRL's documented 5.0)."
+    )
+    sapo_tau_pos: float = Field(
+        1.0, gt=0, description="SAPO: the gate's temperature for tokens with A > 0 (Gao et al.: 1.0)."
+    )
+    sapo_tau_neg: float = Field(
+        1.05, gt=0, description="SAPO: ... and with A <= 0 (Gao et al.: 1.05, so negative updates fade faster)."
     )
     clip_cov_ratio: float = Field(
         2e-4, gt=0, le=1, description="Clip-Cov: the share of loss tokens whose gradient is cut (Cui et al.: 2e-4)."
@@ -396,13 +406,21 @@ class AlgorithmConfig(_Section):
         "none",
         description="Correct the loss for the gap between the engine's sampling and the learner's log-probs "
         "(dapo/algos/rollout_correction.py): token_tis / sequence_tis (truncated importance weights), token_mis / "
-        "sequence_mis (masked: weight 0 beyond the bounds). none in every row of the paper.",
+        "sequence_mis (masked: weight 0 beyond the bounds; token_mis with a floor is IcePop's mask, its authors' "
+        "bounds 0.5 and 5). none in every row of the paper.",
     )
     rollout_correction_cap: float = Field(
         2.0, gt=0, description="The correction's upper bound C on the importance ratio (verl's default 2; TRL's 3)."
     )
     rollout_correction_floor: float | None = Field(
-        None, ge=0, description="Masked correction only: the lower bound on the ratio (null: none; verl's IcePop: 0.5)."
+        None, ge=0, description="Masked correction only: the lower bound on the ratio (null: none; IcePop: 0.5)."
+    )
+    off_policy_mask: float | None = Field(
+        None,
+        gt=0,
+        description="DeepSeek-V3.2's off-policy sequence mask: at every update, a response with A < 0 whose mean "
+        "log-ratio of the sampling policy (the engine's log-probs) to the current one exceeds this leaves the loss. "
+        "null: off. Its paper gives no value; TRL's documentation's example is 0.5.",
     )
 
 

@@ -217,6 +217,13 @@ VARIANT_KEYS: dict[str, frozenset[str]] = {
     "tis": frozenset(
         {"algorithm.rollout_correction", "algorithm.rollout_correction_cap", "algorithm.rollout_correction_floor"}
     ),
+    "sapo": frozenset(
+        {"algorithm.policy_loss", "algorithm.sapo_tau_pos", "algorithm.sapo_tau_neg", "algorithm.loss_agg"}
+    ),
+    "gmpo": frozenset({"algorithm.policy_loss", "algorithm.eps_low", "algorithm.eps_high", "algorithm.loss_agg"}),
+    "dppo_tv": frozenset({"algorithm.policy_loss", "algorithm.eps_low", "algorithm.eps_high", "algorithm.loss_agg"}),
+    "dppo_kl": frozenset({"algorithm.policy_loss", "algorithm.eps_low", "algorithm.eps_high", "algorithm.loss_agg"}),
+    "off_policy_mask": frozenset({"algorithm.off_policy_mask"}),
 }
 
 

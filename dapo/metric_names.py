@@ -66,6 +66,7 @@ SEQ_CLIPFRAC_HIGH = "actor/seq_clipfrac_upper"
 CISPO_CAPPED_FRAC = "actor/cispo_capped_frac"
 # Clip-Cov / KL-Cov: share of loss tokens the covariance rule selected (gradient cut, or KL-penalised)
 COV_SELECTED_FRAC = "actor/cov_selected_frac"
+OFF_POLICY_MASKED_FRAC = "actor/off_policy_masked_frac"  # DeepSeek-V3.2's sequence mask: share of responses it left out
 
 # --- engine vs learner (the rollout/learner mismatch; the real path's tripwires, docs/distributed.md)
 # mean |log p_learner - log p_engine| over the sampled tokens of the trained groups, the learner's old log-probs

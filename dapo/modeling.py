@@ -204,7 +204,7 @@ def packed_attention(
         if query.shape[0] > 1:
             return torch.cat([packed_attention(module, q[None], k[None], v[None], None, scaling=scaling)[0]
                               for q, k, v in zip(query, key, value, strict=True)])  # fmt: skip
-    varlen = _varlen_attn()
+    varlen = varlen_kernel()
     if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and varlen and packed_row.prefixes is None:
         out = _flash_varlen(varlen, query, key, value, scaling, kwargs["cu_seq_lens_q"], kwargs["max_length_q"])
     else:
@@ -256,7 +256,7 @@ def _flash_varlen(
 
 
 @cache
-def _varlen_attn() -> Any:
+def varlen_kernel() -> Any:
     """PyTorch's `varlen_attn` where this build has it (2.9 and later, CUDA kernels), else None."""
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -267,7 +267,7 @@ def _varlen_attn() -> Any:
 
 @cache
 def _varlen_params() -> frozenset[str]:
-    return frozenset(inspect.signature(_varlen_attn()).parameters)
+    return frozenset(inspect.signature(varlen_kernel()).parameters)
 
 
 @cache

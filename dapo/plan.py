@@ -161,7 +161,9 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
     tr.append(learner)
     if m.zero_stage == 3:
         # the reduce and prefetch buckets are hidden^2 and 0.9 hidden^2 elements (dapo.learner.optim)
-        work = f"largest gathered module and its full gradient 2 x {_b(big)} x {b} B + buckets 1.9 x {s.hidden}^2 x {b} B"
+        work = (
+            f"largest gathered module and its full gradient 2 x {_b(big)} x {b} B + buckets 1.9 x {s.hidden}^2 x {b} B"
+        )
         tr.append(Line("ZeRO-3 working set", (2 * big + 1.9 * s.hidden**2) * b / GIB, work))
     elif m.zero_stage in (1, 2):
         bucket = min(ZERO2_BUCKET, p)
@@ -226,9 +228,10 @@ def plan_problems(budget: MemoryBudget) -> list[str]:
     final_save = m.shape.params * m.dtype_bytes / GIB  # rank 0 gathers the whole model for the final save
     if m.host_memory_gib is not None and budget.host_gib_per_node + final_save > m.host_memory_gib:
         out.append(
-            f"the learner states offloaded while the engine generates take {budget.host_gib_per_node:.0f} GiB of pinned "
-            f"host memory per node ({m.gpus_per_node} GPUs) and the final save gathers {final_save:.0f} GiB more: "
-            f"{budget.host_gib_per_node + final_save:.0f} GiB > resources.train.mem_mb ({m.host_memory_gib:.0f} GiB): "
+            f"the learner states offloaded while the engine generates take {budget.host_gib_per_node:.0f} GiB of "
+            f"pinned host memory per node ({m.gpus_per_node} GPUs) and the final save gathers {final_save:.0f} GiB "
+            f"more: {budget.host_gib_per_node + final_save:.0f} GiB > resources.train.mem_mb ({m.host_memory_gib:.0f} "
+            "GiB): "
             f"raise resources.train.mem_mb, or shard the states further (trainer.zero_stage {m.zero_stage} -> "
             f"{min(3, m.zero_stage + 1)}, or more nodes)"
         )
@@ -292,7 +295,9 @@ class StageOption:
     gb_per_step: float  # what each GPU sends (and receives) in ZeRO's collectives in one rollout step
 
 
-def zero_traffic_gb(stage: int, params: float, dtype_b: int, world: int, updates: int, micro: int, forward: int) -> float:
+def zero_traffic_gb(
+    stage: int, params: float, dtype_b: int, world: int, updates: int, micro: int, forward: int
+) -> float:
     """GB each GPU moves in ZeRO's collectives per rollout step: `updates` optimizer steps of `micro` micro-batches
     each and `forward` no-grad micro-batches (old log-probs), a ring moving (W - 1) / W of the data (DeepSpeed's
     schedule: docs/distributed.md, "ZeRO's collectives"). ZeRO 0 and 1 reduce the gradients once per update (an

@@ -11,7 +11,7 @@ LossAggMode = Literal["seq-mean-token-mean", "token-mean", "group-token-mean", "
 LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
 # The policy loss by name (dapo.algos.policy_loss) and the rollout/learner mismatch correction
 # (dapo.algos.rollout_correction): one list each, read by the config's schema and the algorithm alike.
-PolicyLossName = Literal["ppo_clip", "gspo", "cispo", "clip_cov", "kl_cov"]
+PolicyLossName = Literal["ppo_clip", "gspo", "cispo", "clip_cov", "kl_cov", "sapo", "gmpo", "dppo_tv", "dppo_kl"]
 POLICY_LOSSES: tuple[str, ...] = get_args(PolicyLossName)
 RolloutCorrection = Literal["none", "token_tis", "sequence_tis", "token_mis", "sequence_mis"]
 ROLLOUT_CORRECTIONS: tuple[str, ...] = get_args(RolloutCorrection)

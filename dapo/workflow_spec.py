@@ -424,7 +424,7 @@ def _zero_stage_lines(base: RunConfig, p: dict[str, Any], m: Any) -> tuple[list[
     lines = [
         f"  ZeRO stage: each GPU's traffic per rollout step ({t.updates_per_step} updates of about {micro} "
         f"micro-batch(es) a rank, {forward} no-grad one(s), at the last step's {seq:,.0f}-token sequences; "
-        "docs/distributed.md, \"ZeRO's collectives\"):",
+        'docs/distributed.md, "ZeRO\'s collectives"):',
         P.render_zero_choice(options, t.zero_stage),
     ]
     warn = []

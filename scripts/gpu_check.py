@@ -21,6 +21,11 @@ the device, and writes it to DIR/gpu_check.json. Without vLLM (the parts one GPU
    with the learner's states offloaded during generation): 3 rollout steps with a checkpoint after each, killed
    (SIGKILL) after the second checkpoint, then the same command again, which must resume from step 2 and finish.
 
+0. **Packed against padded** (runs first): the learner's packed layout (`trainer.packing: sequences`, PyTorch's
+   variable-length flash kernel in bfloat16) against the padded one (SDPA with a padding mask) on one learner and one
+   batch of lengths drawn from a length model: per-token log-probs within the tripwire's bfloat16 bound on average,
+   one SGD step in the same direction (cosine at least 0.99). Not yet run on a GPU: its bounds are the tripwire's.
+
 With vLLM installed (a release in the supported range, dapo/rollout/versions.py):
 
 5. **The engine on the GPU** (the tiny world's model, bfloat16): the two replicas of one generation batch, each
@@ -83,7 +88,10 @@ PRESET_SHAPE = dict(vocab=151936, hidden=1536, layers=28, heads=12, kv_heads=2, 
 LEARNER_LAYOUT = ["trainer.zero_stage=3", "model.gradient_checkpointing=true", "trainer.micro_batch_tokens=16384"]
 CPU_TRIAL_SHAPE = dict(vocab=4096, hidden=256, layers=2, heads=4, kv_heads=2, intermediate=512, tie=True)
 GIB = 2**30
-PARTS = ("sync", "offload", "learner_memory", "train", "vllm", "smoke")
+PARTS = ("packing", "sync", "offload", "learner_memory", "train", "vllm", "smoke")
+# the packed layout's check: its log-probs and update against the padded one's, in bfloat16 on the GPU (the mean
+# gap: the tripwire's bfloat16 bound on an engine's gap, dapo/trainer/tripwires.py; the update: its direction)
+PACKING_GAP_BOUND, PACKING_UPDATE_COSINE = 0.1, 0.99
 
 
 def seeds_of(call: int, counts: list[int] | None = None) -> list[list[int]]:
@@ -107,6 +115,47 @@ def gpu_memory() -> dict[str, float]:
         "reserved": torch.cuda.memory_reserved() / GIB,
         "device_used": (total - free) / GIB,
     }
+
+
+def packing_check(model_dir: Path) -> dict:
+    """The packed layout (`trainer.packing: sequences`: PyTorch's variable-length flash kernel on a GPU in bfloat16)
+    against the padded one (transformers' SDPA with a padding mask) on one learner: per-token log-probs and one SGD
+    step of lr 1 from the same weights, on 16 responses of exponential lengths (mean 120, capped at 400)."""
+    import torch
+    from bench_gpu import random_batch
+
+    from dapo import distributed as dist
+    from dapo.learner import Learner, LossSpec
+    from dapo.modeling import varlen_kernel
+    from dapo.packing import learner_tokens
+
+    dist.init_distributed()
+    cpu = not torch.cuda.is_available()
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    batch = random_batch(vocab, 16, 40, (120, 400))
+    learner = Learner(
+        str(model_dir), loss=LossSpec(loss_agg="token-mean"), lr=1.0, zero_stage=2, dtype="auto",
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=1.0), micro_batch_tokens=4096, grad_clip=1e6,
+    )  # fmt: skip
+    learner.save_checkpoint(Path("/tmp/gpucheck_packing_ckpt"))
+    out: dict = {"dtype": str(learner.dtype), "varlen_kernel": varlen_kernel() is not None and not cpu}
+    weights, logps = {}, {}
+    for layout in ("none", "sequences"):
+        learner.load_checkpoint(Path("/tmp/gpucheck_packing_ckpt"))
+        learner.set_packing(layout)
+        logps[layout], _ = learner.compute_logprobs(batch)
+        batch.old_logp = logps["none"]
+        before = torch.cat([t.detach().float().flatten().cpu() for _, t in learner.named_parameters_for_sync()])
+        learner.update(batch)
+        after = torch.cat([t.detach().float().flatten().cpu() for _, t in learner.named_parameters_for_sync()])
+        weights[layout] = after - before
+    mask = batch.loss_mask > 0
+    gap = (logps["sequences"] - logps["none"]).abs()[mask]
+    cosine = float(torch.nn.functional.cosine_similarity(weights["sequences"], weights["none"], dim=0))
+    out.update(mean_logprob_gap=float(gap.mean()), max_logprob_gap=float(gap.max()), update_cosine=cosine,
+               padded_fraction=learner_tokens(batch.lengths(), 1, 4096, "none").padded_fraction)  # fmt: skip
+    out["ok"] = out["mean_logprob_gap"] <= PACKING_GAP_BOUND and cosine >= PACKING_UPDATE_COSINE
+    return out
 
 
 def sync_check(model_dir: Path) -> dict:
@@ -582,6 +631,7 @@ def main() -> int:
     if args.worker:  # one check in its own process (one process group per process)
         kind, arg = args.worker.split(":", 1)
         checks = {
+            "packing": lambda a: packing_check(Path(a)),
             "sync": lambda a: sync_check(Path(a)),
             "offload": lambda a: offload_check(Path(a)),
             "learner_memory": lambda a: learner_memory_check(a == "cpu"),
@@ -608,6 +658,7 @@ def main() -> int:
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
         "deepspeed": deepspeed.__version__,
         "transformers": transformers.__version__,
+        "packing": {},
         "sync": {},
         "offload": {},
         "learner_memory": {},
@@ -619,6 +670,20 @@ def main() -> int:
         f"{report['gpu']}: torch {report['torch']}, CUDA {report['cuda']}, NCCL {report['nccl']}, "
         f"DeepSpeed {report['deepspeed']}, transformers {report['transformers']}"
     )
+    if "packing" in parts:
+        shape = dict(hidden=128, layers=2, heads=2) if args.cpu else dict(hidden=1024, layers=4, heads=8, kv_heads=2)
+        path = random_qwen2(f"gpucheck-packing-h{shape['hidden']}", vocab=4096, **shape)
+        r = report["packing"]["sequences-vs-none"] = in_subprocess("packing", path)
+        if "error" in r:
+            print(f"packing: FAILED\n{r['error']}")
+        else:
+            print(
+                f"packing ({r['dtype']}, variable-length flash kernel: {r['varlen_kernel']}): packed vs padded "
+                f"log-probs mean |diff| {r['mean_logprob_gap']:.2e} (bound {PACKING_GAP_BOUND:g}), max "
+                f"{r['max_logprob_gap']:.2e}; one step's direction cosine {r['update_cosine']:.4f} (at least "
+                f"{PACKING_UPDATE_COSINE}); padded share of the padded layout {r['padded_fraction']:.1%} -> "
+                f"{'ok' if r['ok'] else 'FAILED'}"
+            )
     if "sync" in parts:
         for name, shape in (CPU_SYNC_MODELS if args.cpu else SYNC_MODELS).items():
             path = random_qwen2(f"gpucheck-{name}", **shape)

@@ -32,6 +32,7 @@ def policy_loss(t: dict, case: dict) -> dict:
         clip_ratio_high=case["clip_high"],
         loss_agg_mode=case["agg"],
         policy_loss=PolicyLossConfig(loss_mode=case["mode"], **case.get("extra", {})),
+        **case.get("actor", {}),
     )
     loss, _ = core_algos.get_policy_loss_fn(case["mode"])(
         old_log_prob=t["old"],

@@ -85,9 +85,9 @@ def test_equal_lengths_token_mean_equals_seq_mean():
 
 def test_token_mean_weighs_long_responses_more():
     # One long wrong response (loss 1 per token, 8 tokens) and one short (loss -1, 2 tokens).
-    loss = torch.tensor([[1.0] * 8, [-1.0, -1.0] + [0.0] * 6])
-    mask = torch.tensor([[1.0] * 8, [1.0, 1.0] + [0.0] * 6])
-    assert aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx(0.0)
+    loss = torch.tensor([[1.0] * 8, [-1.0, -1.0] + [0.0] * 6], dtype=torch.float64)  # float64: 1e-16 rounding
+    mask = torch.tensor([[1.0] * 8, [1.0, 1.0] + [0.0] * 6], dtype=torch.float64)
+    assert aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx(0.0, abs=1e-15)
     assert aggregate(loss, mask, "token-mean").item() == pytest.approx(6 / 10)
 
 

@@ -36,7 +36,8 @@ def flags(lower: torch.Tensor, upper: torch.Tensor) -> SurrogateOut:
 def test_clip_fractions_over_loss_tokens_only_and_fig3a_over_the_upper_clipped():
     lower = torch.tensor([[True, False, False, True], [False, False, False, False]])  # (0, 3) is padding
     upper = torch.tensor([[False, True, False, True], [True, False, True, False]])  # (0, 3), (1, 2) are padding
-    old = torch.log(torch.tensor([[0.1, 0.3, 0.9, 0.5], [0.1, 0.5, 0.5, 0.5]]))
+    # float64 log-probs: the log/exp round trip behind Fig 3a's mean rounds at ~1e-16, not float32's ~1e-7
+    old = torch.log(torch.tensor([[0.1, 0.3, 0.9, 0.5], [0.1, 0.5, 0.5, 0.5]], dtype=torch.float64))
     m = metrics(flags(lower, upper), old, old, torch.ones(2), MASK)
     assert (m[M.CLIPFRAC_LOW], m[M.CLIPFRAC_HIGH]) == (pytest.approx(0.25), pytest.approx(0.5))
     assert m[M.CLIP_HIGH_PROB] == pytest.approx(0.2)  # mean pi_old of the two upper-clipped loss tokens
@@ -46,18 +47,18 @@ def test_clip_fractions_over_loss_tokens_only_and_fig3a_over_the_upper_clipped()
 
 def test_with_the_surrogate_flags_and_rare_positive_tokens():
     # Low-probability tokens whose probability grew beyond 1 + eps_high are the ones clipped at the top.
-    old = torch.log(torch.tensor([[0.05, 0.5, 0.6]]))
-    new = torch.log(torch.tensor([[0.1, 0.55, 0.3]]))
-    out = clipped_surrogate(new, old, torch.tensor([1.0]), 0.2, 0.28)
-    m = metrics(out, old, new, torch.tensor([1.0]), torch.ones(1, 3, dtype=torch.bool))
+    old = torch.log(torch.tensor([[0.05, 0.5, 0.6]], dtype=torch.float64))
+    new = torch.log(torch.tensor([[0.1, 0.55, 0.3]], dtype=torch.float64))
+    out = clipped_surrogate(new, old, torch.tensor([1.0], dtype=torch.float64), 0.2, 0.28)
+    m = metrics(out, old, new, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 3, dtype=torch.bool))
     assert (m[M.CLIPFRAC_LOW], m[M.CLIPFRAC_HIGH]) == (0.0, pytest.approx(1 / 3))
     assert m[M.CLIP_HIGH_PROB] == pytest.approx(0.05)
     assert 0.05 < RARE_TOKEN_PROB < 0.5 and m[M.CLIPFRAC_HIGH_RARE] == 1.0  # the one rare positive token: clipped
 
 
 def test_approx_kl_k3():
-    new = torch.log(torch.tensor([[0.5, 0.5]]))
-    old = torch.log(torch.tensor([[0.25, 0.5]]))
+    new = torch.log(torch.tensor([[0.5, 0.5]], dtype=torch.float64))  # float64: k3 of float32 logs rounds at 1e-7
+    old = torch.log(torch.tensor([[0.25, 0.5]], dtype=torch.float64))
     z = torch.zeros(1, 2, dtype=torch.bool)
     # r = 2: 2 - 1 - log 2; r = 1: 0. Second token is padding.
     assert metrics(flags(z, z), old, new, torch.ones(1), torch.tensor([[True, False]]))[M.APPROX_KL] == pytest.approx(

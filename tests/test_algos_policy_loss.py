@@ -17,10 +17,16 @@ from dapo.algos.policy_loss import (
     cispo_loss,
     clipped_surrogate,
     covariance_selection,
+    dppo_loss,
+    gmpo_surrogate,
     gspo_surrogate,
     per_token_loss,
+    sapo_loss,
     token_keys,
 )
+from dapo.algos.rollout_correction import off_policy_sequence_mask
+
+F64 = torch.float64
 
 
 def grad_of(fn, logp: torch.Tensor) -> torch.Tensor:
@@ -32,9 +38,10 @@ def grad_of(fn, logp: torch.Tensor) -> torch.Tensor:
 def test_gspo_hand_computed() -> None:
     """One response of two tokens, log-ratios 0.1 and 0.3: s = exp(0.2); A = 1 with eps_high 0.1 clips it (1.2214 >
     1.1): the loss is -1.1 at each token and no gradient flows; A = -1: not clipped, loss s, gradient s/2 per token."""
-    old = torch.tensor([[-1.0, -2.0]])
-    logp = old + torch.tensor([[0.1, 0.3]])
-    mask = torch.ones(1, 2)
+    # float64: the sequence ratio exp(mean log r) is then exact to ~1e-16 (float32's inputs round log r at ~1e-7)
+    old = torch.tensor([[-1.0, -2.0]], dtype=torch.float64)
+    logp = old + torch.tensor([[0.1, 0.3]], dtype=torch.float64)
+    mask = torch.ones(1, 2, dtype=torch.float64)
     s = math.exp(0.2)
     out = gspo_surrogate(logp, old, torch.tensor([1.0]), mask, 0.1, 0.1)
     assert out.loss[0].tolist() == pytest.approx([-1.1, -1.1]) and out.clipped_upper.all()
@@ -218,3 +225,104 @@ def test_token_keys_are_uniform_looking_and_deterministic() -> None:
     )
     assert 0 <= float(k.min()) and float(k.max()) < 1 and abs(float(k.mean()) - 0.5) < 0.02
     assert len(set(k.flatten().tolist())) == k.numel()
+
+
+# ------------------------------------------------------------------------------------------ the 2026 baselines
+def _case(seed: int = 0, n: int = 6, t: int = 5, spread: float = 1.2):
+    """float64 log-probs of n responses of up to t tokens (a loss mask with two short ones), advantages of both
+    signs, and log-ratios of up to +-spread / 2."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(n, t, generator=g, dtype=F64) * 3 - 0.05
+    logp = (old + (torch.rand(n, t, generator=g, dtype=F64) - 0.5) * spread).clamp(max=-1e-3)
+    mask = (torch.arange(t)[None] < torch.tensor([t, 3, t, 2, t, 4][:n])[:, None]).to(F64)
+    adv = torch.tensor([1.0, -1.0, 0.5, -2.0, 1.5, -0.5][:n], dtype=F64)
+    return old, logp, mask, adv
+
+
+def test_sapo_is_its_papers_soft_gate() -> None:
+    """SAPO (arXiv 2511.20347, Eq. 4-6), written out per token: f(r) = (4 / tau) sigmoid(tau (r - 1)), tau by the
+    advantage's sign; its gradient in log pi at r = 1 is the policy gradient's (-A), and it fades with |r - 1|. A
+    mutant with one temperature for both signs differs where A < 0."""
+    old, logp, mask, adv = _case()
+    out = sapo_loss(logp, old, adv, 1.0, 1.05)
+    r = (logp - old).exp()
+    tau = torch.where(adv[:, None] > 0, 1.0, 1.05)
+    assert torch.allclose(out.loss, -adv[:, None] * torch.sigmoid(tau * (r - 1)) * 4 / tau, rtol=0, atol=1e-15)
+    at_one = grad_of(lambda x: sapo_loss(x, x.detach(), adv, 1.0, 1.05).loss.sum(), logp)
+    assert torch.allclose(at_one, -adv[:, None].expand_as(at_one), rtol=0, atol=1e-15)
+    g = grad_of(lambda x: sapo_loss(x, old, adv, 1.0, 1.05).loss.sum(), logp)
+    s = torch.sigmoid(tau * (r - 1))
+    assert torch.allclose(g, -adv[:, None] * 4 * s * (1 - s) * r, rtol=0, atol=1e-14)
+    assert not out.clipped_upper.any() and not out.clipped_lower.any()  # nothing is clipped, only weighed
+    mutant = sapo_loss(logp, old, adv, 1.0, 1.0)
+    assert (mutant.loss - out.loss)[adv < 0].abs().max() > 1e-3 and torch.equal(mutant.loss[adv > 0], out.loss[adv > 0])
+
+
+def test_gmpo_is_the_geometric_mean_of_clipped_token_ratios() -> None:
+    """GMPO (arXiv 2507.20673, Eq. 8): per response rho = exp(mean over its tokens of the sign-aware clipped
+    log-ratio), loss -A rho; under seq-mean-token-mean our per-token form has that loss and its gradient. A mutant
+    that clips both sides alike (clamp, not the sign-aware min) differs."""
+    old, logp, mask, adv = _case(1)
+    eps = 0.2
+
+    def paper(x: torch.Tensor, sign_aware: bool = True) -> torch.Tensor:
+        log_r = x - old
+        clamped = log_r.clamp(-eps, eps)
+        sgn = torch.sign(adv)[:, None]
+        c = sgn * torch.minimum(sgn * log_r, sgn * clamped) if sign_aware else clamped
+        rho = torch.exp((c * mask).sum(-1) / mask.sum(-1))
+        return (-adv * rho).mean()
+
+    ours = lambda x: aggregate(gmpo_surrogate(x, old, adv, mask, eps, eps).loss, mask, "seq-mean-token-mean")  # noqa: E731
+    assert float(ours(logp)) == pytest.approx(float(paper(logp)), abs=1e-15)
+    assert torch.allclose(grad_of(ours, logp) * mask, grad_of(paper, logp) * mask, rtol=0, atol=1e-15)
+    out = gmpo_surrogate(logp, old, adv, mask, eps, eps)
+    held = (((logp - old) > eps) & (adv[:, None] > 0)) & (mask > 0)
+    assert (out.clipped_upper & (mask > 0)).equal(held) and held.any()
+    assert abs(float(paper(logp, sign_aware=False)) - float(paper(logp))) > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["tv", "kl"])
+def test_dppo_keeps_the_tokens_inside_its_trust_region(kind: str) -> None:
+    """DPPO (arXiv 2602.04879, Binary-TV and Binary-KL, as verl ships them): -A sg(r) log pi on the tokens whose
+    sampled-token divergence from the old policy stays within the bound in the advantage's direction; the others
+    give no loss and no gradient. A mutant that drops in both directions (|pi - pi_old| > delta) differs."""
+    old, logp, mask, adv = _case(2, spread=3.0)
+    delta = 0.15 if kind == "tv" else 0.05
+    out = dppo_loss(kind, logp, old, adv, delta, delta)
+    p, q = logp.exp(), old.exp()
+    a = adv[:, None].expand_as(p)
+    if kind == "tv":
+        leave = ((a > 0) & (p - q > delta)) | ((a < 0) & (p - q < -delta))
+    else:
+        bkl = q * (old - logp) + (1 - q) * torch.log((1 - q + 1e-8) / (1 - p + 1e-8))
+        leave = (bkl > delta) & (((a > 0) & (p > q)) | ((a < 0) & (p < q)))
+    expected = torch.where(leave, 0.0, -a * (logp - old).exp() * logp)
+    assert torch.allclose(out.loss, expected, rtol=0, atol=1e-15) and (leave & (mask > 0)).any()
+    g = grad_of(lambda x: dppo_loss(kind, x, old, adv, delta, delta).loss.sum(), logp)
+    assert torch.equal(g[leave], torch.zeros_like(g[leave]))
+    assert torch.allclose(g[~leave], (-a * (logp - old).exp())[~leave], rtol=0, atol=1e-15)  # the ratio, stopped
+    assert torch.equal(out.clipped_upper, leave & (a > 0)) and torch.equal(out.clipped_lower, leave & (a < 0))
+    if kind == "tv":
+        both_ways = ((p - q).abs() > delta) & (mask > 0)
+        assert (both_ways & ~leave).any()  # the mutant would drop tokens moving back towards the old policy
+
+
+def test_the_off_policy_mask_is_deepseek_v3_2s_and_drops_only_negative_responses() -> None:
+    """DeepSeek-V3.2 (arXiv 2512.02556, Eq. 9): M_i = 0 iff A_i < 0 and the mean over its tokens of
+    log pi_sample - log pi_theta exceeds delta. A mutant without the sign condition would drop a positive one."""
+    old, logp, mask, adv = _case(3)
+    sampling = logp + torch.tensor([0.3, 0.3, 0.0, 0.05, 0.3, 0.2], dtype=F64)[:, None]  # per-response offsets
+    keep = off_policy_sequence_mask(adv, logp, sampling, mask, 0.1)
+    assert keep.shape == (6, 1) and keep[:, 0].tolist() == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0]
+    assert (adv > 0)[0] and (sampling - logp)[0, 0] > 0.1  # response 0: positive, far off-policy, kept
+    with pytest.raises(ValueError, match="> 0"):
+        off_policy_sequence_mask(adv, logp, sampling, mask, 0.0)
+
+
+def test_every_new_loss_is_reachable_by_name() -> None:
+    old, logp, mask, adv = _case()
+    for name in ("sapo", "gmpo", "dppo_tv", "dppo_kl"):
+        assert name in POLICY_LOSSES
+        out = per_token_loss(name, logp, old, adv, mask, eps_low=0.2, eps_high=0.2)
+        assert out.loss.shape == logp.shape and torch.isfinite(out.loss).all()

@@ -57,13 +57,15 @@ def test_no_correction_and_bad_bounds() -> None:
 
 def test_the_loss_with_weights_split_over_micro_batches_is_the_whole_batchs() -> None:
     """Weights made on whole responses, then the batch's rows cut into pieces (micro-batches or ranks) whose partial
-    weighted sums use the whole mini-batch's counts: the sum and its gradient are the one-piece loss's."""
+    weighted sums use the whole mini-batch's counts: the sum and its gradient are the one-piece loss's. In float64
+    (the weights themselves come out float32, the same on both sides), so the pieces' other order of summation
+    rounds at ~1e-16 and 1e-12 is generous."""
     g = torch.Generator().manual_seed(0)
-    old = torch.randn(6, 5, generator=g) * 0.3
-    eng = old + 0.2 * torch.randn(6, 5, generator=g)
-    mask = (torch.arange(5)[None] < torch.tensor([5, 3, 4, 1, 5, 2])[:, None]).float()
-    adv = torch.randn(6, generator=g)
-    logp = (old + 0.1 * torch.randn(6, 5, generator=g)).requires_grad_()
+    old = torch.randn(6, 5, generator=g, dtype=torch.float64) * 0.3
+    eng = old + 0.2 * torch.randn(6, 5, generator=g, dtype=torch.float64)
+    mask = (torch.arange(5)[None] < torch.tensor([5, 3, 4, 1, 5, 2])[:, None]).double()
+    adv = torch.randn(6, generator=g, dtype=torch.float64)
+    logp = (old + 0.1 * torch.randn(6, 5, generator=g, dtype=torch.float64)).requires_grad_()
     for mode in ("token_tis", "sequence_tis", "token_mis", "sequence_mis"):
         w, _ = correction_weights(old, eng, mask, mode, cap=1.3, floor=0.8 if mode.endswith("mis") else None)
         counts = local_counts(mask)
@@ -78,9 +80,11 @@ def test_the_loss_with_weights_split_over_micro_batches_is_the_whole_batchs() ->
         (g_whole,) = torch.autograd.grad(whole, logp)
         split = piece([0, 3]) + piece([5, 1, 2]) + piece([4])
         (g_split,) = torch.autograd.grad(split, logp)
-        assert float(split.detach()) == pytest.approx(float(whole.detach()), abs=1e-7) and torch.allclose(
-            g_split, g_whole, atol=1e-7
-        )
+        assert float(split.detach()) == pytest.approx(float(whole.detach()), abs=1e-12)
+        assert torch.allclose(g_split, g_whole, rtol=0, atol=1e-12)
+        # a split that miscounted the mini-batch by one token (normaliser n + 1) would move it far past the bound
+        n = counts["num_tokens"]
+        assert abs(float(whole) * n / (n + 1) - float(whole)) > 1e-6
 
 
 def test_mismatch_stats_by_hand() -> None:

@@ -144,6 +144,9 @@ def world(tmp_path_factory):
     # Old log-probs away from the current policy, so both clip bounds and the dual clip bind somewhere.
     noise = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(1)) * 0.4
     batch.old_logp = (current + noise) * response_mask(batch.response_ids, width=14)
+    # the engine's log-probs (the off-policy sequence mask reads them): the old ones with an engine's own noise
+    engine_noise = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(2)) * 0.3
+    batch.engine_logp = (batch.old_logp + engine_noise) * response_mask(batch.response_ids, width=14)
     torch.save(batch, tmp / "batch.pt")
 
     port = free_port()
@@ -199,7 +202,7 @@ def definition_step(model, batch: PolicyBatch, loss: str, clip: float | None = N
     norm-clipped as DeepSpeed clips."""
     name = loss if loss in W.POLICY_LOSS_CASES else "ppo_clip"
     mode = W.POLICY_LOSS_CASES.get(name, loss if loss in MODES else "token-mean")
-    spec = W.loss_spec(mode, name)
+    spec = W.loss_spec(mode, name)  # the off-policy mask is applied below, from its definition
     model.zero_grad()
     logp = reference_logp(model, batch, spec.temperature)
     selected = None
@@ -233,9 +236,17 @@ def definition_step(model, batch: PolicyBatch, loss: str, clip: float | None = N
             dual_clip_c=spec.dual_clip_c,
             cispo_clip_max=spec.cispo_clip_max,
             kl_cov_coef=spec.kl_cov_coef,
+            sapo_tau_pos=spec.sapo_tau_pos,
+            sapo_tau_neg=spec.sapo_tau_neg,
             selected=selected,
         )
     per_token = out.loss * W.is_weights(batch) if loss == "is_weights" else out.loss
+    if loss == "off_policy_mask":  # DeepSeek-V3.2, Eq. 9: drop A < 0 responses whose mean log(pi_sample / pi) > delta
+        m = batch.loss_mask
+        kl = ((batch.engine_logp - logp.detach()) * m).sum(-1) / m.sum(-1).clamp(min=1)
+        dropped = (batch.advantages < 0) & (kl > W.OFF_POLICY_MASK)
+        per_token = per_token * (~dropped).to(per_token.dtype)[:, None]
+        out.selected = dropped[:, None].expand_as(m)  # what the learner's metric counts
     value = aggregate(per_token, batch.loss_mask, mode, batch.group_ids, seq_sum_constant=spec.seq_token_sum_constant)
     # each token's weight in the aggregate (it is linear in the per-token losses): what `loss_tol` is sized by
     probe = per_token.detach().clone().requires_grad_()
@@ -266,7 +277,7 @@ class Definition(NamedTuple):
     loss_tol: float
 
 
-LOSSES = [*MODES, *W.POLICY_LOSS_CASES, "is_weights"]
+LOSSES = [*MODES, *W.POLICY_LOSS_CASES, "is_weights", "off_policy_mask"]
 CLIPS = {"z2": None, "z2c": None, "z3": W.CLIP, "z0": W.CLIP, "z1": W.CLIP}  # the engines' clip (z2: none binds)
 
 
@@ -321,8 +332,10 @@ def test_one_update_equals_the_naive_whole_batch_step(world, definitions, mode):
     assert m[M.CLIPFRAC_HIGH_RARE] == pytest.approx(float((out.clipped_upper & rare).sum() / rare.sum()), abs=1e-12)
 
 
-def _every_split(world, engine: str):
-    """(world, packing, budget) of every case an engine ran."""
+def _every_split(world, engine: str, loss: str):
+    """(world, packing, budget) of every case an engine ran for `loss` (the 2026 baselines run on ZeRO 2 and 3)."""
+    if loss in W.NEW_LOSSES and engine not in ("z2", "z3"):
+        return []
     budgets = (W.BIG_BUDGET, W.SMALL_BUDGET) if engine == "z2" else (W.SMALL_BUDGET,)
     return [(w, packing, b) for w in ("w1", "w2") for packing in W.PACKINGS for b in budgets]
 
@@ -330,12 +343,13 @@ def _every_split(world, engine: str):
 @pytest.mark.parametrize("engine", list(CLIPS))
 @pytest.mark.parametrize("loss", LOSSES)
 def test_each_loss_is_its_definition_in_any_split_packing_and_zero_stage(world, definitions, engine, loss):
-    """Every policy loss (the clipped surrogate under each aggregation, GSPO, CISPO, Clip-Cov, KL-Cov) and the
-    rollout correction's weights, through the learner: the whole-batch step of their definitions, the same on 1 and
-    2 ranks, in 1 or several micro-batches, padded or packed (`sequences`, `prompts`), at ZeRO 0, 1, 2 and 3 and with
-    gradient checkpointing (GSPO's ratio needs whole responses; the covariance rules the whole mini-batch's means
-    and k-th token; the group-token-mean every rank's per-group counts), with the loss's own metric over the whole
-    mini-batch."""
+    """Every policy loss (the clipped surrogate under each aggregation, GSPO, CISPO, Clip-Cov, KL-Cov, SAPO, GMPO,
+    DPPO-TV and -KL), the rollout correction's weights and DeepSeek-V3.2's off-policy sequence mask, through the
+    learner: the whole-batch step of their definitions, the same on 1 and 2 ranks, in 1 or several micro-batches,
+    padded or packed (`sequences`, `prompts`), at ZeRO 0, 1, 2 and 3 and with gradient checkpointing (the 2026
+    baselines at ZeRO 2 and 3) (GSPO's and GMPO's ratios and the mask need whole responses; the covariance rules the
+    whole mini-batch's means and k-th token; the group-token-mean every rank's per-group counts), with the loss's
+    own metric over the whole mini-batch."""
     ref, ref_loss, ref_norm, out, tol = definitions[(loss, CLIPS[engine])]
     init = world["w1"][f"{engine}/init"]["params"]
     assert (ref - init).abs().max() > (1e-3 if CLIPS[engine] else 1e-2)  # the step tells losses apart
@@ -347,9 +361,13 @@ def test_each_loss_is_its_definition_in_any_split_packing_and_zero_stage(world, 
     elif loss in ("cispo", "clip_cov", "kl_cov"):
         flag = out.capped if loss == "cispo" else out.selected
         own = (M.CISPO_CAPPED_FRAC if loss == "cispo" else M.COV_SELECTED_FRAC, int((flag & m).sum()) / int(m.sum()))
+    elif loss in ("gmpo", "dppo_tv", "dppo_kl"):  # tokens the log-ratio clip held, or the trust region dropped
+        own = (M.CLIPFRAC_HIGH, int((out.clipped_upper & m).sum()) / int(m.sum()))
+    elif loss == "off_policy_mask":  # responses the mask left out, of those with a loss token
+        own = (M.OFF_POLICY_MASKED_FRAC, int((out.selected & m).any(-1).sum()) / int(m.any(-1).sum()))
     if own is not None:
         assert own[1] > 0  # the loss's own mechanism acts on this batch
-    for w, packing, budget in _every_split(world, engine):
+    for w, packing, budget in _every_split(world, engine, loss):
         got = world[w][W.case_name(engine, loss, packing, budget)]
         case = (w, packing, budget)
         assert got["params"].shape == ref.shape  # gathered to full size under ZeRO-3

@@ -13,6 +13,9 @@ What each pair shows (T = the padded width; the loss and its gradient w.r.t. the
   draws among more with an unseeded generator);
 - token_tis / sequence_tis (C = 2) = verl TIS; token_mis / sequence_mis (0.8, 1.25) = verl's IcePop; the weights
   multiply the clipped loss as TRL's `importance_sampling_ratio` and verl's `rollout_is_weights` do;
+- sapo (1.0 / 1.05) + seq-mean-token-mean = TRL `sapo` = verl `sapo`; gmpo (log-space 0.4) = verl `geo_mean`;
+  dppo_tv (0.15) and dppo_kl (0.05) + seq-mean-token-sum with C = T = verl's with the recipe's ratio cap 1e4 and
+  `seq-mean-token-sum-norm`; the off-policy sequence mask (0.05) = TRL's `off_policy_mask_threshold`;
 - where they differ, on cases of their own (docs/variants.md): clip_cov under dual-clip, GSPO's log-ratio clamp.
 """
 
@@ -33,27 +36,39 @@ from conftest import require_peer_verl
 from dapo.algos.advantages import group_advantages
 from dapo.algos.aggregation import aggregate
 from dapo.algos.policy_loss import covariance_selection, per_token_loss
-from dapo.algos.rollout_correction import correction_weights
+from dapo.algos.rollout_correction import correction_weights, off_policy_sequence_mask
 
 B, T = 6, 7
-TOL = 1e-6
+EPS32 = torch.finfo(torch.float32).eps
+# Both sides run in float64 (TRL and verl keep the dtype they are given), so the same arithmetic in another order
+# differs by float64 rounding, ~1e-16 on these 42-token sums: TOL is a million times that. Two exceptions: the
+# rollout-correction weights, which `correction_weights` returns in float32 (half a unit of float32 at the weight, up
+# to the cap 2: TOL_WEIGHTS), and verl's sequence-level losses (GSPO, SAPO, GMPO), which come out a relative 1e-8 to
+# 1e-6 from ours (and GSPO's from the paper's closed form, SAPO's from TRL's, which ours match to 1e-10), some step
+# of verl's rounding to float32 (GMPO also adds 1e-8 to each response's token count): a relative float32 bound,
+# TOL_SEQ_VERL x |loss|, which a wrong clip, gate or normaliser (a relative 1e-3 and more here: the mutants of
+# tests/test_algos_policy_loss.py) still exceeds.
+TOL = 1e-10
+TOL_WEIGHTS = 4 * EPS32 * 2.0
+TOL_SEQ_VERL = 16 * EPS32
 
 
 @pytest.fixture(scope="module")
 def tensors() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    mask = torch.ones(B, T)
+    f64 = dict(generator=g, dtype=torch.float64)
+    mask = torch.ones(B, T, dtype=torch.float64)
     mask[0, 5:] = 0
     mask[2, 2:] = 0
     mask[4, 6:] = 0
-    old = (torch.randn(B, T, generator=g) * 0.5 - 1.0) * mask
+    old = (torch.randn(B, T, **f64) * 0.5 - 1.0) * mask
     return {
         "mask": mask,
         "old": old,
-        "new": (old + 0.3 * torch.randn(B, T, generator=g)) * mask,  # the current policy's log-probs
-        "rollout": (old + 0.2 * torch.randn(B, T, generator=g)) * mask,  # the engine's
-        "adv": torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0]),
-        "scores": torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0, -1.0]),
+        "new": (old + 0.3 * torch.randn(B, T, **f64)) * mask,  # the current policy's log-probs
+        "rollout": (old + 0.2 * torch.randn(B, T, **f64)) * mask,  # the engine's
+        "adv": torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0], dtype=torch.float64),
+        "scores": torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0, -1.0], dtype=torch.float64),
         "groups": torch.tensor([0, 0, 0, 1, 1, 1]),
     }
 
@@ -73,21 +88,37 @@ def ours(t, name: str, agg: str, *, is_weights=None, **kw) -> tuple[float, torch
     return float(loss), grad * t["mask"]
 
 
-def trl(t, loss_type: str, *, level: str = "token", eps: float = 0.2, eps_high: float | None = None, is_ratio=None):
+def trl(
+    t,
+    loss_type: str,
+    *,
+    level: str = "token",
+    eps: float = 0.2,
+    eps_high: float | None = None,
+    is_ratio=None,
+    off_policy_mask: float | None = None,
+):
     """TRL 1.16's `GRPOTrainer._compute_loss` on the tensors, with the attributes it reads set on a stand-in self."""
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     new = t["new"].clone().requires_grad_()
     me = SimpleNamespace(
-        _get_per_token_logps_and_entropies=lambda *a, **k: (new, torch.zeros(B, T), None),
+        _get_per_token_logps_and_entropies=lambda *a, **k: (new, torch.zeros(B, T, dtype=new.dtype), None),
         top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None,
+        off_policy_mask_threshold=off_policy_mask,
+        get_off_policy_mask=GRPOTrainer.get_off_policy_mask,  # a static method of the class, reached through self
         importance_sampling_level=level,
         beta=0.0,
         loss_type=loss_type,
         epsilon_low=eps,
         epsilon_high=eps if eps_high is None else eps_high,
-        args=SimpleNamespace(use_bias_correction_kl=True, delta=None, steps_per_generation=1),
+        args=SimpleNamespace(
+            use_bias_correction_kl=True,
+            delta=None,
+            steps_per_generation=1,
+            sapo_temperature_pos=1.0,  # TRL's defaults, the paper's
+            sapo_temperature_neg=1.05,
+        ),
         use_vllm=is_ratio is not None,
         vllm_importance_sampling_correction=is_ratio is not None,
         model=SimpleNamespace(training=True),
@@ -115,6 +146,8 @@ def trl(t, loss_type: str, *, level: str = "token", eps: float = 0.2, eps_high: 
     }
     if is_ratio is not None:
         inputs["importance_sampling_ratio"] = is_ratio
+    if off_policy_mask is not None:
+        inputs["sampling_per_token_logps"] = t["rollout"]  # the engine's: what the mask compares the policy with
     loss = GRPOTrainer._compute_loss(me, None, inputs)
     (grad,) = torch.autograd.grad(loss, new)
     return float(loss), grad * t["mask"]
@@ -167,6 +200,51 @@ LOSS_CASES = {
         ),
     ),
 }
+LOSS_CASES.update(
+    {
+        # the 2026 baselines (SAPO, GMPO, DPPO): TRL 1.16 has SAPO and none of the others; verl all four
+        "sapo": (
+            dict(
+                name="sapo", agg="seq-mean-token-mean", eps_low=0.2, eps_high=0.2, sapo_tau_pos=1.0, sapo_tau_neg=1.05
+            ),
+            dict(loss_type="sapo"),
+            dict(
+                mode="sapo",
+                agg="seq-mean-token-mean",
+                clip_low=0.2,
+                clip_high=0.2,
+                actor=dict(tau_pos=1.0, tau_neg=1.05),
+            ),
+        ),
+        "gmpo": (
+            dict(name="gmpo", agg="seq-mean-token-mean", eps_low=0.4, eps_high=0.4),
+            None,
+            dict(mode="geo_mean", agg="token-mean", clip_low=0.4, clip_high=0.4),  # verl's geo_mean takes no agg
+        ),
+        "dppo_tv": (
+            dict(name="dppo_tv", agg="seq-mean-token-sum", eps_low=0.15, eps_high=0.15),
+            None,
+            dict(
+                mode="dppo_tv",
+                agg="seq-mean-token-sum-norm",
+                clip_low=0.15,
+                clip_high=0.15,
+                actor=dict(clip_ratio_c=1e4),
+            ),
+        ),
+        "dppo_kl": (
+            dict(name="dppo_kl", agg="seq-mean-token-sum", eps_low=0.05, eps_high=0.05),
+            None,
+            dict(
+                mode="dppo_kl",
+                agg="seq-mean-token-sum-norm",
+                clip_low=0.05,
+                clip_high=0.05,
+                actor=dict(clip_ratio_c=1e4),
+            ),
+        ),
+    }
+)
 IS_CASES = {  # our mode, cap, floor -> verl's level and threshold
     "token_tis": ("token", 2.0, None),
     "sequence_tis": ("sequence", 2.0, None),
@@ -177,11 +255,11 @@ IS_CASES = {  # our mode, cap, floor -> verl's level and threshold
 
 def _one_case(adv: list[float], log_ratios: dict[tuple[int, int], float]) -> dict[str, torch.Tensor]:
     """Responses of 4 tokens, every old log-prob -1, the given advantages, every ratio 1 but at `log_ratios`."""
-    old = -torch.ones(len(adv), 4)
+    old = -torch.ones(len(adv), 4, dtype=torch.float64)
     new = old.clone()
     for at, lr in log_ratios.items():
         new[at] += lr
-    return {"old": old, "new": new, "mask": torch.ones_like(old), "adv": torch.tensor(adv)}
+    return {"old": old, "new": new, "mask": torch.ones_like(old), "adv": torch.tensor(adv, dtype=torch.float64)}
 
 
 # docs/variants.md, "Where the variants differ from their authors' code": (tensors, our call, verl's case)
@@ -212,6 +290,17 @@ def test_losses_match_trl(tensors, case: str) -> None:
     t_loss, t_grad = trl(tensors, **theirs)
     assert loss == pytest.approx(t_loss, abs=TOL) and (grad - t_grad).abs().max() < TOL
     assert grad.abs().max() > 1e-3  # a gradient worth comparing
+
+
+def test_the_off_policy_sequence_mask_matches_trls(tensors) -> None:
+    """DeepSeek-V3.2's mask (TRL's `off_policy_mask_threshold`, against the engine's log-probs) on the clipped
+    surrogate: the same loss and gradient, and at this threshold it drops some negative responses (it acts)."""
+    delta = 0.05
+    keep = off_policy_sequence_mask(tensors["adv"], tensors["new"], tensors["rollout"], tensors["mask"], delta)
+    assert (keep == 0).any() and (keep == 1).any()
+    loss, grad = ours(tensors, "ppo_clip", "token-mean", eps_low=0.2, eps_high=0.28, is_weights=keep)
+    t_loss, t_grad = trl(tensors, "dapo", eps=0.2, eps_high=0.28, off_policy_mask=delta)
+    assert loss == pytest.approx(t_loss, abs=TOL) and (grad - t_grad).abs().max() < TOL
 
 
 @pytest.mark.parametrize("mode", ["token_tis", "sequence_tis"])
@@ -268,15 +357,20 @@ def test_losses_match_verl(tensors, verl_results, case: str) -> None:
     kw = dict(LOSS_CASES[case][0])
     loss, grad = ours(tensors, kw.pop("name"), kw.pop("agg"), **kw)
     theirs = verl_results[f"loss/{case}"]
-    assert loss == pytest.approx(theirs["loss"], abs=TOL)
-    assert (grad - theirs["grad"] * tensors["mask"]).abs().max() < TOL
+    if case in ("gmpo", "dppo_tv", "dppo_kl"):  # the clip or trust region holds some tokens: the bounds are compared
+        kw2 = {k: v for k, v in LOSS_CASES[case][0].items() if k not in ("name", "agg")}
+        out = per_token_loss(case, tensors["new"], tensors["old"], tensors["adv"], tensors["mask"], **kw2)
+        assert ((out.clipped_lower | out.clipped_upper) & (tensors["mask"] > 0)).sum() >= 4
+    rel = TOL_SEQ_VERL if case in ("gspo", "sapo", "gmpo") else 0.0
+    assert loss == pytest.approx(theirs["loss"], abs=TOL + rel * abs(loss))
+    assert (grad - theirs["grad"] * tensors["mask"]).abs().max() < TOL + rel * grad.abs().max()
 
 
 @pytest.mark.parametrize("mode", list(IS_CASES))
 def test_correction_weights_match_verl(tensors, verl_results, mode: str) -> None:
     w = our_weights(tensors, mode)
     theirs = verl_results[f"is/{mode}"]["weights"] * tensors["mask"]
-    assert (w - theirs).abs().max() < TOL
+    assert (w - theirs).abs().max() < TOL_WEIGHTS
     if mode.endswith("tis"):
         assert (w == (2.0 * tensors["mask"])).any()  # some ratio was capped: the cap is tested
     else:
@@ -297,9 +391,9 @@ def test_grpo_and_dr_grpo_advantages_match_verl(tensors, verl_results, norm_by_s
     """Dr. GRPO's advantage is r - mean(r) (no std); GRPO's (r - mean) / (std + 1e-6), std unbiased (both verl's)."""
     mine = group_advantages(tensors["scores"].reshape(2, 3), norm_by_std=norm_by_std).reshape(-1)
     theirs = verl_results[f"adv/{norm_by_std}"]["advantages"]
-    assert (mine - theirs).abs().max() < 1e-5
+    assert (mine - theirs).abs().max() < TOL
     if not norm_by_std:
-        assert mine.tolist() == pytest.approx([2 / 3, -4 / 3, 2 / 3, 4 / 3, -2 / 3, -2 / 3], abs=1e-6)
+        assert mine.tolist() == pytest.approx([2 / 3, -4 / 3, 2 / 3, 4 / 3, -2 / 3, -2 / 3], abs=TOL)
     assert not math.isnan(float(mine.sum()))
 
 
@@ -319,5 +413,6 @@ def test_the_documented_differences_from_verl(verl_results) -> None:
     t, mine, _ = DIFF_CASES["gspo_clamp"]
     kw = dict(mine)
     loss, _ = ours(t, kw.pop("name"), kw.pop("agg"), **kw)
-    assert loss == pytest.approx(math.exp(20 / 4), rel=1e-5)  # the token clamped at 20: s = e^5
-    assert verl_results["diff/gspo_clamp"]["loss"] == pytest.approx(math.exp(30 / 4), rel=1e-5)  # the paper's e^7.5
+    assert loss == pytest.approx(math.exp(20 / 4), rel=1e-12)  # the token clamped at 20: s = e^5
+    # the paper's e^7.5 (verl's sequence clamp at 10 does not bind), up to verl's float32 counts
+    assert verl_results["diff/gspo_clamp"]["loss"] == pytest.approx(math.exp(30 / 4), rel=TOL_SEQ_VERL)

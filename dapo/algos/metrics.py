@@ -36,6 +36,7 @@ UPDATE_SUMS: tuple[str, ...] = (
     M.SEQ_CLIPFRAC_HIGH,
     M.CISPO_CAPPED_FRAC,
     M.COV_SELECTED_FRAC,
+    M.OFF_POLICY_MASKED_FRAC,
 )
 
 
@@ -47,6 +48,7 @@ def update_sums(
     advantages: Tensor,
     mask: Tensor,
     kl: Tensor | None = None,
+    masked: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """One micro-batch's part of every update metric (`UPDATE_SUMS`), as 0-d float64 tensors on the inputs' device.
 
@@ -54,13 +56,14 @@ def update_sums(
         out: the policy loss's per-token flags (`dapo.algos.policy_loss.per_token_loss`), [N, T] each.
         loss: this micro-batch's part of the mini-batch loss (its weighted sum), 0-d.
         old_logp, logp: [N, T] log pi_old and log pi_theta of the sampled tokens; advantages [N].
-        mask: [N, T] the loss mask; kl: [N, T] k3 to the reference, or None.
+        mask: [N, T] the loss mask; kl: [N, T] k3 to the reference, or None; masked: [N, T] the tokens of responses
+            the off-policy sequence mask left out, or None.
 
     The sums: clip flags where a bound was active (the upper one for Fig 3a's probability, CLIP_HIGH_PROB = sum of
     pi_old over upper-clipped tokens); APPROX_KL = sum of r - 1 - log r, r = pi_theta / pi_old (the k3 estimate of
     KL(pi_old || pi_theta) on pi_old's samples); rare positive tokens (pi_old < RARE_TOKEN_PROB, A > 0) and those of
     them clipped above; responses with a clipped sequence ratio (GSPO); capped weights (CISPO); selected tokens (the
-    covariance losses)."""
+    covariance losses); responses the off-policy sequence mask left out."""
     m = mask.to(torch.bool)
     zero = torch.zeros((), dtype=torch.float64, device=loss.device)
 
@@ -87,11 +90,17 @@ def update_sums(
         M.SEQ_CLIPFRAC_HIGH: rows_with(out.clipped_upper),
         M.CISPO_CAPPED_FRAC: msum(out.capped.double()) if out.capped is not None else zero,
         M.COV_SELECTED_FRAC: msum(out.selected.double()) if out.selected is not None else zero,
+        M.OFF_POLICY_MASKED_FRAC: rows_with(masked) if masked is not None else zero,
     }
 
 
 def update_metrics(
-    sums: Mapping[str, float], num_tokens: float, num_seqs: float, policy_loss: str, with_kl: bool
+    sums: Mapping[str, float],
+    num_tokens: float,
+    num_seqs: float,
+    policy_loss: str,
+    with_kl: bool,
+    off_policy_mask: float | None = None,
 ) -> dict[str, float]:
     """An update's metrics from its sums (`update_sums`, added up over micro-batches and ranks) and the mini-batch's
     loss tokens and responses: fractions and means of the loss tokens, the mean pi_old of the upper-clipped ones
@@ -110,6 +119,8 @@ def update_metrics(
     out.update({name: frac(sums[name], num_tokens) for name in per_token})
     if policy_loss == "gspo":
         out.update({name: frac(sums[name], num_seqs) for name in (M.SEQ_CLIPFRAC_LOW, M.SEQ_CLIPFRAC_HIGH)})
+    if off_policy_mask is not None:
+        out[M.OFF_POLICY_MASKED_FRAC] = frac(sums[M.OFF_POLICY_MASKED_FRAC], num_seqs)
     out[M.CLIP_HIGH_PROB] = frac(sums[M.CLIP_HIGH_PROB], sums[M.CLIPFRAC_HIGH])
     out[M.CLIPFRAC_HIGH_RARE] = frac(sums[M.CLIPFRAC_HIGH_RARE], sums[RARE_POSITIVE])
     return out

@@ -12,6 +12,15 @@ ranks; the covariance rule takes the whole mini-batch's means and k-th token): d
     clip_cov:           ppo_clip with the loss of k tokens drawn among the unclipped with lb < cov < ub cut
     kl_cov:             l = -r A, plus coef |log r| on the k tokens of largest cov
                         cov_t = (A - mean A)(log pi_theta(y_t) - mean log pi_theta), k = max(1, floor(ratio x tokens))
+    sapo:               l = -A f(r), f(r) = (4 / tau) sigmoid(tau (r - 1)), tau = tau_pos (A > 0) or tau_neg: a soft
+                        trust region, its gradient -A 4 s(1 - s) r grad log pi (s = sigmoid(tau (r - 1))) the policy
+                        gradient's at r = 1, fading smoothly as r leaves 1 where a clip would stop it
+    gmpo:               rho_i = exp(mean_t c(log r)), c(x) = sgn A min(sgn A x, sgn A clamp(x, -eps_low, eps_high)),
+                        l = -A rho_i per token as log rho_{i,t} = sg(log rho_i) + c(log r_t) - sg(c(log r_t))
+    dppo_tv, dppo_kl:   l = -A sg(r) log pi_theta(y_t) on the tokens whose update stays in the trust region: TV drops
+                        A > 0 with pi - pi_old > eps_high and A < 0 with pi - pi_old < -eps_low; KL drops those moving
+                        away (A > 0: pi > pi_old; A < 0: pi < pi_old) with the Bernoulli KL(pi_old || pi) of the
+                        sampled token above eps_high (A > 0) or eps_low
 """
 
 from __future__ import annotations
@@ -44,6 +53,10 @@ class SurrogateOut:
     dual_clipped: Tensor  # A < 0 and the dual-clip bound -c*A was taken (all False when c is None)
     capped: Tensor | None = None  # CISPO: the importance weight was capped
     selected: Tensor | None = None  # Clip-Cov / KL-Cov: chosen by the covariance rule
+
+
+def _no_flags(like: Tensor) -> Tensor:
+    return torch.zeros(like.shape, dtype=torch.bool, device=like.device)
 
 
 def _adv(advantages: Tensor, like: Tensor) -> Tensor:
@@ -266,6 +279,86 @@ def kl_cov_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, selecte
     )
 
 
+def sapo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, tau_pos: float, tau_neg: float) -> SurrogateOut:
+    """SAPO's soft-gated surrogate, per token (module docstring; Gao et al. 2025, arXiv 2511.20347).
+
+    Args:
+        logp: [N, T] log pi_theta (requires grad); old_logp: [N, T] log pi_old; advantages: [N] or [N, T].
+        tau_pos, tau_neg: the gate's temperature for A > 0 and A <= 0 (the paper's 1.0 and 1.05: negative tokens'
+            gradients fade faster, as their updates raise many other tokens' probabilities).
+
+    Returns:
+        SurrogateOut; no bound is active (no flags): the gate weighs every token's gradient by
+        4 sigmoid(x)(1 - sigmoid(x)) r, x = tau (r - 1), which is 1 at r = 1.
+    """
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"sapo's temperatures must be > 0 (the paper: 1.0, 1.05), got {tau_pos}, {tau_neg}")
+    adv = _adv(advantages, logp)
+    ratio = torch.exp(torch.clamp(logp - old_logp.detach(), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    tau = torch.where(adv > 0, tau_pos, tau_neg).to(logp.dtype)
+    none = _no_flags(logp)
+    return SurrogateOut(-torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv, none, none, none)
+
+
+def gmpo_surrogate(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float
+) -> SurrogateOut:
+    """GMPO's geometric-mean surrogate, per token (module docstring; Zhao et al. 2025, arXiv 2507.20673): one ratio a
+    response, the geometric mean of its token ratios each clipped in log space at [-eps_low, eps_high] on the side
+    the advantage pushes (the paper's (e^-0.4, e^0.4)). With `seq-mean-token-mean` the loss is the mean over
+    responses of -A rho_i, and its gradient -A rho_i mean_t grad c(log r_t).
+
+    Args:
+        logp, old_logp: [N, T]; advantages: [N] (one a response); mask: [N, T] the tokens the mean runs over.
+        eps_low, eps_high: the log-ratio clip range (log space, unlike ppo_clip's).
+
+    Returns:
+        SurrogateOut; `clipped_upper` / `clipped_lower` mark the tokens whose log-ratio the clip held (A > 0 / A < 0).
+    """
+    m = mask.to(logp.dtype)
+    adv = _adv(advantages, logp)
+    sign = torch.sign(adv)
+    log_r = torch.clamp(logp - old_logp.detach(), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    held = torch.clamp(log_r, -eps_low, eps_high)
+    c = sign * torch.minimum(sign * log_r, sign * held)
+    seq_log_rho = (c * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)  # [N, 1]
+    log_rho = seq_log_rho.detach() + c - c.detach()
+    clipped = (log_r.detach() != held.detach()) & (c.detach() == held.detach())
+    none = _no_flags(logp)
+    return SurrogateOut(-adv * torch.exp(log_rho), clipped & (adv < 0), clipped & (adv > 0), none)
+
+
+def dppo_loss(
+    kind: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float, eps_high: float
+) -> SurrogateOut:
+    """DPPO's divergence-masked policy gradient, per token (module docstring; Qi et al. 2026, arXiv 2602.04879, the
+    Binary-TV and Binary-KL approximations verl ships): the ratio weighs -A log pi_theta as in CISPO (stopped, not
+    truncated: the authors' recipe caps it at 10,000, which never binds), and a token whose update would leave the
+    trust region, measured on the sampled token's probability, is dropped.
+
+    Args:
+        kind: "tv" or "kl".
+        logp, old_logp: [N, T]; advantages: [N] or [N, T].
+        eps_low, eps_high: the trust region's bounds for A < 0 and A > 0 (the authors: 0.15 for TV, 0.05 for KL).
+
+    Returns:
+        SurrogateOut; `clipped_upper` / `clipped_lower` mark the dropped tokens with A > 0 / A < 0.
+    """
+    adv = _adv(advantages, logp)
+    log_r = torch.clamp(logp.detach() - old_logp.detach(), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    p, p_old = logp.detach().exp(), old_logp.detach().exp()
+    if kind == "tv":
+        keep = torch.where(adv > 0, p - p_old <= eps_high, p - p_old >= -eps_low)
+    elif kind == "kl":
+        eps = 1e-8  # verl's, inside the Bernoulli's second log
+        kl = p_old * (old_logp.detach() - logp.detach()) + (1 - p_old) * torch.log((1 - p_old + eps) / (1 - p + eps))
+        keep = torch.where(adv > 0, (kl <= eps_high) | (p <= p_old), (kl <= eps_low) | (p >= p_old))
+    else:
+        raise ValueError(f"dppo kind must be tv or kl, got {kind!r}")
+    loss = torch.where(keep, -adv * torch.exp(log_r) * logp, torch.zeros_like(logp))
+    return SurrogateOut(loss, ~keep & (adv < 0), ~keep & (adv > 0), _no_flags(logp))
+
+
 def per_token_loss(
     name: str,
     logp: Tensor,
@@ -278,6 +371,8 @@ def per_token_loss(
     dual_clip_c: float | None = None,
     cispo_clip_max: float = 5.0,
     kl_cov_coef: float = 1.0,
+    sapo_tau_pos: float = 1.0,
+    sapo_tau_neg: float = 1.05,
     selected: Tensor | None = None,
 ) -> SurrogateOut:
     """The policy loss `name` (one of POLICY_LOSSES) per token, [N, T] in and out, without a KL term or a rollout
@@ -289,6 +384,12 @@ def per_token_loss(
         return gspo_surrogate(logp, old_logp, advantages, mask, eps_low, eps_high)
     if name == "cispo":
         return cispo_loss(logp, old_logp, advantages, cispo_clip_max)
+    if name == "sapo":
+        return sapo_loss(logp, old_logp, advantages, sapo_tau_pos, sapo_tau_neg)
+    if name == "gmpo":
+        return gmpo_surrogate(logp, old_logp, advantages, mask, eps_low, eps_high)
+    if name in ("dppo_tv", "dppo_kl"):
+        return dppo_loss(name.removeprefix("dppo_"), logp, old_logp, advantages, eps_low, eps_high)
     if name in COVARIANCE_LOSSES:
         if selected is None:
             raise ValueError(f"{name} needs the covariance rule's selection (`selected`)")

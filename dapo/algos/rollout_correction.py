@@ -8,6 +8,12 @@ verl's `rollout_correction` and TRL's `vllm_importance_sampling_mode`, whose wei
 The weight multiplies each token's policy loss after the clip (and before any KL term), detached; the normaliser is
 unchanged. Weights are made once per rollout step on whole responses, before any split, so a sequence-level weight
 sees every token of its response whatever the split. The gap itself is a metric (`dapo.algos.metrics.mismatch_stats`).
+`token_mis` with a floor is IcePop's two-sided token mask (Ling team, arXiv 2510.18855; its bounds [0.5, 5]).
+
+DeepSeek-V3.2's off-policy sequence mask (arXiv 2512.02556, Eq. 9; `algorithm.off_policy_mask`) is a mask of the
+same kind made at every update instead, on the current policy: a response with A < 0 whose mean log-ratio of the
+sampling policy to the current one, mean_t (log pi_rollout(y_t) - log pi_theta(y_t)), exceeds delta leaves the loss
+(`off_policy_sequence_mask`).
 """
 
 from __future__ import annotations
@@ -21,7 +27,26 @@ from dapo.algos.metrics import log_ratio
 from dapo.algos.policy_loss import _LOG_RATIO_CLAMP
 from dapo.types import ROLLOUT_CORRECTIONS, RolloutCorrection
 
-__all__ = ["ROLLOUT_CORRECTIONS", "RolloutCorrection", "correction_weights"]
+__all__ = ["ROLLOUT_CORRECTIONS", "RolloutCorrection", "correction_weights", "off_policy_sequence_mask"]
+
+
+def off_policy_sequence_mask(
+    advantages: Tensor, logp: Tensor, sampling_logp: Tensor, mask: Tensor, threshold: float
+) -> Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask: [N, 1] float, 0 for a response with A < 0 whose mean over its loss
+    tokens of log pi_sampling - log pi_theta (the KL of the sampling policy to the current one, estimated on the
+    samples) is above `threshold`, 1 otherwise. Detached; exact in any split (a response never straddles one).
+
+    Args:
+        advantages: [N]; logp: [N, T] the current policy's log-probs; sampling_logp: [N, T] the engine's (the old
+            policy's where the engine gave none); mask: [N, T] the loss mask; threshold: delta > 0.
+    """
+    if threshold <= 0:
+        raise ValueError(f"the off-policy mask's threshold must be > 0, got {threshold}")
+    m = mask.to(logp.dtype)
+    kl = ((sampling_logp.detach() - logp.detach()) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)
+    keep = (advantages.reshape(-1, 1) >= 0) | (kl <= threshold)
+    return keep.to(logp.dtype)
 
 
 def correction_weights(

@@ -41,10 +41,14 @@ class LossSpec:
         seq_token_sum_constant: the divisor C of `seq-mean-token-sum` (e.g. the max response length).
         temperature: the sampling temperature; logits are divided by it, as when sampling.
         policy_loss: the per-token loss by name (`dapo.algos.policy_loss`): ppo_clip (the paper's), gspo, cispo,
-            clip_cov, kl_cov; eps_low / eps_high are GSPO's sequence clip range and Clip-Cov's PPO clip too.
+            clip_cov, kl_cov, sapo, gmpo, dppo_tv, dppo_kl; eps_low / eps_high are GSPO's sequence clip range,
+            Clip-Cov's PPO clip, GMPO's log-ratio clip and DPPO's trust region too.
         cispo_clip_max: CISPO's cap on the importance weight.
         clip_cov_ratio, clip_cov_lb, clip_cov_ub: Clip-Cov's share of tokens and covariance band.
         kl_cov_ratio, kl_cov_coef: KL-Cov's share of tokens and the coefficient of their |log-ratio| penalty.
+        sapo_tau_pos, sapo_tau_neg: SAPO's gate temperatures.
+        off_policy_mask: DeepSeek-V3.2's off-policy sequence mask's threshold (`dapo.algos.rollout_correction`),
+            None for off; it reads the batch's `engine_logp` (the old log-probs where the engine gave none).
     """
 
     eps_low: float = 0.2
@@ -61,6 +65,9 @@ class LossSpec:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 2e-4
     kl_cov_coef: float = 1.0
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    off_policy_mask: float | None = None
 
 
 def response_mask(response_ids: list[list[int]], width: int | None = None) -> Tensor:
@@ -101,10 +108,10 @@ class PolicyBatch:
             what the covariance losses' random draw is keyed by); None: 0 .. N-1.
 
     The trainer carries its rollout step in this one type from the rollout to the learner
-    (`dapo.trainer.step.policy_batch`); four fields are its own, for the step's metrics, and the learner reads
-    none of them: `truncated` [N] bool (finish reason "length"), `response_mask` [N, R] (1 on response tokens, the
-    loss mask before overlong filtering), `engine_logp` [N, R] (the rollout engine's log-probs of its samples) and
-    `entropy` [N, R] (the old policy's, on the sampled tokens).
+    (`dapo.trainer.step.policy_batch`); four fields are its own, for the step's metrics: `truncated` [N] bool
+    (finish reason "length"), `response_mask` [N, R] (1 on response tokens, the loss mask before overlong
+    filtering), `engine_logp` [N, R] (the rollout engine's log-probs of its samples; the learner reads it only for
+    the off-policy sequence mask) and `entropy` [N, R] (the old policy's, on the sampled tokens).
     """
 
     prompt_ids: list[list[int]]

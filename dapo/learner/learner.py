@@ -22,12 +22,20 @@ from dapo import metric_names as M
 from dapo.algos.aggregation import group_token_counts, local_counts, token_weights, weighted_sum
 from dapo.algos.metrics import UPDATE_SUMS, update_metrics, update_sums
 from dapo.algos.policy_loss import COVARIANCE_LOSSES, covariance_selection, k3_to_reference, per_token_loss
+from dapo.algos.rollout_correction import off_policy_sequence_mask
 from dapo.distributed import all_gather, all_reduce, init_distributed
 from dapo.learner.batch import LossSpec, MicroBatch, PolicyBatch, dummy_micro_batch
 from dapo.learner.forward import ChunkedForward
 from dapo.learner.model import load_policy, prepare_deepspeed
 from dapo.learner.optim import deepspeed_config, lr_at, make_optimizer
-from dapo.modeling import ATTENTION_PACKED, ATTENTION_PADDED, copy_tokenizer_files, model_hidden_size, resolve_dtype
+from dapo.modeling import (
+    ATTENTION_PACKED,
+    ATTENTION_PADDED,
+    copy_tokenizer_files,
+    model_hidden_size,
+    register_packed_attention,
+    resolve_dtype,
+)
 
 # The per-update "this step was skipped" flag (1.0 / 0.0); the cumulative count is M.NONFINITE_SKIPPED.
 UPDATE_SKIPPED = M.UPDATE_SKIPPED
@@ -147,6 +155,13 @@ class Learner:
         assert entropy is not None
         return logp, entropy
 
+    def set_packing(self, packing: str) -> None:
+        """Lay later passes out as `packing` (`trainer.packing`), switching the model's attention to match: a
+        benchmark or a test compares the layouts on one learner."""
+        register_packed_attention()
+        self.passes.packing = packing
+        self.engine.module.lm.set_attn_implementation(ATTENTION_PADDED if packing == "none" else ATTENTION_PACKED)
+
     def padded_fraction(self, batch: PolicyBatch, *, forward_only: bool) -> float:
         """The share of the tokens one pass over `batch` computes (every rank's, dummy passes included) that are
         padding: for `compute_logprobs` (`forward_only`) or an `update`. Arithmetic on lengths, no collective."""
@@ -208,7 +223,9 @@ class Learner:
             self.engine.backward(loss * world, scale_wrt_gas=False)
         grad_norm, applied = self._step()
         summed = dict(zip(UPDATE_SUMS, all_reduce(sums, "sum").tolist(), strict=True))
-        metrics = update_metrics(summed, counts.num_tokens, counts.num_seqs, spec.policy_loss, spec.kl_coef > 0)
+        metrics = update_metrics(
+            summed, counts.num_tokens, counts.num_seqs, spec.policy_loss, spec.kl_coef > 0, spec.off_policy_mask
+        )
         padded = self.passes.tokens(whole, forward_only=False).padded_fraction
         return {
             **metrics,
@@ -289,18 +306,25 @@ class Learner:
             dual_clip_c=spec.dual_clip_c,
             cispo_clip_max=spec.cispo_clip_max,
             kl_cov_coef=spec.kl_cov_coef,
+            sapo_tau_pos=spec.sapo_tau_pos,
+            sapo_tau_neg=spec.sapo_tau_neg,
             selected=None if selected is None else take(selected),
         )
         per_token = out.loss
         if batch.is_weights is not None:  # the rollout correction: after the clip, before the KL term
             per_token = per_token * take(batch.is_weights)
+        masked = None
+        if spec.off_policy_mask is not None:  # DeepSeek-V3.2's: on the current policy, so at every update
+            sampling = take(batch.engine_logp) if batch.engine_logp is not None else old
+            keep = off_policy_sequence_mask(adv, logp, sampling, m, spec.off_policy_mask)
+            per_token, masked = per_token * keep, (keep == 0).expand_as(m)
         kl = None
         if batch.ref_logp is not None:
             kl = k3_to_reference(logp, take(batch.ref_logp))
             if spec.kl_coef > 0:
                 per_token = per_token + spec.kl_coef * kl
         loss = weighted_sum(per_token, take(weights))
-        part = update_sums(out, loss, old, logp, adv, m, kl)
+        part = update_sums(out, loss, old, logp, adv, m, kl, masked)
         return loss, part
 
     def _step(self) -> tuple[float, bool]:

@@ -215,6 +215,7 @@ def make_learner(cfg: RunConfig, path: str) -> Learner:
         temperature=r.temperature,
         **_pick(a, "eps_low", "eps_high", "dual_clip_c", "kl_coef", "loss_agg", "policy_loss", "cispo_clip_max"),
         **_pick(a, "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "kl_cov_coef"),
+        **_pick(a, "sapo_tau_pos", "sapo_tau_neg", "off_policy_mask"),
     )
     return Learner(
         path,
