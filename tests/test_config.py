@@ -205,6 +205,7 @@ def test_verl_7b_preset_is_the_published_recipe():
     t = c.trainer
     assert (t.total_steps, t.train_batch_size, t.mini_batch_size, t.updates_per_step) == (200, 512, 32, 16)
     assert (t.lr, t.weight_decay, t.grad_clip, t.warmup_steps, t.micro_batch_tokens) == (1e-6, 0.1, 1.0, 10, 20480)
+    assert (t.forward_micro_batch_tokens, t.zero_stage, t.packing) == (30720, 1, "sequences")  # infer x 3; the plan
     assert (t.checkpoint_every, c.eval.every, c.eval.n, c.eval.top_p, c.eval.temperature) == (10, 10, 32, 0.7, 1.0)
     r = c.resources.train
     assert (r.nodes, r.gpus_per_node, r.world_size, r.gpu_model) == (8, 8, 64, "h100")
@@ -227,6 +228,7 @@ def test_one_node_7b_preset_keeps_the_algorithm_and_scales_the_batch():
         "eval.every",
         "tracking.preset",
         "resources.train.nodes",
+        "resources.train.mem_mb",  # its 8 ranks' offloaded states a node: 8 x 41.9 GB against 8 x 31.9 (dapo plan)
     }
     assert (one.trainer.train_batch_size, one.trainer.mini_batch_size, one.trainer.total_steps) == (128, 8, 300)
     assert one.trainer.updates_per_step == full.trainer.updates_per_step == 16

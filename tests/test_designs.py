@@ -100,6 +100,7 @@ def test_all_variants_plans_each_variant_beside_its_parent(tmp_path, preset):
     assert r.returncode == 0, r.stderr[-3000:]
     stats = _job_stats(r.stdout)
     runs = {"00_naive_grpo", "05_dynamic_sampling", "gspo", "cispo", "clip_cov", "kl_cov", "dr_grpo", "tis"}
+    runs |= {"sapo", "gmpo", "dppo_tv", "dppo_kl", "off_policy_mask"}  # the 2026 baselines
     assert stats["train"] == 3 * len(runs) and stats["variants_report"] == 1
     cmds = _train_commands(r.stdout)
     assert set(cmds) == runs

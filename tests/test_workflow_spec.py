@@ -89,9 +89,13 @@ def test_tiny_spec_has_every_run_with_its_command_and_the_cpu_plan(tmp_path):
     assert all(r in spec["runs"] for r in token)
     # the variants design: each variant of configs/variants/ and the rows they inherit, every one a run of the spec
     variants = spec["designs"]["variants"]
-    assert {"gspo", "cispo", "clip_cov", "kl_cov", "dr_grpo", "tis", "00_naive_grpo", "05_dynamic_sampling"} <= set(
-        variants
-    )
+    assert {"gspo", "cispo", "clip_cov", "kl_cov", "dr_grpo", "tis", "00_naive_grpo", "05_dynamic_sampling"} | {
+        "sapo",
+        "gmpo",
+        "dppo_tv",
+        "dppo_kl",
+        "off_policy_mask",
+    } <= set(variants)
     assert all(v in spec["runs"] for v in variants)
     gspo = spec["runs"]["gspo"]["seeds"]["0"]["train_args"]
     assert gspo[1].endswith("configs/variants/gspo.yaml") and "tracking.row=gspo" in gspo

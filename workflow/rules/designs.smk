@@ -81,8 +81,9 @@ rule variants_report:
 
 
 rule all_variants:
-    """Each variant of configs/variants/ (GSPO, CISPO, Clip-Cov, KL-Cov, Dr. GRPO, the rollout correction) and the
-    ladder row it inherits, every seed; then their report (rule variants_report)."""
+    """Each variant of configs/variants/ (GSPO, CISPO, Clip-Cov, KL-Cov, Dr. GRPO, the rollout correction, SAPO, GMPO,
+    DPPO-TV and -KL, the off-policy sequence mask) and the ladder row it inherits, every seed; then their report
+    (rule variants_report)."""
     input:
         VARIANTS_REPORT,
     localrule: True
