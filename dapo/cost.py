@@ -34,9 +34,8 @@ def _binom_cdf_below(k: int, n: int, p: float) -> float:
 
 
 def expected_gen_batches(needed: int, batch_prompts: int, informative: float, cap: int) -> float:
-    """Expected generation batches of `batch_prompts` prompts dynamic sampling draws in one rollout step to keep
-    `needed` groups, each kept with probability `informative`; at most `cap` (0: no cap). E[K] = sum_{k>=0} P(K > k)
-    = sum_k P(Binomial(k x batch_prompts, informative) < needed) (docs/cost.md, "Tokens per rollout step")."""
+    """Expected generation batches dynamic sampling draws to keep `needed` groups (each kept with probability
+    `informative`; `cap` 0: none): E[K] = sum_k P(Binomial(k x batch_prompts, informative) < needed) (docs/cost.md)."""
     if not 0.0 <= informative <= 1.0:
         raise PlanError(f"plan.informative_fraction must be in [0, 1], got {informative}")
     if informative == 0.0:
@@ -57,8 +56,7 @@ def expected_gen_batches(needed: int, batch_prompts: int, informative: float, ca
 
 
 def evals_per_run(total_steps: int, every: int) -> int:
-    """Evaluations inside one training run: before the first step and every `every` steps, plus one at the end
-    when the last step is not a multiple (every = 0: at the end only), as the trainer does."""
+    """Evaluations in a run, as the trainer does: at start, every `every` steps and at the end (every = 0: end only)."""
     if every <= 0:
         return 1
     return 1 + total_steps // every + (1 if total_steps % every else 0)
@@ -71,8 +69,7 @@ def checkpoints_per_run(total_steps: int, every: int) -> int:
 
 @dataclass(frozen=True)
 class CostInputs:
-    """One ablation row's run, as plain values: its vLLM replica (colocated: the learner's GPUs are the replicas'),
-    the layout, the preset's batch and lengths, and the stated rates the estimate rests on."""
+    """One row's run as plain values: its (colocated) vLLM replica, layout, batch, lengths and the stated rates."""
 
     replica: Replica
     world_size: int
@@ -115,8 +112,7 @@ class CostInputs:
     covariance_forward: bool = False  # Clip-Cov / KL-Cov: a no-grad forward per update before it (the selection)
 
     def padding_at(self, fraction: float) -> Padding:
-        """The learner's padded shares `fraction` of the way through the run: `learner_padding` at the first and the
-        last step's length model, in between linear in the step (as the mean length is)."""
+        """The learner's padded shares `fraction` through the run: linear between the first and last step's."""
         a, b = (self.padding(self.response_tokens_at(x)) for x in (0.0, 1.0))
         return Padding(a.update + (b.update - a.update) * fraction, a.forward + (b.forward - a.forward) * fraction)
 
@@ -148,10 +144,9 @@ def learner_padding(
     micro_batch_tokens: int,
     forward_micro_batch_tokens: int,
 ) -> Padding:
-    """The learner's padded shares at a length model (`dapo.packing.learner_tokens`, what the learner itself runs):
-    one rollout step's responses drawn from it (exponential of that capped mean, seeded: the same figure each time;
-    each group's prompt `prompt_tokens` long), its mini-batches of `mini_batch_prompts` groups shared over the ranks
-    into micro-batches of `micro_batch_tokens`, and the whole step at `forward_micro_batch_tokens` (old log-probs)."""
+    """The learner's padded shares (`dapo.packing.learner_tokens`, the learner's own arithmetic) on one step's
+    responses drawn from the length model (seeded exponential of the capped mean): updates per mini-batch at
+    `micro_batch_tokens`, the old-log-prob pass over the step at `forward_micro_batch_tokens`."""
     model = LengthModel.of(mean_response, cap)
     rng = random.Random(0)
 
@@ -209,8 +204,8 @@ def forward_flops_per_token(s: ModelShape, mean_context: float) -> float:
 
 
 def checkpoint_bytes(s: ModelShape, dtype_bytes: int) -> float:
-    """A learner checkpoint: the weights in their dtype plus the optimizer's fp32 state (master weights and two
-    Adam moments in mixed precision, 12 B; the two moments in fp32, 8 B), every rank's shard together."""
+    """A learner checkpoint, all shards: weights in their dtype plus fp32 optimizer state (mixed precision: master
+    weights and two Adam moments, 12 B; fp32: the moments, 8 B)."""
     return s.params * (dtype_bytes + (12 if dtype_bytes == 2 else 8))
 
 
@@ -229,9 +224,8 @@ def step_cost(c: CostInputs, fraction: float, gen_batches: float) -> StepCost:
     seq = c.mean_prompt_tokens + m
     per_group = c.mean_prompt_tokens + c.n * m if c.packing == "prompts" else c.n * seq
     train_tokens = c.prompts_per_step * per_group
-    # update: forward + backward (2x) + the recompute of checkpointed layers; old log-probs: one forward;
-    # the reference policy's log-probs: one more when the KL term is on; the covariance losses' selection: one more.
-    # Each over the tokens the learner computes: the real ones / (1 - its padded share) (`learner_padding`).
+    # update: forward + backward (2x) + recompute; one forward each for old log-probs, the reference (KL on) and the
+    # covariance selection; each over real tokens / (1 - padded share) (`learner_padding`).
     pad = c.padding_at(fraction)
     update_passes = (3 + c.gradient_checkpointing) / (1 - pad.update) + c.covariance_forward / (1 - pad.forward)
     forward_passes = (1 + c.reference_forward) / (1 - pad.forward)
@@ -270,8 +264,7 @@ def row_cost(c: CostInputs) -> RowCost:
 
 
 def padding_line(c: CostInputs, rc: RowCost) -> str:
-    """What the learner pads at the first row's length model, and what that costs, beside what the padded layout
-    (`trainer.packing: none`) would."""
+    """What the learner pads and costs, beside the padded layout (`trainer.packing: none`)."""
 
     def shares(cost: CostInputs) -> tuple[str, float]:
         a, b = cost.padding_at(0.0), cost.padding_at(1.0)
@@ -291,8 +284,8 @@ def padding_line(c: CostInputs, rc: RowCost) -> str:
 
 
 def jobs_needed(hours: float, limit_h: float, restart_h: float, step_h: float) -> int | None:
-    """SLURM jobs a run of `hours` needs under a time limit: each job loses its start-up (`restart_h`: loading
-    the model, the checkpoint and the engine) and the step it is cut off in. None: no job gets a step done."""
+    """SLURM jobs a run of `hours` needs: each loses its start-up (`restart_h`) and the step it is cut off in; None:
+    no job gets a step done."""
     usable = limit_h - restart_h - step_h
     return max(1, math.ceil(hours / usable)) if usable > 0 else None
 
@@ -317,8 +310,8 @@ def render_costs(
     concurrent_runs: int,
     stop_margin_s: float | None = None,
 ) -> tuple[str, list[str]]:
-    """The cost table (one line per row) and the warnings: rows that cannot finish within the time limit x
-    (1 + resubmissions), and a stop margin shorter than a generation batch plus a checkpoint write."""
+    """The cost table and warnings: rows that cannot finish within limit x (1 + resubmissions), and a stop margin
+    shorter than a generation batch plus a checkpoint write."""
     costs = {row: row_cost(c) for row, c in rows.items()}
     c0, rc0 = next(iter(rows.values())), next(iter(costs.values()))
     lines = [

@@ -8,8 +8,8 @@ run per toggle (a design run equal to a ladder row is that row's run):
 - leave_one_out: full DAPO (the last row) against full DAPO with one toggle's keys reverted, run `dapo_minus_<toggle>`;
 - one_at_a_time: naive GRPO (the first row) against naive GRPO with one toggle's keys set, run `grpo_plus_<toggle>`.
 
-A fourth, the variants of configs/variants/, runs each beside its parent row (`variant_runs`; docs/variants.md).
-Details: docs/evidence.md, section 4; docs/architecture.md, "designs.py".
+A fourth, configs/variants/, runs each beside its parent row (`variant_runs`; docs/variants.md). Details:
+docs/evidence.md, section 4; docs/architecture.md, "designs.py".
 """
 
 from __future__ import annotations
@@ -79,11 +79,8 @@ def _own_keys(path: Path) -> dict[str, Any]:
 
 @cache
 def toggles(ablations_dir: Path = ABLATIONS_DIR) -> tuple[Toggle, ...]:
-    """Every toggle of the ladder, in row order (the first row is the baseline and adds none).
-
-    A key may be set by one row only: a design reverts or sets a toggle's keys alone, which is only that toggle
-    if no other row touches them. Raises ValueError naming the rows otherwise.
-    """
+    """Every toggle of the ladder, in row order (the first row adds none). A key may be set by one row only (a
+    design reverts or sets a toggle's keys alone); ValueError naming the rows otherwise."""
     rows = ladder(ablations_dir)
     if len(rows) < 2:
         raise ValueError(f"{ablations_dir}: a ladder needs at least two rows, found {rows}")
@@ -106,8 +103,7 @@ def toggles(ablations_dir: Path = ABLATIONS_DIR) -> tuple[Toggle, ...]:
 
 
 def override(key: str, value: Any) -> str:
-    """A `section.key=value` override that `dapo.config.parse_override` reads back as `value` (YAML text: a plain
-    string where YAML reads it back unchanged, else JSON, which YAML also reads)."""
+    """A `section.key=value` override `dapo.config.parse_override` reads back as `value` (plain string or JSON)."""
     if isinstance(value, str) and yaml.safe_load(value) == value:
         return f"{key}={value}"
     return f"{key}={json.dumps(value)}"
@@ -128,8 +124,7 @@ def _computation(spec: RunSpec) -> dict[str, Any]:
 
 
 def assay_pairs(toggle: str) -> list[tuple[str, str]]:
-    """(with, without) runs an assay of `toggle` compares (dapo.report.assays): the toggle's cumulative pair and its
-    one-at-a-time pair (naive GRPO with the toggle, against naive GRPO)."""
+    """(with, without) runs of `toggle`'s assay (dapo.report.assays): its cumulative and one-at-a-time pairs."""
     t = next(t for t in toggles() if t.name == toggle)
     return [(t.row, t.above), (PREFIX["one_at_a_time"] + t.name, ladder()[0])]
 
@@ -170,10 +165,9 @@ PLACEBO_SEED_OFFSET = 1000  # rollout.sampling_seed_offset of the placebo: its r
 
 
 def placebo_run(ablations_dir: Path = ABLATIONS_DIR) -> RunSpec:
-    """The placebo row: the ladder's second-to-last row (what the last toggle is measured against) with only its
-    rollouts' sampling seed changed (`rollout.sampling_seed_offset`; the data order, the evaluations and every
-    other setting are its twin's). Compared with its twin, every declared statistic should show no clear change:
-    whatever does is what noise alone produces at this number of seeds. Generated from the ladder, not a file."""
+    """The placebo: the ladder's second-to-last row with only `rollout.sampling_seed_offset` changed (data order,
+    evals, all else its twin's). Against its twin no declared statistic should change: whatever does is noise at this
+    number of seeds. Generated from the ladder, not a file."""
     twin = ladder(ablations_dir)[-2]
     name = f"{PLACEBO_PREFIX}{twin}"
     overrides = (f"rollout.sampling_seed_offset={PLACEBO_SEED_OFFSET}", f"{ROW_KEY}={name}")
@@ -186,8 +180,7 @@ def placebo_twin(name: str) -> str | None:
 
 
 def all_design_runs(ablations_dir: Path = ABLATIONS_DIR, variants_dir: Path | None = None) -> dict[str, RunSpec]:
-    """Every run name any design uses -> its spec (a ladder row appears once, as itself), the placebo and the
-    variants (`variant_runs`; `variants_dir` None: configs/variants/, when it exists)."""
+    """Every run name any design uses -> its spec (a ladder row once), the placebo and the variants."""
     out: dict[str, RunSpec] = {}
     for design in DESIGNS:
         for spec in design_runs(design, ablations_dir):
@@ -201,10 +194,8 @@ def all_design_runs(ablations_dir: Path = ABLATIONS_DIR, variants_dir: Path | No
 
 # ------------------------------------------------------------------------------------------------- variants
 VARIANTS_DIR = REPO_ROOT / "configs" / "variants"
-# The keys each variant may set (its file's own keys, `inherits:` and `tracking.row` aside): the loss it names and
-# that loss's parameters (dapo/algos/policy_loss.py), or for Dr. GRPO the advantage and the normaliser its paper
-# changes, or for the rollout correction its mode and bounds. A variant setting anything else would measure more than
-# itself: refused, as a ladder row is.
+# The keys each variant may set: its loss and that loss's parameters (dapo/algos/policy_loss.py), Dr. GRPO's advantage
+# and normaliser, the rollout correction's mode and bounds. Anything else would measure more than itself: refused.
 VARIANT_KEYS: dict[str, frozenset[str]] = {
     "gspo": frozenset({"algorithm.policy_loss", "algorithm.eps_low", "algorithm.eps_high", "algorithm.loss_agg"}),
     "cispo": frozenset({"algorithm.policy_loss", "algorithm.cispo_clip_max", "algorithm.loss_agg"}),
@@ -238,8 +229,7 @@ class Variant:
 
 
 def variants(variants_dir: Path = VARIANTS_DIR, ablations_dir: Path = ABLATIONS_DIR) -> tuple[Variant, ...]:
-    """Every variant file, checked: a known name (`VARIANT_KEYS`), a parent that is a row of the ladder, and no key
-    but its own. Raises ConfigError naming the file, the key and the fix."""
+    """Every variant file, checked (a `VARIANT_KEYS` name, a ladder row as parent, only its own keys): ConfigError."""
     variants_dir, ablations_dir = Path(variants_dir), Path(ablations_dir).resolve()
     rows = set(ladder(ablations_dir))
     out = []
@@ -310,11 +300,9 @@ def parse_run(name: str) -> tuple[Design, str] | None:
 
 
 # --------------------------------------------------------------------------- is a ladder a clean ablation?
-# The keys each of the paper's toggles may set. A row declares its toggle by its name (`02_clip_higher` ->
-# clip_higher); a row named after a toggle not listed here (a user's own) may set any algorithm key that no preset
-# sets. Everything else is either scale (what presets own: model, data, lengths, batch sizes, lr, steps, eval, the
-# algorithm keys a preset sets such as L_cache) or another toggle's, and a row that changes it measures more than
-# its toggle: the released recipe's per-row scripts differed in such keys.
+# The keys each of the paper's toggles may set (a row names its toggle: `02_clip_higher`); a user's own toggle may set
+# any algorithm key no preset sets. Anything else is scale (presets own it) or another toggle's: a row changing it
+# measures more than its toggle (the released recipe's per-row scripts differed in such keys).
 TOGGLE_KEYS: dict[str, frozenset[str]] = {
     "overlong_filtering": frozenset({"algorithm.overlong_filter"}),
     "clip_higher": frozenset({"algorithm.eps_high", "algorithm.eps_low"}),
@@ -362,9 +350,8 @@ def departures(
     also: dict[str, Any] | None = None,
     skip: tuple[str, ...] = (ROW_KEY,),
 ) -> dict[str, tuple[Any, Any, str]]:
-    """Where `row` is not `above` plus `toggle` (flat configs, or a run's MLflow params): key -> (value above,
-    value in the row, why). Compared on the keys both have, `skip` prefixes aside; `also` (the keys the row file
-    sets) adds those it may not set even where they equal the row above's (a scale key set to one preset's
+    """Where `row` is not `above` plus `toggle` (flat configs or MLflow params): key -> (above, row, why), on shared
+    keys but `skip`; `also` (the row file's keys) adds forbidden ones even when equal (a scale key set to one preset's
     value still overrides every other preset's)."""
     changed = {k for k in row.keys() & above.keys() if row[k] != above[k]}
     out = {}
@@ -391,10 +378,8 @@ def _differs(row: str, above: str, bad: dict[str, tuple[Any, Any, str]]) -> str:
 def ladder_problems(
     ablations_dir: Path = ABLATIONS_DIR, preset: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> list[str]:
-    """What makes the ladder in `ablations_dir` not a clean cumulative ablation under `preset`: per row file, the
-    keys in which it differs from the row above beyond its declared toggle (`TOGGLE_KEYS`), and any scale key it
-    sets, with their values. Empty when each row is the row above plus its toggle. ConfigError for a row that
-    does not load."""
+    """Why the ladder is not a clean cumulative ablation under `preset`: per row file, the keys beyond its toggle's
+    (`TOGGLE_KEYS`) where it differs from the row above, and scale keys it sets; empty when clean."""
     ablations_dir = Path(ablations_dir)
     rows = ladder(ablations_dir)
     scale = preset_keys(preset)
@@ -445,10 +430,9 @@ def check_run_file(
     overrides: list[str] | tuple[str, ...] = (),
     allow: bool = False,
 ) -> list[str]:
-    """The ladder check of a run's config file (`dapo config`, `dapo train`). A row of a ladder is checked with its
-    whole ladder (`check_ladder`). A file outside it whose run is labelled one of its rows (`tracking.row`: set,
-    inherited or overridden; the ladder its `inherits:` chain passes through, else configs/ablations/) is checked
-    as that row is, against the row above. Raises ConfigError with the fix, or with `allow` returns the problems."""
+    """The ladder check of a run's config file (`dapo config`, `dapo train`): a ladder row with its whole ladder; a
+    file outside whose `tracking.row` names a row (of the ladder its `inherits:` chain passes, else configs/ablations/)
+    as that row, against the row above. ConfigError with the fix, or with `allow` the problems."""
     if config is None:
         return []
     if (ladder_dir := ladder_dir_of(config)) is not None:
@@ -474,8 +458,7 @@ def check_run_file(
 
 
 def ladder_dir_of(config: str | Path | None) -> Path | None:
-    """The ladder a config file is a row of (its folder, when it holds two or more `<number>_<toggle>.yaml` rows
-    including this one), else None."""
+    """The ladder (folder of 2+ `<number>_<toggle>.yaml` rows) a config file is a row of, else None."""
     if config is None:
         return None
     path = Path(config).resolve()

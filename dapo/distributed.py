@@ -1,6 +1,5 @@
-"""The job's process group: joining it, the few collectives the trainer uses, and failing fast together; a no-op,
-or the identity, in one process. Where rank and world size come from, and how failing together works:
-docs/distributed.md, "The layout" and "Collective safety"."""
+"""The job's process group: joining it, the trainer's few collectives, failing fast together (identity in one
+process). docs/distributed.md, "The layout" and "Collective safety"."""
 
 from __future__ import annotations
 
@@ -51,8 +50,7 @@ def first_slurm_host(nodelist: str) -> str:
 
 
 def launcher_env(env: dict[str, str] | os._Environ | None = None) -> dict[str, str] | None:
-    """RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT from torchrun or SLURM variables, or None when
-    neither launcher set them (a single process)."""
+    """RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT from torchrun or SLURM, else None (one process)."""
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
         rank, world, local = env["RANK"], env["WORLD_SIZE"], env.get("LOCAL_RANK", "0")
@@ -68,9 +66,8 @@ def launcher_env(env: dict[str, str] | os._Environ | None = None) -> dict[str, s
 
 
 def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
-    """Join (or create) the default process group; idempotent (a second call keeps the first group and its
-    timeout). `backend`: default NCCL with CUDA, else gloo. `timeout_s`: how long any collective may wait before it
-    fails (None: torch's default; sizing it: docs/distributed.md, "Collective safety")."""
+    """Join (or create) the default process group, idempotently; `backend` default NCCL with CUDA, else gloo;
+    `timeout_s`: any collective's wait before failing (None: torch's; docs/distributed.md, "Collective safety")."""
     use_cuda = torch.cuda.is_available()
     backend = backend or ("nccl" if use_cuda else "gloo")
     found = launcher_env()
@@ -96,10 +93,8 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
 
 
 def _forget_deepspeed_world_group() -> None:
-    """DeepSpeed keeps a clone of the world group (`deepspeed.utils.groups._WORLD_GROUP`) from the first engine of
-    the process and has no public reset: after the default group was destroyed (`shutdown`, or vLLM closing an
-    engine) and made anew, a second learner in the same process would use the dead clone ("Group ... is not
-    registered"). A new default group gets a new clone."""
+    """Drop DeepSpeed's clone of the world group (`deepspeed.utils.groups._WORLD_GROUP`, no public reset): after the
+    default group is made anew, a second learner would use the dead clone ("Group ... is not registered")."""
     groups = sys.modules.get("deepspeed.utils.groups")
     if groups is not None and getattr(groups, "_WORLD_GROUP", None) is not None:
         groups._WORLD_GROUP = None
@@ -115,16 +110,13 @@ def shutdown() -> None:
     _OBJECT_GROUP = None
 
 
-# The group that pickled objects travel over: the default group where it is already a CPU one (gloo), else a gloo
-# group over the same ranks. Over NCCL, `all_gather_object` stages world x the largest pickle on every rank's GPU
-# (at the 32B preset's 128 ranks, a generation batch's samples: GBs, while vLLM holds most of the memory); gloo
-# keeps them in host memory. docs/distributed.md, "Collective safety".
+# The group pickled objects travel over: the default one if gloo, else a gloo group over the same ranks (over NCCL,
+# `all_gather_object` stages world x the largest pickle on every GPU: GBs at 128 ranks). docs/distributed.md.
 _OBJECT_GROUP: Any = None
 
 
 def object_group() -> Any:
-    """The process group of `broadcast` and `all_gather` (None: the default group, when that is gloo). Made once,
-    by `init_distributed` on every rank."""
+    """The group of `broadcast` and `all_gather` (None: the default, when gloo); made by `init_distributed`."""
     global _OBJECT_GROUP
     if not dist.is_initialized() or dist.get_world_size() == 1 or dist.get_backend() == "gloo":
         return None
@@ -153,8 +145,7 @@ def _device() -> torch.device | None:
 
 
 def broadcast(obj: Any) -> Any:
-    """Rank 0's `obj` on every rank (pickled, over the CPU `object_group`; CPU tensors inside are fine). One
-    process: `obj` itself."""
+    """Rank 0's `obj` on every rank (pickled, over the CPU `object_group`); one process: `obj` itself."""
     if world_size() == 1:
         return obj
     box = [obj if is_main() else None]
@@ -163,8 +154,7 @@ def broadcast(obj: Any) -> Any:
 
 
 def all_gather(obj: Any) -> list[Any]:
-    """Every rank's `obj` (pickled), in rank order, over the CPU `object_group`: host memory only, world x the
-    largest pickle on each rank."""
+    """Every rank's `obj` (pickled), in rank order, over the CPU `object_group` (host memory only)."""
     if world_size() == 1:
         return [obj]
     out: list[Any] = [None] * world_size()
@@ -198,16 +188,10 @@ def barrier() -> None:
 # ---------------------------------------------------------------------------------------------- failing together
 class FailureWatch:
     """Ends every rank soon after any rank fails (docs/distributed.md, "Collective safety"); a no-op in one process.
-    An exception (not a SystemExit such as a stop signal's) leaving the block is reported to the other ranks; call
-    `report` yourself, before re-raising, to learn whether another rank failed first.
-
-    Args:
-        poll_s: seconds between two looks at the store.
-        on_peer_failure: called with the report (in the watch thread) before this rank exits, e.g. to mark the
-            MLflow run failed; its own errors are logged and ignored.
-        exit_code: the exit status of a rank ended by another's failure.
-        linger_s: how long `report` waits before returning, so the others can read the report even when this
-            rank hosts the store (an `srun` job's rank 0) and ends right after.
+    An exception (not a SystemExit) leaving the block is reported to the others; call `report` before re-raising to
+    learn whether another rank failed first. `on_peer_failure(report)` runs in the watch thread before this rank exits
+    with `exit_code` (its errors are logged); `linger_s`: `report`'s wait, so others read it even when this rank hosts
+    the store (an `srun` job's rank 0) and ends right after; `poll_s`: between looks at the store.
     """
 
     def __init__(
@@ -238,8 +222,7 @@ class FailureWatch:
         self._stop.set()
 
     def report(self, error: BaseException) -> str | None:
-        """Tell every rank that this one failed. Returns the first failure's report when another rank failed
-        first (its error is usually the cause of this one), else None."""
+        """Tell every rank this one failed; the first failure's report if another rank failed first, else None."""
         if self._store is None:
             return None
         self._reported = True
@@ -283,8 +266,7 @@ class FailureWatch:
 
 
 def _job_store() -> Any:
-    """A client of its own to the store the job rendezvoused on (torchrun's agent, or rank 0 under env://), so the
-    watch thread never shares a connection with the main thread's collectives."""
+    """A client of its own to the job's rendezvous store: the watch thread never shares the collectives' connection."""
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not addr or not port:
         return None

@@ -1,18 +1,12 @@
 """Loading a Hugging Face causal LM the way the learner and the engines both need it, and the attention that packed
 micro-batches run through. Below both `learner` and `rollout`, so neither reaches into the other.
 
-- `resolve_dtype`: "auto" is bfloat16 on a GPU that has it, float32 elsewhere: the learner and the HF engine agree.
-- `apply_config_overrides`, `check_plain_logits`: `model.config_overrides` set before a model is built, and the
-  refusal of models whose logits are transformed after the head (the chunked head computes plain logits).
-- `load_causal_lm`: the model with those checks, every dropout at 0 where asked, and its attention: transformers'
-  SDPA (`ATTENTION_PADDED`) or `ATTENTION_PACKED`.
-- `packed_attention`: registered with transformers' `AttentionInterface` under `ATTENTION_PACKED`. A packed
-  micro-batch is one row of whole sequences end to end (`PackedRow`): each attends causally to itself only, and,
-  where a group's responses share one copy of their prompt (`trainer.packing: prompts`), to that prompt too. No mask
-  of any size is built: on CUDA in bfloat16 / float16 the row goes to PyTorch's variable-length flash kernel
-  (`torch.nn.attention.varlen.varlen_attn`, boundaries as cumulative lengths); elsewhere (CPUs, float32) each
-  sequence goes through `scaled_dot_product_attention` alone, causal, which computes exactly its own L_i^2 scores.
-  docs/architecture.md, "learner/", says how a micro-batch is laid out.
+`load_causal_lm` applies `model.config_overrides`, refuses models whose logits are transformed after the head (the
+chunked head computes plain logits), zeroes dropout where asked, and picks SDPA (`ATTENTION_PADDED`) or
+`ATTENTION_PACKED`: `packed_attention`, where a packed row of whole sequences (`PackedRow`) attends causally to
+itself only (and to a shared prompt, `trainer.packing: prompts`). No mask is built: on CUDA in 16 bits PyTorch's
+varlen flash kernel (`torch.nn.attention.varlen.varlen_attn`), elsewhere SDPA per sequence (exactly its L_i^2
+scores). docs/architecture.md, "learner/", says how a micro-batch is laid out.
 """
 
 from __future__ import annotations
@@ -43,9 +37,8 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
 )
 
-# Config keys with which transformers' causal LMs change the logits after the output head (transformers 5.x:
-# Gemma 2/3 soft-cap with tanh, Cohere multiplies, Granite divides and HyperCLOVA X multiplies by
-# `logits_scaling`, MuseGlimmer multiplies by `output_multiplier`), each with the value that changes nothing.
+# Config keys with which transformers 5.x causal LMs change the logits after the head (Gemma 2/3 tanh soft-cap,
+# Cohere, Granite, HyperCLOVA X, MuseGlimmer scaling), each with the value that changes nothing.
 LOGIT_TRANSFORM_KEYS: dict[str, float | None] = {
     "final_logit_softcapping": None,
     "logit_scale": 1.0,
@@ -65,10 +58,8 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 
 
 def apply_config_overrides(config: Any, overrides: Mapping[str, Any] | None, where: str) -> Any:
-    """Set `overrides` (config.json names) on a transformers config before the model is built from it: the
-    learner's and the HF engine's side of `model.config_overrides` (vLLM takes the same mapping as hf_overrides).
-    A key the config does not have is refused, naming `where` (the model) and the key: a typo would otherwise be
-    kept as a stray attribute that changes nothing."""
+    """Set `model.config_overrides` (config.json names) on a transformers config before the model is built (vLLM
+    takes them as hf_overrides); a key the config lacks is refused, naming `where` (a typo would change nothing)."""
     unknown = sorted(k for k in (overrides or {}) if not hasattr(config, k))
     if unknown:
         raise ValueError(
@@ -81,12 +72,8 @@ def apply_config_overrides(config: Any, overrides: Mapping[str, Any] | None, whe
 
 
 def check_plain_logits(config: Any, source: str) -> None:
-    """Raise if the model's config transforms the logits after the output head.
-
-    The chunked head (`dapo.algos.logprobs`) computes logits as hidden @ head^T / temperature; a model that
-    soft-caps or scales them would get log-probs of another distribution than the one the engine samples from,
-    and the ratio to the old policy would be wrong without any error. Nested configs (`text_config`) count too.
-    """
+    """Raise if the config (or a nested `text_config`) transforms the logits after the head: the chunked head
+    (`dapo.algos.logprobs`) computes hidden @ head^T / temperature, so the ratios would silently be wrong."""
     configs = [("", config)]
     for sub in ("text_config", "decoder"):
         nested = getattr(config, sub, None)
@@ -113,10 +100,8 @@ def load_causal_lm(
     attention: str = ATTENTION_PADDED,
     no_dropout: bool = False,
 ) -> nn.Module:
-    """The HF causal LM at `model_path` in `dtype`, `config_overrides` applied to its config first, with
-    `attention` (`ATTENTION_PADDED` or `ATTENTION_PACKED`) and, with `no_dropout`, every dropout of its config at 0
-    (the learner's: the first update on freshly computed old log-probs must see ratio 1). A model whose config
-    transforms its logits is refused before any weight is loaded."""
+    """The HF causal LM at `model_path` in `dtype` with `attention`, overrides applied and the logits checked before
+    any weight loads; `no_dropout`: every dropout at 0 (the learner's: its first update must see ratio 1)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if attention == ATTENTION_PACKED:
@@ -131,8 +116,7 @@ def load_causal_lm(
 
 
 def model_hidden_size(model_path: str) -> int | None:
-    """The model's hidden size from its config (DeepSpeed's ZeRO-3 buckets are sized by it), or None if the
-    config names none."""
+    """The config's hidden size (ZeRO-3's buckets are sized by it), or None."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_path)
@@ -151,20 +135,15 @@ def copy_tokenizer_files(src: str | Path, dst: Path) -> None:
 # ---------------------------------------------------------------------------------------------- packed attention
 @dataclass(frozen=True)
 class PackedRow:
-    """Where the sequences of one packed row sit (row positions; `bounds[i]:bounds[i + 1]` is sequence i).
-
-    Attributes:
-        bounds: 0 = b_0 < b_1 < ... < b_D = L, the sequences' boundaries (D sequences, L tokens in all).
-        prefixes: per sequence, the (start, end) of an earlier part of the row it also attends to, wholly: the
-            shared prompt of a response under `trainer.packing: prompts`, (0, 0) for none. None: no sequence has one.
-    """
+    """Where one packed row's sequences sit: `bounds` 0 = b_0 < ... < b_D = L (sequence i is b_i:b_{i+1});
+    `prefixes`, per sequence, the (start, end) of an earlier part it also attends to wholly (its shared prompt under
+    `trainer.packing: prompts`; (0, 0): none), or None when no sequence has one."""
 
     bounds: tuple[int, ...]
     prefixes: tuple[tuple[int, int], ...] | None = None
 
     def model_kwargs(self, device: torch.device) -> dict[str, Any]:
-        """What the model's forward passes down to every attention layer: the cumulative lengths under the names
-        transformers' flash-attention path reads (`cu_seq_lens_q`, `max_length_q`, ...), and this row itself."""
+        """Forward kwargs for every attention layer: transformers' flash names (`cu_seq_lens_q`, ...) and the row."""
         cu = torch.tensor(self.bounds, dtype=torch.int32, device=device)
         longest = max(b - a for a, b in zip(self.bounds, self.bounds[1:], strict=False))
         return {
@@ -213,9 +192,8 @@ def packed_attention(
 
 
 def _per_sequence(query: Tensor, key: Tensor, value: Tensor, scaling: float | None, row: PackedRow) -> Tensor:
-    """[1, H_q, L, D]: each sequence through SDPA alone (causal; a prefix joins its keys, wholly visible). The row is
-    split once (`split`'s backward is one concatenation; a slice per sequence would have each backward fill and add a
-    gradient of the whole row, quadratic in the number of sequences)."""
+    """[1, H_q, L, D]: each sequence through SDPA alone (causal; a prefix wholly visible). The row is split once (a
+    slice per sequence would make each backward fill a whole-row gradient: quadratic in the sequences)."""
     gqa = query.shape[1] != key.shape[1]
     b = row.bounds
     sizes = [end - start for start, end in zip(b, b[1:], strict=False)]
@@ -239,9 +217,8 @@ def _per_sequence(query: Tensor, key: Tensor, value: Tensor, scaling: float | No
 def _flash_varlen(
     varlen: Any, query: Tensor, key: Tensor, value: Tensor, scaling: float | None, cu: Tensor, longest: int
 ) -> Tensor:
-    """[1, H_q, L, D] through PyTorch's variable-length flash kernel, causal within each sequence. The keyword
-    for causality changed between releases (`is_causal` in 2.9-2.11, `window_size=(-1, 0)` since), and GQA needs
-    `enable_gqa` where it exists (else the KV heads are repeated)."""
+    """[1, H_q, L, D] through PyTorch's varlen flash kernel, causal per sequence (`is_causal` in 2.9-2.11,
+    `window_size=(-1, 0)` since; GQA via `enable_gqa` where it exists, else repeated KV heads)."""
     params = _varlen_params()
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))  # [L, H, D]
     extra: dict[str, Any] = {"scale": scaling}
@@ -272,8 +249,7 @@ def _varlen_params() -> frozenset[str]:
 
 @cache
 def register_packed_attention() -> None:
-    """Make `ATTENTION_PACKED` a name transformers' models accept (`attn_implementation=`). It has no mask
-    function registered, so transformers builds no mask for it (masking_utils returns None for such names)."""
+    """Register `ATTENTION_PACKED` for `attn_implementation=`; with no mask function, transformers builds no mask."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION_PACKED, packed_attention)

@@ -20,12 +20,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Lengths:
-    """What planning needs of N sequences: each one's prompt and response length, and which prompt it has.
-
-    Attributes:
-        prompt, response: token counts, [N] each.
-        key: [N] prompt identities: equal keys are the same prompt, token for token (what `prompts` packing shares).
-    """
+    """What planning needs of N sequences: prompt and response token counts, [N] each, and `key` [N], equal for the
+    same prompt token for token (what `prompts` packing shares)."""
 
     prompt: tuple[int, ...]
     response: tuple[int, ...]
@@ -50,27 +46,18 @@ class Lengths:
 
 
 def split_by_tokens(lengths: Lengths, world_size: int, *, share_prompts: bool = False) -> list[list[int]]:
-    """Split sequences over `world_size` ranks so that each rank's forward tokens are near the mean.
+    """Split sequences over `world_size` ranks so each rank's forward tokens are near the mean: world_size ascending
+    lists of indices, every index exactly once.
 
-    A sequence costs its model-input length (prompt + response - 1; nothing without a response). With
-    `share_prompts` a rank computes each distinct prompt once, before all the responses of it that it holds
-    (`plan_packed_micro_batches`), so a prompt costs once per rank that holds any of its responses.
+    A sequence costs its model-input length (prompt + response - 1; 0 without a response); with `share_prompts` a
+    prompt costs once per rank holding any of its responses (`plan_packed_micro_batches`). Two deterministic passes:
+    longest-processing-time-first over units (a sequence, or with `share_prompts` one prompt's responses) to the
+    least-loaded rank; then, while it lowers the busiest rank's load without making another as busy, a piece moves
+    from the busiest rank to where it ends lowest (cutting groups where whole ones cannot balance). Bounds: the busiest
+    rank holds at most the mean plus the longest sequence, and unshared at most 4/3 of the best split.
 
-    Two passes, both deterministic. First, longest-processing-time-first over units: each unit, longest first,
-    goes to the least-loaded rank; a unit is one sequence, or with `share_prompts` all the responses of one prompt
-    (a cut group pays its prompt twice). Then, while it lowers the busiest rank's load without making another
-    rank as busy, a piece (one sequence, or with `share_prompts` all of one prompt's sequences on that rank) moves
-    from the busiest rank to where it ends lowest: this cuts groups where whole ones cannot balance. Bounds: the
-    busiest rank holds at most the mean load plus the longest sequence (its unshared cost), and without sharing
-    at most 4/3 of the best possible split. One sequence longer than the mean load makes the mean unreachable;
-    only splitting that sequence (context parallelism) would help.
-
-    Tokens, not FLOPs: attention's cost grows with the square of a sequence's length, but at Qwen2.5-32B's width
-    it is only ~6% of a 6K-token sequence's FLOPs (~19% of a 22.5K-token one's); `benchmarks/bench_sharding.py`
-    prints the split's imbalance in both.
-
-    Returns:
-        world_size lists of sequence indices, each ascending; together every index exactly once.
+    Tokens, not FLOPs: attention is only ~6% of a 6K-token sequence's FLOPs at Qwen2.5-32B's width (~19% at 22.5K);
+    `benchmarks/bench_sharding.py` prints the imbalance in both.
     """
     if world_size < 1:
         raise ValueError(f"split_by_tokens: world_size must be >= 1, got {world_size}")
@@ -151,22 +138,13 @@ def rank_loads(lengths: Lengths, split: list[list[int]], *, share_prompts: bool 
 
 
 def plan_micro_batches(seq_lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Split sequences into padded micro-batches of at most `token_budget` padded tokens, longest first
-    (`trainer.packing: none`).
+    """Padded micro-batches (`trainer.packing: none`) of at most `token_budget` = rows x longest row (a longer
+    sequence alone), as index lists longest first (the first is the most memory-hungry: an OOM shows at once);
+    `seq_lengths` 0 are left out.
 
-    Among the splits of the length-sorted sequences into consecutive runs, the one with the fewest micro-batches
-    (each is a forward and backward pass, and at ZeRO-3 a gather of every parameter), and among those the fewest
-    padded tokens (compute spent on nothing). Filling each micro-batch to the budget before opening the next gives
-    the fewest passes but can pad a lot: [20K, 6K | 3K, 1K] at a 45K budget computes 46K tokens, [20K | 6K, 3K, 1K]
-    38K.
-
-    Args:
-        seq_lengths: model-input length of each sequence (0: nothing to compute, left out).
-        token_budget: max rows x longest row per micro-batch; a longer sequence gets a micro-batch to itself.
-
-    Returns:
-        Lists of sequence indices; each list is sorted by length, longest first (the first micro-batch is the
-        most memory-hungry, so an out-of-memory shows up at once).
+    Of the splits of the length-sorted sequences into consecutive runs, the fewest micro-batches (passes; at ZeRO-3
+    a gather each), then the fewest padded tokens: greedy filling pads more ([20K, 6K | 3K, 1K] at a 45K budget
+    computes 46K tokens, [20K | 6K, 3K, 1K] 38K).
     """
     order = sorted((i for i, n in enumerate(seq_lengths) if n > 0), key=lambda i: (-seq_lengths[i], i))
     n = len(order)
@@ -189,9 +167,8 @@ def plan_micro_batches(seq_lengths: Sequence[int], token_budget: int) -> list[li
 
 
 def packing_units(lengths: Lengths, token_budget: int, share_prompts: bool) -> list[list[int]]:
-    """The pieces a packed micro-batch is made of, as lists of sequence indices: one sequence each, or with
-    `share_prompts` the responses of one prompt behind one copy of it (most tokens first), cut where a piece would
-    pass the budget (each cut repeats the prompt). Empty responses are left out."""
+    """A packed micro-batch's pieces (index lists): one sequence each, or with `share_prompts` one prompt's responses
+    behind one copy of it, cut at the budget (each cut repeats the prompt). Empty responses are left out."""
     if not share_prompts:
         return [[i] for i, r in enumerate(lengths.response) if r]
     groups: dict[int, list[int]] = {}
@@ -215,8 +192,7 @@ def packing_units(lengths: Lengths, token_budget: int, share_prompts: bool) -> l
 
 
 def unit_length(lengths: Lengths, unit: Sequence[int], share_prompts: bool) -> int:
-    """Model-input tokens of one packing unit: its sequences whole, or with `share_prompts` the prompt once and
-    then each response but its last token."""
+    """Model-input tokens of a packing unit (`share_prompts`: the prompt once, each response but its last token)."""
     if not share_prompts:
         return sum(lengths.input_length(i) for i in unit)
     return lengths.prompt[unit[0]] + sum(lengths.response[i] - 1 for i in unit)
@@ -225,11 +201,8 @@ def unit_length(lengths: Lengths, unit: Sequence[int], share_prompts: bool) -> i
 def plan_packed_micro_batches(
     lengths: Lengths, token_budget: int, share_prompts: bool = False
 ) -> list[list[list[int]]]:
-    """Packed micro-batches of packing units (`packing_units`) with at most `token_budget` real tokens each:
-    first-fit decreasing, the fewest passes it finds (within 11/9 of the fewest possible, plus one) with no padding
-    to weigh against them. A unit longer than the budget gets a micro-batch to itself. Deterministic: ties go by
-    the first sequence index. Returns micro-batches as lists of units, the fullest first (an out-of-memory shows
-    at once)."""
+    """Packed micro-batches of `packing_units`, at most `token_budget` real tokens each (a longer unit alone), by
+    first-fit decreasing (within 11/9 of the fewest passes, plus one; ties by first index), the fullest first."""
     units = packing_units(lengths, token_budget, share_prompts)
     sizes = [unit_length(lengths, u, share_prompts) for u in units]
     bins: list[list[int]] = []
@@ -248,9 +221,8 @@ def plan_packed_micro_batches(
 
 @dataclass(frozen=True)
 class TokenCounts:
-    """Tokens the learner puts through the model for one pass over a batch, every rank together: `computed` (what
-    the FLOPs are spent on, padding and dummy passes included) and `padding` (of those, what no sequence needed);
-    and the micro-batch passes each rank runs."""
+    """One learner pass over a batch, all ranks: tokens `computed` (padding and dummies included), of them
+    `padding`, and the micro-batch passes each rank runs."""
 
     computed: int
     padding: int
@@ -262,9 +234,8 @@ class TokenCounts:
 
 
 def learner_tokens(lengths: Lengths, world_size: int, token_budget: int, packing: str) -> TokenCounts:
-    """What one pass of the learner over a batch that every rank holds whole computes: each rank's shard
-    (`split_by_tokens`), that shard's micro-batches under `packing` (the plans the learner runs), and one token a
-    dummy pass on each rank with fewer micro-batches than the busiest (they keep ZeRO's collectives in step)."""
+    """What one learner pass computes: each rank's shard (`split_by_tokens`) in its `packing` micro-batches, and a
+    one-token dummy pass per micro-batch a rank has fewer than the busiest (keeping ZeRO's collectives in step)."""
     share = packing == "prompts"
     computed, useful, passes = 0, 0, []
     for rows in split_by_tokens(lengths, world_size, share_prompts=share):

@@ -1,6 +1,6 @@
-"""What a run needs per GPU before anything is scheduled: the memory budget of the colocated design, in its two
-phases (`memory_budget`), and why a plan cannot run (`plan_problems`, `context_problem`). Plain values in,
-dataclasses out; docs/cost.md, "Memory per GPU", works the paper's preset through by hand."""
+"""What a run needs per GPU before anything is scheduled: the colocated design's memory budget in its two phases
+(`memory_budget`), and why a plan cannot run (`plan_problems`, `context_problem`). docs/cost.md, "Memory per GPU",
+works the paper's preset through by hand."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from dapo.decode import kv_bytes_per_token_per_gpu
 from dapo.shapes import ModelShape
 
 GIB = 1024**3
-# ZeRO-1/2's gradient and parameter buckets (elements) as the learner sets them (dapo.learner.optim): the value of
-# transformers' DeepSpeed examples, not DeepSpeed's 5e8 default; with `overlap_comm` DeepSpeed keeps about 4.5 x a
-# bucket of buffers (its docs: 9 GB at 5e8 in 16-bit), 1.7 GiB at 2e8.
+# ZeRO-1/2's buckets (elements) as dapo.learner.optim sets them (transformers' DeepSpeed examples, not the 5e8
+# default); `overlap_comm` keeps about 4.5 x a bucket of buffers (DeepSpeed docs: 9 GB at 5e8 in 16-bit).
 ZERO2_BUCKET = 200_000_000
 ZERO2_BUFFERS = 4.5
 
@@ -86,8 +85,7 @@ def _b(n: float) -> str:
 
 
 def zero_state_bytes_per_param(dtype_b: int, zero_stage: int, world: int) -> tuple[float, str]:
-    """Bytes per parameter a GPU holds for the learner's states under ZeRO, and the formula (docs/cost.md, "Memory
-    per GPU"): weight, gradient and AdamW's state (fp32 master weight and two moments in mixed precision)."""
+    """(bytes per parameter a GPU holds for weight, gradient and AdamW state under ZeRO, the formula): docs/cost.md."""
     parts = [(dtype_b, zero_stage >= 3), (dtype_b, zero_stage >= 2), (12 if dtype_b == 2 else 8, zero_stage >= 1)]
     whole = [x for x, sharded in parts if not sharded]
     split = [x for x, sharded in parts if sharded]
@@ -275,8 +273,8 @@ def render_memory(budget: MemoryBudget) -> str:
 
 
 def context_problem(max_positions: int, max_model_len: int, model: str) -> str | None:
-    """Why sequences of `max_model_len` tokens do not fit the model's context (max_position_embeddings), with the key
-    to change; None when they fit or the context is unknown (0). vLLM would refuse such an engine at start-up."""
+    """Why `max_model_len` does not fit max_position_embeddings (vLLM would refuse to start), with the key to change;
+    None when it fits or the context is unknown (0)."""
     if not max_positions or max_model_len <= max_positions:
         return None
     return (
@@ -298,13 +296,9 @@ class StageOption:
 def zero_traffic_gb(
     stage: int, params: float, dtype_b: int, world: int, updates: int, micro: int, forward: int
 ) -> float:
-    """GB each GPU moves in ZeRO's collectives per rollout step: `updates` optimizer steps of `micro` micro-batches
-    each and `forward` no-grad micro-batches (old log-probs), a ring moving (W - 1) / W of the data (DeepSpeed's
-    schedule: docs/distributed.md, "ZeRO's collectives"). ZeRO 0 and 1 reduce the gradients once per update (an
-    all-reduce; a reduce-scatter and the new weights' all-gather): 2 P. ZeRO-2 reduce-scatters at every micro-batch,
-    then all-gathers the weights: (micro + 1) P. ZeRO-3 gathers every layer in the forward and again in the backward
-    and reduce-scatters the gradients, at every micro-batch, and gathers every layer of each no-grad pass:
-    3 micro P + forward P. The weight sync's gather, at ZeRO-3 only, is one P more."""
+    """GB each GPU moves in ZeRO's collectives per rollout step (`updates` of `micro` micro-batches, `forward` no-grad
+    ones; a ring moves (W - 1) / W; docs/distributed.md, "ZeRO's collectives"): ZeRO 0-1 2 P per update, ZeRO-2
+    (micro + 1) P, ZeRO-3 3 micro P per update + forward P, plus one P for the weight sync's gather."""
     ring = (world - 1) / world
     p = params * dtype_b * ring / 1e9
     if stage <= 1:
@@ -327,9 +321,8 @@ def zero_stage_options(m: MemoryInputs, updates: int, micro: int, forward: int) 
 
 
 def best_zero_stage(options: list[StageOption]) -> StageOption | None:
-    """The stage that fits with the least traffic; at equal traffic (one GPU moves nothing at any stage) the one
-    that holds less but ZeRO-3, whose hooks gather and release every layer in every pass even with nothing to move.
-    None when none fits."""
+    """The stage that fits with the least traffic (None: none fits); at equal traffic (one GPU) the one holding less,
+    but not ZeRO-3, whose hooks gather and release every layer in every pass even with nothing to move."""
     fitting = [o for o in options if not o.problems]
     return min(fitting, key=lambda o: (round(o.gb_per_step, 6), o.stage == 3, -o.stage), default=None)
 

@@ -32,10 +32,9 @@ TERMINAL = ("FINISHED", "FAILED", "KILLED")
 RUN_FILE = "run.json"  # the run this spool folder belongs to (training runs)
 UNDELIVERED = ".undelivered"  # beside a spool that `finish` could not deliver
 
-# Fail fast when the server is away (MLflow's defaults retry with backoff for minutes). MLflow has no per-client
-# setting: its REST store reads these variables from os.environ on every request. Set for the whole process they
-# would change every later MLflow call (a report's reads), so the sink sets them around its own calls only, and
-# only those the user has not set.
+# Fail fast when the server is away (MLflow's defaults retry for minutes). Its REST store reads these from os.environ
+# per request (no per-client setting), so the sink sets them around its own calls only, and only those the user has
+# not set.
 _HTTP_ENV = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
@@ -62,8 +61,7 @@ class TrackingUnavailable(RuntimeError):
 
 
 class TrackingRefused(RuntimeError):
-    """The tracking server answered and refused the credentials (HTTP 401) or the permission (HTTP 403): no retry
-    can help, the environment has to change."""
+    """The server refused the credentials (HTTP 401) or the permission (HTTP 403): no retry can help."""
 
 
 # MLflow's error codes for HTTP 401 and 403 (an authenticated server: `mlflow server --app-name basic-auth`).
@@ -88,14 +86,12 @@ def refused(uri: str, e: Exception, what: str) -> TrackingRefused | None:
 
 
 def resolve_uri(uri: str | None, results_dir: str | Path = "results") -> str:
-    """The tracking URI: `uri` if given, else $MLFLOW_TRACKING_URI, else `sqlite:///<results_dir>/mlflow.db`
-    (absolute path; artifacts go beside it in `<results_dir>/mlartifacts`)."""
+    """`uri`, else $MLFLOW_TRACKING_URI, else `sqlite:///<results_dir>/mlflow.db` (absolute; artifacts beside it)."""
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(results_dir).resolve() / 'mlflow.db'}"
 
 
 def _local_artifact_root(uri: str) -> str | None:
-    """For an embedded store (sqlite file), the artifact folder beside the database; None for a server, whose
-    own artifact root applies."""
+    """For an sqlite store, the artifact folder beside the database; None for a server (its own root applies)."""
     if uri.startswith("sqlite:///"):
         return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
     return None
@@ -125,9 +121,9 @@ def read_run_file(spool_dir: str | Path) -> dict[str, Any] | None:
 
 
 class SpoolJournal:
-    """The records waiting for the store, in order: `<folder>/<run id>.jsonl`, one JSON record a line (files only,
-    no MLflow). `meta` ({"run_id", "uri", "experiment"}: what a later replay needs to find the store) is written
-    beside it as `.meta.json` with the first record; `note` is the `.undelivered` note of a `finish` that gave up."""
+    """The records waiting for the store, in order: `<folder>/<run id>.jsonl`, a JSON record a line (no MLflow).
+    `meta` ({"run_id", "uri", "experiment"}, for a later replay) goes beside it as `.meta.json` with the first record;
+    `note` is the `.undelivered` note of a `finish` that gave up."""
 
     def __init__(self, folder: Path, meta: dict[str, Any]) -> None:
         self.meta = meta
@@ -175,9 +171,8 @@ class SpoolJournal:
 
 
 def store_lock(uri: str) -> contextlib.AbstractContextManager[Any]:
-    """Two processes starting at once on a fresh SQLite store both try to create its tables and one fails
-    ("table ... already exists"): store creation, experiment creation and run start are serialised across
-    processes by `<db>.lock` (nothing to do for a server)."""
+    """`<db>.lock` serialising store, experiment and run creation across processes (two on a fresh SQLite store
+    both create its tables and one fails: "table ... already exists"); a null context for a server."""
     if not uri.startswith("sqlite:///"):
         return contextlib.nullcontext()
     from filelock import FileLock
@@ -188,9 +183,8 @@ def store_lock(uri: str) -> contextlib.AbstractContextManager[Any]:
 
 
 def ensure_experiment(client: Any, uri: str, name: str) -> str:
-    """The id of experiment `name`, created when missing with the artifact location every dapo store gives it (for
-    an SQLite store, `mlartifacts/` beside the database; a server's own root otherwise). The trainer's runs and the
-    workflow's `dapo tracking-store` both create it here. Call under `store_lock(uri)`."""
+    """The id of experiment `name`, created when missing with dapo's artifact location (`_local_artifact_root`); the
+    trainer and `dapo tracking-store` both create it here. Call under `store_lock(uri)`."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
@@ -264,9 +258,8 @@ class MlflowSink:
             return False
 
     def send(self, recs: list[dict[str, Any]]) -> int:
-        """Write records in order, in batches of consecutive same-kind records. Returns how many were consumed
-        (written, refused, or dropped as already held: a prefix of `recs`); fewer than all when the store could
-        not be reached."""
+        """Write records in order, batching consecutive same-kind ones; return how many were consumed (written,
+        refused or dropped as held: a prefix of `recs`), fewer than all when the store could not be reached."""
         i = 0
         with fail_fast_http():
             while i < len(recs):
@@ -282,9 +275,8 @@ class MlflowSink:
         return i
 
     def _write_isolating(self, kind: str, recs: list[dict[str, Any]]) -> None:
-        """Write a batch; when the store refuses it (it answered: retrying cannot help, e.g. a param changed on
-        resume), write its halves apart, down to single records, so that a refused record loses only itself. Each
-        refused record is named in `refused`; a failure to reach the store propagates (the caller spools)."""
+        """Write a batch; when the store refuses it (e.g. a param changed on resume), write its halves apart, down
+        to single records, so a refused record (named in `refused`) loses only itself. Unreachable: propagates."""
         try:
             self._write(kind, recs)
         except Exception as e:
@@ -350,15 +342,11 @@ class MlflowSink:
 class Tracker:
     """One MLflow run (docs/architecture.md, "tracking.py").
 
-    Args:
-        uri: tracking URI; None: `resolve_uri`'s default.
-        run_id: resume this run (after preemption, or to log an eval into a training run). None: the run
-            recorded in `spool_dir/run.json` if there is one, else a new run in `experiment` named `run_name`.
-        spool_dir: where unsent records wait for the server (default: ./results/mlflow_spool).
-        retry_interval_s: after a failed write, how long to spool without trying the server.
-        mark_running: when resuming, set the run's status back to RUNNING (False: an eval or a replay).
-        start_timeout_s / finish_timeout_s: how long a new run waits for the store, and `finish` retries.
-        record_run: write the run id to `spool_dir/run.json` (durably) so later Trackers there resume it.
+    `run_id`: resume this run; None: the one in `spool_dir/run.json`, else a new one. `spool_dir`: where unsent
+    records wait (default ./results/mlflow_spool). `retry_interval_s`: after a failed write, how long to spool without
+    trying. `mark_running`: set a resumed run back to RUNNING (False: an eval or replay). `start_timeout_s` /
+    `finish_timeout_s`: how long a new run waits for the store / `finish` retries. `record_run`: write
+    `spool_dir/run.json` (durably) so later Trackers there resume it.
     """
 
     def __init__(
@@ -409,16 +397,15 @@ class Tracker:
         return self.sink.dropped_points
 
     def log_params(self, params: dict[str, Any]) -> None:
-        """Every param, value truncated to MLflow's limit. Re-logging a param with a different value (a resumed
-        run whose config changed) is refused by MLflow; we log a warning instead of failing training."""
+        """Every param, truncated to MLflow's limit; a changed value (resumed run) is refused: a warning, no crash."""
         self._submit([kv_record("param", k, v) for k, v in params.items()])
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self._submit([kv_record("tag", k, v) for k, v in tags.items()])
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Log each metric at `step`, stamped now (ms). Non-numeric values are skipped with a warning; a point at
-        or below a step the run already holds for that metric is dropped."""
+        """Each metric at `step`, stamped now (ms); non-numeric values skipped (warned), points at or below a step
+        the run holds for that metric dropped."""
         now = int(time.time() * 1000)
         recs = []
         for k, v in metrics.items():
@@ -441,9 +428,8 @@ class Tracker:
         return not self.spool.waiting()
 
     def finish(self, status: str | None = "FINISHED") -> bool:
-        """Deliver everything (retrying for `finish_timeout_s`), then mark the run FINISHED / FAILED / KILLED
-        (None: leave its status). The status travels behind the points, so it is set only once they landed.
-        Returns True when delivered; otherwise the spool stays with a note beside it (see `replay_pending`)."""
+        """Deliver everything (retrying `finish_timeout_s`), the status (None: unchanged) last, behind the points.
+        True when delivered; otherwise the spool stays with a note beside it (`replay_pending`)."""
         with self._lock:  # a watcher thread may finish the run while the loop logs
             if self.refused:
                 self._submit([{"kind": "tag", "key": M.TAG_REFUSED_RECORDS, "value": str(len(self.refused))}])
@@ -464,8 +450,8 @@ class Tracker:
             return True
 
     def _submit(self, recs: list[dict[str, Any]]) -> None:
-        """Spool while the store failed recently (do not wait on it again yet); else replay the journal first (nothing
-        overtakes records still waiting), send, and spool what did not land."""
+        """Spool while the store failed recently; else replay the journal first (nothing overtakes it), send, and
+        spool what did not land."""
         with self._lock:
             if time.monotonic() >= self._next_try and (not self.spool.waiting() or self._replay()):
                 recs = recs[self._send(recs) :]
@@ -489,8 +475,7 @@ class Tracker:
 
 
 def _is_rejection(e: Exception) -> bool:
-    """True for an answer from the store that refuses the request (bad value, changed param), as opposed to
-    the store being unreachable."""
+    """The store answered and refused (bad value, changed param), as opposed to being unreachable."""
     from mlflow.exceptions import MlflowException
 
     rejections = ("INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "BAD_REQUEST", "INVALID_STATE")
@@ -523,8 +508,7 @@ def find_spools(root: str | Path) -> list[Path]:
 
 
 def replay_pending(root: str | Path, *, retry_interval_s: float = 30.0) -> list[SpoolState]:
-    """Deliver every spool under `root` into its own run (each spool knows its store), in order. A spool whose
-    store still does not answer stays, and is reported with what is waiting."""
+    """Deliver every spool under `root` into its own run and store; one whose store does not answer stays (reported)."""
     out = []
     for path in find_spools(root):
         meta = json.loads(path.with_suffix(".meta.json").read_text())

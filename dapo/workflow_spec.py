@@ -29,8 +29,7 @@ SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 WORKFLOW_CONFIG = REPO_ROOT / "configs" / "workflow.yaml"
 RESUBMITS_KEY = "max_resubmits"  # configs/workflow.yaml: resubmissions of a job cut off by SLURM (exit 75)
 JOB_KINDS = ("prepare", "train")  # the job kinds with SLURM resources of their own (resources.<kind> in a preset)
-# What every run of one workflow shares (one train rule, one base model): a run whose resolved config differs in
-# one of these is refused, naming it, rather than silently getting the first run's value.
+# What every run of one workflow shares (one train rule, one base model): a run differing in one is refused.
 SHARED_KEYS = ("resources", "trainer.stop_margin_s", "model.path", "tiny.dir", "tiny.kernels")
 
 
@@ -62,15 +61,14 @@ def validate(config: dict[str, Any], where: str = "configs/workflow.yaml (or --c
 
 
 def plan_for_preset(plan: dict[str, Any], name: str) -> dict[str, Any]:
-    """The plan's assumptions for this preset: configs/workflow.yaml's `plan:` with its `presets.<name>` on top (a
-    model's response lengths, say, differ from the 32B run's). Each key given there replaces the whole key."""
+    """configs/workflow.yaml's `plan:` with its `presets.<name>` on top (each key there replaces the whole key)."""
     own = (plan.get("presets") or {}).get(name) or {}
     return {**{k: v for k, v in plan.items() if k != "presets"}, **own}
 
 
 def train_concurrency(runs: int, train_nodes: int, jobs: int | None, train_nodes_limit: float | None) -> int:
-    """Training jobs that may run (or queue) at once: Snakemake's --jobs (the profile's `jobs:`), and its
-    `--resources train_nodes=N` divided by the nodes one job takes; every run when neither limits (a local run)."""
+    """Training jobs that may run or queue at once: by Snakemake's --jobs and `--resources train_nodes=N` / nodes a
+    job takes; every run when neither limits."""
     by_nodes = int(train_nodes_limit) // train_nodes if train_nodes_limit is not None else runs
     return max(1, min(runs, jobs or runs, by_nodes))
 
@@ -86,20 +84,18 @@ def slurm_resources(cfg: RunConfig, kind: str) -> dict[str, Any]:
         res["gres"] = f"gpu:{gres_type}:{r.gpus_per_node}" if gres_type else f"gpu:{r.gpus_per_node}"
         res["tasks_per_gpu"] = 0  # the plugin would add --ntasks-per-gpu otherwise; tasks per node say it all
     if kind == "train":
-        # The rule runs in the job's batch step and starts the ranks itself (srun_args): the jobstep executor runs
-        # a rule there, instead of inside a one-task `srun -n1` step, whenever the `mpi` resource exists. A
-        # non-empty value makes the submit side ask for the tasks; "" (one task) keeps the plugin's --ntasks=1.
+        # With an `mpi` resource the jobstep executor runs the rule in the batch step (not a one-task `srun -n1`),
+        # which starts the ranks itself (srun_args); non-empty asks for the tasks, "" keeps the plugin's --ntasks=1.
         if r.ranks_per_node > 1:
             res.update(mpi="srun", tasks_per_node=r.ranks_per_node)
         elif r.world_size > 1:
             res.update(mpi="srun", tasks=r.world_size)  # one rank on each of several nodes
         else:
             res["mpi"] = ""
-        # The preemption signal goes to the job steps' tasks, i.e. every rank (never `B:`: that signals only the
-        # batch shell, whose death ends the job). A requeued job appends to its SLURM log.
+        # The preemption signal goes to every rank (never `B:`: only the batch shell, whose death ends the job). A
+        # requeued job appends to its SLURM log.
         res["slurm_extra"] = f"--signal=USR1@{int(cfg.trainer.stop_margin_s)} --open-mode=append"
-        # Nodes this job holds, for throttling: `--resources train_nodes=32` lets at most 32 nodes of training
-        # jobs run or queue at once (docs/cluster.md); without a limit, `jobs:` in the profile is the only cap.
+        # Nodes it holds, for `--resources train_nodes=32` throttling (docs/cluster.md); else `jobs:` is the cap.
         res["train_nodes"] = r.nodes
     return res
 
@@ -115,8 +111,8 @@ def srun_args(cfg: RunConfig, name: str, seed: int) -> str:
 
 
 def local_launcher(cfg: RunConfig, kind: str) -> str:
-    """How a job starts its ranks outside SLURM: one process (`env`, never an empty word: Snakemake drops those
-    from a shell command), or torchrun on this machine (a multi-node layout has none: `dapo train` refuses it)."""
+    """How a job starts its ranks outside SLURM: `env` (never an empty word: Snakemake drops it) for one process or a
+    multi-node layout (`dapo train` refuses it), else torchrun on this machine."""
     r = getattr(cfg.resources, kind)
     if r.world_size == 1 or r.nodes > 1:
         return "env"
@@ -124,8 +120,7 @@ def local_launcher(cfg: RunConfig, kind: str) -> str:
 
 
 def kernel_env(cfg: RunConfig) -> list[str]:
-    """`env`'s assignments that start a train job: for the tiny preset the CPU kernels its world was built with, so
-    that its numbers do not depend on the vector code a host's CPU would pick; nothing for GPU presets."""
+    """`env` assignments of a train job: the tiny preset's pinned CPU kernels (its world's); none for GPU presets."""
     if cfg.model.path != "tiny":
         return []
     from dapo.tinyworld import pinned_kernels
@@ -140,8 +135,7 @@ def shared_values(cfg: RunConfig) -> dict[str, Any]:
 
 
 def check_shared(cfgs: dict[tuple[str, int], RunConfig]) -> None:
-    """Every run's SLURM resources, preemption margin and base model are the first run's: the workflow has one
-    train rule and one base model. Refuse (naming the run, the key and both values) a run that differs."""
+    """Refuse (naming run, key and both values) a run whose SHARED_KEYS differ from the first run's."""
     (first_key, first), *rest = cfgs.items()
     want = shared_values(first)
     for (name, seed), cfg in rest:
@@ -205,8 +199,8 @@ def build_spec(
             "run_dir": str(run_dir),
             "train_args": [*train_args, *designs[run].overrides, *overrides, f"trainer.seed={seed}", *shared],
             "srun": srun_args(base, run, seed),
-            # Start the runs that sample the most first (dynamic sampling draws up to max_num_gen_batches generation
-            # batches per step): longest job first keeps both cores busy to the end of a local run (BENCHMARKS.md, 5).
+            # Dynamic sampling's runs (up to max_num_gen_batches per step) first: longest job first keeps both cores
+            # busy to the end of a local run (BENCHMARKS.md, 5).
             "priority": 1 if cfg.algorithm.dynamic_sampling else 0,
         }
     by_design = {d: [r.name for r in design_runs(d)] for d in ("leave_one_out", "one_at_a_time")}
@@ -215,8 +209,8 @@ def build_spec(
     by_design["evidence"] = sorted(set(chosen) | {placebo_run().name})
     # each variant of configs/variants/ beside the ladder row it inherits (dapo.designs.variant_runs)
     by_design["variants"] = [r.name for r in variant_runs()]
-    # the clip-higher assay's ladder pair (dapo.report.assays): in its world no response reaches the cap, so overlong
-    # filtering masks nothing and the one-at-a-time pair (00, grpo_plus_clip_higher) would train the same runs again
+    # the clip-higher assay's ladder pair (dapo.report.assays): no response reaches its cap, so the one-at-a-time pair
+    # would train the same runs again
     by_design["assay_clip_higher"] = sorted(assay_pairs("clip_higher")[0])
     # the token-level-loss assay's two pairs: rows 03/04, and 00 against 00 with token-mean
     by_design["assay_token_level_loss"] = sorted({run for pair in assay_pairs("token_level_loss") for run in pair})
@@ -260,8 +254,8 @@ def build_spec(
 def _resolve_runs(
     config: dict[str, Any], preset: str, seeds: list[int], overrides: list[str]
 ) -> tuple[list[str], list[str], dict[str, RunSpec], dict[tuple[str, int], RunConfig]]:
-    """The chosen rows, the ladder's problems, every run a design trains by name (dapo/designs.py) and every (run,
-    seed)'s config, resolved and validated: the chosen rows first (the first is the workflow's base), then the rest."""
+    """(chosen rows, the ladder's problems, every design run by name, every (run, seed)'s validated config: the chosen
+    rows first, the first being the workflow's base)."""
     all_rows = ladder()  # `rows: all`; the paper's labels (metric_names.PAPER_TABLE1) name the same list
     chosen = all_rows if config["rows"] == "all" else [str(r) for r in config["rows"]]
     unknown = [r for r in chosen if r not in all_rows]
@@ -269,8 +263,7 @@ def _resolve_runs(
         raise WorkflowSpecError(
             f"configs/workflow.yaml (or --config rows=...): unknown row(s) {unknown}; rows are {all_rows}"
         )
-    # The ladder must be a clean ablation (each row the row above plus its own toggle, no scale key in a row) before
-    # anything runs from it, unless allow_confounded_ladder says a different ladder is meant (dapo/designs.py).
+    # The ladder must be a clean ablation before anything runs, unless allow_confounded_ladder (dapo/designs.py).
     try:
         problems = check_ladder(ABLATIONS_DIR, preset, overrides, allow=bool(config.get(ALLOW_KEY)))
         designs = all_design_runs()
@@ -293,8 +286,7 @@ def _resolve_runs(
 
 
 def _check_reused_world(tiny_dir: Path, base: RunConfig) -> None:
-    """A world named by `tiny_world` must be the one the runs' `tiny.*` settings describe: otherwise its build would
-    rebuild it in place, over the world the user meant to reuse, before a single run starts."""
+    """A `tiny_world` must be the runs' `tiny.*` world, else its build would rebuild it in place over the one meant."""
     from dapo.tinyworld.build import world_mismatch
 
     why = world_mismatch(tiny_dir, base.tiny)
@@ -307,8 +299,8 @@ def _check_reused_world(tiny_dir: Path, base: RunConfig) -> None:
 
 
 def _base_model(base: RunConfig, results: Path, tiny_dir: Path) -> dict[str, str]:
-    """The model every row starts from, and the file that says it is there: the tiny world's or a hub model's (under
-    results/models/), both made by the workflow, or a local directory."""
+    """The model every row starts from and its marker file: the tiny world's, a hub model's (results/models/) or a
+    local directory."""
     model = base.model.path
     if model == "tiny":
         source, path, marker = "tiny", tiny_dir / "model", tiny_dir / "manifest.json"
@@ -328,8 +320,8 @@ def plan(
     jobs: int | None,
     train_nodes_limit: float | None,
 ) -> tuple[str, str | None]:
-    """The plan in words: jobs, nodes, GPUs, hours; for a GPU preset the per-GPU memory budget and the expected cost
-    per row. (text, refusal or None): a refusal is what stops a plan that cannot run as configured."""
+    """(the plan in words: jobs, nodes, GPUs, hours, and for a GPU preset the per-GPU memory and cost per row; the
+    refusal that stops a plan that cannot run, or None)."""
     from dapo.metric_names import PAPER_TABLE1
 
     base, chosen, seeds = next(iter(cfgs.values())), spec["rows"], spec["seeds"]
@@ -388,8 +380,8 @@ def _cpu_plan_lines(base: RunConfig, cfgs: dict[tuple[str, int], RunConfig], cho
 
 
 def gpu_memory_budget(base: RunConfig, p: dict[str, Any], shape: Any, gpu_memory_gib: float) -> Any:
-    """`dapo.plan.memory_budget` of a run config on a GPU of `gpu_memory_gib` (the dry run's, and what
-    scripts/gpu_check.py measures a real step against): `p` is the plan's assumptions for the preset."""
+    """`dapo.plan.memory_budget` of a run config on a `gpu_memory_gib` GPU (scripts/gpu_check.py measures against it);
+    `p`: the preset's plan assumptions."""
     from dapo import plan as P
     from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL  # the level the engine uses, not a setting
     from dapo.shapes import dtype_bytes, vllm_batching_defaults

@@ -34,31 +34,16 @@ MODES = LOSS_AGG_MODES
 
 
 def local_counts(mask: Tensor) -> dict[str, int]:
-    """The counts of the rank-local part of a mini-batch that a caller sums across ranks.
-
-    Args:
-        mask: [N, T] loss mask (bool or 0/1).
-
-    Returns:
-        {"num_tokens": loss tokens, "num_seqs": responses with >= 1 loss token}.
-    """
+    """{"num_tokens": loss tokens, "num_seqs": responses with >= 1 loss token} of a rank's [N, T] mask (bool or 0/1),
+    for the caller to sum across ranks."""
     lengths = mask.to(torch.float64).sum(dim=-1)
     return {"num_tokens": int(lengths.sum().item()), "num_seqs": int((lengths > 0).sum().item())}
 
 
 def group_token_counts(mask: Tensor, group_ids: Tensor, num_slots: int | None = None) -> Tensor:
-    """Loss tokens per group id (K_p of the group-token-mean), a vector that a caller sums across ranks.
-
-    Args:
-        mask: [N, T] loss mask (bool or 0/1).
-        group_ids: [N] int, the prompt (group) each response belongs to; ids index the result, so they must be
-            small non-negative integers (the group's index in the rollout step).
-        num_slots: the vector's length, the same on every rank (the largest id over all ranks, plus one);
-            None: this batch's largest id plus one.
-
-    Returns:
-        [num_slots] float64; entry p is the number of loss tokens of group p's responses in `mask`.
-    """
+    """[num_slots] float64: loss tokens of each group id's responses (K_p of the group-token-mean), for the caller to
+    sum across ranks. `group_ids` [N]: small non-negative ints (the group's index in the step); `num_slots`: the same
+    on every rank (the largest id over all ranks + 1; None: this batch's)."""
     ids = group_ids.to(torch.long)
     top = int(ids.max().item()) + 1 if ids.numel() else 0
     num_slots = top if num_slots is None else num_slots
@@ -81,20 +66,9 @@ def sequence_scales(
     group_tokens: Tensor | None = None,
     seq_sum_constant: float | None = None,
 ) -> Tensor:
-    """Per-response scale s_i such that token (i, t) weighs m_{i,t} * s_i.
-
-    Args:
-        lengths: [N] loss tokens per response |o_i|.
-        mode: one of MODES.
-        group_ids: [N] int prompt index per response (required for `group-token-mean`).
-        num_tokens, num_seqs: the mini-batch's counts (`local_counts` summed over ranks).
-        group_tokens: [num_slots] K_p of the whole mini-batch (`group_token_counts` summed over ranks); required
-            for `group-token-mean`, whose P is the number of groups with K_p > 0.
-        seq_sum_constant: the constant C of `seq-mean-token-sum`.
-
-    Returns:
-        [N] float64 scales; 0 for responses without loss tokens. All-zero when the global count is 0.
-    """
+    """[N] float64 per-response scales s_i (token (i, t) weighs m_{i,t} s_i; 0 without loss tokens) from `lengths`
+    [N] = |o_i| and the mini-batch's counts summed over ranks (`local_counts`; for `group-token-mean` `group_ids` and
+    `group_tokens`, whose P is the groups with K_p > 0; for `seq-mean-token-sum` C = `seq_sum_constant`)."""
     lengths = lengths.to(torch.float64)
     alive = lengths > 0
     if mode == "token-mean":
@@ -132,11 +106,8 @@ def token_weights(
     seq_sum_constant: float | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """[N, T] weights for the rank-local part of a mini-batch: the loss is `(loss * weights).sum()`.
-
-    Args and counts as in `sequence_scales`; `mask` [N, T] is the loss mask (after overlong filtering).
-    The weights carry no gradient; slice their rows per micro-batch.
-    """
+    """[N, T] weights (no gradient) of a rank's part of a mini-batch, loss = `(loss * weights).sum()`; arguments as
+    `sequence_scales`, `mask` after overlong filtering. Slice their rows per micro-batch."""
     scales = sequence_scales(
         mask.to(torch.float64).sum(dim=-1),
         mode,
@@ -163,10 +134,7 @@ def aggregate(
     *,
     seq_sum_constant: float | None = None,
 ) -> Tensor:
-    """Scalar loss of a whole mini-batch [N, T], its counts taken from this batch (the reference definition).
-
-    For a mini-batch split over micro-batches or ranks use `token_weights` with the summed counts.
-    """
+    """Scalar loss of a whole mini-batch [N, T] with its own counts (the reference; split ones: `token_weights`)."""
     counts = local_counts(mask)
     group_tokens = None if group_ids is None else group_token_counts(mask, group_ids)
     w = token_weights(

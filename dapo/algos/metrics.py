@@ -50,20 +50,14 @@ def update_sums(
     kl: Tensor | None = None,
     masked: Tensor | None = None,
 ) -> dict[str, Tensor]:
-    """One micro-batch's part of every update metric (`UPDATE_SUMS`), as 0-d float64 tensors on the inputs' device.
+    """One micro-batch's part of every update metric (`UPDATE_SUMS`), 0-d float64 tensors on the inputs' device, from
+    the loss's flags (`per_token_loss`), its weighted loss sum (0-d), [N, T] log pi_old / log pi_theta / mask,
+    advantages [N], the k3 to the reference and the off-policy-masked tokens (each [N, T] or None).
 
-    Args:
-        out: the policy loss's per-token flags (`dapo.algos.policy_loss.per_token_loss`), [N, T] each.
-        loss: this micro-batch's part of the mini-batch loss (its weighted sum), 0-d.
-        old_logp, logp: [N, T] log pi_old and log pi_theta of the sampled tokens; advantages [N].
-        mask: [N, T] the loss mask; kl: [N, T] k3 to the reference, or None; masked: [N, T] the tokens of responses
-            the off-policy sequence mask left out, or None.
-
-    The sums: clip flags where a bound was active (the upper one for Fig 3a's probability, CLIP_HIGH_PROB = sum of
-    pi_old over upper-clipped tokens); APPROX_KL = sum of r - 1 - log r, r = pi_theta / pi_old (the k3 estimate of
-    KL(pi_old || pi_theta) on pi_old's samples); rare positive tokens (pi_old < RARE_TOKEN_PROB, A > 0) and those of
-    them clipped above; responses with a clipped sequence ratio (GSPO); capped weights (CISPO); selected tokens (the
-    covariance losses); responses the off-policy sequence mask left out."""
+    The sums: active clip flags (CLIP_HIGH_PROB = sum of pi_old over upper-clipped tokens, Fig 3a); APPROX_KL = sum of
+    r - 1 - log r (k3 of KL(pi_old || pi_theta)); rare positive tokens (pi_old < RARE_TOKEN_PROB, A > 0) and those
+    clipped above; GSPO's clipped responses, CISPO's capped weights, the covariance losses' selected tokens, and the
+    responses the off-policy mask left out."""
     m = mask.to(torch.bool)
     zero = torch.zeros((), dtype=torch.float64, device=loss.device)
 
@@ -102,11 +96,9 @@ def update_metrics(
     with_kl: bool,
     off_policy_mask: float | None = None,
 ) -> dict[str, float]:
-    """An update's metrics from its sums (`update_sums`, added up over micro-batches and ranks) and the mini-batch's
-    loss tokens and responses: fractions and means of the loss tokens, the mean pi_old of the upper-clipped ones
-    (Fig 3a), the share of rare positive tokens clipped above, and the chosen loss's own (GSPO's sequence clip
-    fractions, CISPO's capped share, the covariance losses' selected share). A mean over nothing is NaN, never 0: for
-    Fig 3a "no token was clipped" is not "their mean probability was 0", so a tracker skips the point."""
+    """An update's metrics from its `update_sums` (over micro-batches and ranks) and the mini-batch's loss tokens and
+    responses: fractions and means, Fig 3a's mean pi_old of upper-clipped tokens, and the loss's own. A mean over
+    nothing is NaN, never 0 (Fig 3a's "none clipped" is not "mean probability 0"): a tracker skips the point."""
 
     def frac(x: float, n: float) -> float:
         return x / n if n > 0 else math.nan
@@ -127,11 +119,7 @@ def update_metrics(
 
 
 def group_outcome_fractions(correct: Tensor) -> tuple[float, float]:
-    """Fig 3b: (fraction of groups with every response correct, fraction with every response wrong).
-
-    Args:
-        correct: [B, G] bool, before any dynamic-sampling filter.
-    """
+    """Fig 3b: (share of groups all correct, share all wrong) of `correct` [B, G] bool, before any filter."""
     c = correct.to(torch.bool)
     if c.shape[0] == 0:
         return math.nan, math.nan
@@ -155,17 +143,11 @@ def group_sameness(responses: list[list[int]], logprobs: list[list[float] | None
         prod_i C(G, k_i) p_i^(k_i - 1)
 
     (a union bound over which responses repeat, each count binomial, the multinomial's counts negatively
-    associated), so each repeated response contributes log C(G, k_i) + (k_i - 1) log p_i, and only those below
-    zero are kept (dropping one keeps the bound). G copies of one response give (G - 1) log p; replicas sharing a
-    seed give every response of the group twice (or R times over R replicas), which the bound catches too.
+    associated): each repeated response adds log C(G, k_i) + (k_i - 1) log p_i, only those below zero kept. G copies
+    of one response give (G - 1) log p; R replicas sharing a seed give every response R times, caught too.
 
-    Args:
-        responses: the G responses of one prompt, as token ids.
-        logprobs: the engine's log-prob of each sampled token of each response (its sampling distribution), or None.
-
-    Returns:
-        The number of distinct responses, and the log-chance bound (None when nothing repeats or the engine gave
-        no log-probs). Below `IMPLAUSIBLE_LOG_CHANCE`, the samples were not drawn independently.
+    `logprobs`: the engine's per-token log-probs of each response, or None. The bound is None when nothing repeats or
+    no log-probs were given; below `IMPLAUSIBLE_LOG_CHANCE` the samples were not drawn independently.
     """
     first: dict[tuple[int, ...], int] = {}
     counts: dict[tuple[int, ...], int] = {}
@@ -189,16 +171,9 @@ def log_ratio(old_logp: Tensor, engine_logp: Tensor, mask: Tensor) -> Tensor:
 
 
 def mismatch_stats(old_logp: Tensor, engine_logp: Tensor, mask: Tensor, token_bound: float) -> dict[str, float]:
-    """How far the engine's log-probs are from the learner's on the sampled tokens.
-
-    Args:
-        old_logp, engine_logp, mask: log pi_old and log pi_rollout of the sampled tokens and the mask, [N, T] each.
-        token_bound: a token is "beyond" when |d_t| exceeds this.
-
-    Returns:
-        `abs_diff` mean |d_t|; `k3` mean (e^d - 1 - d), >= 0; `seq_abs_diff_max` the largest per-response mean
-        |d_t|; `beyond_frac` the share of tokens with |d_t| > token_bound. NaN for each when no token is masked in.
-    """
+    """How far the engine's log-probs are from the learner's on the sampled tokens ([N, T] each, d = `log_ratio`):
+    `abs_diff` mean |d_t|; `k3` mean (e^d - 1 - d) >= 0; `seq_abs_diff_max` the largest per-response mean |d_t|;
+    `beyond_frac` the share with |d_t| > token_bound. NaN each when no token is masked in."""
     m = mask.to(torch.bool)
     if not m.any():
         return {k: math.nan for k in ("abs_diff", "k3", "seq_abs_diff_max", "beyond_frac")}

@@ -72,18 +72,9 @@ def clipped_surrogate(
     eps_high: float,
     dual_clip_c: float | None = None,
 ) -> SurrogateOut:
-    """Per-token PPO-clip losses with decoupled clip bounds (module docstring).
-
-    Args:
-        logp: [N, T] log pi_theta of the sampled tokens (requires grad).
-        old_logp: [N, T] log pi_old of the same tokens (the policy that generated them; no grad).
-        advantages: [N] (one per response, broadcast over tokens) or [N, T].
-        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high].
-        dual_clip_c: bound c > 1 for negative advantages (released recipe: 10); None turns it off.
-
-    Returns:
-        SurrogateOut with per-token `loss` [N, T] (differentiable w.r.t. logp) and the clip flags.
-    """
+    """Per-token PPO-clip losses with decoupled clip bounds (module docstring): `logp` [N, T] log pi_theta (requires
+    grad), `old_logp` [N, T] log pi_old (no grad), `advantages` [N] (broadcast over tokens) or [N, T]; `dual_clip_c`
+    c > 1 for A < 0 (released recipe: 10), None: off. `loss` [N, T] is differentiable w.r.t. logp."""
     if eps_low < 0 or eps_high < 0 or eps_low > 1:  # eps_low 1: no lower bound (Clip-Cov's recipe)
         raise ValueError(f"need 0 <= eps_low <= 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
     if dual_clip_c is not None and dual_clip_c <= 1:
@@ -114,18 +105,8 @@ def k3_to_reference(logp: Tensor, ref_logp: Tensor) -> Tensor:
 def gspo_surrogate(
     logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float
 ) -> SurrogateOut:
-    """GSPO's sequence-level clipped surrogate, per token (module docstring).
-
-    Args:
-        logp: [N, T] log pi_theta of the sampled tokens (requires grad).
-        old_logp: [N, T] log pi_old (no grad).
-        advantages: [N] one per response (or [N, T], constant along each response).
-        mask: [N, T] the loss mask: the tokens the sequence's mean runs over.
-        eps_low, eps_high: the sequence ratio's clip range [1 - eps_low, 1 + eps_high] (paper: 3e-4, 4e-4).
-
-    Returns:
-        SurrogateOut; `ratio` is s_i at each token; the clip flags mark every token of a clipped response.
-    """
+    """GSPO's sequence-level clipped surrogate, per token (module docstring). `mask` [N, T]: the tokens the sequence
+    mean runs over; eps_* clip s_i (paper: 3e-4, 4e-4). The clip flags mark every token of a clipped response."""
     m = mask.to(logp.dtype)
     adv = _adv(advantages, logp)
     log_r = torch.clamp(logp - old_logp.detach(), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
@@ -143,16 +124,8 @@ def gspo_surrogate(
 
 
 def cispo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_max: float) -> SurrogateOut:
-    """CISPO's clipped-weight REINFORCE, per token (module docstring).
-
-    Args:
-        logp: [N, T] log pi_theta (requires grad); old_logp: [N, T] log pi_old.
-        advantages: [N] or [N, T].
-        clip_max: the cap on the importance weight (MiniMax-M1's 1 + eps_high^IS; default 5.0).
-
-    Returns:
-        SurrogateOut; `capped` marks tokens whose weight was capped, `clipped_upper` those of them with A > 0.
-    """
+    """CISPO's clipped-weight REINFORCE, per token (module docstring). `clip_max`: the importance weight's cap
+    (MiniMax-M1's 1 + eps_high^IS; default 5.0). `capped` marks capped tokens, `clipped_upper` those with A > 0."""
     if clip_max <= 0:
         raise ValueError(f"cispo's clip_max must be > 0 (default 5.0), got {clip_max}")
     adv = _adv(advantages, logp)
@@ -169,9 +142,8 @@ def cispo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_max: flo
 
 
 def token_covariance(logp: Tensor, advantages: Tensor, mask: Tensor, mean_adv: float, mean_logp: float) -> Tensor:
-    """cov_{i,t} = (A_i - mean A)(log pi_theta - mean log pi_theta) on loss tokens, -inf elsewhere. [N, T] float64.
-
-    The means are the whole mini-batch's (over every rank's loss tokens): `covariance_sums` gives each rank's part."""
+    """cov_{i,t} = (A_i - mean A)(log pi_theta - mean log pi_theta) on loss tokens, -inf elsewhere, [N, T] float64;
+    the means are the whole mini-batch's (`covariance_sums` gives each rank's part)."""
     m = mask.to(torch.bool)
     adv = _adv(advantages, logp).double().expand_as(logp)
     cov = (adv - mean_adv) * (logp.detach().double() - mean_logp)
@@ -210,9 +182,8 @@ def _best_first(scores: Tensor, neg_keys: Tensor) -> Tensor:
 
 
 def ranked(scores: Tensor, keys: Tensor, eligible: Tensor, k: int) -> Tensor:
-    """The (at most k) best eligible tokens of this rank as rows [score, -key], best first: what each rank sends so
-    that the k-th best of the whole mini-batch can be found (`kth_largest`). Higher score wins; a tie goes to the
-    smaller key."""
+    """This rank's (at most k) best eligible tokens as rows [score, -key], best first (higher score; tie: smaller
+    key): what each rank sends for the mini-batch's k-th best (`kth_largest`)."""
     s, nk = scores[eligible].double(), -keys[eligible].double()
     if s.numel() == 0 or k <= 0:
         return torch.zeros(0, 2, dtype=torch.float64)
@@ -280,17 +251,9 @@ def kl_cov_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, selecte
 
 
 def sapo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, tau_pos: float, tau_neg: float) -> SurrogateOut:
-    """SAPO's soft-gated surrogate, per token (module docstring; Gao et al. 2025, arXiv 2511.20347).
-
-    Args:
-        logp: [N, T] log pi_theta (requires grad); old_logp: [N, T] log pi_old; advantages: [N] or [N, T].
-        tau_pos, tau_neg: the gate's temperature for A > 0 and A <= 0 (the paper's 1.0 and 1.05: negative tokens'
-            gradients fade faster, as their updates raise many other tokens' probabilities).
-
-    Returns:
-        SurrogateOut; no bound is active (no flags): the gate weighs every token's gradient by
-        4 sigmoid(x)(1 - sigmoid(x)) r, x = tau (r - 1), which is 1 at r = 1.
-    """
+    """SAPO's soft-gated surrogate, per token (module docstring; Gao et al. 2025, arXiv 2511.20347). `tau_pos`,
+    `tau_neg`: the gate's temperature for A > 0 / A <= 0 (paper: 1.0, 1.05: negative tokens' gradients fade faster,
+    their updates raising many other tokens). No flags: the gate weighs each gradient by 4 s(1 - s) r (1 at r = 1)."""
     if tau_pos <= 0 or tau_neg <= 0:
         raise ValueError(f"sapo's temperatures must be > 0 (the paper: 1.0, 1.05), got {tau_pos}, {tau_neg}")
     adv = _adv(advantages, logp)
@@ -304,17 +267,9 @@ def gmpo_surrogate(
     logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float
 ) -> SurrogateOut:
     """GMPO's geometric-mean surrogate, per token (module docstring; Zhao et al. 2025, arXiv 2507.20673): one ratio a
-    response, the geometric mean of its token ratios each clipped in log space at [-eps_low, eps_high] on the side
-    the advantage pushes (the paper's (e^-0.4, e^0.4)). With `seq-mean-token-mean` the loss is the mean over
-    responses of -A rho_i, and its gradient -A rho_i mean_t grad c(log r_t).
-
-    Args:
-        logp, old_logp: [N, T]; advantages: [N] (one a response); mask: [N, T] the tokens the mean runs over.
-        eps_low, eps_high: the log-ratio clip range (log space, unlike ppo_clip's).
-
-    Returns:
-        SurrogateOut; `clipped_upper` / `clipped_lower` mark the tokens whose log-ratio the clip held (A > 0 / A < 0).
-    """
+    response, the geometric mean of its token ratios, each clipped in log space at [-eps_low, eps_high] on the side A
+    pushes (paper: (e^-0.4, e^0.4)). With `seq-mean-token-mean` the loss is mean_i -A rho_i, its gradient -A rho_i
+    mean_t grad c(log r_t). `mask`: the tokens the mean runs over; the clip flags mark tokens the clip held."""
     m = mask.to(logp.dtype)
     adv = _adv(advantages, logp)
     sign = torch.sign(adv)
@@ -332,18 +287,10 @@ def dppo_loss(
     kind: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float, eps_high: float
 ) -> SurrogateOut:
     """DPPO's divergence-masked policy gradient, per token (module docstring; Qi et al. 2026, arXiv 2602.04879, the
-    Binary-TV and Binary-KL approximations verl ships): the ratio weighs -A log pi_theta as in CISPO (stopped, not
-    truncated: the authors' recipe caps it at 10,000, which never binds), and a token whose update would leave the
-    trust region, measured on the sampled token's probability, is dropped.
-
-    Args:
-        kind: "tv" or "kl".
-        logp, old_logp: [N, T]; advantages: [N] or [N, T].
-        eps_low, eps_high: the trust region's bounds for A < 0 and A > 0 (the authors: 0.15 for TV, 0.05 for KL).
-
-    Returns:
-        SurrogateOut; `clipped_upper` / `clipped_lower` mark the dropped tokens with A > 0 / A < 0.
-    """
+    Binary-TV and Binary-KL approximations verl ships; `kind` "tv" or "kl"): the stopped ratio weighs -A log pi_theta
+    as in CISPO (the authors' cap of 10,000 never binds), and a token whose update would leave the trust region (on the
+    sampled token's probability; eps_low for A < 0, eps_high for A > 0, authors: 0.15 TV, 0.05 KL) is dropped; the
+    clip flags mark the dropped tokens."""
     adv = _adv(advantages, logp)
     log_r = torch.clamp(logp.detach() - old_logp.detach(), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     p, p_old = logp.detach().exp(), old_logp.detach().exp()
@@ -375,9 +322,8 @@ def per_token_loss(
     sapo_tau_neg: float = 1.05,
     selected: Tensor | None = None,
 ) -> SurrogateOut:
-    """The policy loss `name` (one of POLICY_LOSSES) per token, [N, T] in and out, without a KL term or a rollout
-    correction (the learner adds both, to every loss alike). `selected` is the covariance rule's choice, required
-    by clip_cov and kl_cov (the learner's pre-pass over the mini-batch)."""
+    """The policy loss `name` (POLICY_LOSSES) per token, [N, T] in and out, without KL term or rollout correction
+    (the learner adds both). `selected`: the covariance rule's choice, required by clip_cov and kl_cov."""
     if name == "ppo_clip":
         return clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high, dual_clip_c)
     if name == "gspo":
@@ -417,20 +363,10 @@ def covariance_selection(
     sum_over_ranks: Callable[[Tensor], Tensor] = lambda x: x,
     gather_from_ranks: Callable[[Tensor], list[Tensor]] = lambda x: [x],
 ) -> Tensor:
-    """The tokens Clip-Cov (`name` "clip_cov") or KL-Cov ("kl_cov") acts on, chosen over the whole mini-batch.
-
-    Args:
-        logp: [N, T] the current policy's log-probs of this rank's rows (no grad needed); old_logp: [N, T].
-        advantages: [N]; mask: [N, T] the loss mask.
-        sample_ids: [N] each row's index in the rollout step (`token_keys`); salt: the draw's salt.
-        ratio: the share of the mini-batch's loss tokens to select (k = max(1, floor(ratio * tokens))).
-        eps_low, eps_high, dual_clip_c: Clip-Cov's PPO clip (already-clipped tokens are not candidates).
-        lb, ub: Clip-Cov's covariance band.
-        sum_over_ranks, gather_from_ranks: the job's all-reduce (sum) and all-gather; one process: identity.
-
-    Returns:
-        [N, T] bool, this rank's selected tokens.
-    """
+    """This rank's tokens ([N, T] bool) that Clip-Cov ("clip_cov") or KL-Cov ("kl_cov") acts on, chosen over the
+    whole mini-batch: k = max(1, floor(ratio * tokens)). `logp`: the current policy's (no grad), `sample_ids` [N] each
+    row's index in the step (`token_keys`); eps_* / dual_clip_c: Clip-Cov's PPO clip (clipped tokens are not
+    candidates), lb / ub its covariance band; `sum_over_ranks` / `gather_from_ranks`: all-reduce / all-gather."""
     m = mask.to(torch.bool)
     n, sum_adv, sum_logp = sum_over_ranks(covariance_sums(logp, advantages, m)).tolist()
     cov = token_covariance(logp, advantages, m, sum_adv / max(n, 1.0), sum_logp / max(n, 1.0))

@@ -2,17 +2,15 @@
 
 `trainer.packing` says how (docs/architecture.md, "learner/"):
 
-- `sequences` (the default): a micro-batch is one row of whole sequences end to end, positions restarting at each,
-  each attending causally to itself only (`dapo.modeling.packed_attention`); its token budget counts real tokens
-  (`plan_packed_micro_batches`, `collate_packed`). Nothing is padded.
-- `prompts`: the same, but the responses of one prompt follow a single copy of it, each attending to it and to
-  itself: where prompts are a large share of the tokens (the tiny worlds' ~100-token prompts before ~30-token
-  responses), each prompt is computed once per micro-batch rather than once per response.
-- `none`: length-sorted rows right-padded to the longest, under a budget of rows x longest row (`plan_micro_batches`,
-  `collate`): transformers' own attention with a padding mask, for models the packed attention does not take.
+- `sequences` (the default): one row of whole sequences end to end, positions restarting at each, each attending
+  causally to itself (`dapo.modeling.packed_attention`); the budget counts real tokens (`collate_packed`). No padding.
+- `prompts`: the same, one prompt's responses behind a single copy of it (each attends to it and itself): a prompt is
+  computed once per micro-batch, not per response (the tiny worlds' ~100-token prompts before ~30-token responses).
+- `none`: length-sorted rows right-padded to the longest, budget rows x longest row (`collate`): transformers' own
+  attention with a padding mask, for models the packed attention does not take.
 
-The arithmetic on lengths (the split over ranks, the plans, what a pass computes) is `dapo.packing`'s, which the
-learner's `perf/learner_padded_fraction` and `dapo plan` share; this module lays the planned micro-batches out.
+The arithmetic on lengths is `dapo.packing`'s (shared with `perf/learner_padded_fraction` and `dapo plan`); this module
+lays the planned micro-batches out.
 """
 
 from __future__ import annotations
@@ -33,22 +31,12 @@ Packing = Literal["sequences", "prompts", "none"]
 class LossSpec:
     """The loss hyper-parameters (docs/algorithm.md sections 2 and 3); plain values, fixed for a run.
 
-    Attributes:
-        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high]. Naive GRPO 0.2/0.2; DAPO 0.2/0.28.
-        dual_clip_c: dual-clip bound for negative advantages (released recipe 10), None for off.
-        kl_coef: k3 KL coefficient towards a reference policy (0 in every DAPO row); needs `ref_logp`.
-        loss_agg: `seq-mean-token-mean`, `token-mean`, `group-token-mean` or `seq-mean-token-sum`.
-        seq_token_sum_constant: the divisor C of `seq-mean-token-sum` (e.g. the max response length).
-        temperature: the sampling temperature; logits are divided by it, as when sampling.
-        policy_loss: the per-token loss by name (`dapo.algos.policy_loss`): ppo_clip (the paper's), gspo, cispo,
-            clip_cov, kl_cov, sapo, gmpo, dppo_tv, dppo_kl; eps_low / eps_high are GSPO's sequence clip range,
-            Clip-Cov's PPO clip, GMPO's log-ratio clip and DPPO's trust region too.
-        cispo_clip_max: CISPO's cap on the importance weight.
-        clip_cov_ratio, clip_cov_lb, clip_cov_ub: Clip-Cov's share of tokens and covariance band.
-        kl_cov_ratio, kl_cov_coef: KL-Cov's share of tokens and the coefficient of their |log-ratio| penalty.
-        sapo_tau_pos, sapo_tau_neg: SAPO's gate temperatures.
-        off_policy_mask: DeepSeek-V3.2's off-policy sequence mask's threshold (`dapo.algos.rollout_correction`),
-            None for off; it reads the batch's `engine_logp` (the old log-probs where the engine gave none).
+    eps_low / eps_high: the clip range [1 - eps_low, 1 + eps_high] (naive GRPO 0.2/0.2, DAPO 0.2/0.28), also GSPO's
+    sequence clip, Clip-Cov's PPO clip, GMPO's log-ratio clip and DPPO's trust region. dual_clip_c: None for off
+    (released recipe 10). kl_coef: k3 KL towards a reference (0 in every DAPO row; needs `ref_logp`).
+    seq_token_sum_constant: `seq-mean-token-sum`'s divisor C. temperature divides the logits, as when sampling.
+    policy_loss: by name (`dapo.algos.policy_loss`). off_policy_mask: DeepSeek-V3.2's sequence mask threshold
+    (`dapo.algos.rollout_correction`), None for off; it reads `engine_logp` (else the old log-probs).
     """
 
     eps_low: float = 0.2
@@ -91,27 +79,16 @@ class PolicyBatch:
     """N sampled responses with what the loss needs. Per-token tensors are [N, R], R >= the longest response,
     right-padded; column t of row i is response token t.
 
-    Attributes:
-        prompt_ids: N prompts as token ids (templates applied; repeated for each response of a group).
-        response_ids: N responses as token ids.
-        advantages: [N] float, one advantage per response (group-normalised, docs/algorithm.md section 2).
-        loss_mask: [N, R] float, 1 on response tokens that train; 0 on padding and on every token of an
-            overlong-filtered response (`dapo.algos.overlong_loss_mask`).
-        group_ids: [N] int, the prompt (group) each response belongs to: small non-negative ids (the group's
-            index in the rollout step; the group-token-mean counts tokens per id over all ranks).
-        old_logp: [N, R] log-probs under the policy that sampled (from `Learner.compute_logprobs`); needed by
-            `Learner.update`, not by `compute_logprobs`.
-        ref_logp: [N, R] reference-policy log-probs, only when `LossSpec.kl_coef > 0`.
-        is_weights: [N, R] the rollout correction's importance weights (`dapo.algos.rollout_correction`), which
-            multiply each token's policy loss; None: no correction.
-        sample_ids: [N] int, each response's index in the rollout step's batch (kept through `select` and `shard`:
-            what the covariance losses' random draw is keyed by); None: 0 .. N-1.
+    prompt_ids (templates applied, repeated per response) and response_ids: token ids. advantages [N] float
+    (group-normalised, docs/algorithm.md section 2). loss_mask [N, R] float: 1 on tokens that train, 0 on padding and
+    overlong-filtered responses. group_ids [N] int: the group's index in the rollout step (the group-token-mean counts
+    tokens per id over all ranks). old_logp: the sampling policy's (`Learner.compute_logprobs`), needed by `update`.
+    ref_logp: only when `kl_coef > 0`. is_weights: the rollout correction's, multiplying each token's policy loss.
+    sample_ids [N]: the index in the step's batch (kept through `select`: keys the covariance draw); None: 0 .. N-1.
 
-    The trainer carries its rollout step in this one type from the rollout to the learner
-    (`dapo.trainer.step.policy_batch`); four fields are its own, for the step's metrics: `truncated` [N] bool
-    (finish reason "length"), `response_mask` [N, R] (1 on response tokens, the loss mask before overlong
-    filtering), `engine_logp` [N, R] (the rollout engine's log-probs of its samples; the learner reads it only for
-    the off-policy sequence mask) and `entropy` [N, R] (the old policy's, on the sampled tokens).
+    The trainer's own fields (`dapo.trainer.step.policy_batch`), for the step's metrics: `truncated` [N] bool,
+    `response_mask` (the loss mask before overlong filtering), `engine_logp` (the engine's log-probs; the learner
+    reads it only for the off-policy mask) and `entropy` (the old policy's, on the sampled tokens).
     """
 
     prompt_ids: list[list[int]]
@@ -173,11 +150,8 @@ class PolicyBatch:
         )
 
     def shard_rows(self, rank: int, world_size: int, *, share_prompts: bool = False) -> list[int]:
-        """The rows (ascending) that rank `rank` of `world_size` trains on when every rank holds the batch whole:
-        `split_by_tokens(...)[rank]`, sequences balanced by the tokens of their forward pass, so a group's responses
-        may land on different ranks (the learner sums the group-token-mean's per-group counts over ranks).
-        Deterministic, so the shards partition the batch. `share_prompts` as the learner's: a prompt then costs once
-        per rank that holds its group."""
+        """The rows (ascending) rank `rank` trains on when every rank holds the batch: `split_by_tokens(...)[rank]`,
+        deterministic, so the shards partition the batch; a group's responses may land on different ranks."""
         if not 0 <= rank < world_size:
             raise ValueError(f"shard_rows: rank {rank} is outside a world of size {world_size}")
         if world_size == 1:
@@ -191,15 +165,10 @@ class PolicyBatch:
 
 @dataclass
 class MicroBatch:
-    """Model inputs of some sequences and where their response tokens' predictions sit.
-
-    Padded (`collate`): input_ids, attention_mask [B, L] (prompt + response[:-1]; the last token predicts nothing).
-    Packed (`collate_packed`): input_ids and position_ids [1, L], the sequences end to end with positions restarting
-    at each; no mask; `packed_row` says where each sequence (and the prompt a response shares) sits.
-    positions: [T] flat indices into B*L of the hidden states that predict `targets` [T] (the rows' response
-    tokens, sequence by sequence). `rows`: the batch rows, in micro-batch order. `token_rows`, `token_cols`: [T]
-    each, the (row in the batch, response position) of each target, to gather per-token batch tensors.
-    """
+    """Model inputs of some sequences and where their response tokens' predictions sit. Padded (`collate`):
+    input_ids, attention_mask [B, L] (prompt + response[:-1]). Packed (`collate_packed`): input_ids, position_ids
+    [1, L], no mask, `packed_row`. positions [T]: flat indices into B*L of the hidden states predicting `targets` [T];
+    `rows`: batch rows in micro-batch order; `token_rows`, `token_cols` [T]: each target's (batch row, position)."""
 
     rows: list[int]
     input_ids: Tensor
@@ -242,14 +211,10 @@ def collate(prompt_ids: list[list[int]], response_ids: list[list[int]], rows: li
 def collate_packed(
     prompt_ids: list[list[int]], response_ids: list[list[int]], units: list[list[int]], share_prompts: bool = False
 ) -> MicroBatch:
-    """Build the packed micro-batch of `units` (from `dapo.packing.plan_packed_micro_batches`): one row, the units
-    end to end.
-
-    A unit of `sequences` is one sequence, prompt + response[:-1], positions 0.. and response token t predicted at
-    its position p - 1 + t. A unit of `prompts` is the shared prompt P (length p, positions 0..p-1), then
-    response[:-1] of each member, positions restarting at p; response token 0 is predicted at the prompt's last
-    position, token t > 0 at the response's own token t - 1; each response sees the whole prompt and itself
-    causally (its `PackedRow` prefix)."""
+    """The packed micro-batch of `units` (`plan_packed_micro_batches`): one row, the units end to end. A `sequences`
+    unit is prompt + response[:-1] (token t predicted at p - 1 + t); a `prompts` unit the shared prompt (positions
+    0..p-1), then each response[:-1] at positions from p (token 0 predicted at the prompt's last position), each
+    seeing the whole prompt and itself causally (its `PackedRow` prefix)."""
     ids: list[int] = []
     pos: list[int] = []
     bounds = [0]
@@ -300,6 +265,5 @@ def collate_packed(
 
 
 def dummy_micro_batch(packed: bool) -> MicroBatch:
-    """A one-token micro-batch whose loss a rank multiplies by 0: it keeps the number of forward/backward passes
-    equal on every rank (ZeRO gathers and reduces parameters collectively in each pass)."""
+    """A one-token micro-batch whose loss is multiplied by 0: equal pass counts on every rank (ZeRO's collectives)."""
     return collate_packed([[0]], [[0]], [[0]]) if packed else collate([[0]], [[0]], [0])

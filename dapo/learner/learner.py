@@ -82,9 +82,8 @@ class Learner:
         self.model_path, self.loss, self.zero_stage = model_path, loss, zero_stage
         self.base_lr, self.warmup_steps = lr, warmup_steps
         self.dtype = resolve_dtype(dtype)
-        # ZeRO-0 in float32 steps the bare torch optimizer, which neither skips a non-finite step nor reports the
-        # norm: the learner computes the norm itself (`_step`) and clips with it, instead of DeepSpeed computing
-        # it a second time.
+        # ZeRO-0 in float32 steps the bare torch optimizer (no non-finite skip, no norm): the learner computes the
+        # norm itself (`_step`) and clips with it, instead of DeepSpeed computing it a second time.
         self._own_step = zero_stage == 0 and self.dtype == torch.float32
         self.grad_clip = grad_clip
         ds_clip = 0.0 if self._own_step else grad_clip
@@ -116,8 +115,7 @@ class Learner:
             # it back, even alone: ~10% of a 66M update on the CPU for an identity (bench_learner_flops.py).
             self.engine.enable_backward_allreduce = False
         self.engine.train()
-        # The own check must run exactly where DeepSpeed wraps no optimizer of its own (its wrappers skip a
-        # non-finite step themselves and clip with the norm they compute).
+        # The own step exactly where DeepSpeed wraps no optimizer (its wrappers skip non-finite steps and clip).
         if self._own_step == hasattr(self.engine.optimizer, "overflow"):
             raise RuntimeError(
                 f"unexpected DeepSpeed optimizer {type(self.engine.optimizer).__name__} at ZeRO-{zero_stage}, {dtype}"
@@ -128,9 +126,8 @@ class Learner:
 
     # ------------------------------------------------------------------------------------------ lr schedule
     def schedule(self, rollout_step: int) -> float:
-        """Set the learning rate of rollout step `rollout_step` (0-based: the steps completed before it; the
-        trainer calls it before each step's updates, so the warm-up counts rollout steps, and the trainer's
-        counters are the only ones). Returns it."""
+        """Set and return the lr of 0-based rollout step `rollout_step` (the trainer calls it before each step's
+        updates: the warm-up counts rollout steps, and the trainer's counters are the only ones)."""
         self.lr = lr_at(rollout_step, self.base_lr, self.warmup_steps)
         self._set_lr(self.lr)
         return self.lr
@@ -144,43 +141,33 @@ class Learner:
     # ------------------------------------------------------------------------------------------ forward
     @torch.no_grad()
     def compute_logprobs(self, batch: PolicyBatch) -> tuple[Tensor, Tensor]:
-        """Per-token log-probs and entropies of the batch's responses under the current weights.
-
-        Returns:
-            (logp [N, R], entropy [N, R]) float32 on the CPU, R = batch.loss_mask.shape[1], zeros after each
-            response. Every rank must call it with the whole batch: each computes its shard (ZeRO-3 gathers weights
-            collectively) and every rank gets every row.
-        """
+        """(logp [N, R], entropy [N, R]) of the responses under the current weights: float32 on the CPU, R =
+        batch.loss_mask.shape[1], zeros after each response. Every rank calls it with the whole batch, computes its
+        shard (ZeRO-3 gathers collectively) and gets every row."""
         logp, entropy = self.passes.whole_batch(batch, self.loss.temperature, with_entropy=True)
         assert entropy is not None
         return logp, entropy
 
     def set_packing(self, packing: str) -> None:
-        """Lay later passes out as `packing` (`trainer.packing`), switching the model's attention to match: a
-        benchmark or a test compares the layouts on one learner."""
+        """Lay later passes out as `packing` (`trainer.packing`), attention to match (benchmarks, tests)."""
         register_packed_attention()
         self.passes.packing = packing
         self.engine.module.lm.set_attn_implementation(ATTENTION_PADDED if packing == "none" else ATTENTION_PACKED)
 
     def padded_fraction(self, batch: PolicyBatch, *, forward_only: bool) -> float:
-        """The share of the tokens one pass over `batch` computes (every rank's, dummy passes included) that are
-        padding: for `compute_logprobs` (`forward_only`) or an `update`. Arithmetic on lengths, no collective."""
+        """Padding's share of the tokens one pass (`compute_logprobs` if `forward_only`, else `update`) computes over
+        every rank, dummies included. Arithmetic on lengths, no collective."""
         return self.passes.tokens(batch, forward_only).padded_fraction
 
     # ------------------------------------------------------------------------------------------ update
     def update(self, batch: PolicyBatch, *, salt: int = 0) -> dict[str, float]:
-        """One optimizer step on a mini-batch: every rank calls it with the whole mini-batch and trains its shard,
-        sequences balanced by tokens (`PolicyBatch.shard`).
-
-        `salt` keys the covariance losses' random draw (`dapo.algos.policy_loss.token_keys`): the trainer passes
+        """One optimizer step: every rank calls it with the whole mini-batch and trains its token-balanced shard
+        (`PolicyBatch.shard`). `salt` keys the covariance losses' draw (`policy_loss.token_keys`): the trainer passes
         its update count, so a resumed run draws the same tokens.
 
-        Returns metrics over the whole mini-batch (all ranks), keyed by `dapo.metric_names`: policy loss, lower
-        and upper clip fractions, mean old probability of upper-clipped tokens (NaN if none), dual-clip
-        fraction, approx KL to the old policy, KL to the reference (with ref_logp), gradient norm before clipping,
-        lr, UPDATE_SKIPPED (1.0 when this step was skipped as non-finite), the padded share of the tokens computed
-        (`M.LEARNER_PADDED_FRACTION`); and the chosen loss's own
-        (sequence clip fractions for GSPO, capped weights for CISPO, selected tokens for Clip-Cov and KL-Cov).
+        Returns metrics over the whole mini-batch (`dapo.metric_names`): loss, clip fractions, old probability of
+        upper-clipped tokens (NaN if none), dual-clip fraction, KL to old and reference policy, grad norm before
+        clipping, lr, UPDATE_SKIPPED (1.0: skipped as non-finite), `M.LEARNER_PADDED_FRACTION`, and the loss's own.
         """
         if batch.old_logp is None:
             raise ValueError("update needs batch.old_logp (Learner.compute_logprobs before the first update)")
@@ -236,8 +223,8 @@ class Learner:
         }
 
     def _covariance_selection(self, batch: PolicyBatch, salt: int) -> Tensor | None:
-        """Clip-Cov's and KL-Cov's tokens of this rank's rows, [N, R] bool, chosen over the whole mini-batch from a
-        no-grad pass of the current policy (`dapo.algos.policy_loss.covariance_selection`). None for the others."""
+        """Clip-Cov's / KL-Cov's tokens of this rank's rows, [N, R] bool, chosen over the mini-batch from a no-grad
+        pass (`policy_loss.covariance_selection`); None for other losses."""
         spec = self.loss
         if spec.policy_loss not in COVARIANCE_LOSSES:
             return None
@@ -262,8 +249,7 @@ class Learner:
         )
 
     def _global_counts(self, batch: PolicyBatch) -> MiniBatchCounts:
-        """The aggregation's counts over every rank's part of the mini-batch. One all-reduce; two for the
-        group-token-mean (the length of its per-group vector first)."""
+        """The aggregation's counts over all ranks: one all-reduce (group-token-mean: two, the vector length first)."""
         local = local_counts(batch.loss_mask)
         head = torch.tensor([local["num_tokens"], local["num_seqs"]], dtype=torch.float64)
         if self.loss.loss_agg != "group-token-mean":
@@ -277,8 +263,7 @@ class Learner:
     def _micro_loss(
         self, batch: PolicyBatch, mb: MicroBatch, weights: Tensor, selected: Tensor | None
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """The micro-batch's share of the mini-batch loss (its weighted sum) and of the update's metric sums. The
-        forward's flat per-token outputs are laid out as [rows, width] so every loss sees whole responses."""
+        """The micro-batch's weighted loss sum and metric sums; flat outputs laid out [rows, width] (whole rows)."""
         spec, dev = self.loss, self.dist.device
         logp_flat, _ = self.passes.run(mb, spec.temperature, with_entropy=False)
         idx = torch.as_tensor(mb.rows, dtype=torch.long)
@@ -352,18 +337,15 @@ class Learner:
 
     # ------------------------------------------------------------------------------------------ colocation
     def offload_states(self) -> None:
-        """Move this rank's ZeRO states (parameter shards, gradients, fp32 master weights, optimizer state) to host
-        memory while the colocated rollout engine generates (DeepSpeed's `offload_states`). A no-op without a GPU
-        and at ZeRO 0."""
+        """Move this rank's ZeRO states (shards, gradients, fp32 masters, optimizer state) to host memory while the
+        colocated engine generates (DeepSpeed's `offload_states`); a no-op without a GPU and at ZeRO 0."""
         if self.dist.device.type == "cuda" and self.zero_stage > 0 and not self._offloaded:
             if self.zero_stage == 3:
                 from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as State
 
-                # DeepSpeed 0.19's ZeRO-3 moves the master weights and the optimizer state only for its own
-                # FusedAdam (an assert: "Offloading is supported only for DeepSpeed FusedAdam"; ZeRO 1-2 have no
-                # such check), a CUDA op built with nvcc at first use. The learner steps torch's fused AdamW (no
-                # build), so DeepSpeed moves the rest and those two move here (found on an H100 by
-                # scripts/gpu_check.py).
+                # DeepSpeed 0.19's ZeRO-3 offloads masters and optimizer state only for its own FusedAdam (assert
+                # "Offloading is supported only for DeepSpeed FusedAdam"; an nvcc-built op). We step torch's fused
+                # AdamW, so those two move here (found on an H100 by scripts/gpu_check.py).
                 self.engine.offload_states(include=[State.lp_params, State.lp_grads, State.contiguous_grad_buffer])
                 for key, t in self._master_and_adam_tensors():
                     host = self._host_buffers.get(key)
@@ -385,9 +367,8 @@ class Learner:
 
     @contextlib.contextmanager
     def _states_on_device(self) -> Iterator[None]:
-        """The states where training keeps them for the duration, then back where they were: DeepSpeed's
-        checkpoints and ZeRO-3's gathers read the GPU-side buffers that `offload_states` empties (a resume at
-        ZeRO-3 on a GPU failed in `load_checkpoint` with the states offloaded: found by scripts/gpu_check.py)."""
+        """The states on the device for the duration: checkpoints and ZeRO-3's gathers read the GPU buffers that
+        `offload_states` empties (a ZeRO-3 resume failed in `load_checkpoint` otherwise: scripts/gpu_check.py)."""
         offloaded = self._offloaded
         self.reload_states()
         try:
@@ -397,9 +378,8 @@ class Learner:
                 self.offload_states()
 
     def _master_and_adam_tensors(self) -> Iterator[tuple[tuple[str, int], Tensor]]:
-        """ZeRO-3's fp32 master partitions (the torch optimizer's parameters) and their Adam moments, keyed so
-        that a pinned host buffer is reused at every offload. The buffers stay out of the optimizer's state dict
-        (DeepSpeed's own helper keeps them there, which a checkpoint would save and a resume load onto the GPU)."""
+        """ZeRO-3's fp32 master partitions and their Adam moments, keyed to reuse a pinned host buffer per offload;
+        kept out of the optimizer's state dict (DeepSpeed's helper puts them there: checkpointed, reloaded to GPU)."""
         if self.zero_stage != 3:
             return
         zero = self.engine.optimizer
@@ -414,16 +394,11 @@ class Learner:
     def named_parameters_for_sync(self) -> Iterator[tuple[str, Tensor]]:
         """(Hugging Face name, full tensor) for every parameter, for the rollout engine's weight sync.
 
-        Under ZeRO-3 each tensor is gathered (a collective: every rank must exhaust the iterator) and is the
-        consumer's own: the gathered buffer itself, which the parameter lets go of when the gather ends (DeepSpeed
-        releases a gathered parameter by pointing it at an empty tensor, so the buffer lives on for as long as the
-        yielded tensor does, and nothing else writes to it). No copy of it is made, so with NCCL, which gathers
-        into that buffer, the learner's side of a sync holds one parameter at a time (over gloo the gather itself
-        briefly takes twice that: BENCHMARKS.md section 9). Otherwise it is the live weight, detached: copy it
-        before the next update if you keep it. Tied weights appear once (under the embedding's name).
-
-        Order: the model's, with the embedding and the output head last (`_vocab_last`), so vLLM's layer-wise
-        reload never holds two layers half-loaded (docs/distributed.md, "Weight sync from a sharded learner").
+        Under ZeRO-3 each is gathered (a collective: every rank exhausts the iterator) and is the consumer's own: the
+        gathered buffer, which DeepSpeed releases from the parameter (pointing it at an empty tensor) when the gather
+        ends. No copy: with NCCL the sync holds one parameter at a time (gloo briefly twice: BENCHMARKS.md section 9).
+        Otherwise the live weight, detached: copy it before the next update to keep it. Tied weights appear once.
+        Embedding and head come last (`_vocab_last`; docs/distributed.md, "Weight sync from a sharded learner").
         """
         import deepspeed
 
@@ -438,9 +413,8 @@ class Learner:
                     yield name, p.detach()
 
     def state_dict_on_main(self) -> dict[str, Tensor]:
-        """The whole model as CPU tensors on rank 0, and nothing on the other ranks: gathered one parameter at a
-        time, so a node of 8 ranks holds one host copy of the model for the final save (about 65 GB at 32B in
-        bf16), not eight. Every rank must call it (under ZeRO-3 each gather is a collective)."""
+        """The whole model as CPU tensors on rank 0 (nothing elsewhere), gathered one parameter at a time: one host
+        copy per node (about 65 GB at 32B bf16), not eight. Every rank must call it (ZeRO-3 gathers collectively)."""
         state: dict[str, Tensor] = {}
         for name, t in self.named_parameters_for_sync():
             if self.dist.is_main:
@@ -448,8 +422,7 @@ class Learner:
         return state
 
     def save_hf(self, directory: str | Path) -> None:
-        """The current model as a Hugging Face checkpoint (plus the tokenizer files found beside the input
-        model), for evaluation and release. Every rank must call it; rank 0 gathers and writes."""
+        """The model as an HF checkpoint plus the input model's tokenizer files; all ranks call, rank 0 writes."""
         directory = Path(directory)
         state = self.state_dict_on_main()
         if self.dist.is_main:
@@ -461,9 +434,8 @@ class Learner:
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, directory: str | Path) -> None:
-        """Weights and optimizer state (ZeRO partitions per rank), through DeepSpeed. Every rank must call it with
-        the same directory. The step counters are the trainer's (its checkpoint's trainer_state.json), and
-        `schedule` sets the lr from them."""
+        """Weights and optimizer state (ZeRO partitions per rank) through DeepSpeed; every rank, same directory. Step
+        counters are the trainer's (trainer_state.json); `schedule` sets the lr from them."""
         with self._states_on_device():
             self.engine.save_checkpoint(str(directory), tag=_CKPT_TAG)
 
@@ -479,9 +451,8 @@ class Learner:
 
 
 def _vocab_last(lm: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    """The model's parameters in its order, the vocabulary's (embedding, untied head) moved to the end. vLLM pads a
-    vocabulary to a multiple of 64 rows, and its layer-wise reload finishes a layer only once every row is loaded, so
-    a padded one stays half-loaded until the end of the sync: first in the stream, it overlaps every later layer."""
+    """The parameters in model order, the vocabulary's (embedding, untied head) last: vLLM pads a vocabulary to 64
+    rows and finishes a layer only once every row is loaded, so first in the stream it would overlap every layer."""
     vocab = {id(m.weight) for m in (lm.get_input_embeddings(), lm.get_output_embeddings()) if m is not None}
     named = list(lm.named_parameters())
     return [x for x in named if id(x[1]) not in vocab] + [x for x in named if id(x[1]) in vocab]

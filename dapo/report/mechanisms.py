@@ -1,21 +1,15 @@
 """The mechanisms table: did each toggle move the quantity the paper says it moves?
 
-Declared here, once, before any evidence is run (docs/evidence.md lists the same declarations, and a test
-checks that the two agree): for each toggle, the quantities the paper says it moves, each with the metric,
-the window of training it is read over, the per-run statistic, the sign the paper expects for (row that adds the
-toggle) - (row above), and where in the paper the claim is. The first declaration of each toggle is its primary
-quantity, the one the evidence goal counts. Every declared statistic is reported, whichever way it comes out.
+Declared here once, before any evidence is run (docs/evidence.md lists the same; a test checks they agree): for each
+toggle, the quantities the paper says it moves, each with metric, window, per-run statistic, the sign the paper
+expects for (row adding the toggle) - (row above), and the paper's place. The primary quantity is the one the evidence
+goal counts; every declared statistic is reported, whichever way it comes out.
 
-Per run, the statistic is one number; per row, its mean over seeds; the difference between the row that adds the
-toggle and the row above has Welch's interval over seeds, 95% by default (the seed is the unit that is replicated:
-steps within a run are not independent). A verdict says whether the interval excludes zero, and on which side.
-
-Statistics:
-- `mean`: the mean of the metric's per-step values in the window;
-- `successive_diff_sd`: the sample s.d. of its step-to-step changes in the window (how jumpy the curve is);
-- `at_common_updates`: the eval curve against gradient updates, read (linear interpolation) at the largest
-  update count every compared run reached, so the rows are compared at equal gradient updates.
-Windows: `all` (training steps 1..T) or `last_third` (steps > 2T/3, T the run's last step).
+Per run one number; per row its mean over seeds; the difference has Welch's interval over seeds (95% by default: the
+seed is the replicated unit, steps are not independent). A verdict says whether it excludes zero, and on which side.
+Statistics: `mean`; `successive_diff_sd` (s.d. of step-to-step changes: jumpiness); `at_common_updates` (the eval
+curve interpolated at the largest update count every compared run reached); `rise`, `final`, `area_*`
+(`statistic_label`). Windows: `all` (steps 1..T), `last_third` (> 2T/3), `first_third` (<= T/3).
 """
 
 from __future__ import annotations
@@ -47,10 +41,9 @@ class Mechanism:
     expected_sign: int  # +1 / -1: the sign the paper expects for (row with the toggle) - (row above)
     source: str  # where the paper makes the claim
     primary: bool = False  # the toggle's headline quantity (one per toggle)
-    # Version 2 (MECHANISMS_V2) only. `role`: a condition is read in the row *without* the toggle (the row above)
-    # and is met when its statistic, times `expected_sign`, reaches `threshold` times the sign (a mean over seeds);
-    # an effect compares the row with the toggle against the row above like a version-1 mechanism; a wiring check
-    # is an effect that holds by construction (evidence that the toggle is wired, not that the paper is right).
+    # Version 2 (MECHANISMS_V2) only. `role`: a condition is read in the row *without* the toggle, met when its seed
+    # mean times `expected_sign` reaches `threshold` times the sign; an effect compares with / without like version 1;
+    # a wiring check is an effect true by construction (the toggle is wired, not the paper right).
     role: Role = "mechanism"
     threshold: float | None = None
     rows: tuple[str, str] | None = None  # (with, without) rows when not the toggle's own pair (the headline)
@@ -111,13 +104,10 @@ MECHANISMS: tuple[Mechanism, ...] = (  # toggle, quantity, metric, statistic, wi
 )
 # fmt: on
 
-# Version 2 (issue 25), declared before any confirmatory run, for the habits world (`tiny.kind: habits`), where each
-# toggle's condition is built into the base model (dapo/tinyworld/habits.py). For each toggle: the condition it
-# acts under, read in the row without it (`condition`: met or not); the effect that follows if the paper is right,
-# which is not true by construction (`effect`: with - without, Welch's interval over seeds); and the quantities the
-# toggle moves by construction (`wiring`), kept apart because they prove only that the toggle is wired. One more
-# effect is the headline: full DAPO against naive GRPO on the area under the accuracy curve. Changing any of these
-# is a new version: bump MECHANISMS_VERSION and record the new digest (tests/test_mechanisms.py checks both).
+# Version 2 (issue 25), declared before any confirmatory run, for the habits world (dapo/tinyworld/habits.py): per
+# toggle, its condition (read in the row without it), the effect that follows if the paper is right (not true by
+# construction), and its `wiring` checks; plus the headline effect, full DAPO against naive GRPO. Changing any is a
+# new version: bump MECHANISMS_VERSION and record the new digest (tests/test_mechanisms.py checks both).
 MECHANISMS_VERSION = 2
 
 
@@ -224,8 +214,7 @@ def tokens_axis(run: RunData, steps: np.ndarray) -> np.ndarray | None:
 def run_statistic(
     m: Mechanism, run: RunData, k: int, common_updates: float | None = None, common_tokens: float | None = None
 ) -> float | None:
-    """The declared statistic of one run; None when the run did not log what it needs. `common_updates` and
-    `common_tokens`: where the compared runs' curves end together (`at_common_updates`, `area_tokens`)."""
+    """The declared statistic of one run (None: not logged); `common_*`: where the compared curves end together."""
     s = run.history.get(m.metric_name(k))
     if s is None or not s.steps.size:
         return None
@@ -374,8 +363,7 @@ def mean_txt(values: list[float]) -> str:
 def results_table(
     results: list[MechanismResult], title: str, notes: list[str], confidence: float = 0.95, with_source: bool = True
 ) -> Table:
-    """One line per result, whatever its verdict (Markdown / CSV / LaTeX). with_source (the mechanisms table): the
-    paper's claim in a column and `primary` in the CSV; without (version 2's effects and wiring): the CSV's role."""
+    """One line per result, whatever its verdict. with_source: the paper's claim and CSV `primary` (else role)."""
     cells, raw, missing = [], [], []
     for r in results:
         m, iv = r.mechanism, r.interval

@@ -80,13 +80,8 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class ReplicaLayout:
-    """Which rollout replica this rank belongs to.
-
-    Attributes:
-        world_size: ranks in the job.
-        tensor_parallel_size: ranks per replica (`rollout.tensor_parallel_size`).
-        rank: this process's global rank.
-    """
+    """Which rollout replica this rank (global `rank` of `world_size`) belongs to; `tensor_parallel_size` ranks each
+    (`rollout.tensor_parallel_size`)."""
 
     world_size: int
     tensor_parallel_size: int
@@ -136,13 +131,8 @@ def split_evenly(n: int, parts: int) -> list[range]:
 
 @dataclass(frozen=True)
 class Share:
-    """One replica's part of a batch of P prompts x n samples.
-
-    Attributes:
-        prompts: the batch indices of the prompts it samples (ascending).
-        counts: how many samples of each (>= 1).
-        first: the index, among that prompt's n samples, of the first of them (they are consecutive).
-    """
+    """One replica's part of a batch of P prompts x n samples: the `prompts` it samples (batch indices, ascending),
+    `counts` of each (>= 1), and the index among that prompt's n samples of the `first` (they are consecutive)."""
 
     prompts: list[int]
     counts: list[int]
@@ -150,11 +140,9 @@ class Share:
 
 
 def split_samples(num_prompts: int, n: int, replicas: int) -> list[Share]:
-    """Cut P prompts x n samples into `replicas` shares whose sizes differ by at most one sample, numbering the
-    samples sample-major (j * P + i) and giving replica k the k-th contiguous run (`split_evenly`). Each prompt's
-    samples then spread over the replicas (n / R of every prompt on each when R divides n; with R > n mostly one
-    sample each of about P * n / R prompts) instead of all n landing on one replica. The shares partition the
-    samples, and a replica's samples of one prompt are consecutive in j (`Share.first`)."""
+    """Cut P prompts x n samples into `replicas` shares differing by at most one sample: numbered sample-major
+    (j * P + i), replica k takes the k-th contiguous run (`split_evenly`), so each prompt's samples spread over the
+    replicas (n / R each when R divides n). The shares partition the samples; one prompt's are consecutive in j."""
     if num_prompts < 0 or n < 1 or replicas < 1:
         raise ValueError(f"split_samples: need prompts >= 0, n >= 1, replicas >= 1; got {num_prompts}, {n}, {replicas}")
     shares = []

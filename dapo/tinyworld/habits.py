@@ -1,37 +1,26 @@
 """The habits world (`tiny.kind: habits`): a tiny world built so that each DAPO toggle has the condition it acts on.
 
-The first tiny world (`tiny.kind: arithmetic`, `tasks.py`) showed what the toggles do by construction and little
-more: its remaining errors were arithmetic a 1M-parameter model does not know, which RL cannot fix, so every row
-plateaued at the same accuracy. Here the arithmetic is kept easy (small numbers, few slips in the supervised
-data) and the base model's errors come from habits the supervised data teaches on purpose, one per toggle, each
-with a marker that `tag_response` can read in any response:
+In the first tiny world (`tiny.kind: arithmetic`, `tasks.py`) the remaining errors were arithmetic a 1M-parameter
+model does not know, which RL cannot fix, so every row plateaued alike. Here the arithmetic is easy and the base
+model's errors come from habits the supervised data teaches on purpose, one per toggle, each with a marker that
+`tag_response` reads (docs/tiny-preset.md has the long account):
 
-- verbose working (`verbose`): a solution restates every sentence, so most long problems overrun the response cap
-  while the others fit; it is careful (it slips less than concise working, which on long problems may slip far more
-  often: `Habits.long_slip`), so where it fits it is worth keeping, and on long problems worth the risk of the cap.
-  Soft overlong punishment acts on responses near and over the cap; overlong filtering on truncated but sound
-  working.
-- a repetition loop (`loop`): a solution re-checks a line with `again:` once or twice, mostly slipping and carrying
-  the slip to a wrong answer. Token-level loss acts on long wrong responses that per-response averaging
-  under-penalises.
-- a misconception fork (`fork_right` / `fork_wrong`): the supervised data writes `x - 2` for "loses half of them"
-  most of the time and the right `x / 2` rarely. Clip-higher acts on such a rare token with positive advantage,
-  where the upper clip binds.
-- combined working (`Habits.combine`, no tag of its own: a concise style): a concise solution works two operations
-  on one line and writes only the pair's result ("6 + 4 then * 2 = 20"). The data is as right as any concise
-  solution, but the 1M-parameter model does not learn the step in its head (docs/evidence.md, W110: combined core
-  working right 17% of the time, verbose 87%), so the errors are the model's own, as a slip rate in the data
-  never was (the model learns the arithmetic from the other solutions and slips far less than its data does).
-  Verbose working, one operation a line, is then worth its length across the mix, not only where it fits.
-- a difficulty mix (problem kinds): one-operation problems (soon all correct) and a squaring step never shown
-  (always wrong). Dynamic sampling acts on groups whose responses all score the same.
+- verbose working (`verbose`): restates every sentence, so most long problems overrun the cap; it slips less than
+  concise working (`Habits.long_slip`), so it is worth keeping where it fits. Soft overlong punishment and overlong
+  filtering (truncated but sound working) act on it.
+- a repetition loop (`loop`): re-checks a line with `again:`, mostly slipping to a wrong answer. Token-level loss
+  acts on long wrong responses that per-response averaging under-penalises.
+- a misconception fork (`fork_right` / `fork_wrong`): "loses half of them" is mostly written `x - 2`, rarely the right
+  `x / 2`. Clip-higher acts on such a rare token with positive advantage, where the upper clip binds.
+- combined working (`Habits.combine`, a concise style without a tag): two operations on one line, only the pair's
+  result written ("6 + 4 then * 2 = 20"); the model does not learn the step in its head (docs/evidence.md, W110:
+  right 17% of the time, verbose 87%), so verbose working is worth its length across the mix.
+- a difficulty mix: one-operation problems (soon all correct) and a squaring step never shown (always wrong).
+  Dynamic sampling acts on groups whose responses all score the same.
 
-Problem kinds (`problem_kind`, read from the problem text): `easy` (one operation), `core` (2-3), `fork` (2-3, one
-of them "loses half of them"), `long` (4-6 operations: concise working fits the cap, verbose working
-fits it on the shorter ones only)
-and `unsolvable` (contains "squares them", an operation the supervised data never shows).
-
-Everything is a pure function of a `random.Random`, so a seed reproduces the same problems and solutions.
+Problem kinds (`problem_kind`, from the text): `easy` (one operation), `core` (2-3), `fork` (2-3, one of them "loses
+half of them"), `long` (4-6: concise working fits the cap, verbose only on the shorter ones) and `unsolvable`
+("squares them"). Everything is a pure function of a `random.Random`: a seed reproduces the problems and solutions.
 """
 
 from __future__ import annotations
@@ -54,16 +43,14 @@ KINDS = (EASY, CORE, FORK, LONG, UNSOLVABLE)
 FORK_CONTROL = "fork_control"  # the clip-higher assay's control fork (`problem_kind` of its problems; drawn as FORK)
 CORE_CONTROL = "core_control"  # the token-level-loss assay's control problems (drawn as CORE)
 CLIP_HIGHER, TOKEN_LOSS, OVERLONG = "clip_higher", "token_loss", "overlong"  # the assays' worlds (`tiny.assay`)
-# The token-level-loss assay: its core problems take 3 plain operations, and this share of them are the control
-# problems, whose question ends "in the end?"; its loops re-do the working in blocks (at most MAX_BLOCKS in the
-# supervised data: about 160 tokens, where row 03's penalty starts).
+# The token-level-loss assay: core problems take 3 plain operations, this share of them are control problems ("in
+# the end?"); loops re-do the working in blocks (at most MAX_BLOCKS: about 160 tokens, where row 03's penalty starts).
 CONTROL_SHARE, CONTROL_QUESTION, MAX_BLOCKS = 0.25, "in the end?", 4
-# The overlong-filtering assay: its core problems are running sums, "Mia adds up the digits of 3517... from the left
-# until the total is more than 39", whose length is hidden in the digits (`_running_task`): careful working (a line
-# a digit) overruns RUN_CAP tokens on about 40% of them (`run_overruns`), concise working (three digits, then two a
-# line, the limit checked at a line's end: one digit too many half the time) never does. CONTROL_SHARE of them are
-# its control problems ("totals", 8 digits: careful working always fits). A limit is one below a multiple of ten, so
-# that a line's total passes it when its tens digit reaches the limit's tens + 1.
+# The overlong-filtering assay: core problems are running sums ("Mia adds up the digits of 3517... from the left until
+# the total is more than 39", `_running_task`): careful working (a digit a line) overruns RUN_CAP tokens on about 40%
+# (`run_overruns`), concise working (three digits, then two a line, the limit checked at a line's end: one digit too
+# many half the time) never. CONTROL_SHARE are control problems ("totals", 8 digits: careful always fits). A limit is
+# one below a multiple of ten: a line's total passes it when its tens digit reaches the limit's tens + 1.
 RUN_FITS, RUN_OVERRUNS, RUN_CONTROL = "run_fits", "run_overruns", "run_control"
 RUN_CAP, RUN_TAKES = 100, 15  # the assay's response cap (its preset's); a sum adds 3 to RUN_TAKES digits
 _RUN_DRAW = {False: ("adds up", 20, (29, 39)), True: ("totals", 8, (9, 19))}  # control? -> verb, digits, limits
@@ -162,12 +149,10 @@ def _apply(a: int, op: str, b: int) -> int:
 
 
 def make_task(rng: random.Random, kind: str, assay: str = "none") -> Task:
-    """A random problem of `kind` in the world of `assay` (`tiny.assay`: a fork problem's fork is `half`, or one of the
-    clip-higher assay's four); every intermediate value stays a positive integer <= VALUE_MAX (a square may exceed
-    it, and nothing follows a square but additions and subtractions). In the token-level-loss assay's world a core
-    problem takes 3 additions or subtractions (so a value off by one stays off by one to the answer), and
-    CONTROL_SHARE of them are its control problems. In the overlong-filtering assay's, a core problem is a running sum
-    (`_running_task`)."""
+    """A random problem of `kind` in the world of `assay` (`tiny.assay`; a fork is `half`, or one of the clip-higher
+    assay's four); intermediate values stay positive integers <= VALUE_MAX (a square may exceed it; only additions and
+    subtractions follow it). Token-level-loss assay: a core problem is 3 additions or subtractions (an off-by-one stays
+    so to the answer), CONTROL_SHARE of them control problems. Overlong assay: a running sum (`_running_task`)."""
     if assay == OVERLONG and kind == CORE:
         return _running_task(rng, control=rng.random() < CONTROL_SHARE)
     name, pronoun = rng.choice(NAMES)
@@ -207,9 +192,8 @@ def make_task(rng: random.Random, kind: str, assay: str = "none") -> Task:
 
 
 def _running_task(rng: random.Random, *, control: bool) -> Task:
-    """A running sum over the digits (1 to 3-9) of a number until the total passes a limit; the answer is that total.
-    It takes 3 digits or more (so that careful and concise working differ from their first line), and at most
-    RUN_TAKES (so that concise working fits the cap)."""
+    """A running sum over the digits (1 to 3-9) of a number until the total passes a limit (the answer): 3 digits or
+    more (careful and concise working differ from their first line), at most RUN_TAKES (concise working fits)."""
     name, pronoun = rng.choice(NAMES)
     verb, n, limits = _RUN_DRAW[control]
     while True:
@@ -229,17 +213,15 @@ def _digits_taken(digits: Sequence[int], limit: int) -> int:
 
 
 def careful_tokens(digits: Sequence[int]) -> int:
-    """Tokens of the careful working of a running sum over `digits` (`solution_lines`) with its answer and end of
-    turn: the world's tokenizer spells every digit, " +", " =", " " and a line break as a token each (a line
-    "38 + 5 = 43" and its break: 10), and "Answer: 63" as "Answer", ":", " " and the digits."""
+    """Tokens of a running sum's careful working with its answer and end of turn: every digit, " +", " =", " " and a
+    line break is a token ("38 + 5 = 43" and its break: 10), "Answer: 63" is "Answer", ":", " " and the digits."""
     lines, total = _working(digits[0], [Step("+", d, "") for d in digits[1:]])
     return sum(len(line) - 1 for line in lines) + 3 + len(str(total)) + 1
 
 
 def _random_step(rng: random.Random, cur: int, *, plain_only: bool, avoid: tuple[str, int] = ("-", 2)) -> Step:
-    """One of buy / give away / double / triple / halve that keeps the value in 1..VALUE_MAX. `plain_only`: no
-    halving and no `avoid` (a fork's wrong operation: a fork problem's markers must be its fork's alone), and no
-    doubling past a square."""
+    """One of buy / give away / double / triple / halve keeping the value in 1..VALUE_MAX. `plain_only`: no halving,
+    no `avoid` (a fork's wrong operation: a fork problem's markers are its fork's alone), no doubling past a square."""
     kinds = ["+", "+", "-", "-"]
     if not plain_only and cur * 2 <= VALUE_MAX:
         kinds.append("*")
@@ -288,9 +270,8 @@ def problem_kind(text: str) -> str:
 
 
 def solution_lines(task: Task, habits: Habits, rng: random.Random) -> tuple[list[str], str]:
-    """A supervised solution of `task` written with the habits' probabilities: (lines ending in `Answer: N`, the
-    style: "concise", "verbose" or "loop"). Its answer is wrong when it slips, loops with a slip, or takes the
-    fork's misconception. A running sum is worked carefully (a digit a line) or concisely (`_running_lines`)."""
+    """A supervised solution of `task`: (lines ending in `Answer: N`, the style: "concise", "verbose" or "loop"),
+    wrong when it slips, loops with a slip, or takes the fork's misconception. Running sums: `_running_lines`."""
     if _RUN_RE.match(task.text):
         return _running_lines(task, habits.careful, rng)
     u = rng.random()
@@ -347,8 +328,8 @@ def _working(start: int, steps: Sequence[Step]) -> tuple[list[str], int]:
 
 
 def _running_lines(task: Task, careful: float, rng: random.Random) -> tuple[list[str], str]:
-    """Careful working: a digit a line, the total checked after each. Concise: three digits, then two a line, the
-    total checked only at a line's end, so that about half the time it adds one digit past the limit."""
+    """Careful working: a digit a line, the total checked after each. Concise: three digits, then two a line, checked
+    only at a line's end (about half the time one digit past the limit)."""
     if rng.random() < careful:
         lines, _ = _working(task.start, task.steps)
         return [*lines, f"Answer: {task.answer}"], CAREFUL
@@ -363,14 +344,12 @@ def _running_lines(task: Task, careful: float, rng: random.Random) -> tuple[list
 
 
 def _wrong_habit_lines(task: Task, style: str, c: float, rng: random.Random) -> list[str]:
-    """The token-level-loss assay's two always-wrong habits, on problems of additions and subtractions (so that a
-    value one too many stays one too many to the answer):
+    """The token-level-loss assay's two always-wrong habits (on additions and subtractions: one too many stays so):
 
-    - short wrong: `so` opens the working and its last result is one too many (as long as right working);
-    - loop: the working, then blocks that re-do it from a start one too many, the first line of each marked
-      `again:`, each block followed by another with probability `c` (at most MAX_BLOCKS): about 1 + 1/(1 - c) times
-      as long as right working. On a control problem the loop is as long as the short wrong habit: the last line
-      alone is re-written, marked `again:` and one too many.
+    - short wrong: `so` opens the working, its last result one too many (as long as right working);
+    - loop: the working, then blocks re-doing it from a start one too many (first line marked `again:`), each followed
+      by another with probability `c` (at most MAX_BLOCKS): about 1 + 1/(1 - c) times as long as right working. On a
+      control problem only the last line is re-written (`again:`, one too many): as long as the short wrong habit.
     """
     lines, cur = _working(task.start, task.steps)  # (a one-operation problem is written as a control problem)
     head = lines[-1].rsplit(" = ", 1)[0]
@@ -395,10 +374,8 @@ def make_splits(
     sft_mix: Mix | None = None,
     assay: str = "none",
 ) -> Splits:
-    """Disjoint (by text) RL train prompts, eval problems and supervised problems. Train and eval follow `mix`
-    (eval exactly, by largest remainder; train by draw). The supervised problems never contain the squaring step
-    (the unsolvable kind), and otherwise follow `sft_mix` (None: `mix`) renormalised. `assay`: the world's
-    (`make_task`)."""
+    """Disjoint (by text) RL train prompts, eval and supervised problems. Train and eval follow `mix` (eval exactly, by
+    largest remainder; train by draw); supervised problems never square and follow `sft_mix` (None: `mix`)."""
     rng = random.Random(f"tinyworld-habits-{seed}")
     shares = mix.kinds()
     seen: set[str] = set()
@@ -452,16 +429,10 @@ _EQ_RE = re.compile(r"(-?\d+) ([-+*/]) (-?\d+) = (-?\d+)")
 
 
 def tag_response(problem: str, response: str, truncated: bool) -> tuple[str, ...]:
-    """The habit markers of one response to a habits-world problem (a subset of TAGS):
-
-    - `verbose`: its first line restates the problem's opening sentence ("Mia has 7 apples.");
-    - `loop`: a line starts with `again:`;
-    - `fork_right` / `fork_wrong` (fork problems only): it writes the fork's right / wrong operation, `x / 2 = ...`
-      / `x - 2 = ...` for `half` (a fork problem has no other line with either, so these are the fork's line);
-    - `sound_truncated`: it hit the cap, it completed at least one operation line, and every operation line it
-      completed is right and follows the problem's operations in order: sound working that the cap cut off;
-    - `careful` (running sums only, their one tag): its first line adds a single digit ("3 + 5 = 8").
-    """
+    """The habit markers (a subset of TAGS) of one response: `verbose` (first line restates the opening sentence),
+    `loop` (a line starts `again:`), `fork_right` / `fork_wrong` (fork problems: it writes the fork's right / wrong
+    operation; no other line has either), `sound_truncated` (cut by the cap after at least one operation line, all
+    right and in the problem's order), `careful` (running sums' one tag: the first line adds a single digit)."""
     lines = response.strip().splitlines()
     if _RUN_RE.match(problem):  # a running sum: careful working's first line adds one digit
         return (CAREFUL,) if lines and re.fullmatch(r"\d+ \+ \d+ = \d+", lines[0].strip()) else ()
@@ -484,9 +455,8 @@ def tag_response(problem: str, response: str, truncated: bool) -> tuple[str, ...
 
 
 def response_style(tags: Sequence[str]) -> str:
-    """A response's working style from its tags: `loop` if it re-checks a line, else `verbose` if it restates the
-    problem, else `short_wrong` if it opens with `so`, else `careful` if it adds a digit a line, else `concise` (the
-    styles `solution_lines` writes)."""
+    """A response's working style from its tags: the first of `loop`, `verbose`, `short_wrong`, `careful` it has, else
+    `concise` (the styles `solution_lines` writes)."""
     for style in (LOOP, VERBOSE, SHORT_WRONG, CAREFUL):
         if style in tags:
             return style
@@ -545,19 +515,11 @@ def _sound_prefix(problem: str, lines: list[str]) -> bool:
 
 
 class Tagger:
-    """The habits world's `dapo.trainer.components.HabitTagger`: tags every generated response, and turns a rollout
-    step's generated groups (dropped ones included) into `habit/*` metrics (names in `dapo.metric_names`):
-
-    - the share of responses with each tag (`habit/verbose`, ...); for `fork_right` / `fork_wrong`, of the fork
-      problems' responses (how far the right operation has been adopted), and `habit/fork_right_control` of the
-      clip-higher assay's control fork's;
-    - the accuracy on each kind of problem in the step (`habit/accuracy_easy`, ...);
-    - the accuracy of each working style's responses (`habit/accuracy_concise`, `_verbose`, `_loop`): what RL sees
-      for or against a habit, a condition-side reading when a habit dies;
-    - the mean length of each working style's wrong and right responses (`habit/length_wrong_concise`, ...): which
-      style makes wrong responses longer or shorter than right ones;
-    - in an assay's world, its own metrics (`wrong_habit_metrics`, `careful_metrics`).
-    """
+    """The habits world's `dapo.trainer.components.HabitTagger`: tags every generated response, and turns a step's
+    generated groups (dropped ones included) into `habit/*` metrics (`dapo.metric_names`): each tag's share (the fork
+    tags' of fork problems' responses; `habit/fork_right_control` of the control fork's), accuracy per problem kind and
+    per working style (what RL sees for or against a habit), mean length of each style's wrong and right responses,
+    and in an assay's world its own (`wrong_habit_metrics`, `careful_metrics`)."""
 
     def tags(self, problem: str, response: str, truncated: bool) -> tuple[str, ...]:
         return tag_response(problem, response, truncated)
@@ -628,10 +590,9 @@ class Tagger:
 
 
 def wrong_habit_metrics(generated: Sequence[GroupOutcome]) -> dict[str, float]:
-    """The token-level-loss assay's metrics: the short wrong habit's share of all responses; the log-odds of a loop
-    against the short wrong habit among the core and among the control problems' responses (each count plus 0.5, so
-    that it stays finite), whose drift per-response loss averaging predicts where loops are the longer (core) and not
-    where both are as long (control); the mean length of the core problems' loops."""
+    """The token-level-loss assay's metrics: the short wrong habit's share; log-odds of a loop against it among core
+    and among control responses (counts + 0.5, finite), which per-response averaging predicts to drift where loops are
+    longer (core), not where both are as long (control); the core problems' mean loop length."""
     from dapo import metric_names as M
 
     every = [t for o in generated for t in o.tags]
@@ -647,10 +608,9 @@ def wrong_habit_metrics(generated: Sequence[GroupOutcome]) -> dict[str, float]:
 
 
 def careful_metrics(generated: Sequence[GroupOutcome]) -> dict[str, float]:
-    """The overlong-filtering assay's metrics, on its running sums (control problems apart): the careful style's
-    share; the share of careful responses the cap cut off (f); the careful style's accuracy minus the concise
-    style's, a cut-off response counting as wrong ((1 - f) a_c - a_s: how far plain GRPO already favours it); and
-    the careful style's share on the control problems, where it always fits."""
+    """The overlong-filtering assay's metrics on its running sums: the careful style's share, its share cut off by the
+    cap (f), its accuracy minus the concise style's with cut-offs wrong ((1 - f) a_c - a_s: how far plain GRPO already
+    favours it), and its share on the control problems, where it always fits."""
     from dapo import metric_names as M
 
     def responses(kinds: tuple[str, ...]) -> list[tuple[bool, bool, bool]]:

@@ -1,5 +1,4 @@
-"""Atomic run checkpoints that load no pickles of ours: write to a temporary folder, fsync, rename; a
-half-written one is never loaded.
+"""Atomic run checkpoints that load no pickles: write to a temporary folder, fsync, rename (never half-written).
 
 Layout of `<run-dir>/checkpoints/`:
 
@@ -14,14 +13,12 @@ Layout of `<run-dir>/checkpoints/`:
     step_000012.1/          a second checkpoint at the same step count (e.g. a stop mid-refill after a
                             periodic checkpoint); later suffixes win
 
-A folder is a checkpoint only if its name parses and it holds COMPLETE; `.tmp-*` folders (a crash while
-writing) are ignored and swept on the next save. Pruning keeps the newest `keep` checkpoints.
+A folder is a checkpoint only if its name parses and it holds COMPLETE; `.tmp-*` folders (a crash while writing)
+are swept on the next save. Pruning keeps the newest `keep`.
 
-Nothing here executes code from a checkpoint folder: our own files are JSON and safetensors, a part-done step goes
-through an explicit codec that knows only `step.PARTIAL_STEP_TYPES` (tensors go to safetensors), and the learner's
-DeepSpeed files are read with `torch.load(weights_only=True)` and three allowlisted DeepSpeed classes
-(`load_learner`). A file that needs anything else is refused with `CheckpointError`; there is no switch that
-unpickles in full.
+Nothing here executes code from a checkpoint: our files are JSON and safetensors, a part-done step goes through a codec
+knowing only `step.PARTIAL_STEP_TYPES`, and DeepSpeed's files are read with `torch.load(weights_only=True)` and three
+allowlisted DeepSpeed classes (`load_learner`). Anything else is refused (`CheckpointError`); no full-unpickle switch.
 """
 
 from __future__ import annotations
@@ -158,8 +155,8 @@ def _codec_types() -> dict[str, type]:
 
 
 def encode_partial(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    """A part-done step as JSON values: each tensor goes into `tensors` (saved as safetensors) and is named in its
-    place; an allowed type becomes {"__type__": name, "fields": ...} (its dataclass fields, or its `state_dict()`)."""
+    """A part-done step as JSON values: tensors go into `tensors` (named in place); an allowed type becomes
+    {"__type__": name, "fields": ...} (its dataclass fields, or its `state_dict()`)."""
     if obj is None or isinstance(obj, bool | int | float | str):
         return obj
     if isinstance(obj, torch.Tensor):
@@ -212,20 +209,10 @@ def save_checkpoint(
     keep: int = 2,
     rng: dict[str, Any] | None = None,
 ) -> Path:
-    """Write checkpoint `step` atomically and prune old ones; returns its folder.
-
-    Args:
-        run_dir: the run directory.
-        step: completed rollout steps.
-        state: JSON-able trainer state (counters, data order, MLflow run id, ...).
-        save_learner: writes the learner's model/optimizer/scheduler into the folder it is given.
-        refill: what a step cut off by a stop had done (None at a step boundary), of the types `encode_partial`
-            knows.
-        keep: how many complete checkpoints to keep (the new one included).
-        rng: RNG states to store (default: the current ones).
-    """
-    # Several ranks (torchrun/srun): every rank writes its learner part (DeepSpeed, collective) into the folder
-    # rank 0 picked; rank 0 alone writes the trainer's files and publishes the folder with the rename.
+    """Write checkpoint `step` (completed rollout steps) atomically, prune to `keep` (the new one included), return
+    its folder. `state`: JSON-able trainer state; `save_learner(folder)`: the learner's DeepSpeed save; `refill`: what
+    a step cut off by a stop had done (None at a boundary); `rng`: default the current states."""
+    # Every rank writes its learner part (collective) into the folder rank 0 picked; rank 0 writes the rest and renames.
     from dapo import distributed as dist
 
     root = checkpoints_dir(run_dir)
@@ -297,8 +284,7 @@ def load_checkpoint_state(path: Path) -> tuple[dict[str, Any], dict[str, Any], A
     return state, rng, refill
 
 
-# DeepSpeed's checkpoints pickle these beside tensors (ZeRO 1-3, fp32 and bf16; found by loading them with
-# weights_only=True): data classes and an enum, nothing that runs code on load.
+# DeepSpeed's checkpoints pickle these beside tensors (ZeRO 1-3, fp32 and bf16): data classes and an enum.
 DEEPSPEED_SAFE_GLOBALS = (
     "deepspeed.runtime.fp16.loss_scaler.LossScaler",
     "deepspeed.runtime.zero.config.ZeroStageEnum",
@@ -308,8 +294,8 @@ DEEPSPEED_SAFE_GLOBALS = (
 
 @contextlib.contextmanager
 def weights_only_loads() -> Iterator[None]:
-    """Every `torch.load` inside (DeepSpeed's included, which asks for weights_only=False) unpickles only
-    tensors, plain containers and the allowlisted DeepSpeed classes."""
+    """Every `torch.load` inside (DeepSpeed's weights_only=False too) unpickles only tensors, containers and the
+    allowlisted DeepSpeed classes."""
     import importlib
 
     allowed = []

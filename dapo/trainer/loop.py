@@ -6,10 +6,9 @@
     -> repeat: rollout step -> log -> [evaluate] -> [checkpoint]
     -> final evaluation (unless the last step had one) -> final model, DONE.json
 
-A stop signal (SIGTERM, SIGUSR1) seen by any rank stops every rank at the same safe point (between generation
-batches, updates, evaluation shards, before the run is declared done): the trainer checkpoints what it has, exits
-with RESUME_EXIT_CODE, and the restart redoes what was cut off. Rank 0 alone talks to MLflow, shows progress and
-writes the run directory's own files. docs/failure-modes.md lists every failure handled and the test that shows it.
+A stop signal (SIGTERM, SIGUSR1) on any rank stops every rank at the same safe point (between generation batches,
+updates, eval shards, before DONE): checkpoint, exit RESUME_EXIT_CODE, the restart redoes what was cut off. Rank 0
+alone talks to MLflow and writes the run directory's files. docs/failure-modes.md: every failure handled, its test.
 """
 
 from __future__ import annotations
@@ -199,8 +198,7 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------------- run
     def run(self) -> int:
-        """Train to `total_steps` (or resume and finish). Returns the process exit code (0, 1 or 75); an
-        exception on this rank propagates after every rank has been told."""
+        """Train (or resume) to `total_steps`; the exit code (0, 1 or 75). An exception propagates once all know."""
         with dist.FailureWatch(on_peer_failure=self._peer_failed) as watch:
             try:
                 return self._run()
@@ -268,8 +266,7 @@ class Trainer:
             self.save(partial=e.partial)
             return self._preempted()
         except RefillCapReached as e:
-            # Never fail at the cap without saved state. The step never updated the model, so the checkpoint is
-            # the state at its start: rerun with a higher cap (or at_refill_cap=partial) to go on.
+            # Save the step's start state (it never updated): rerun with a higher cap or at_refill_cap=partial.
             self.save(rng=start_rng, state=start_state)
             log.error("%s", e)
             self._mark("failed", "FAILED")
@@ -314,8 +311,7 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------------- eval
     def _evaluate(self) -> None:
-        """Evaluate the current weights on every replica and log at the current step; raises `_StopInEval` when a
-        stop request cuts it off (between shards)."""
+        """Evaluate on every replica, log at the current step; `_StopInEval` when a stop cuts it (between shards)."""
         es = self.components.eval_set
         if es is None:
             self.run_state.eval_due = False
@@ -331,8 +327,7 @@ class Trainer:
             es.prompts,
             es.settings,
             seed_base=sampling_seed(self.settings.seed, EVAL_STREAM, step),
-            # shards no longer than a training generation batch, so evaluation adds nothing to the worst-case
-            # signal-to-checkpoint latency (the samples do not depend on the shards: `seed_base`)
+            # shards of a generation batch at most: no worse signal-to-checkpoint latency (samples: `seed_base`)
             shard_sequences=s.train_batch_size * s.n,
             should_stop=self._stop_requested,
         )
@@ -401,6 +396,5 @@ class Trainer:
 
 
 def _finite(metrics: dict[str, float]) -> dict[str, float]:
-    """MLflow charts break on NaN: leave out points that have no value this step (e.g. Fig 3a with nothing
-    clipped)."""
+    """MLflow charts break on NaN: leave out points without a value this step (e.g. Fig 3a with nothing clipped)."""
     return {k: float(v) for k, v in metrics.items() if v is not None and np.isfinite(float(v))}

@@ -95,17 +95,10 @@ class Counters:
 
 @dataclass
 class StepIO:
-    """What one rollout step works with (the loop builds it once per run).
-
-    Attributes:
-        engine: this rank's rollout engine (slept during the updates, synced at the end).
-        learner: the policy.
-        prompts: the seeded data order: the next k problems and their prompt ids.
-        layout: the job's rollout replicas (which share of each generation batch this rank draws).
-        stop: the stop flag, polled (collectively) between generation batches and before each update.
-        reference: the frozen policy of the KL term, when `kl_coef > 0`.
-        tagger: what a world knows of its responses (the habits world's tags, kinds and metrics), or None.
-    """
+    """What one rollout step works with (the loop builds it once per run): this rank's engine (slept during the
+    updates, synced at the end), the policy, the seeded data order, the replica layout (this rank's share of each
+    generation batch), the stop flag (polled collectively between generation batches and updates), the KL term's
+    frozen reference (`kl_coef > 0`), and a world's tagger (the habits world's tags, kinds and metrics) or None."""
 
     engine: RolloutEngine
     learner: PolicyLearner
@@ -118,9 +111,8 @@ class StepIO:
 
 @dataclass
 class PartialStep:
-    """A rollout step in progress: the refill (its kept groups and counts), every generated group's outcome, the
-    batch with its old log-probs once built, each update's metrics so far, and the phases' seconds. A stop
-    request saves it in the checkpoint, and the restarted run finishes the step from it."""
+    """A rollout step in progress (refill, generated outcomes, the batch once built, update metrics so far, phase
+    seconds): a stop saves it in the checkpoint and the restarted run finishes the step from it."""
 
     refill: RefillAccumulator
     generated: list[GroupOutcome] = field(default_factory=list)
@@ -146,13 +138,8 @@ class StopMidStep(Exception):  # noqa: N818 (a control-flow signal, not an error
 def rollout_step(
     step: int, io: StepIO, s: StepSettings, counters: Counters, resume: PartialStep | None = None
 ) -> dict[str, float]:
-    """Run rollout step `step` (1-based) and return its metrics; advances `counters`. `resume` is what a stopped
-    run saved mid-step: the step goes on from the phase it was cut off in.
-
-    Raises:
-        StopMidStep: a stop was requested; checkpoint its `.partial` and exit for resume.
-        RefillCapReached: dynamic sampling hit its cap with `at_refill_cap: fail`.
-    """
+    """Run rollout step `step` (1-based), advance `counters`, return its metrics; `resume`: what a stopped run saved
+    mid-step. Raises StopMidStep (checkpoint its `.partial`) or RefillCapReached (`at_refill_cap: fail`)."""
     t_step = time.perf_counter()
     if resume is None:
         seed_step(s.seed, step)
@@ -210,8 +197,7 @@ def rollout_step(
 
 
 def seed_step(seed: int, step: int) -> None:
-    """Seed python, numpy and torch from (seed, step) at the start of a step, so whatever else draws from them
-    (the tests' fake engines) is a function of the step too; the engines get their own seed per sample."""
+    """Seed python, numpy and torch from (seed, step), so other draws (the tests' fake engines) are the step's too."""
     s = int(np.random.default_rng([seed, step]).integers(2**31 - 1))
     random.seed(s)
     np.random.seed(s)
@@ -219,8 +205,7 @@ def seed_step(seed: int, step: int) -> None:
 
 
 def new_refill(s: StepSettings) -> RefillAccumulator:
-    """The step's groups: with dynamic sampling, generation batches until `train_batch_size` groups of mixed
-    correctness are kept (at most `max_num_gen_batches`); without, one batch whose groups all train."""
+    """Dynamic sampling: batches until `train_batch_size` mixed groups are kept (capped); else one batch, all train."""
     if s.dynamic_sampling:
         return RefillAccumulator(s.train_batch_size, s.max_num_gen_batches, s.at_refill_cap)  # type: ignore[arg-type]
     return RefillAccumulator(s.train_batch_size, 1, "partial")
@@ -243,8 +228,8 @@ def gather_groups(
     t_generate: float,
     t_score: float,
 ) -> tuple[list[Group], dict[str, float]]:
-    """Every replica's samples and scores of the batch, on every rank, as one `Group` per prompt in batch order,
-    and the slowest replica's "generate" and "score" seconds (what the step waited for)."""
+    """Every replica's samples and scores, on every rank, as a `Group` per prompt in batch order, and the slowest
+    replica's "generate" and "score" seconds."""
     scored = iter(scores)
     mine = [[(x, next(scored)) for x in group] for group in outs] if layout.is_leader else []
     pieces, timings = gather_by_prompt(layout, n, len(prompts), mine, {"generate": t_generate, "score": t_score})
@@ -265,8 +250,7 @@ def gather_groups(
 
 
 def shape_rewards(groups: list[Group], s: StepSettings, tagger: HabitTagger | None) -> None:
-    """Phase 3: with the soft overlong punishment (row 3), each response's length penalty R_length (Eq. 13) joins
-    its score in the reward (`Group.rewards`); and a world's tagger tags each response."""
+    """Phase 3: the soft overlong penalty R_length (Eq. 13, row 3) joins each score (`Group.rewards`); tags."""
     if s.overlong_penalty:
         lengths = torch.tensor([len(x.response_ids) for g in groups for x in g.samples])
         pens = iter(
@@ -287,9 +271,8 @@ def rewards_of(groups: list[Group]) -> torch.Tensor:
 
 
 def policy_batch(groups: list[Group], advantages: torch.Tensor) -> PolicyBatch:
-    """The learner's batch of the kept groups: one row per response with its advantage, its response mask (the loss
-    mask until phase 6 filters it), whether it was truncated, the engine's log-probs of its tokens (when the engine
-    gave them), and its group's index (the group-token-mean counts tokens by it)."""
+    """The learner's batch: a row per response with advantage, response mask (the loss mask until phase 6),
+    truncation, the engine's log-probs (if given) and group index (for the group-token-mean)."""
     samples = [x for g in groups for x in g.samples]
     lengths = torch.tensor([len(x.response_ids) for x in samples])
     width = max(int(lengths.max()), 1)
@@ -310,8 +293,7 @@ def policy_batch(groups: list[Group], advantages: torch.Tensor) -> PolicyBatch:
 
 
 def correct_for_engine(batch: PolicyBatch, s: StepSettings) -> tuple[torch.Tensor, dict[str, float]]:
-    """The rollout correction's importance weights (`algorithm.rollout_correction`), on whole responses before
-    any split: exact for sequence weights."""
+    """The rollout correction's weights (`algorithm.rollout_correction`), on whole responses: exact per sequence."""
     if batch.engine_logp is None:
         raise ValueError(
             f"algorithm.rollout_correction={s.rollout_correction} needs the engine's log-probs of its samples, and "
@@ -328,9 +310,8 @@ def correct_for_engine(batch: PolicyBatch, s: StepSettings) -> tuple[torch.Tenso
 
 
 def update(step: int, part: PartialStep, io: StepIO, s: StepSettings, counters: Counters) -> None:
-    """Phase 8: epochs x (groups / mini_batch_size) optimizer steps, the ones `part` has not done yet, each on a
-    seeded shuffle's mini-batch of whole groups; appends each update's metrics to `part.update_stats`. Raises
-    `StopMidStep` (carrying `part`) when a stop comes between two."""
+    """Phase 8: the epochs x (groups / mini_batch_size) updates `part` has not done, each on a mini-batch of whole
+    groups (`minibatch_plan`), metrics into `part.update_stats`; StopMidStep when a stop comes between two."""
     t0 = time.perf_counter()
     batch = part.batch
     if batch is None:  # dynamic sampling stopped at its cap (at_refill_cap=partial) without an informative group
@@ -366,10 +347,8 @@ def update(step: int, part: PartialStep, io: StepIO, s: StepSettings, counters: 
 
 
 def minibatch_plan(num_groups: int, mini_batch_size: int, epochs: int, seed: int, step: int) -> list[list[int]]:
-    """Group indices of each mini-batch, in update order: each epoch a fresh permutation from (seed, step, epoch),
-    so the plan is a function of the step alone and a resumed run reproduces it without saved state. A group never
-    splits across mini-batches (the group-token-mean sees whole groups); a last, smaller mini-batch takes the
-    remainder when dynamic sampling stopped short at its cap."""
+    """Group indices of each mini-batch in update order: a permutation per (seed, step, epoch), so a resume needs no
+    saved state. Groups never split (the group-token-mean sees whole groups); a smaller last one takes a remainder."""
     plan = []
     for epoch in range(epochs):
         perm = np.random.default_rng([seed, step, epoch]).permutation(num_groups)
@@ -399,8 +378,7 @@ def timing_metrics(
 
 
 def sync(engine: RolloutEngine, learner: PolicyLearner) -> float:
-    """Phase 10: every replica loads the new weights (a sleeping engine's weights wake first); always, as a level-2
-    sleep discarded the old ones. Returns the seconds it took."""
+    """Phase 10: every replica loads the new weights (always: a level-2 sleep discarded the old); seconds taken."""
     t0 = time.perf_counter()
     engine.sync_weights(learner.named_parameters_for_sync())
     return time.perf_counter() - t0
