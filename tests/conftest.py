@@ -1,6 +1,11 @@
 """Shared test fixtures. Test data lives in tests/data (small files written for the tests). A test that needs a
 service or package that may be absent (a SLURM cluster, Chromium, vLLM) skips without it, except under CI=true,
-where it fails: `in_ci` and `require_module`."""
+where it fails: `in_ci` and `require_module`.
+
+Tolerances come from the arithmetic compared, never from what one machine gave: a bound says at its constant which
+float sums it allows for (the dtype's eps x their length x their terms' scale), or the comparison runs in float64 so a
+tight bound is generous. `torch.testing.assert_close` without a tolerance is left only where a float32 result is a few
+elementwise operations from its exact value (its float32 default, rtol 1.3e-6, is about 11 eps)."""
 
 from __future__ import annotations
 
@@ -116,3 +121,19 @@ def tiny_world_dir() -> Path:
     out = REPO / "results" / "tiny_world"  # the tiny preset's default tiny.dir, shared with the tinyworld tests
     cfg = load_config(preset="tiny", overrides=[f"tiny.dir={out}"])
     return Path(ensure_tiny_world(cfg))
+
+
+# The small tiny world the training tests share: a 20-step base model, 64 training problems, 4 eval ones.
+SMALL_WORLD = ["tiny.sft_steps=20", "tiny.n_train=64", "tiny.n_eval=4"]
+
+
+@pytest.fixture(scope="session")
+def small_world(tmp_path_factory) -> Path:
+    """The small tiny world (`SMALL_WORLD`), built once a session for every test that trains on it (end to end,
+    reliability, SLURM, the KL term): each module built its own before. Runs pass the same `SMALL_WORLD` settings
+    with it (a world built with other tiny.* settings is refused)."""
+    from dapo.config import load_config
+    from dapo.tinyworld import ensure_tiny_world
+
+    path = tmp_path_factory.mktemp("small_world") / "world"
+    return Path(ensure_tiny_world(load_config(preset="tiny", overrides=[f"tiny.dir={path}", *SMALL_WORLD])))

@@ -55,10 +55,11 @@ def test_gspo_hand_computed() -> None:
 
 def test_gspo_with_one_token_responses_is_the_token_level_loss() -> None:
     g = torch.Generator().manual_seed(0)
-    old = torch.randn(8, 1, generator=g)
-    logp = old + 0.3 * torch.randn(8, 1, generator=g)
-    adv = torch.randn(8, generator=g)
-    mask = torch.ones(8, 1)
+    # float64: the two forms round differently (exp of a one-term mean against exp), a few eps64 apart
+    old = torch.randn(8, 1, generator=g, dtype=torch.float64)
+    logp = old + 0.3 * torch.randn(8, 1, generator=g, dtype=torch.float64)
+    adv = torch.randn(8, generator=g, dtype=torch.float64)
+    mask = torch.ones(8, 1, dtype=torch.float64)
     gspo = gspo_surrogate(logp, old, adv, mask, 0.2, 0.28)
     token = clipped_surrogate(logp, old, adv, 0.2, 0.28)
     assert torch.allclose(gspo.loss, token.loss, atol=1e-6)
@@ -73,10 +74,10 @@ def test_gspo_ratio_ignores_padding_and_its_gradient_is_the_sequence_ratios() ->
     """Padding (mask 0) does not enter s_i; with nothing clipped, the seq-mean-token-mean gradient of GSPO's loss is
     that of -A_i s_i, with s_i differentiated as the paper writes it (exp of the mean log-ratio)."""
     g = torch.Generator().manual_seed(1)
-    old = torch.randn(3, 5, generator=g)
-    logp = old + 0.05 * torch.randn(3, 5, generator=g)
-    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.float32)
-    adv = torch.tensor([0.5, -1.0, 2.0])
+    old = torch.randn(3, 5, generator=g, dtype=torch.float64)  # float64: 1e-6 below is ~10^10 eps64
+    logp = old + 0.05 * torch.randn(3, 5, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.float64)
+    adv = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
     noisy = logp.clone()
     noisy[mask == 0] = 50.0  # garbage where the mask is 0
     a = gspo_surrogate(noisy, old, adv, mask, 1.0, 1.0)
@@ -108,10 +109,10 @@ def test_cispo_hand_computed_and_no_gradient_is_dropped_by_the_cap() -> None:
 
 def test_cispo_gradient_is_the_unclipped_policy_gradient_where_no_weight_is_capped() -> None:
     g = torch.Generator().manual_seed(2)
-    old = torch.randn(4, 6, generator=g)
-    logp = old + 0.1 * torch.randn(4, 6, generator=g)
-    adv = torch.randn(4, generator=g)
-    mask = torch.ones(4, 6)
+    old = torch.randn(4, 6, generator=g, dtype=torch.float64)  # float64: 1e-6 below is ~10^10 eps64
+    logp = old + 0.1 * torch.randn(4, 6, generator=g, dtype=torch.float64)
+    adv = torch.randn(4, generator=g, dtype=torch.float64)
+    mask = torch.ones(4, 6, dtype=torch.float64)
     cispo = grad_of(lambda x: aggregate(cispo_loss(x, old, adv, 10.0).loss, mask, "token-mean"), logp)
     pg = grad_of(lambda x: aggregate(-adv[:, None] * torch.exp(x - old), mask, "token-mean"), logp)
     assert torch.allclose(cispo, pg, atol=1e-6)
