@@ -94,6 +94,9 @@ def worker(model: str, stage: int, settings: str, out: str) -> None:
 
 def run(model: Path, stage: int, settings: str) -> dict:
     out = Path(tempfile.mkstemp(suffix=".json")[1])
+    # Each rank's stderr to a file: with pipes, a rank whose (deprecation-warning) output filled its pipe while this
+    # process waited on the other would block, and the other with it inside a collective.
+    logs = [Path(tempfile.mkstemp(suffix=f".rank{rank}.log")[1]) for rank in range(2)]
     procs = []
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     port = 29700 + stage * 2 + (settings == "after")
@@ -101,10 +104,12 @@ def run(model: Path, stage: int, settings: str) -> dict:
         e = dict(env, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                  MASTER_PORT=str(port), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1")  # fmt: skip
         cmd = [sys.executable, __file__, "--worker", str(model), str(stage), settings, str(out)]
-        procs.append(subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    errs = [p.communicate(timeout=600)[1] for p in procs]
+        with logs[rank].open("w") as log:
+            procs.append(subprocess.Popen(cmd, env=e, stdout=subprocess.DEVNULL, stderr=log))
+    for p in procs:
+        p.wait(timeout=600)
     if any(p.returncode for p in procs):
-        raise SystemExit(f"stage {stage} {settings}: {errs[0][-3000:]}")
+        raise SystemExit(f"stage {stage} {settings}: {logs[0].read_text()[-3000:]}")
     return json.loads(out.read_text())
 
 
