@@ -60,12 +60,8 @@ def cluster(in_ci):
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> Path:
-    from dapo.config import load_config
-    from dapo.tinyworld import ensure_tiny_world
-
-    path = tmp_path_factory.mktemp("slurm_world") / "world"
-    return Path(ensure_tiny_world(load_config(preset="tiny", overrides=[f"tiny.dir={path}", *WORLD])))
+def world(small_world) -> Path:
+    return small_world
 
 
 class Workflow:

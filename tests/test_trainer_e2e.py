@@ -30,8 +30,8 @@ TIMING = ("time/", "perf/")
 
 
 @pytest.fixture(scope="session")
-def world(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("tiny_world") / "world"
+def world(small_world) -> Path:
+    return small_world
 
 
 def args(world: Path, tmp: Path, row: str = "00_naive_grpo", *extra: str) -> list[str]:

@@ -31,12 +31,8 @@ TIMING = ("time/", "perf/")
 
 
 @pytest.fixture(scope="session")
-def world(tmp_path_factory) -> Path:
-    from dapo.config import load_config
-    from dapo.tinyworld import ensure_tiny_world
-
-    path = tmp_path_factory.mktemp("tiny_world") / "world"
-    return Path(ensure_tiny_world(load_config(preset="tiny", overrides=[f"tiny.dir={path}", *WORLD])))
+def world(small_world) -> Path:
+    return small_world
 
 
 WORLD = ["tiny.sft_steps=20", "tiny.n_train=64", "tiny.n_eval=4"]
