@@ -379,6 +379,7 @@ def learner_part(out: Path, cpu: bool, updates: int, setting: str) -> None:
                               "attention_share_of_flops": flops["attention"] / flops["total"]}  # fmt: skip
     for layout in LAYOUTS:
         s = sorted(secs[layout])[len(secs[layout]) // 2]
+        learner.set_packing(layout)  # padded_fraction reads the learner's current layout
         result[layout] = {
             "seconds": secs[layout], "padded_fraction": learner.padded_fraction(batch, forward_only=False),
             "tflops_per_s": flops["total"] / s / 1e12,

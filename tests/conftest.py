@@ -112,28 +112,87 @@ def aime2024_answers() -> list[str]:
         return [json.loads(line)["answer"] for line in f]
 
 
-@pytest.fixture(scope="session")
-def tiny_world_dir() -> Path:
-    """The default tiny world, built once (a few CPU-minutes) and cached under results/, as the workflow does."""
-    from dapo.config import load_config
-    from dapo.tinyworld import ensure_tiny_world
-
-    out = REPO / "results" / "tiny_world"  # the tiny preset's default tiny.dir, shared with the tinyworld tests
-    cfg = load_config(preset="tiny", overrides=[f"tiny.dir={out}"])
-    return Path(ensure_tiny_world(cfg))
-
-
 # The small tiny world the training tests share: a 20-step base model, 64 training problems, 4 eval ones.
 SMALL_WORLD = ["tiny.sft_steps=20", "tiny.n_train=64", "tiny.n_eval=4"]
+# The worlds tests train on, by fixture: where each is cached under results/ (as the workflow caches its own) and its
+# tiny.* settings. `tiny_world_dir` is the tiny preset's default world (its default tiny.dir, shared with the
+# workflow tests); `small_world` the training tests' small one.
+WORLDS = {
+    "small_world": (REPO / "results" / "tiny_world_small", SMALL_WORLD),
+    "tiny_world_dir": (REPO / "results" / "tiny_world", []),
+}
+BACKGROUND_BUILD_LOG = REPO / "results" / ".test_world_build.log"
+_background_build = pytest.StashKey["object"]()
+
+
+def _world_config(name: str):
+    from dapo.config import load_config
+
+    path, settings = WORLDS[name]
+    return load_config(preset="tiny", overrides=[f"tiny.dir={path}", *settings])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """The modules that train on a world run last, whole (their module fixtures are set up once), the small world's
+    first; and the worlds the collected tests need and the cache lacks are built meanwhile in one background process.
+    A world build is single-threaded (`tiny.build_threads: 1`, its cache key): it runs on the second core while the
+    rest of the suite runs, instead of the suite waiting minutes for it at the first test that needs it. The
+    fixtures wait on the build's lock (`ensure_tiny_world`), and build the world themselves if the background failed."""
+    rank: dict[object, int] = {}
+    for item in items:
+        uses = [i for i, name in enumerate(WORLDS, start=1) if name in item.fixturenames]
+        rank[item.module] = max(rank.get(item.module, 0), *uses, 0)
+    items.sort(key=lambda item: rank[item.module])  # stable: each module's own order, and its items together
+    needed = [name for i, name in enumerate(WORLDS, start=1) if i in rank.values()]
+    if not needed or config.option.collectonly or os.environ.get("DAPO_TEST_NO_BACKGROUND_BUILD"):
+        return
+    from dapo.tinyworld.build import is_built
+
+    missing = [n for n in needed if not is_built(WORLDS[n][0], _world_config(n).tiny)]
+    if missing:
+        import subprocess
+
+        BACKGROUND_BUILD_LOG.parent.mkdir(parents=True, exist_ok=True)
+        script = "import sys, conftest\nfor name in sys.argv[1:]:\n    conftest.build_world(name)\n"
+        log = BACKGROUND_BUILD_LOG.open("w")
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, *missing],
+            cwd=Path(__file__).resolve().parent,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent),
+                                                                           os.environ.get("PYTHONPATH")]))},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        config.stash[_background_build] = proc
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A background build the session no longer needs (a run cut short) is stopped, not left running."""
+    proc = session.config.stash.get(_background_build, None)
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+
+
+def build_world(name: str) -> Path:
+    """`name`'s world (`WORLDS`), built when the cache lacks it: the fixtures, and the background build."""
+    from dapo.tinyworld import ensure_tiny_world
+
+    return Path(ensure_tiny_world(_world_config(name)))
 
 
 @pytest.fixture(scope="session")
-def small_world(tmp_path_factory) -> Path:
-    """The small tiny world (`SMALL_WORLD`), built once a session for every test that trains on it (end to end,
-    reliability, SLURM, the KL term): each module built its own before. Runs pass the same `SMALL_WORLD` settings
-    with it (a world built with other tiny.* settings is refused)."""
-    from dapo.config import load_config
-    from dapo.tinyworld import ensure_tiny_world
+def tiny_world_dir() -> Path:
+    """The default tiny world, built once (a few CPU-minutes, in the background: `pytest_collection_modifyitems`)
+    and cached under results/, as the workflow does."""
+    return build_world("tiny_world_dir")
 
-    path = tmp_path_factory.mktemp("small_world") / "world"
-    return Path(ensure_tiny_world(load_config(preset="tiny", overrides=[f"tiny.dir={path}", *SMALL_WORLD])))
+
+@pytest.fixture(scope="session")
+def small_world() -> Path:
+    """The small tiny world (`SMALL_WORLD`), built once for every test that trains on it (end to end, reliability,
+    SLURM, the KL term) and cached under results/. Runs pass the same `SMALL_WORLD` settings with it (a world built
+    with other tiny.* settings is refused)."""
+    return build_world("small_world")

@@ -403,6 +403,8 @@ class Learner:
         import deepspeed
 
         with self._states_on_device():
+            if self.zero_stage == 3:  # a no-grad forward's prefetch can leave parameters in flight: settle them first
+                self.engine.empty_partition_cache()
             for name, p in _vocab_last(self.engine.module.lm):
                 if self.zero_stage == 3:
                     with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
