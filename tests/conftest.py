@@ -132,20 +132,47 @@ def _world_config(name: str):
     return load_config(preset="tiny", overrides=[f"tiny.dir={path}", *settings])
 
 
+def pytest_itemcollected(item):
+    """The unit of work `make test`'s pytest-xdist workers take (`--dist loadgroup`): a test module whole (its module
+    fixtures set up once), and the SLURM tests together, one after another (they share the cluster's one node)."""
+    if item.get_closest_marker("xdist_group") is None:
+        unit = "slurm" if item.get_closest_marker("slurm") else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(unit))
+
+
+def _unit(item) -> str:
+    return item.get_closest_marker("xdist_group").args[0]
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
-    """The modules that train on a world run last, whole (their module fixtures are set up once), the small world's
-    first; and the worlds the collected tests need and the cache lacks are built meanwhile in one background process.
-    A world build is single-threaded (`tiny.build_threads: 1`, its cache key): it runs on the second core while the
-    rest of the suite runs, instead of the suite waiting minutes for it at the first test that needs it. The
-    fixtures wait on the build's lock (`ensure_tiny_world`), and build the world themselves if the background failed."""
-    rank: dict[object, int] = {}
-    for item in items:
-        uses = [i for i, name in enumerate(WORLDS, start=1) if name in item.fixturenames]
-        rank[item.module] = max(rank.get(item.module, 0), *uses, 0)
-    items.sort(key=lambda item: rank[item.module])  # stable: each module's own order, and its items together
-    needed = [name for i, name in enumerate(WORLDS, start=1) if i in rank.values()]
-    if not needed or config.option.collectonly or os.environ.get("DAPO_TEST_NO_BACKGROUND_BUILD"):
+    """The order of the units of work, and the worlds built meanwhile. The units that train on a world run after
+    those that do not, the small world's first; the worlds the collected tests need and the cache lacks are built in
+    one background process while the rest runs. A world build is single-threaded (`tiny.build_threads: 1`, its cache
+    key), so it takes one core instead of the suite waiting minutes for it at the first test that needs it; the
+    fixtures wait on the build's lock (`ensure_tiny_world`), and build the world themselves if the background failed.
+    Under xdist the SLURM unit goes first (the longest, mostly waiting on the scheduler: one worker waits there while
+    the other runs the rest), its small-world tests before its default-world ones."""
+    parallel = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
+    first: dict[str, int] = {}
+    world_rank: dict[str, int] = {}
+    uses: dict[str, int] = {}
+    for index, item in enumerate(items):
+        uses[item.nodeid] = max([i for i, name in enumerate(WORLDS, start=1) if name in item.fixturenames], default=0)
+        unit = _unit(item)
+        first.setdefault(unit, index)
+        world_rank[unit] = max(world_rank.get(unit, 0), uses[item.nodeid])
+
+    def order(item) -> tuple[int, int, int]:
+        unit = _unit(item)
+        if unit == "slurm" and parallel:
+            return (-1, 0, uses[item.nodeid])
+        return (world_rank[unit], first[unit], 0)
+
+    items.sort(key=order)  # stable: each unit's items together, in their own order
+    needed = [name for i, name in enumerate(WORLDS, start=1) if i in set(uses.values())]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # one background build, on the first worker
+    if not needed or worker != "gw0" or config.option.collectonly or os.environ.get("DAPO_TEST_NO_BACKGROUND_BUILD"):
         return
     from dapo.tinyworld.build import is_built
 
