@@ -25,14 +25,14 @@ ablation: setup
 	snakemake --cores all all_ablations $(ARGS)
 
 # The suite on TEST_WORKERS pytest-xdist workers (0: one process). Each test module runs whole on one worker (its
-# module fixtures set up once), the SLURM tests one after another on one (they share the cluster's node): much of
-# the suite waits (on a scheduler, a server, a subprocess's imports), and two workers overlap that waiting.
+# module fixtures set up once; the SLURM tests, all in one module, one after another): much of the suite waits (on
+# a scheduler, a server, a subprocess's imports), and two workers overlap that waiting. tests/conftest.py orders them.
 # OpenMP threads that sleep when idle instead of spinning: with two workers, a spinning thread takes the core another
 # process needs (on a shared machine two OpenMP threads ran 5-10x slower than one: tiny.build_threads' help).
 TEST_WORKERS ?= 2
 test: export OMP_WAIT_POLICY ?= PASSIVE
 test: setup
-	python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(ARGS)
+	python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS)
 
 peers: setup         ## verl's loss code beside the venv (.peers/verl), for tests/test_peer_parity.py
 	bash scripts/peers.sh

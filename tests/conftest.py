@@ -132,44 +132,36 @@ def _world_config(name: str):
     return load_config(preset="tiny", overrides=[f"tiny.dir={path}", *settings])
 
 
-def pytest_itemcollected(item):
-    """The unit of work `make test`'s pytest-xdist workers take (`--dist loadgroup`): a test module whole (its module
-    fixtures set up once), and the SLURM tests together, one after another (they share the cluster's one node)."""
-    if item.get_closest_marker("xdist_group") is None:
-        unit = "slurm" if item.get_closest_marker("slurm") else item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(unit))
-
-
-def _unit(item) -> str:
-    return item.get_closest_marker("xdist_group").args[0]
+SLURM_MODULE = "test_slurm"  # every test that uses the cluster: `make test`'s workers run them one after another
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
-    """The order of the units of work, and the worlds built meanwhile. The units that train on a world run after
-    those that do not, the small world's first; the worlds the collected tests need and the cache lacks are built in
-    one background process while the rest runs. A world build is single-threaded (`tiny.build_threads: 1`, its cache
-    key), so it takes one core instead of the suite waiting minutes for it at the first test that needs it; the
-    fixtures wait on the build's lock (`ensure_tiny_world`), and build the world themselves if the background failed.
-    Under xdist the SLURM unit goes first (the longest, mostly waiting on the scheduler: one worker waits there while
-    the other runs the rest), its small-world tests before its default-world ones."""
+    """The order of the test modules (`make test`'s pytest-xdist workers take a module whole: `--dist loadfile`),
+    and the worlds built meanwhile. The modules that train on a world run after those that do not, the small world's
+    first; the worlds the collected tests need and the cache lacks are built in one background process while the rest
+    runs. A world build is single-threaded (`tiny.build_threads: 1`, its cache key), so it takes one core instead of
+    the suite waiting minutes for it at the first test that needs it; the fixtures wait on the build's lock
+    (`ensure_tiny_world`), and build the world themselves if the background failed. Under xdist the SLURM module goes
+    first (the longest, mostly waiting on the scheduler: one worker waits there while the other runs the rest), its
+    small-world tests before its default-world ones."""
     parallel = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
     first: dict[str, int] = {}
     world_rank: dict[str, int] = {}
     uses: dict[str, int] = {}
     for index, item in enumerate(items):
         uses[item.nodeid] = max([i for i, name in enumerate(WORLDS, start=1) if name in item.fixturenames], default=0)
-        unit = _unit(item)
-        first.setdefault(unit, index)
-        world_rank[unit] = max(world_rank.get(unit, 0), uses[item.nodeid])
+        module = item.module.__name__
+        first.setdefault(module, index)
+        world_rank[module] = max(world_rank.get(module, 0), uses[item.nodeid])
 
     def order(item) -> tuple[int, int, int]:
-        unit = _unit(item)
-        if unit == "slurm" and parallel:
+        module = item.module.__name__
+        if module == SLURM_MODULE and parallel:
             return (-1, 0, uses[item.nodeid])
-        return (world_rank[unit], first[unit], 0)
+        return (world_rank[module], first[module], 0)
 
-    items.sort(key=order)  # stable: each unit's items together, in their own order
+    items.sort(key=order)  # stable: each module's items together, in their own order
     needed = [name for i, name in enumerate(WORLDS, start=1) if i in set(uses.values())]
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # one background build, on the first worker
     if not needed or worker != "gw0" or config.option.collectonly or os.environ.get("DAPO_TEST_NO_BACKGROUND_BUILD"):

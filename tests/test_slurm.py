@@ -1,7 +1,8 @@
 """Training rows through a real SLURM cluster (the CI one: one 2-CPU node with accounting): the right number of
 ranks, a preemption signal that reaches every rank, a stop before the time limit, resubmission decided by the
-job script (requeue, same job id) and a failed row that is not submitted again. Skipped without a cluster,
-except in CI (CI=true), where they must run.
+job script (requeue, same job id), a failed row that is not submitted again, and the whole tiny ablation. Skipped
+without a cluster, except in CI (CI=true), where they must run. One module, so that `make test`'s workers run them
+one after another (`--dist loadfile`): they share the cluster's one node.
 
 Each test runs `snakemake --profile slurm` on one row of the tiny preset cut to seconds a step (HF engine, a
 20-step tiny world; the row-05 test runs vLLM replicas on the cached tiny world). A requeued SLURM job is held
@@ -338,3 +339,79 @@ def test_a_second_controller_is_refused_and_a_rerun_waits_for_the_job_a_dead_one
     assert "has been submitted with SLURM jobid" not in text  # no second job for the row
     assert [a["job"] for a in rerun.attempts()] == [job] and (rerun.run_dir / "DONE.json").is_file()
     assert not (rerun.results / "tiny" / ".controller.json").exists()  # released when the rerun ended
+
+
+# ------------------------------------------------------------------------------------------ the whole ablation
+# The tiny preset cut to a few steps, so six rows train and evaluate in minutes on two cores.
+CI_OVERRIDES = [
+    "trainer.total_steps=2",
+    "trainer.train_batch_size=4",
+    "trainer.mini_batch_size=2",
+    "algorithm.gen_batch_size=8",
+    "trainer.checkpoint_every=1",
+    "eval.n=2",
+    "data.eval=tiny",  # the 30-problem split: the preset's 640 would triple the eval time
+    "eval.every=0",
+    "eval.bootstrap=50",
+    "eval.pass_k=[1,2]",
+]
+
+
+def snakemake(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`snakemake` from the repository root, as a user runs it (the profile is looked up relative to it)."""
+    return subprocess.run([SNAKEMAKE, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def test_all_ablations_through_slurm(tmp_path, tiny_world_dir):
+    """The whole tiny ablation, six rows, through the cluster on the cached tiny world; a rerun does nothing."""
+    results = tmp_path / "results"
+    overrides = json.dumps(CI_OVERRIDES)
+    r = snakemake(
+        "--profile",
+        "slurm",
+        "all_ablations",
+        "--config",
+        f"results={results}",
+        f"overrides={overrides}",
+        f"tiny_world={tiny_world_dir}",
+        timeout=1800,
+    )
+    log = r.stdout[-4000:] + r.stderr[-6000:]
+    assert r.returncode == 0, log
+    # every training job went through the cluster: the job script keeps each SLURM job's log in the run's folder
+    for row in M.PAPER_TABLE1:
+        slurm_logs = list((results / "tiny" / "runs" / row / "s0" / "slurm").glob("*.log"))
+        assert slurm_logs, (row, log)
+    report = results / "tiny" / "report"
+    table = (report / "table1.md").read_text()
+    for label, _paper in M.PAPER_TABLE1.values():
+        assert label in table
+    # every row's MLflow run finished, with its eval metrics, on the CPU kernels the tiny world was built with
+    # (pinned through the job script and srun, whatever this host's CPU offers)
+    from mlflow.tracking import MlflowClient
+
+    from dapo.tinyworld import pinned_kernels
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{results / 'tiny' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("dapo-tiny")
+    runs = client.search_runs([exp.experiment_id])
+    by_row = {run.data.tags.get(M.TAG_ROW): run for run in runs}
+    assert set(M.PAPER_TABLE1) <= set(by_row), sorted(by_row)
+    for row in M.PAPER_TABLE1:
+        run = by_row[row]
+        assert run.info.status == "FINISHED", (row, run.info.status)
+        assert M.eval_avg(2) in run.data.metrics, (row, sorted(run.data.metrics))
+        if pinned_kernels("avx2"):  # on x86-64
+            assert run.data.tags[M.TAG_CPU_KERNELS] == "AVX2", (row, run.data.tags)
+    # a rerun skips finished work
+    r2 = snakemake(
+        "--profile",
+        "slurm",
+        "all_ablations",
+        "--config",
+        f"results={results}",
+        f"overrides={overrides}",
+        f"tiny_world={tiny_world_dir}",
+        timeout=300,
+    )
+    assert r2.returncode == 0 and "Nothing to be done" in r2.stdout + r2.stderr

@@ -1,5 +1,5 @@
-"""The Snakemake workflow: validation before scheduling, the paper-scale plan, resumable train jobs, and the
-whole tiny ablation through a real SLURM cluster (skipped without one, except in CI where it must run)."""
+"""The Snakemake workflow: validation before scheduling, the paper-scale plan, resumable train jobs. The whole tiny
+ablation through a real SLURM cluster is tests/test_slurm.py's, with the other tests that share the cluster."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo.metric_names import PAPER_TABLE1, TAG_CPU_KERNELS, TAG_ROW, eval_avg
+from dapo.metric_names import PAPER_TABLE1
 from dapo.trainer import RESUME_EXIT_CODE
 
 REPO = Path(__file__).resolve().parent.parent
@@ -488,87 +488,3 @@ def _job_stats(stdout: str) -> dict[str, int]:
             break
         stats[parts[0]] = int(parts[1])
     return stats
-
-
-# ------------------------------------------------------------------------------------------ real SLURM
-def _slurm_answers() -> bool:
-    if not shutil.which("sinfo") or not shutil.which("sacct"):
-        return False
-    r = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
-    s = subprocess.run(["sacct", "-n", "-X"], capture_output=True, text=True)
-    return r.returncode == 0 and any(x in r.stdout for x in ("idle", "mixed")) and s.returncode == 0
-
-
-# The tiny preset cut to a few steps, so six rows train and evaluate in minutes on two cores.
-CI_OVERRIDES = [
-    "trainer.total_steps=2",
-    "trainer.train_batch_size=4",
-    "trainer.mini_batch_size=2",
-    "algorithm.gen_batch_size=8",
-    "trainer.checkpoint_every=1",
-    "eval.n=2",
-    "data.eval=tiny",  # the 30-problem split: the preset's 640 would triple the eval time
-    "eval.every=0",
-    "eval.bootstrap=50",
-    "eval.pass_k=[1,2]",
-]
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_all_ablations_through_slurm(tmp_path, in_ci, tiny_world_dir):
-    if not _slurm_answers():
-        if in_ci:
-            pytest.fail("CI=true but no SLURM cluster answers: .ci/run starts one (scripts/slurm/start.sh)")
-        pytest.skip("no SLURM cluster answers here (start one with `make services`, as root)")
-    results = tmp_path / "results"
-    overrides = json.dumps(CI_OVERRIDES)
-    r = snakemake(
-        "--profile",
-        "slurm",
-        "all_ablations",
-        "--config",
-        f"results={results}",
-        f"overrides={overrides}",
-        f"tiny_world={tiny_world_dir}",
-        timeout=1800,
-    )
-    log = r.stdout[-4000:] + r.stderr[-6000:]
-    assert r.returncode == 0, log
-    # every training job went through the cluster: the job script keeps each SLURM job's log in the run's folder
-    for row in PAPER_TABLE1:
-        slurm_logs = list((results / "tiny" / "runs" / row / "s0" / "slurm").glob("*.log"))
-        assert slurm_logs, (row, log)
-    report = results / "tiny" / "report"
-    table = (report / "table1.md").read_text()
-    for label, _paper in PAPER_TABLE1.values():
-        assert label in table
-    # every row's MLflow run finished, with its eval metrics, on the CPU kernels the tiny world was built with
-    # (pinned through the job script and srun, whatever this host's CPU offers)
-    from mlflow.tracking import MlflowClient
-
-    from dapo.tinyworld import pinned_kernels
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{results / 'tiny' / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("dapo-tiny")
-    runs = client.search_runs([exp.experiment_id])
-    by_row = {run.data.tags.get(TAG_ROW): run for run in runs}
-    assert set(PAPER_TABLE1) <= set(by_row), sorted(by_row)
-    for row in PAPER_TABLE1:
-        run = by_row[row]
-        assert run.info.status == "FINISHED", (row, run.info.status)
-        assert eval_avg(2) in run.data.metrics, (row, sorted(run.data.metrics))
-        if pinned_kernels("avx2"):  # on x86-64
-            assert run.data.tags[TAG_CPU_KERNELS] == "AVX2", (row, run.data.tags)
-    # a rerun skips finished work
-    r2 = snakemake(
-        "--profile",
-        "slurm",
-        "all_ablations",
-        "--config",
-        f"results={results}",
-        f"overrides={overrides}",
-        f"tiny_world={tiny_world_dir}",
-        timeout=300,
-    )
-    assert r2.returncode == 0 and "Nothing to be done" in r2.stdout + r2.stderr
