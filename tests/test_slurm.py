@@ -316,7 +316,9 @@ def test_a_second_controller_is_refused_and_a_rerun_waits_for_the_job_a_dead_one
     leaves its lock and its SLURM job; the rerun takes the lock over, finds the job by its train comment and this
     folder's files in its batch script, and waits for it instead of submitting the row again."""
     overrides = ["trainer.total_steps=6", "trainer.checkpoint_every=0"]
-    first = Workflow(tmp_path, world, overrides, "attach_poll_s=2")
+    hold = tmp_path / "hold"  # the job waits at its first step until the rerun has attached to it (no race with it)
+    hold.touch()
+    first = Workflow(tmp_path, world, overrides, "attach_poll_s=2", DAPO_TEST_HOLD=str(hold))
     job = first.job_id()
     first.until(lambda: (first.results / "tiny" / ".controller.json").is_file())
 
@@ -333,6 +335,8 @@ def test_a_second_controller_is_refused_and_a_rerun_waits_for_the_job_a_dead_one
     unlock = subprocess.run([*first.cmd, "--unlock"], cwd=REPO, capture_output=True, text=True, env=first.env)
     assert unlock.returncode == 0, unlock.stderr[-2000:]
     rerun = Workflow(tmp_path, world, overrides, "attach_poll_s=2", log_name="rerun.log")
+    rerun.until(lambda: f"00_naive_grpo s0 is SLURM job {job}" in rerun.text())
+    hold.unlink()
     assert rerun.wait() == 0, rerun.text()[-4000:] + rerun.train_log()[-3000:]
     text = rerun.text()
     assert "took over" in text and f"00_naive_grpo s0 is SLURM job {job}" in text and "attach_train" in text

@@ -206,13 +206,12 @@ def test_refuses_to_overwrite_a_directory_that_is_not_a_tiny_world(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_build_starts_rl_in_the_intended_regime():
+def test_default_build_starts_rl_in_the_intended_regime(tiny_world_dir):
     """The real tiny world (cached under results/, shared with the workflow) gives every toggle something to act
     on (issue #5): eval avg@16 at T=1, top_p 0.7 between 15% and 60% with room above it (pass@16), some rollouts
     hit the 64-token cap, and a good share of groups have zero advantage. Takes the full build time the first
-    time."""
-    cfg = load_config(preset="tiny")
-    m = read_manifest(ensure_tiny_world(cfg))
+    time (in the background: tests/conftest.py)."""
+    m = read_manifest(tiny_world_dir)
     n = m["eval"]["n"]
     avg = m["eval"][f"avg@{n}"]
     assert n >= 16 and 15 <= avg <= 60 and m["eval"][f"pass@{n}"] >= avg + 20

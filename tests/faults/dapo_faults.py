@@ -14,6 +14,8 @@ the same patches with `install(faults, monkeypatch.setattr)`:
                                  copies the model does not use (copy): `plant_sync_fault`
     DAPO_TEST_SAME_SEEDS=R       each prompt's sample seeds repeat R times, as R replicas drawing the same seeds give
                                  (each its share of the group: samples 0 .. G/R - 1 again); R = G: one seed a group
+    DAPO_TEST_HOLD=PATH          each rollout step waits to start while the file PATH exists (a test removes it when
+                                 what it must see while the run is in progress has happened)
 
 Every point wraps a function the package has anyway, at a boundary where a crash could leave MLflow and the run
 directory disagreeing: the patches below name them.
@@ -33,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 KILL_ENV, FAIL_ENV, POISON_ENV = "DAPO_TEST_KILL_AT", "DAPO_TEST_FAIL_AT", "DAPO_TEST_POISON_STEP"
-SYNC_ENV, SEEDS_ENV = "DAPO_TEST_SYNC", "DAPO_TEST_SAME_SEEDS"
-ENV_VARS = (KILL_ENV, FAIL_ENV, POISON_ENV, SYNC_ENV, SEEDS_ENV)
+SYNC_ENV, SEEDS_ENV, HOLD_ENV = "DAPO_TEST_SYNC", "DAPO_TEST_SAME_SEEDS", "DAPO_TEST_HOLD"
+ENV_VARS = (KILL_ENV, FAIL_ENV, POISON_ENV, SYNC_ENV, SEEDS_ENV, HOLD_ENV)
 POINTS = (
     "tracking.before_log",  # a step's metrics are about to be written (or spooled): Tracker.log_metrics starts
     "tracking.after_log",  # they were written (or spooled): Tracker.log_metrics returned
@@ -54,6 +56,7 @@ class Faults:
     poison_from_step: int = 0
     sync: str = ""  # "" | "nothing" | "skip:<text>" | "drain" | "copy"
     same_seeds: int = 0  # R: the replicas that share seeds (0: none)
+    hold: str = ""  # a file whose existence holds each rollout step back ("": none)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ = os.environ) -> Faults:
@@ -68,6 +71,7 @@ class Faults:
             poison_from_step=int(env.get(POISON_ENV, "0") or 0),
             sync=env.get(SYNC_ENV, ""),
             same_seeds=int(env.get(SEEDS_ENV, "0") or 0),
+            hold=env.get(HOLD_ENV, ""),
         )
 
 
@@ -123,12 +127,16 @@ def _kills_in(faults: Faults, part: str) -> bool:
 
 
 def _patch_loop(module: Any, faults: Faults, setattr_: Callable) -> None:
-    if faults.fail_at is None and not faults.poison_from_step:
+    if faults.fail_at is None and not faults.poison_from_step and not faults.hold:
         return
     step_fn = module.rollout_step
 
     @functools.wraps(step_fn)
     def rollout_step(step: int, *args: Any, **kwargs: Any) -> Any:
+        import time
+
+        while faults.hold and os.path.exists(faults.hold):
+            time.sleep(0.2)
         _step[0] = step
         return step_fn(step, *args, **kwargs)
 

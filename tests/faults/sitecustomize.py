@@ -4,7 +4,14 @@ variables ask for (`dapo_faults`), so that the package itself carries no test ma
 
 import os
 
-FAULTS = ("DAPO_TEST_KILL_AT", "DAPO_TEST_FAIL_AT", "DAPO_TEST_POISON_STEP", "DAPO_TEST_SYNC", "DAPO_TEST_SAME_SEEDS")
+FAULTS = (
+    "DAPO_TEST_KILL_AT",
+    "DAPO_TEST_FAIL_AT",
+    "DAPO_TEST_POISON_STEP",
+    "DAPO_TEST_SYNC",
+    "DAPO_TEST_SAME_SEEDS",
+    "DAPO_TEST_HOLD",
+)
 if any(os.environ.get(name) for name in FAULTS):
     import dapo_faults
 
