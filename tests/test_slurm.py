@@ -369,17 +369,9 @@ def snakemake(*args: str, timeout: float) -> subprocess.CompletedProcess:
 def test_all_ablations_through_slurm(tmp_path, tiny_world_dir):
     """The whole tiny ablation, six rows, through the cluster on the cached tiny world; a rerun does nothing."""
     results = tmp_path / "results"
-    overrides = json.dumps(CI_OVERRIDES)
-    r = snakemake(
-        "--profile",
-        "slurm",
-        "all_ablations",
-        "--config",
-        f"results={results}",
-        f"overrides={overrides}",
-        f"tiny_world={tiny_world_dir}",
-        timeout=1800,
-    )
+    workflow = ["--profile", "slurm", "all_ablations", "--config", f"results={results}"]
+    workflow += [f"overrides={json.dumps(CI_OVERRIDES)}", f"tiny_world={tiny_world_dir}"]
+    r = snakemake(*workflow, timeout=1800)
     log = r.stdout[-4000:] + r.stderr[-6000:]
     assert r.returncode == 0, log
     # every training job went through the cluster: the job script keeps each SLURM job's log in the run's folder
@@ -408,14 +400,5 @@ def test_all_ablations_through_slurm(tmp_path, tiny_world_dir):
         if pinned_kernels("avx2"):  # on x86-64
             assert run.data.tags[M.TAG_CPU_KERNELS] == "AVX2", (row, run.data.tags)
     # a rerun skips finished work
-    r2 = snakemake(
-        "--profile",
-        "slurm",
-        "all_ablations",
-        "--config",
-        f"results={results}",
-        f"overrides={overrides}",
-        f"tiny_world={tiny_world_dir}",
-        timeout=300,
-    )
+    r2 = snakemake(*workflow, timeout=300)
     assert r2.returncode == 0 and "Nothing to be done" in r2.stdout + r2.stderr
