@@ -476,6 +476,23 @@ class TrainerConfig(_Section):
         "generation at 20K-token responses), or rank 0 building the tiny world. A rank that raises ends the "
         "others at once, whatever this is (docs/distributed.md).",
     )
+    rendezvous_timeout_s: int = Field(
+        600,
+        gt=0,
+        description="Several ranks: how long they may take to meet at the start of every attempt (the first "
+        "node's address, a port SLURM reserved or one derived from the job); then the job fails naming the host, "
+        "port and interface, and exits 75 so that the workflow resubmits it. Must cover the ranks' start-up skew, "
+        "rank 0 creating the MLflow run (tracking.start_timeout_s) included (docs/cluster.md).",
+    )
+    heartbeat_timeout_s: float = Field(
+        120,
+        gt=0,
+        description="Several ranks: a rank whose heartbeat (a thread's pulse in the job's store, every second) "
+        "has not moved for this long is taken for lost (its host died or its link dropped); every rank then exits "
+        "75 (resume) instead of waiting in a collective for collective_timeout_s. Far above any pause of a "
+        "process's threads; SLURM's own node-failure timeout (SlurmdTimeout) decides when the job may be requeued "
+        "(docs/failure-modes.md).",
+    )
     stop_margin_s: float = Field(
         600,
         ge=0,

@@ -30,7 +30,6 @@ from dapo import metric_names as M
 from dapo.algos.aggregation import MODES, aggregate
 from dapo.algos.metrics import RARE_TOKEN_PROB
 from dapo.algos.policy_loss import clipped_surrogate, covariance_selection, per_token_loss
-from dapo.distributed import first_slurm_host, launcher_env
 from dapo.learner import UPDATE_SKIPPED, Learner, LossSpec, PolicyBatch, lr_at, response_mask
 from dapo.packing import learner_tokens
 
@@ -62,28 +61,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated:FutureWarning")
 def test_lr_warms_up_linearly_over_rollout_steps_then_stays_constant():
     assert [lr_at(s, 1e-6, 4) for s in range(6)] == pytest.approx([0.25e-6, 0.5e-6, 0.75e-6, 1e-6, 1e-6, 1e-6])
     assert lr_at(0, 3e-4, 0) == 3e-4
-
-
-def test_launcher_env_from_torchrun_slurm_or_nothing():
-    assert launcher_env({}) is None
-    tr = launcher_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
-    assert (tr["RANK"], tr["WORLD_SIZE"], tr["LOCAL_RANK"], tr["MASTER_ADDR"]) == ("3", "8", "1", "h")
-    sl = launcher_env(
-        {
-            "SLURM_PROCID": "5",
-            "SLURM_NTASKS": "16",
-            "SLURM_LOCALID": "5",
-            "SLURM_JOB_NODELIST": "gpu-[003-004,010],cpu1",
-        }
-    )
-    assert (sl["RANK"], sl["WORLD_SIZE"], sl["LOCAL_RANK"], sl["MASTER_ADDR"]) == ("5", "16", "5", "gpu-003")
-    # two SLURM jobs on one node must not rendezvous on the same port
-    ports = {
-        launcher_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": j})["MASTER_PORT"]
-        for j in ("101", "102")
-    }
-    assert len(ports) == 2 and all(20000 <= int(p) < 40000 for p in ports)
-    assert first_slurm_host("nodeA,nodeB") == "nodeA" and first_slurm_host("n[7-9]") == "n7"
 
 
 # ---------------------------------------------------------------------------------------- the tiny world

@@ -94,6 +94,10 @@ def _exit_code_of(e: BaseException) -> int:
         return e.code if isinstance(e.code, int) else 1
     if isinstance(e, ConfigError | DataError | CheckpointError):
         return 2
+    from dapo.distributed import PeerLost, RendezvousError
+
+    if isinstance(e, PeerLost | RendezvousError):  # a host, link or port, not the run: resume (the job requeues)
+        return RESUME_EXIT_CODE
     return 1
 
 
@@ -107,9 +111,16 @@ def _train(cfg, run_dir: Path, progress: str, guard, world) -> int:  # noqa: ANN
     # others in a collective until the timeout when the launcher does not end them (`srun` without
     # --kill-on-bad-exit).
     # A stop signal's StartupStop (a SystemExit) is not reported: every rank gets that signal itself.
-    dist.init_distributed(timeout_s=cfg.trainer.collective_timeout_s)
-    with dist.FailureWatch():
-        components = build_components(cfg, run_dir, world)
+    t = cfg.trainer
+    dist.init_distributed(timeout_s=t.collective_timeout_s, rendezvous_timeout_s=t.rendezvous_timeout_s)
+    with dist.FailureWatch(heartbeat_timeout_s=t.heartbeat_timeout_s, lost_exit_code=RESUME_EXIT_CODE) as watch:
+        try:
+            components = build_components(cfg, run_dir, world)
+        except Exception as e:
+            lost = watch.peer_lost(e)
+            if lost is not None:
+                raise dist.PeerLost(lost) from e
+            raise
     try:
         return Trainer(
             run_settings(cfg), run_dir, components, progress={"auto": None, "bar": True, "log": False}[progress]

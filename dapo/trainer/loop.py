@@ -64,6 +64,7 @@ class RunSettings:
     params: dict[str, Any] = field(default_factory=dict)  # logged once, as MLflow params
     tags: dict[str, str] = field(default_factory=dict)  # MLflow tags that line runs up in the UI
     tripwires: Tripwires = field(default_factory=lambda: Tripwires(logprob_gap=None))  # checked after each step
+    heartbeat_timeout_s: float | None = None  # several ranks: a peer silent this long is lost (exit 75)
 
 
 @dataclass
@@ -199,10 +200,19 @@ class Trainer:
     # ---------------------------------------------------------------------------------------------- run
     def run(self) -> int:
         """Train (or resume) to `total_steps`; the exit code (0, 1 or 75). An exception propagates once all know."""
-        with dist.FailureWatch(on_peer_failure=self._peer_failed) as watch:
+        with dist.FailureWatch(
+            on_peer_failure=self._peer_failed,
+            heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
+            on_peer_lost=self._peer_lost,
+            lost_exit_code=RESUME_EXIT_CODE,
+        ) as watch:
             try:
                 return self._run()
             except BaseException as e:
+                lost = watch.peer_lost(e)
+                if lost is not None:  # a peer vanished mid-collective: resume from the last checkpoint, not a failure
+                    self._peer_lost(lost)
+                    raise dist.PeerLost(lost) from e
                 first = watch.report(e)
                 if first is not None:
                     log.error("%s failed first; this rank then failed too", first)
@@ -389,6 +399,14 @@ class Trainer:
     def _peer_failed(self, report: str) -> None:
         self._note(f"FAILED: {report}")
         self._mark("failed", "FAILED")
+
+    def _peer_lost(self, report: str) -> None:
+        """A peer is gone (its host, link or process): the run resumes from its last checkpoint when the job is
+        requeued; the MLflow run stays RUNNING, tagged as a preempted one is."""
+        log.error("a peer is lost (%s): exit %d, to resume from the last checkpoint", report, RESUME_EXIT_CODE)
+        self._note(f"a peer is lost: {report}; exit {RESUME_EXIT_CODE} to resume from the last checkpoint")
+        self.tracker.set_tags({M.TAG_STATUS: "preempted"})
+        self.tracker.flush()
 
     def _note(self, text: str) -> None:
         if self.progress is not None:

@@ -67,7 +67,7 @@ def run_settings(cfg: RunConfig) -> RunSettings:
         step=step,
         total_steps=t.total_steps,
         eval_every=cfg.eval.every,
-        **_pick(t, "checkpoint_every", "keep_checkpoints", "stop_margin_s", "seed"),
+        **_pick(t, "checkpoint_every", "keep_checkpoints", "stop_margin_s", "seed", "heartbeat_timeout_s"),
         config_hash=cfg.config_hash(),
         params=cfg.flat(),
         tags=run_tags(cfg),
@@ -142,7 +142,7 @@ def build_components(cfg: RunConfig, run_dir: Path, world: World | None = None) 
     world = world or PlainWorld()
     # torchrun / srun ranks (or one process): join the group now (the learner and the engines adopt it), so that
     # rank 0 alone builds a world when it is missing while the others wait for it.
-    main = dist.init_distributed(timeout_s=t.collective_timeout_s).is_main
+    main = dist.init_distributed(timeout_s=t.collective_timeout_s, rendezvous_timeout_s=t.rendezvous_timeout_s).is_main
     ReplicaLayout.of_this_process(r.tensor_parallel_size)  # a layout that cannot be built fails before any load
     if main:
         model_path(cfg, world)
