@@ -332,9 +332,11 @@ def plan(
     lines = [
         f"dapo ablation: preset {spec['preset_name']}, {len(chosen)} rows x {len(seeds)} seeds = {n} runs "
         f"-> results in {spec['results']}, MLflow {spec['tracking_uri']} (experiment {spec['experiment']})",
-        f"  train job: {tr.nodes} node(s) x {tr.gpus_per_node} GPU(s) {tr.gpu_model or ''}, "
-        f"{tr.runtime_min / 60:.1f} h limit, {base.trainer.total_steps} rollout steps, "
-        f"{base.trainer.updates_per_step} updates/step",
+        f"  train job: {tr.nodes} node(s) x {tr.ranks_per_node} rank(s) per node ("
+        + (f"{tr.gpus_per_node} GPU(s) {tr.gpu_model or ''}".rstrip() if tr.gpus_per_node else "CPU")
+        + f" per node), {tr.world_size // base.rollout.tensor_parallel_size} rollout replica(s) of tensor parallel "
+        f"{base.rollout.tensor_parallel_size}, {tr.runtime_min / 60:.1f} h limit, {base.trainer.total_steps} rollout "
+        f"steps, {base.trainer.updates_per_step} updates/step",
         f"  evaluation: inside the train job, avg@{base.eval.n} every {base.eval.every} steps and at the end",
     ]
     refusals: list[str] = []

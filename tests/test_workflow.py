@@ -118,6 +118,28 @@ def test_under_slurm_a_stop_requeues_the_job_up_to_max_resubmits(tmp_path):
     assert verdicts(run_dir) == ["resume", "resume", "resume", "failed"]
 
 
+def test_under_slurm_a_task_that_failed_alone_fails_and_a_lost_node_resumes(tmp_path):
+    """Two verdicts only SLURM's side knows. A task that exits 1 while the ranks import (before they can report
+    it) makes srun stop rank 0, which says "resume" (a stop during start-up): srun's own line for the task is the
+    verdict, so a crash is not resubmitted. A trainer that ends with 1 while a node of the job is down or not
+    responding (its ranks died with it; NCCL's watchdog aborted the others) resumes instead of failing for good."""
+    run_dir, log, env = tmp_path / "run", tmp_path / "train.log", _fake_slurm(tmp_path)
+    srun = "--nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1"
+    crash = (
+        'echo "srun: error: n2: task 1: Exited with exit code 1" >&2; echo \'{"code": 75}\' > "$0/EXIT.json"; exit 75'
+    )
+    r = job(run_dir, log, "bash", "-c", crash, str(run_dir), env=env, srun=srun)
+    assert r.returncode == 1 and verdicts(run_dir) == ["failed"], r.stderr
+    assert "a task exited with 1 before its ranks could report it" in (run_dir / "train.log").read_text()
+    sinfo = Path(env["PATH"].split(":")[0]) / "sinfo"
+    sinfo.write_text('#!/bin/bash\necho "n1 mixed"; echo "n2 down*"\n')
+    sinfo.chmod(0o755)
+    r = job(run_dir, log, "bash", "-c", "exit 1", env={**env, "SLURM_JOB_NODELIST": "n[1-2]"}, srun=srun)
+    assert r.returncode == 75 and verdicts(run_dir) == ["failed", "resume"], r.stderr
+    assert "node(s) of this job are down or not responding: n2 (down*)" in (run_dir / "train.log").read_text()
+    assert (tmp_path / "calls").read_text().count("scontrol requeue 4242") == 1
+
+
 # ------------------------------------------------------------------------------------------ validation
 def test_the_workflow_uses_the_tiny_world_the_tests_cache(tmp_path):
     """One default location (the config's tiny.dir, results/tiny_world): `make test` then `make ablation` build
@@ -173,7 +195,9 @@ def test_paper_plan_dry_run_with_the_slurm_profile(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     assert "Using profile slurm" in out
-    assert "16 node(s) x 8 GPU(s) h100" in out and "GPU-hours" in out
+    assert (
+        "16 node(s) x 8 rank(s) per node (8 GPU(s) h100 per node), 32 rollout replica(s)" in out and "GPU-hours" in out
+    )
     stats = _job_stats(r.stdout)
     assert stats["train"] == 6 and stats["base_model"] == 1 and "evaluate" not in stats
     # per node: 8 GPUs, 8 tasks, memory that fits a 512 GB node; the rule runs in the batch step (mpi) and starts

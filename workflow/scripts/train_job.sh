@@ -75,11 +75,37 @@ if [ -f "$run_dir/EXIT.json" ] && [ "$run_dir/EXIT.json" -nt "$mark" ]; then
   code=$(sed -n 's/.*"code": *\([0-9]*\).*/\1/p' "$run_dir/EXIT.json")
   code=${code:-$rc}
 fi
+# A task that failed on its own (srun: "task N: Exited with exit code C", C neither 0 nor RESUME_CODE) before the
+# ranks could tell each other (while importing, before they met) makes srun stop the rest, and rank 0, stopped
+# during start-up, says "resume": the task's own code is the verdict, or the job would resubmit a crash.
+if [ -n "$job" ] && [ "$code" = "$resume_code" ]; then
+  task_code=$(awk -v a="== attempt $attempt," 'index($0, a) == 1 {on = 1} on' "$run_dir/train.log" \
+    | sed -n 's/^srun: error: .*: tasks\{0,1\} [0-9,-]*: Exited with exit code \([0-9]*\)$/\1/p' \
+    | grep -vx -e 0 -e "$resume_code" | head -n 1)
+  if [ -n "$task_code" ]; then
+    echo "train_job.sh: a task exited with $task_code before its ranks could report it; that is the verdict" \
+      | tee -a "$run_dir/train.log" >&3
+    code=$task_code
+  fi
+fi
 case "$code" in
   0) verdict=done ;;
   "$resume_code" | 129 | 130 | 137 | 138 | 143) verdict=resume ;;
   *) verdict=failed ;;
 esac
+# A node of this job that SLURM has marked down or not responding (a `*` after its state) took its ranks with it,
+# whatever the others then ended with (NCCL's watchdog aborting them, a connection error): resume from the last
+# checkpoint, never a failure for good. A config or data error (2) stays one. srun returns only once SLURM has
+# declared a dead node failed, so its state is known here.
+if [ -n "$job" ] && [ "$verdict" = failed ] && [ "$code" != 2 ]; then
+  lost=$(sinfo -h -N -n "${SLURM_JOB_NODELIST:-}" -o '%N %T' 2>/dev/null \
+    | awk '$2 ~ /[*]$/ || $2 ~ /^(down|fail)/ {print $1 " (" $2 ")"}' | sort -u | tr '\n' ' ')
+  if [ -n "$lost" ]; then
+    echo "train_job.sh: the trainer ended with $code while node(s) of this job are down or not responding:" \
+      "${lost}; resuming from the last checkpoint" | tee -a "$run_dir/train.log" >&3
+    verdict=resume
+  fi
+fi
 printf '{"attempt": %d, "job": "%s", "start": %d, "end": %d, "exit": %d, "code": %s, "verdict": "%s"}\n' \
   "$attempt" "$job" "$started" "$(date +%s)" "$rc" "$code" "$verdict" >> "$attempts"
 
@@ -103,7 +129,8 @@ fi
 echo "dapo train stopped for resume (exit $code): requeueing SLURM job $job (resubmission $this_job of" \
   "$max_resubmits); it resumes from the last checkpoint" | tee -a "$run_dir/train.log" >&3
 if ! scontrol requeue "$job"; then
-  echo "scontrol requeue $job failed (the cluster may forbid requeueing: sbatch --requeue, JobRequeue);" \
-    "rerun the workflow to resume" >&2
+  echo "scontrol requeue $job failed: SLURM may be requeueing it already (after a node failure, or an" \
+    "administrator's requeue), or the cluster forbids requeueing (sbatch --requeue, JobRequeue); if the job does" \
+    "not come back, rerun the workflow to resume" >&2
 fi
 exit "$resume_code"
