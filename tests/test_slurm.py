@@ -1,14 +1,19 @@
-"""Training rows through a real SLURM cluster (the CI one: one 2-CPU node with accounting): the right number of
-ranks, a preemption signal that reaches every rank, a stop before the time limit, resubmission decided by the
-job script (requeue, same job id), a failed row that is not submitted again, and the whole tiny ablation. Skipped
-without a cluster, except in CI (CI=true), where they must run. One module, so that `make test`'s workers run them
-one after another (`--dist loadfile`): they share the cluster's one node.
+"""Training rows through a real SLURM cluster: the contributors' and CI's multi-node one (scripts/slurm/start.sh:
+three nodes n1-n3, each a network namespace with its own address, hostname, hosts file and slurmd). Rows whose
+ranks meet across hosts and equal the same row on one node; a preemption signal, the time limit and an outside
+`scontrol requeue` that reach every rank on every node; a node that dies (the first one, which runs the batch
+script, or another) and a link that drops mid-step, each resumed onto the nodes left into the same MLflow run with
+the weights of an unbroken run; where the ranks meet when a node's own name resolves to loopback, and a meeting
+that cannot happen; a failed row that is not submitted again; and the whole tiny ablation. Skipped without a
+cluster, except in CI (CI=true), where they must run. One module, so that `make test`'s workers run them one after
+another (`--dist loadfile`): they share the cluster.
 
 Each test runs `snakemake --profile slurm` on one row of the tiny preset cut to seconds a step (HF engine, a
 20-step tiny world; the row-05 test runs vLLM replicas on the cached tiny world). A requeued SLURM job is held
 until its old job credential expires before it may start again (a job started earlier is killed with "Job
-credential revoked"): 120 s by default, 30 s on the test cluster (scripts/slurm/start.sh sets `cred_expire`), so
-each requeue costs these tests half a minute.
+credential revoked"): 120 s by default, 15 s on the test cluster (`cred_expire`); a node that stops answering is
+declared down after `SlurmdTimeout` (300 s by default, 20 s on the test cluster). Each fault test appends what it
+measured (detection, resume) to results/slurm_faults.jsonl; docs/failure-modes.md has the figures.
 """
 
 from __future__ import annotations
@@ -20,9 +25,12 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from _env import FAULTS
 
 from dapo import metric_names as M
@@ -47,8 +55,62 @@ SMALL = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def cluster(in_ci):
+NODES = ["n1", "n2", "n3"]  # the test cluster's nodes (scripts/slurm/start.sh: DAPO_SLURM_NODES=3, the default)
+# The fault tests' run: row 00 on 2 ranks, 6 steps, a checkpoint after each, a peer lost after 10 s of silence.
+FAULT_RUN = [
+    "trainer.zero_stage=1",
+    "trainer.total_steps=6",
+    "trainer.checkpoint_every=1",
+    "trainer.heartbeat_timeout_s=10",
+]
+ONE_NODE = ["resources.train.tasks_per_node=2"]  # 1 node x 2 ranks
+TWO_NODES = ["resources.train.nodes=2"]  # 2 nodes x 1 rank
+NODE_SH = REPO / "scripts" / "slurm" / "node.sh"
+FAULT_LOG = REPO / "results" / "slurm_faults.jsonl"
+
+
+def node(action: str, name: str) -> None:
+    """scripts/slurm/node.sh: `kill` (a host that died), `start` (it boots), `link-down` / `link-up`."""
+    subprocess.run(["bash", str(NODE_SH), action, name], check=True, capture_output=True, timeout=60)
+
+
+def node_states() -> dict[str, str]:
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True).stdout
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def all_nodes_back(timeout: float = 120) -> None:
+    """Every node up and taking jobs (a test that killed one or cut its link gives it back)."""
+    for n in NODES:
+        node("link-up", n)
+        node("start", n)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = node_states()
+        if all(states.get(n) in ("idle", "mixed", "allocated") for n in NODES):
+            return
+        assert time.monotonic() < deadline, f"the test cluster's nodes did not come back: {states}"
+        time.sleep(1)
+
+
+def job_hosts(job: str) -> list[str]:
+    """The hosts of a running job, in its node list's order (the first runs the batch script)."""
+    from dapo.rendezvous import slurm_hosts
+
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], capture_output=True, text=True).stdout.strip()
+    return slurm_hosts(out) if out and out != "(null)" else []
+
+
+def record(test: str, **figures: float | str) -> None:
+    """What a fault test measured, for docs/failure-modes.md (results/ is not committed)."""
+    FAULT_LOG.parent.mkdir(parents=True, exist_ok=True)
+    with FAULT_LOG.open("a") as f:
+        f.write(json.dumps({"test": test, "time": time.time(), **figures}) + "\n")
+    print(test, figures)
+
+
+def require_cluster(in_ci: bool) -> None:
+    """A SLURM cluster answers here with the test cluster's nodes, or the test skips (fails under CI=true)."""
     ok = shutil.which("sinfo") and shutil.which("sacct")
     if ok:
         r = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
@@ -58,6 +120,16 @@ def cluster(in_ci):
         if in_ci:
             pytest.fail("CI=true but no SLURM cluster answers: .ci/run starts one (scripts/slurm/start.sh)")
         pytest.skip("no SLURM cluster answers here (start one with `make services`, as root)")
+    missing = [n for n in NODES if n not in node_states()]
+    assert not missing, f"the test cluster lacks {missing}: restart it with `make services` (3 nodes by default)"
+
+
+@pytest.fixture(autouse=True)
+def cluster(in_ci):
+    require_cluster(in_ci)
+    all_nodes_back()
+    yield
+    all_nodes_back()
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +138,8 @@ def world(small_world) -> Path:
 
 
 class Workflow:
-    """`snakemake --profile slurm <row>` in the background, with what it printed and the run it drives."""
+    """`snakemake --profile slurm <row>` (`local`: `--cores 2`, on this machine) in the background, with what it
+    printed and the run it drives."""
 
     def __init__(
         self,
@@ -78,6 +151,8 @@ class Workflow:
         base: list[str] = SMALL,
         preset: str = "tiny",
         log_name: str = "snakemake.log",
+        dry_run_first: bool = False,
+        local: bool = False,
         **env_extra: str,
     ) -> None:
         self.results = tmp / "results"
@@ -85,7 +160,8 @@ class Workflow:
         folder = Path(preset).stem  # the workflow's results/<preset>/
         self.run_dir = self.results / folder / "runs" / row / "s0"
         self.uri = f"sqlite:///{self.results / folder / 'mlflow.db'}"
-        self.cmd = [SNAKEMAKE, "--profile", "slurm", f"row_{row}", "--config", f"results={self.results}"]
+        where = ["--cores", "2"] if local else ["--profile", "slurm"]
+        self.cmd = [SNAKEMAKE, *where, f"row_{row}", "--config", f"results={self.results}"]
         self.cmd += [f"preset={preset}", f"tiny_world={world}", f"overrides={json.dumps([*base, *overrides])}", *config]
         # what `make` exports, and names as its own CPU defaults (Makefile): the jobs inherit it
         self.env = {
@@ -96,6 +172,11 @@ class Workflow:
             "PYTHONPATH": str(FAULTS),  # a DAPO_TEST_* fault in env_extra reaches the jobs' dapo processes
             **env_extra,
         }
+        self.dry_run = ""
+        if dry_run_first:  # the plan of exactly this command, before it runs (the layout it promises)
+            r = subprocess.run([*self.cmd, "-n"], cwd=REPO, capture_output=True, text=True, env=self.env, timeout=300)
+            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+            self.dry_run = r.stdout + r.stderr
         self.proc = subprocess.Popen(
             self.cmd, cwd=REPO, stdout=self.out.open("w"), stderr=subprocess.STDOUT, env=self.env
         )
@@ -153,49 +234,104 @@ def one_run(uri: str) -> tuple[object, dict[str, list[int]]]:
     return runs[0], steps
 
 
-def test_a_two_rank_row_trains_on_both_and_a_preemption_signal_stops_both_at_one_step(world, tmp_path):
+# ------------------------------------------------------------------------------------------ rows across nodes
+@dataclass
+class Outcome:
+    """What a finished run produced that must not depend on where its ranks ran or how often it was interrupted."""
+
+    weights: dict[str, Any]  # the final model's tensors
+    metrics: dict[str, list[tuple[int, float]]]  # every MLflow curve but wall-clock ones: (step, value)
+    samples: str  # the final evaluation's samples, as written
+
+    @classmethod
+    def of(cls, wf: Workflow) -> Outcome:
+        from mlflow.tracking import MlflowClient
+        from safetensors.torch import load_file
+
+        weights: dict[str, Any] = {}
+        for f in sorted((wf.run_dir / "final").glob("*.safetensors")):
+            weights.update(load_file(f))
+        run, _ = one_run(wf.uri)
+        client = MlflowClient(wf.uri)
+        timed = [k for k in run.data.metrics if k.startswith("time/") or k == M.TOKENS_PER_SEC]
+        metrics = {
+            k: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, k))
+            for k in run.data.metrics
+            if k not in timed
+        }
+        return cls(weights, metrics, (wf.run_dir / M.EVAL_SAMPLES_ARTIFACT).read_text())
+
+    def assert_same_as(self, other: Outcome, what: str) -> None:
+        """Equal to the bit. Bound: 0. With 2 ranks every all-reduce adds two numbers, and a + b == b + a in floating
+        point, so no placement of the ranks over hosts can change a sum; gloo's ring, with more ranks, would add in
+        an order set by the rank numbers, which the layout keeps. A resume is bit-identical by design
+        (docs/failure-modes.md)."""
+        assert self.samples == other.samples, f"{what}: the final evaluation sampled other responses"
+        assert self.metrics.keys() == other.metrics.keys(), f"{what}: {self.metrics.keys() ^ other.metrics.keys()}"
+        for k in self.metrics:
+            assert self.metrics[k] == other.metrics[k], f"{what}: {k} differs: {self.metrics[k]} != {other.metrics[k]}"
+        assert self.weights.keys() == other.weights.keys()
+        differ = [k for k in self.weights if not torch.equal(self.weights[k], other.weights[k])]
+        assert not differ, f"{what}: final weights differ in {differ[:5]} ({len(differ)} tensors)"
+
+
+@pytest.fixture(scope="module")
+def reference(small_world, tmp_path_factory) -> Outcome:
+    """The fault tests' row, unbroken, with its 2 ranks on one node: the workflow without the cluster, on this
+    machine (torchrun, 2 processes), the same data, config and seeds. What every multi-node and interrupted run of
+    it must reproduce."""
+    wf = Workflow(tmp_path_factory.mktemp("reference"), small_world, [*FAULT_RUN, *ONE_NODE], local=True)
+    assert wf.wait() == 0, wf.text()[-4000:] + wf.train_log()[-3000:]
+    assert [a["verdict"] for a in wf.attempts()] == ["done"]
+    assert "torchrun --standalone --nproc-per-node=2" in wf.train_log()
+    return Outcome.of(wf)
+
+
+def ranks_on(log: str) -> dict[int, str]:
+    """Each rank's host, as its `dapo train` line says (the last attempt's)."""
+    return {int(r): h for r, h in re.findall(r"dapo train: rank (\d+) of \d+ on (\S+) ", log)}
+
+
+def test_two_nodes_meet_equal_one_node_and_stop_together_at_a_signal_and_an_outside_requeue(world, reference, tmp_path):
+    """Row 00 as 2 nodes x 1 rank through `snakemake --profile slurm`: the dry run's layout is what ran (SLURM's node
+    list, the hosts the ranks logged, the replicas); the ranks meet over the nodes' shared interface; a preemption
+    signal (what --signal=USR1@T sends at T) mid-step 2 and an outside `scontrol requeue` (an administrator's, or a
+    preemption in REQUEUE mode) mid-step 4 reach both ranks on both nodes, which stop at the same step each time,
+    checkpoint, and resume; one MLflow run, one point per step; and the samples, curves and final weights equal the
+    same row's on one node (`reference`), to the bit."""
+    m2, m4 = tmp_path / "slow2", tmp_path / "slow4"
     wf = Workflow(
-        tmp_path,
-        world,
-        [
-            "resources.train.tasks_per_node=2",
-            "trainer.zero_stage=1",
-            "trainer.total_steps=8",
-            "trainer.checkpoint_every=3",
-        ],
+        tmp_path, world, [*FAULT_RUN, *TWO_NODES], dry_run_first=True, DAPO_TEST_SLOW_AT=f"0:2:8:{m2},0:4:8:{m4}"
     )
+    assert "train job: 2 node(s) x 1 rank(s) per node (CPU per node), 2 rollout replica(s)" in wf.dry_run
     job = wf.job_id()
-    wf.until(lambda: "step 2/8" in wf.train_log())
-    subprocess.run(["scancel", "--signal=USR1", job], check=True)  # what --signal=USR1@T does at T
-    assert wf.wait() == 0, wf.text()[-4000:]
+    wf.until(m2.exists)
+    hosts = job_hosts(job)
+    subprocess.run(["scancel", "--signal=USR1", job], check=True)
+    wf.until(m4.exists)
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    assert wf.wait() == 0, wf.text()[-4000:] + wf.train_log()[-4000:]
 
     log = wf.train_log()
+    assert len(hosts) == 2 and set(ranks_on(log).values()) == set(hosts), (hosts, ranks_on(log))
+    for rank, host in ranks_on(log).items():
+        assert re.search(rf"rank {rank} of 2 on {host} meets the others at {hosts[0]}:\d+ .* over interface ve\d", log)
     steps = [r for r in sacct(job) if r[1] == "dapo-00_naive_grpo-s0"]
-    assert [r[2] for r in steps] == ["2", "2"], sacct(job)  # the training step of each attempt: 2 tasks
-    assert log.count("rank 0 of 2") == 2 and log.count("rank 1 of 2") == 2
-    assert log.count("received SIGUSR1") == 2  # both ranks got the signal ...
-    stopped = int(re.search(r"stopped by signal at rollout step (\d+)", log).group(1))
-    # ... at one step; a checkpoint taken mid-step right after that step's periodic one is named step_<N>.1
-    checkpoint = rf"{re.escape(str(wf.run_dir))}/checkpoints/step_{stopped:06d}(\.\d+)?"
-    assert re.search(rf"resumed from {checkpoint} at rollout step {stopped} ", log)
-    assert [(a["job"], a["verdict"]) for a in wf.attempts()] == [(job, "resume"), (job, "done")]
-    assert "REQUEUED" in [r[3] for r in sacct(job)]
-    final = sorted((wf.run_dir / "checkpoints").glob("step_*/learner/*/zero_pp_rank_*_optim_states.pt"))
-    assert {p.name[:14] for p in final} == {"zero_pp_rank_0", "zero_pp_rank_1"}  # both ranks hold optimizer state
+    assert [r[2] for r in steps] == ["2", "2", "2"], sacct(job)  # each attempt's training step: 2 tasks
+    assert log.count("received SIGUSR1") == 2 and log.count("received SIGTERM") >= 2  # every rank, every node
+    stops = [int(x) for x in re.findall(r"stopped by signal at rollout step (\d+)", log)]  # rank 0's word
+    resumes = [int(x) for x in re.findall(r"resumed from \S+ at rollout step (\d+)", log)]  # every rank's
+    assert len(stops) == 2 and resumes == [s for s in stops for _ in range(2)], (stops, resumes)  # one step, both
+    assert [(a["job"], a["verdict"]) for a in wf.attempts()] == [(job, "resume"), (job, "resume"), (job, "done")]
     run, points = one_run(wf.uri)
-    assert run.info.status == "FINISHED" and points[M.GRAD_UPDATES] == list(range(1, 9))
-    # every attempt's SLURM log beside the run's own log; `dapo status` names the job and its 2-task step
-    slurm_log = (wf.run_dir / "slurm" / f"{job}.log").read_text()
-    assert "DUE TO JOB REQUEUE" in slurm_log
-    status = subprocess.run(
-        [sys.executable, "-m", "dapo.cli", "status", str(wf.results / "tiny")], capture_output=True, text=True
-    ).stdout
-    assert f"{job} COMPLETED, training step 2 task(s)" in status and "2 (resume, done)" in status
+    assert run.info.status == "FINISHED" and run.data.tags[M.TAG_REPLICAS] == "2"
+    assert points[M.GRAD_UPDATES] == list(range(1, 7))
+    Outcome.of(wf).assert_same_as(reference, "2 nodes x 1 rank, stopped twice, against 1 node x 2 ranks unbroken")
 
 
-def test_a_two_task_job_samples_row_05_on_two_vllm_replicas(tiny_world_dir, tmp_path):
-    """Row 05 (dynamic sampling) as a 2-task SLURM job with the vLLM engine, on the cached tiny world (whose policy
-    gets some prompts right and some wrong, so groups are kept): each task starts its own replica under `srun`
+def test_row_05_samples_on_a_vllm_replica_on_each_node(tiny_world_dir, tmp_path):
+    """Row 05 (dynamic sampling) as a 2-node job with the vLLM engine, on the cached tiny world (whose policy gets
+    some prompts right and some wrong, so groups are kept): each node's rank starts its own replica under `srun`
     (vLLM's external launcher on the job's process group), the replicas share every generation batch of one
     prompt and refill until 2 informative groups are kept at every step, both ranks train on them, and the run
     finishes. Which half each replica draws, and that the result equals one rank's, is tests/test_trainer_dist.py's
@@ -206,7 +342,7 @@ def test_a_two_task_job_samples_row_05_on_two_vllm_replicas(tiny_world_dir, tmp_
         tmp_path,
         tiny_world_dir,
         [
-            "resources.train.tasks_per_node=2",
+            *TWO_NODES,
             "rollout.engine=vllm",
             "trainer.total_steps=2",
             "algorithm.gen_batch_size=1",  # one prompt's 4 samples a batch, 2 per replica: every step refills
@@ -220,7 +356,7 @@ def test_a_two_task_job_samples_row_05_on_two_vllm_replicas(tiny_world_dir, tmp_
     log = wf.train_log()
     steps = [r for r in sacct(job) if r[1] == "dapo-05_dynamic_sampling-s0"]
     assert [r[2] for r in steps] == ["2"], sacct(job)  # one training step of 2 tasks
-    assert log.count("rank 0 of 2") == 1 and log.count("rank 1 of 2") == 1
+    assert len(set(ranks_on(log).values())) == 2, ranks_on(log)  # a replica on each node
     run, points = one_run(wf.uri)
     assert run.info.status == "FINISHED" and run.data.tags[M.TAG_REPLICAS] == "2"
     history = MlflowClient(wf.uri).get_metric_history
@@ -231,6 +367,170 @@ def test_a_two_task_job_samples_row_05_on_two_vllm_replicas(tiny_world_dir, tmp_
     assert all(v > 0 for v in tokens.values()) and all(v >= 2 for v in batches.values())
     assert all(v == 2 for v in kept.values())  # train_batch_size groups kept at every step, refilled as needed
     assert points[M.GRAD_UPDATES] == [1, 2] and "done: 2 rollout steps, 4 updates" in log  # 2 mini-batches a step
+
+
+# ------------------------------------------------------------------------------------------ a node dies, a link drops
+def timeline(wf: Workflow, job: str, t0: float, hosts: list[str], timeout: float = 600) -> dict[str, float]:
+    """Seconds from `t0` (the fault) until: a surviving rank said it lost a peer (when its log reaches train.log),
+    SLURM took the job off its first nodes (requeued, pending or running elsewhere), the run resumed, and it
+    finished (DONE.json)."""
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    marks = wf.train_log().count("resumed from")
+    while "done" not in seen:
+        now = time.monotonic() - t0
+        log = wf.train_log()
+        if "lost" not in seen and "a peer is lost" in log:
+            seen["lost"] = now
+        if "requeued" not in seen and job_hosts(job) != hosts:
+            seen["requeued"] = now
+        if "resumed" not in seen and log.count("resumed from") > marks:
+            seen["resumed"] = now
+        if (wf.run_dir / "DONE.json").is_file():
+            seen["done"] = now
+        assert wf.proc.poll() is None or "done" in seen, f"snakemake ended first\n{wf.text()[-3000:]}\n{log[-4000:]}"
+        assert time.monotonic() < deadline, f"timed out: {seen}\n{log[-4000:]}"
+        time.sleep(0.5)
+    return {k: round(v, 1) for k, v in seen.items()}
+
+
+def assert_resumed_elsewhere(wf: Workflow, reference: Outcome, dead: str, what: str) -> None:
+    """The run finished on the nodes left, resumed once from a checkpoint into its one MLflow run, each step's point
+    once, with the samples, curves and weights of the unbroken run."""
+    assert wf.wait() == 0, wf.text()[-4000:] + wf.train_log()[-4000:]
+    log = wf.train_log()
+    assert dead not in ranks_on(log).values() and len(set(ranks_on(log).values())) == 2, ranks_on(log)
+    assert len(re.findall(r"resumed from \S+/checkpoints/step_\d+", log)) == 1
+    run, points = one_run(wf.uri)
+    assert run.info.status == "FINISHED" and points[M.GRAD_UPDATES] == list(range(1, 7))
+    Outcome.of(wf).assert_same_as(reference, what)
+
+
+def test_a_node_other_than_the_first_dies_mid_step(world, reference, tmp_path):
+    """Every process of the second node (its slurmd, the job's step and rank 1) killed while rank 1 is in step 3's
+    update and rank 0 waits for it in a collective: rank 0's collective breaks, no rank reported a failure, so the
+    peer is lost, not failed: exit 75 within seconds; SLURM declares the node down (SlurmdTimeout) and the job
+    comes back on the two nodes left, resumes from step 2's checkpoint and finishes as the unbroken run did."""
+    marker = tmp_path / "slow"
+    wf = Workflow(tmp_path, world, [*FAULT_RUN, *TWO_NODES], DAPO_TEST_SLOW_AT=f"1:3:60:{marker}")
+    job = wf.job_id()
+    wf.until(marker.exists)
+    hosts = job_hosts(job)
+    t0 = time.monotonic()
+    node("kill", hosts[1])
+    seen = timeline(wf, job, t0, hosts)
+    record("node_other_than_first_killed", **seen)
+    assert seen["lost"] < 20, seen  # the broken connection, then 3 s for a failure report that never comes
+    assert seen["resumed"] < 240, seen
+    assert "lost a peer" in wf.train_log() and "exit 75" in wf.train_log()
+    assert_resumed_elsewhere(wf, reference, hosts[1], "the second node killed mid-step 3")
+
+
+def test_the_first_node_dies_mid_step(world, reference, tmp_path):
+    """The first node, which runs the batch script, killed while rank 0 (on it) is in step 3's update: nothing is
+    left to requeue the job but SLURM, which declares the node down (SlurmdTimeout) and requeues the job (the
+    profile submits with --requeue) onto the two nodes left; the run resumes from step 2's checkpoint."""
+    marker = tmp_path / "slow"
+    wf = Workflow(tmp_path, world, [*FAULT_RUN, *TWO_NODES], DAPO_TEST_SLOW_AT=f"0:3:60:{marker}")
+    job = wf.job_id()
+    wf.until(marker.exists)
+    hosts = job_hosts(job)
+    t0 = time.monotonic()
+    node("kill", hosts[0])
+    seen = timeline(wf, job, t0, hosts)
+    record("first_node_killed", **seen)
+    assert seen["requeued"] < 90 and seen["resumed"] < 240, seen
+    assert "NODE_FAIL" in [r[3] for r in sacct(job)], sacct(job)
+    assert_resumed_elsewhere(wf, reference, hosts[0], "the first node killed mid-step 3")
+
+
+def test_a_link_flap_goes_unnoticed_and_a_cut_link_resumes_on_the_nodes_left(world, reference, tmp_path):
+    """The second node's link down for 2 s mid-step 2 (shorter than every bound: TCP resends, the run goes on, no
+    restart), then down mid-step 4 for 45 s, its processes alive (a host that vanished without closing anything):
+    rank 0's collective would wait for the collective timeout, but rank 1's heartbeat stops, so rank 0 takes the
+    peer for lost after trainer.heartbeat_timeout_s (10 s here) and exits 75; SLURM declares the node down and the
+    job resumes on the nodes left; when the link comes back the node takes jobs again."""
+    m2, m4 = tmp_path / "slow2", tmp_path / "slow4"
+    wf = Workflow(tmp_path, world, [*FAULT_RUN, *TWO_NODES], DAPO_TEST_SLOW_AT=f"1:2:6:{m2},1:4:60:{m4}")
+    job = wf.job_id()
+    wf.until(m2.exists)
+    hosts = job_hosts(job)
+    node("link-down", hosts[1])
+    time.sleep(2)
+    node("link-up", hosts[1])
+    wf.until(m4.exists)
+    assert "a peer is lost" not in wf.train_log() and "resumed from" not in wf.train_log()  # the flap: nothing
+    t0 = time.monotonic()
+    node("link-down", hosts[1])
+    try:
+        wf.until(lambda: "a peer is lost" in wf.train_log() or time.monotonic() - t0 > 45, timeout=60)
+        lost = time.monotonic() - t0
+        time.sleep(max(0.0, 45 - (time.monotonic() - t0)))
+    finally:
+        node("link-up", hosts[1])
+    seen = timeline(wf, job, t0, hosts)
+    seen["lost"] = round(lost, 1)
+    record("link_cut", **seen)
+    assert 10 <= seen["lost"] < 25, seen  # the heartbeat timeout, then a poll
+    assert "sent no heartbeat for" in wf.train_log()
+    assert_resumed_elsewhere(wf, reference, hosts[1], "a 2 s flap at step 2, a cut link at step 4")
+
+
+# ------------------------------------------------------------------------------------------ where the ranks meet
+MEET = [sys.executable, str(REPO / "tests" / "_meet_worker.py")]
+
+
+def srun_meet(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME"):
+        env.pop(k, None)
+    return subprocess.run(
+        ["srun", "--nodes=2", "--ntasks=2", "--nodelist=n1,n2", *MEET, *args],  # each rank to its own end
+        capture_output=True, text=True, env=env, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def hosts_files():
+    """Each node's own hosts file (scripts/slurm/start.sh mounts it over the node's /etc/hosts), edited in place for
+    one test and given back."""
+    state = Path(os.environ.get("DAPO_SLURM_STATE", "/tmp/dapo-slurm"))
+    files = {n: state / f"hosts.{n}" for n in NODES}
+    kept = {n: f.read_text() for n, f in files.items()}
+    yield files
+    for n, f in files.items():
+        f.write_text(kept[n])
+
+
+def test_ranks_meet_across_nodes_whose_own_names_resolve_to_loopback(hosts_files):
+    """Debian's default /etc/hosts line `127.0.1.1 <hostname>` on both nodes: gloo, binding what its hostname
+    resolves to, would advertise 127.0.1.1 to the other node (a connect timeout). The ranks bind the interface their
+    route to the other node leaves by, and meet."""
+    for n in ("n1", "n2"):
+        hosts_files[n].write_text(f"127.0.1.1 {n}\n" + hosts_files[n].read_text())
+    r = srun_meet("3", "10", "30")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert (
+        "rank 0 of 2 on n1 meets the others at n1:" in out and "(resolved here to 127.0.1.1) over interface ve1" in out
+    )
+    assert "GLOO_SOCKET_IFNAME=ve2" in out and "met: rank 0 of 2 on n1" in out and "step 3: 2" in out
+
+
+def test_a_rendezvous_host_that_resolves_to_an_unreachable_address_fails_in_bound_naming_it(hosts_files):
+    """The second node resolves the first node's name to an address nobody answers: both ranks give up within the
+    rendezvous bound (8 s here, not the collective timeout), each naming the host, the port, what it resolved to
+    and the interface, and exit 75, the code the job script resubmits (tests/test_workflow.py)."""
+    text = hosts_files["n2"].read_text()
+    hosts_files["n2"].write_text(re.sub(r"^\S+ n1 ", "10.77.0.99 n1 ", text, flags=re.M))
+    t0 = time.monotonic()
+    r = srun_meet("3", "10", "8")
+    took = time.monotonic() - t0
+    out = r.stdout + r.stderr
+    assert r.returncode == 75 and took < 60, (took, out[-4000:])
+    assert re.search(r"rank 1 of 2 on n2 could not meet the others at n1:\d+ \(resolved here to 10\.77\.0\.99\) "
+                     r"over interface ve2 \(10\.77\.0\.12\) within 8 s", out), out[-4000:]  # fmt: skip
+    assert "rank 0 of 2 on n1 could not meet the others" in out and "getent hosts" in out
 
 
 def test_a_one_task_row_stops_before_its_time_limit_and_at_a_signal_then_gives_up(world, tmp_path):

@@ -16,6 +16,11 @@ the same patches with `install(faults, monkeypatch.setattr)`:
                                  (each its share of the group: samples 0 .. G/R - 1 again); R = G: one seed a group
     DAPO_TEST_HOLD=PATH          each rollout step waits to start while the file PATH exists (a test removes it when
                                  what it must see while the run is in progress has happened)
+    DAPO_TEST_SLOW_AT=RANK:STEP:SECONDS:MARKER[,...]
+                                 that rank, in rollout step STEP's first update, creates the file MARKER and sleeps
+                                 SECONDS, once per run (not again when MARKER exists: the resumed step runs at full
+                                 speed), so that the others wait for it in a collective mid-step while a test kills a
+                                 host or cuts a link
 
 Every point wraps a function the package has anyway, at a boundary where a crash could leave MLflow and the run
 directory disagreeing: the patches below name them.
@@ -36,7 +41,8 @@ from typing import Any
 
 KILL_ENV, FAIL_ENV, POISON_ENV = "DAPO_TEST_KILL_AT", "DAPO_TEST_FAIL_AT", "DAPO_TEST_POISON_STEP"
 SYNC_ENV, SEEDS_ENV, HOLD_ENV = "DAPO_TEST_SYNC", "DAPO_TEST_SAME_SEEDS", "DAPO_TEST_HOLD"
-ENV_VARS = (KILL_ENV, FAIL_ENV, POISON_ENV, SYNC_ENV, SEEDS_ENV, HOLD_ENV)
+SLOW_ENV = "DAPO_TEST_SLOW_AT"
+ENV_VARS = (KILL_ENV, FAIL_ENV, POISON_ENV, SYNC_ENV, SEEDS_ENV, HOLD_ENV, SLOW_ENV)
 POINTS = (
     "tracking.before_log",  # a step's metrics are about to be written (or spooled): Tracker.log_metrics starts
     "tracking.after_log",  # they were written (or spooled): Tracker.log_metrics returned
@@ -57,6 +63,7 @@ class Faults:
     sync: str = ""  # "" | "nothing" | "skip:<text>" | "drain" | "copy"
     same_seeds: int = 0  # R: the replicas that share seeds (0: none)
     hold: str = ""  # a file whose existence holds each rollout step back ("": none)
+    slow_at: tuple[tuple[int, int, float, str], ...] = ()  # (rank, rollout step, seconds, marker file)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ = os.environ) -> Faults:
@@ -72,6 +79,10 @@ class Faults:
             sync=env.get(SYNC_ENV, ""),
             same_seeds=int(env.get(SEEDS_ENV, "0") or 0),
             hold=env.get(HOLD_ENV, ""),
+            slow_at=tuple(
+                (int(r), int(st), float(sec), marker)
+                for r, st, sec, marker in (x.split(":", 3) for x in env.get(SLOW_ENV, "").split(",") if x)
+            ),
         )
 
 
@@ -112,6 +123,12 @@ class FaultyLearner:
         from dapo import distributed as dist
 
         f, step = self._faults, _step[0]
+        for rank, at, seconds, marker in f.slow_at:
+            if (rank, at) == (dist.rank(), step) and not os.path.exists(marker):
+                import time
+
+                open(marker, "w").close()
+                time.sleep(seconds)
         if f.fail_at is not None and f.fail_at == (dist.rank(), step):
             raise RuntimeError(f"test hook {FAIL_ENV}: rank {dist.rank()} fails in rollout step {step}")
         if f.poison_from_step and step >= f.poison_from_step:
@@ -127,7 +144,7 @@ def _kills_in(faults: Faults, part: str) -> bool:
 
 
 def _patch_loop(module: Any, faults: Faults, setattr_: Callable) -> None:
-    if faults.fail_at is None and not faults.poison_from_step and not faults.hold:
+    if faults.fail_at is None and not faults.poison_from_step and not faults.hold and not faults.slow_at:
         return
     step_fn = module.rollout_step
 
@@ -144,7 +161,7 @@ def _patch_loop(module: Any, faults: Faults, setattr_: Callable) -> None:
 
 
 def _patch_setup(module: Any, faults: Faults, setattr_: Callable) -> None:
-    if faults.fail_at is None and not faults.poison_from_step:
+    if faults.fail_at is None and not faults.poison_from_step and not faults.slow_at:
         return
     build = module.build_components
 

@@ -11,6 +11,7 @@ FAULTS = (
     "DAPO_TEST_SYNC",
     "DAPO_TEST_SAME_SEEDS",
     "DAPO_TEST_HOLD",
+    "DAPO_TEST_SLOW_AT",
 )
 if any(os.environ.get(name) for name in FAULTS):
     import dapo_faults
