@@ -50,6 +50,25 @@ LOGIT_TRANSFORM_KEYS: dict[str, float | None] = {
 }
 
 
+# The oldest transformers the loading below works with (pyproject.toml's floor), read in each release's source and
+# run: before 4.53 Qwen2 builds a 4D causal mask for every attention but FlashAttention 2 and SDPA, which
+# `packed_attention` refuses; before 4.56 `from_pretrained` has no `dtype=` (it reaches the model's __init__: a
+# TypeError at the first load).
+TRANSFORMERS_FLOOR = "4.56"
+
+
+def check_transformers(version: str) -> None:
+    """Raise, naming the floor, if `version` of transformers is older than `TRANSFORMERS_FLOOR` (an environment
+    assembled without pip's resolver, or a model path loaded elsewhere, can hold one)."""
+    from packaging.version import Version
+
+    if Version(version) < Version(TRANSFORMERS_FLOOR):
+        raise RuntimeError(
+            f"transformers {version} is older than {TRANSFORMERS_FLOOR}, the oldest the learner loads models with "
+            f"(pyproject.toml): pip install 'transformers>={TRANSFORMERS_FLOOR}'"
+        )
+
+
 def resolve_dtype(dtype: str) -> torch.dtype:
     """ "auto" -> bfloat16 on a GPU that has it, else float32 (CPU runs and tests stay exact in float32)."""
     if dtype == "auto":
@@ -105,8 +124,10 @@ def load_causal_lm(
 ) -> nn.Module:
     """The HF causal LM at `model_path` in `dtype` with `attention`, overrides applied and the logits checked before
     any weight loads; `no_dropout`: every dropout at 0 (the learner's: its first update must see ratio 1)."""
+    import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    check_transformers(transformers.__version__)
     if attention == ATTENTION_PACKED:
         register_packed_attention()
     config = apply_config_overrides(AutoConfig.from_pretrained(model_path), config_overrides, model_path)
