@@ -441,3 +441,14 @@ def test_gpu_specs_by_slurm_name():
     assert gpu_spec("h100", {"memory_gib": 94.0, "bf16_tflops": None}).memory_gib == 94.0
     assert gpu_spec("mi300x") is None
     assert gpu_spec("mi300x", {"memory_gib": 192, "bf16_tflops": 1307, "hbm_tb_s": 5.3}).memory_gib == 192
+
+
+def test_zero_1_and_2_buckets_cost_what_deepspeed_gives_for_overlap_comm():
+    """`overlap_comm` with reduce and all-gather buckets of 2e8 elements in 16 bits: 2e8 x 2 B x 2 x 4.5 = 3.6 GB
+    (transformers' DeepSpeed guide: 9 GB at 5e8), whatever the model's size (DeepSpeed allocates whole buckets)."""
+    for stage in (1, 2):
+        line = lines(memory_budget(toy_memory(zero_stage=stage)).training)[f"ZeRO-{stage} buckets"]
+        assert line == pytest.approx(3.6e9, abs=1)
+    b4 = lines(memory_budget(toy_memory(zero_stage=2, dtype_bytes=4)).training)["ZeRO-2 buckets"]
+    assert b4 == pytest.approx(7.2e9, abs=1)
+    assert "ZeRO-3 buckets" not in lines(memory_budget(toy_memory(zero_stage=3)).training)
