@@ -452,3 +452,17 @@ def test_zero_1_and_2_buckets_cost_what_deepspeed_gives_for_overlap_comm():
     b4 = lines(memory_budget(toy_memory(zero_stage=2, dtype_bytes=4)).training)["ZeRO-2 buckets"]
     assert b4 == pytest.approx(7.2e9, abs=1)
     assert "ZeRO-3 buckets" not in lines(memory_budget(toy_memory(zero_stage=3)).training)
+
+
+def test_a_cuda_device_name_finds_its_own_row_of_the_gpu_table():
+    """torch's device names to the GPU table: the H100's PCIe and NVL cards have their own peaks (756 and 835 TFLOP/s
+    dense), not the SXM part's 989; the A100's size picks its row; an unknown card has none."""
+    from dapo.shapes import GPUS, gpu_of_device
+
+    names = {
+        "NVIDIA H100 80GB HBM3": "h100", "NVIDIA H100 PCIe": "h100-pcie", "NVIDIA H100 NVL": "h100-nvl",
+        "NVIDIA H200": "h200", "NVIDIA H200 NVL": "h200-nvl", "NVIDIA A100-SXM4-80GB": "a100-80",
+        "NVIDIA A100-PCIE-40GB": "a100-40", "NVIDIA H20": "h20", "NVIDIA GeForce RTX 4090": None,
+    }  # fmt: skip
+    assert {name: gpu_of_device(name) for name in names} == names
+    assert (GPUS["h100-pcie"].bf16_tflops, GPUS["h100-nvl"].bf16_tflops, GPUS["h100"].bf16_tflops) == (756, 835, 989)
