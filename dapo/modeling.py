@@ -292,7 +292,7 @@ def varlen_call(
     if scaling is not None:
         if "scale" in params:
             kwargs["scale"] = scaling
-        else:
+        elif not math.isclose(scaling * math.sqrt(head_dim), 1.0, rel_tol=1e-12):  # 1/sqrt(D) itself: nothing to do
             query_scale = scaling * math.sqrt(head_dim)
     repeat = 1
     if heads_q != heads_kv:

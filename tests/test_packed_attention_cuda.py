@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from dapo import modeling
-from dapo.modeling import ATTENTION_CALLS, PackedRow, _per_sequence, packed_attention
+from dapo.modeling import ATTENTION_CALLS, PackedRow, VarlenCall, _per_sequence, packed_attention, varlen_call
 
 F64 = torch.float64
 
@@ -129,6 +129,22 @@ def test_the_cuda_branch_equals_the_exact_path_under_every_torch_signature(
     assert (out - exact).abs().max() <= 1e-12
     for g, e in zip(grads, exact_grads, strict=True):
         assert (g - e).abs().max() <= 1e-12
+
+
+def test_each_release_is_called_with_only_what_it_takes():
+    """Qwen2.5's 12 query heads over 2 KV heads of 128, its scaling 1/sqrt(128): 2.10 takes no scale (the kernel's
+    own is that one: the query is left alone) and no grouped heads; 2.11 a scale; 2.13 and 2.14 grouped heads."""
+    params = {v: frozenset(inspect.signature(k).parameters) for v, k in KERNELS.items()}
+    s = 128**-0.5
+    assert varlen_call(params["2.10"], 128, s, 12, 2) == VarlenCall({"is_causal": True}, repeat_kv=6)
+    assert varlen_call(params["2.10"], 128, 0.05, 12, 12) == VarlenCall(
+        {"is_causal": True}, query_scale=0.05 * 128**0.5
+    )
+    assert varlen_call(params["2.11"], 128, s, 12, 2) == VarlenCall({"window_size": (-1, 0), "scale": s}, repeat_kv=6)
+    for v in ("2.13", "2.14"):
+        assert varlen_call(params[v], 128, s, 12, 2) == VarlenCall(
+            {"window_size": (-1, 0), "scale": s, "enable_gqa": True}
+        )
 
 
 def test_the_stand_ins_have_the_installed_torchs_signature():
