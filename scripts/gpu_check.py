@@ -59,8 +59,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -160,7 +162,7 @@ def packing_check(model_dir: Path) -> dict:
         str(model_dir), loss=LossSpec(loss_agg="token-mean"), lr=PACKING_LR, zero_stage=2, dtype="bfloat16",
         optimizer=lambda ps: torch.optim.SGD(ps, lr=PACKING_LR), micro_batch_tokens=4096, grad_clip=1e6,
     )  # fmt: skip
-    ckpt = Path(f"/tmp/gpucheck_packing_ckpt.{os.getpid()}")
+    ckpt = Path(tempfile.mkdtemp(prefix="gpucheck_packing_"))  # every layout starts from these weights
     learner.save_checkpoint(ckpt)
     deltas, logps, calls = {}, {}, {}
     for layout in ("none", *PACKED_LAYOUTS):
@@ -177,6 +179,7 @@ def packing_check(model_dir: Path) -> dict:
         calls[layout] = dict(ATTENTION_CALLS - seen)
         if layout == "none":
             bf16_after = torch.cat([t.float().flatten().cpu() for _, t in learner.named_parameters_for_sync()])
+    shutil.rmtree(ckpt)
     mask = batch.loss_mask > 0
     moved = deltas["none"] != 0
     out: dict = {
