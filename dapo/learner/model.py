@@ -50,7 +50,7 @@ class PolicyModule(nn.Module):
         logits divided by `temperature` as when sampling. Padded (`collate`): attention_mask [B, L]. Packed
         (`collate_packed`, B = 1): no mask; position_ids [1, L] restart at each sequence and `packed_row` says where
         the sequences are (`dapo.modeling.packed_attention` reads it in every layer)."""
-        extra = {} if packed_row is None else packed_row.model_kwargs(input_ids.device)
+        extra = {} if packed_row is None else {"packed_row": packed_row}
         out = self.lm.base_model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **extra
         )
