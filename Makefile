@@ -37,7 +37,7 @@ test: setup
 peers: setup         ## verl's loss code beside the venv (.peers/verl), for tests/test_peer_parity.py
 	bash scripts/peers.sh
 
-services:            ## a one-node SLURM cluster (with accounting) and Chromium, for the integration tests
+services:            ## a 3-node SLURM cluster (network namespaces, with accounting) and Chromium, for the integration tests
 	bash scripts/services.sh start
 
 stop-services:

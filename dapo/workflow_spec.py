@@ -116,7 +116,9 @@ def local_launcher(cfg: RunConfig, kind: str) -> str:
     r = getattr(cfg.resources, kind)
     if r.world_size == 1 or r.nodes > 1:
         return "env"
-    return f"torchrun --standalone --nproc-per-node={r.ranks_per_node}"
+    # --no-python: run `dapo` from PATH; torchrun would otherwise run it with python, as the path `dapo`, which from
+    # the repository root (where the workflow runs) is the package's folder ("can't find '__main__' module")
+    return f"torchrun --standalone --nproc-per-node={r.ranks_per_node} --no-python"
 
 
 def kernel_env(cfg: RunConfig) -> list[str]:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What the integration tests need beside the venv, for contributors and CI (as root):
-#   start: a one-node SLURM cluster with accounting (scripts/slurm/start.sh) and Debian's Chromium for the
-#          MLflow UI browser test;  stop: stop the cluster by PID.
+#   start: a SLURM cluster of three nodes on this machine, each a network namespace with its own address and
+#          slurmd, with accounting (scripts/slurm/start.sh; DAPO_SLURM_NODES=N for another size), and Debian's
+#          Chromium for the MLflow UI browser test;  stop: stop the cluster and remove what it made.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-start}" in

@@ -283,7 +283,7 @@ def reference(small_world, tmp_path_factory) -> Outcome:
     wf = Workflow(tmp_path_factory.mktemp("reference"), small_world, [*FAULT_RUN, *ONE_NODE], local=True)
     assert wf.wait() == 0, wf.text()[-4000:] + wf.train_log()[-3000:]
     assert [a["verdict"] for a in wf.attempts()] == ["done"]
-    assert "torchrun --standalone --nproc-per-node=2" in wf.train_log()
+    assert "torchrun --standalone --nproc-per-node=2 --no-python dapo train" in wf.train_log()
     return Outcome.of(wf)
 
 
@@ -400,7 +400,8 @@ def assert_resumed_elsewhere(wf: Workflow, reference: Outcome, dead: str, what: 
     assert wf.wait() == 0, wf.text()[-4000:] + wf.train_log()[-4000:]
     log = wf.train_log()
     assert dead not in ranks_on(log).values() and len(set(ranks_on(log).values())) == 2, ranks_on(log)
-    assert len(re.findall(r"resumed from \S+/checkpoints/step_\d+", log)) == 1
+    resumed = re.findall(r"resumed from (\S+/checkpoints/step_\S+) at rollout step (\d+)", log)
+    assert len(resumed) == 2 and len(set(resumed)) == 1, resumed  # once, by both ranks, from one checkpoint
     run, points = one_run(wf.uri)
     assert run.info.status == "FINISHED" and points[M.GRAD_UPDATES] == list(range(1, 7))
     Outcome.of(wf).assert_same_as(reference, what)

@@ -25,7 +25,9 @@ shift 6
 mkdir -p "$run_dir" "$(dirname "$log")"
 job=${SLURM_JOB_ID:-}
 attempts="$run_dir/attempts.jsonl"
-attempt=$(( $(cat "$attempts" 2>/dev/null | grep -c .) + 1 ))
+# counted by the attempts that started (train.log), not those that ended (attempts.jsonl): an attempt whose node
+# died ended without a word
+attempt=$(( $(grep -c '^== attempt ' "$run_dir/train.log" 2>/dev/null || true) + 1 ))
 started=$(date +%s)
 mark="$run_dir/.attempt-start"
 touch "$mark"
