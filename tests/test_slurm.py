@@ -160,7 +160,8 @@ class Workflow:
         folder = Path(preset).stem  # the workflow's results/<preset>/
         self.run_dir = self.results / folder / "runs" / row / "s0"
         self.uri = f"sqlite:///{self.results / folder / 'mlflow.db'}"
-        where = ["--cores", "2"] if local else ["--profile", "slurm"]
+        # the profile polls SLURM every 10 s; the tests every 3 s (each test waits out the last poll of its job)
+        where = ["--cores", "2"] if local else ["--profile", "slurm", "--seconds-between-status-checks", "3"]
         self.cmd = [SNAKEMAKE, *where, f"row_{row}", "--config", f"results={self.results}"]
         self.cmd += [f"preset={preset}", f"tiny_world={world}", f"overrides={json.dumps([*base, *overrides])}", *config]
         # what `make` exports, and names as its own CPU defaults (Makefile): the jobs inherit it
@@ -481,12 +482,12 @@ def test_a_link_flap_goes_unnoticed_and_a_cut_link_resumes_on_the_nodes_left(wor
 MEET = [sys.executable, str(REPO / "tests" / "_meet_worker.py")]
 
 
-def srun_meet(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def srun_meet(*args: str, per_node: int = 1, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME"):
         env.pop(k, None)
     return subprocess.run(
-        ["srun", "--nodes=2", "--ntasks=2", "--nodelist=n1,n2", *MEET, *args],  # each rank to its own end
+        ["srun", "--nodes=2", f"--ntasks-per-node={per_node}", "--nodelist=n1,n2", *MEET, *args],  # each to its end
         capture_output=True, text=True, env=env, timeout=timeout,
     )  # fmt: skip
 
@@ -506,16 +507,16 @@ def hosts_files():
 def test_ranks_meet_across_nodes_whose_own_names_resolve_to_loopback(hosts_files):
     """Debian's default /etc/hosts line `127.0.1.1 <hostname>` on both nodes: gloo, binding what its hostname
     resolves to, would advertise 127.0.1.1 to the other node (a connect timeout). The ranks bind the interface their
-    route to the other node leaves by, and meet."""
+    route to the other node leaves by, and meet: 2 nodes x 2 ranks."""
     for n in ("n1", "n2"):
         hosts_files[n].write_text(f"127.0.1.1 {n}\n" + hosts_files[n].read_text())
-    r = srun_meet("3", "10", "30")
+    r = srun_meet("3", "10", "30", per_node=2)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     assert (
-        "rank 0 of 2 on n1 meets the others at n1:" in out and "(resolved here to 127.0.1.1) over interface ve1" in out
+        "rank 0 of 4 on n1 meets the others at n1:" in out and "(resolved here to 127.0.1.1) over interface ve1" in out
     )
-    assert "GLOO_SOCKET_IFNAME=ve2" in out and "met: rank 0 of 2 on n1" in out and "step 3: 2" in out
+    assert "GLOO_SOCKET_IFNAME=ve2" in out and "met: rank 3 of 4 on n2" in out and out.count("step 3: 4") == 4
 
 
 def test_a_rendezvous_host_that_resolves_to_an_unreachable_address_fails_in_bound_naming_it(hosts_files):
