@@ -108,7 +108,8 @@ node_lines=""
 for i in $(seq 1 "$NODES"); do
   node_lines+="NodeName=n$i NodeAddr=$NET.$((10 + i)) CPUs=$NCPU RealMemory=$MEM_MB $GRES_NODE State=UNKNOWN"$'\n'
 done
-cat > /etc/slurm/slurm.conf <<CONF
+# written aside and renamed: a client reading it meanwhile (squeue, scontrol) sees the old file or the new, never half
+cat > /etc/slurm/slurm.conf.new <<CONF
 ClusterName=dapo
 SlurmctldHost=$CTL($NET.1)
 SlurmUser=root
@@ -148,6 +149,7 @@ $GRES_TYPES
 $node_lines
 PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
+mv /etc/slurm/slurm.conf.new /etc/slurm/slurm.conf
 
 # ---------------------------------------------------------------------------------------------- daemons
 # munge: Debian's postinst creates a key; make one if it did not. One munged serves every node (a socket file).
