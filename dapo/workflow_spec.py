@@ -17,6 +17,7 @@ from dapo.designs import (
     RunSpec,
     all_design_runs,
     assay_pairs,
+    async_runs,
     check_ladder,
     design_runs,
     ladder,
@@ -209,6 +210,8 @@ def build_spec(
     by_design["evidence"] = sorted(set(chosen) | {placebo_run().name})
     # each variant of configs/variants/ beside the ladder row it inherits (dapo.designs.variant_runs)
     by_design["variants"] = [r.name for r in variant_runs()]
+    # each chosen row beside itself with rollouts carried over (dapo.designs.async_runs)
+    by_design["async"] = [*chosen, *(r.name for r in async_runs() if r.toggle in chosen)]
     # the clip-higher assay's ladder pair (dapo.report.assays): no response reaches its cap, so the one-at-a-time pair
     # would train the same runs again
     by_design["assay_clip_higher"] = sorted(assay_pairs("clip_higher")[0])
