@@ -440,6 +440,7 @@ def _gpu_plan(
     from dapo import plan as P
     from dapo.decode import Replica
     from dapo.shapes import GPUS, PlanError, gpu_spec, resolve_shape
+    from dapo.trainer import OVERFILL
 
     base, seeds = next(iter(cfgs.values())), spec["seeds"]
     tr, r, t = base.resources.train, base.rollout, base.trainer
@@ -500,13 +501,15 @@ def _gpu_plan(
             eval_n=cfg.eval.n, eval_max_tokens=cfg.resolved_eval_max_tokens(), train_mfu=p["train_mfu"],
             step_overhead_s=p["step_overhead_s"], checkpoint_every=cfg.trainer.checkpoint_every,
             keep_checkpoints=cfg.trainer.keep_checkpoints, checkpoint_gb_s_per_node=p["checkpoint_gb_s_per_node"],
+            max_staleness=cfg.rollout.max_staleness,
+            overfill_groups=math.ceil(OVERFILL * cfg.trainer.train_batch_size),
         )  # fmt: skip
 
-    def costs(runs: list[str], stop_margin_s: float | None = None) -> tuple[str, list[str]]:
+    def costs(runs: list[str], stop_margin_s: float | None = None, carry_over: bool = True) -> tuple[str, list[str]]:
         return C.render_costs(
             {run: cost_inputs(run, cfgs[(run, seeds[0])]) for run in runs}, seeds=len(seeds),
             limit_h=tr.runtime_min / 60, max_resubmits=spec["max_resubmits"], restart_h=p["restart_min"] / 60,
-            concurrent_runs=concurrent, stop_margin_s=stop_margin_s,
+            concurrent_runs=concurrent, stop_margin_s=stop_margin_s, carry_over=carry_over,
         )  # fmt: skip
 
     text, warnings = costs(spec["rows"], stop_margin_s=t.stop_margin_s)
@@ -514,7 +517,7 @@ def _gpu_plan(
     lines += ["  cost per row (estimates; the arithmetic and the sources of the defaults: docs/cost.md):", text]
     variants = [r for r in spec["designs"].get("variants", []) if r not in spec["rows"] and (r, seeds[0]) in cfgs]
     if variants:
-        vtext, _ = costs(variants)
+        vtext, _ = costs(variants, carry_over=False)
         lines += [
             "  variants (`all_variants`, each beside its parent row above): GSPO, CISPO, Dr. GRPO and the rollout "
             "correction change nothing of the plan (the same tokens, passes and memory as their parent); Clip-Cov and "

@@ -34,6 +34,7 @@ from dapo.learner.batch import PolicyBatch, pad_rows, pad_versions
 from dapo.rewards.score import score_responses
 from dapo.rollout.base import RolloutEngine
 from dapo.rollout.replicas import ReplicaLayout, gather_by_prompt, generate_share, sampling_seed
+from dapo.trainer import OVERFILL
 from dapo.trainer.carry import Carry, InFlight
 from dapo.trainer.components import HabitTagger, PolicyLearner, ReferencePolicy
 from dapo.trainer.data_order import PromptSource
@@ -45,8 +46,6 @@ log = logging.getLogger("dapo.train")
 
 # Seed streams (first key after the run's seed): training rollouts and evaluation never share a seed.
 TRAIN_STREAM, EVAL_STREAM = 0, 1
-# Carry-over's over-fill: a round keeps this share of the train batch in flight beyond the generation batch
-OVERFILL = 0.25
 
 
 @dataclass(frozen=True)
