@@ -150,8 +150,9 @@ def carry_batch_seconds(
     """A generation batch with carry-over (`rollout.max_staleness` >= 1; docs/cost.md): the same prefill and queue,
     the last wave stopped at the decode step where `stop_fraction` of its groups have ended (`group_stop_step`), and the
     tokens the synchronous drain would decode after it decoded instead in the next step among a full batch, at the
-    full wave's rate. In a steady state a step carries in what it carries out: this is the time of one step, its
-    tokens the synchronous batch's."""
+    full wave's rate, after a prefill of the prompt and prefix of each response it continues (the KV of the old
+    weights is not reused). In a steady state a step carries in what it carries out: this is the time of one step,
+    its tokens the synchronous batch's."""
     full = batch_seconds(r, n, prompt, lengths)
     c, m = full.concurrency, lengths.mean
     stop = min(full.longest, group_stop_step(lengths, group, stop_fraction))
@@ -161,6 +162,10 @@ def carry_batch_seconds(
     else:
         left = lengths.scale * (math.exp(-stop / lengths.scale) - math.exp(-full.longest / lengths.scale))
     carried = c * left
-    carried_s = carried * decode_step_s(r, c, prompt + m) / c
+    # the responses still running at `stop` continue from prompt + prefix: their KV is computed again (a prefill)
+    running = c * lengths.survival(stop)
+    flops = running * (prompt + stop) * 2 * r.shape.matmul_params / r.tensor_parallel
+    reprefill = flops / (r.bf16_tflops * 1e12 * r.efficiency)
+    carried_s = carried * decode_step_s(r, c, prompt + m) / c + reprefill
     drain = _drain(r, c, prompt, lengths, stop)
     return BatchTime(full.prefill_s, full.queue_s, drain, c, full.longest, n * m, carried_s, stop, carried)
