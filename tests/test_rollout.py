@@ -474,6 +474,24 @@ def test_hf_stops_a_call_midway_and_continues_it_under_new_weights(hf_world) -> 
         engine.max_model_len = 128
 
 
+def test_hf_partial_sampling_warps_the_logits_as_transformers_generate_does() -> None:
+    """The HF engine's own decode loop (carry-over) samples from what transformers' warpers make of the logits:
+    divided by the temperature, then the top-p nucleus kept (the most likely token always)."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+    from dapo.rollout.hf_engine import _processed
+
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(0)) * 3
+    ids = torch.zeros(5, 1, dtype=torch.long)
+    for temperature, top_p in ((1.0, 1.0), (0.7, 1.0), (1.0, 0.7), (0.6, 0.3), (1.0, 0.01)):
+        want = logits
+        if temperature != 1.0:
+            want = TemperatureLogitsWarper(temperature)(ids, want)
+        if top_p < 1.0:
+            want = TopPLogitsWarper(top_p)(ids, want)
+        assert torch.equal(_processed(logits, temperature, top_p), want), (temperature, top_p)
+
+
 def test_hf_same_seed_same_samples(hf_world) -> None:
     d, _, _ = hf_world
     a = make_engine("hf", str(d), dtype="float32", max_model_len=128, seed=3).generate(PROMPTS, 2, 6)
