@@ -310,6 +310,16 @@ class RolloutConfig(_Section):
     gpu_memory_utilization: float = Field(0.6, gt=0, le=1, description="vLLM's share of GPU memory (colocated).")
     cpu_kv_cache_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU machines.")
     enable_sleep_mode: bool = Field(True, description="Free the engine's GPU memory during updates (GPU only).")
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="Carry-over (eta): 0 samples each step's batch to its end (the paper's synchronous step). >= 1 "
+        "keeps a quarter of the train batch more groups in flight than the step trains on, stops generating once "
+        "enough have finished (with dynamic sampling: enough informative ones) and carries the rest, their tokens "
+        "and log-probs, into the next step, where they continue under the new weights; no trained token is more "
+        "than eta weight versions old (a group that would be is finished first). Needs algorithm.rollout_correction "
+        "(token_tis: the decoupled objective's truncated importance weight). docs/algorithm.md section 13.",
+    )
     batch_invariant: bool = Field(
         False,
         description="Samples that depend on their seeds alone, not on how a batch was split among replicas (so a run "
@@ -683,6 +693,20 @@ class RunConfig(_Section):
                 f"algorithm.rollout_correction_floor ({a.rollout_correction_floor}) is the masked correction's lower "
                 f"bound: it needs algorithm.rollout_correction token_mis or sequence_mis (is {a.rollout_correction}) "
                 f"and a value below algorithm.rollout_correction_cap ({a.rollout_correction_cap})"
+            )
+        if r.max_staleness and a.rollout_correction == "none":
+            raise ValueError(
+                f"rollout.max_staleness ({r.max_staleness}) trains on tokens that weights up to {r.max_staleness} "
+                "version(s) older sampled, and algorithm.rollout_correction is none: the decoupled objective weights "
+                "each token's loss by pi_proximal / pi_behaviour, truncated. Set algorithm.rollout_correction: "
+                "token_tis (capped at algorithm.rollout_correction_cap, 2 by default; or sequence_tis, token_mis, "
+                "sequence_mis), or rollout.max_staleness: 0"
+            )
+        if r.max_staleness and r.batch_invariant:
+            raise ValueError(
+                f"rollout.max_staleness ({r.max_staleness}) with rollout.batch_invariant: a batch-invariant engine "
+                "samples one response per call to its end, so no response is ever in flight beside others to stop "
+                "and carry over. Set rollout.batch_invariant: false, or rollout.max_staleness: 0"
             )
         if a.dual_clip_c is not None and a.dual_clip_c <= 1:
             raise ValueError(f"algorithm.dual_clip_c ({a.dual_clip_c}) must be > 1 (released recipe: 10), or null")

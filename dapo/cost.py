@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dapo.decode import BatchTime, LengthModel, Replica, batch_seconds
+from dapo.decode import BatchTime, LengthModel, Replica, batch_seconds, carry_batch_seconds
 from dapo.packing import Lengths, learner_tokens
 from dapo.shapes import ModelShape, PlanError
 
@@ -110,6 +110,24 @@ class CostInputs:
         return self.response_tokens_start + (self.response_tokens_end - self.response_tokens_start) * fraction
 
     covariance_forward: bool = False  # Clip-Cov / KL-Cov: a no-grad forward per update before it (the selection)
+    max_staleness: int = 0  # rollout.max_staleness: >= 1 prices each step's generation with carry-over
+    overfill_groups: int = 0  # carry-over: groups in flight beyond the generation batch (trainer.OVERFILL of it)
+
+    def stop_fraction(self) -> float:
+        """Carry-over: the share of the groups in flight that must have ended before a round stops: the train batch
+        of the generation batch and the over-fill (with dynamic sampling, the groups that hold a train batch's worth
+        of informative ones, at plan.informative_fraction)."""
+        pool = (
+            self.gen_batch_prompts + self.overfill_groups
+            if self.dynamic_sampling
+            else (self.prompts_per_step + self.overfill_groups)
+        )
+        need = (
+            self.prompts_per_step / max(self.informative_fraction, 1e-9)
+            if self.dynamic_sampling
+            else (self.prompts_per_step)
+        )
+        return min(1.0, need / pool)
 
     def padding_at(self, fraction: float) -> Padding:
         """The learner's padded shares `fraction` through the run: linear between the first and last step's."""
@@ -220,6 +238,12 @@ def step_cost(c: CostInputs, fraction: float, gen_batches: float) -> StepCost:
     batch_prompts = c.gen_batch_prompts if c.dynamic_sampling else c.prompts_per_step
     batch = batch_seconds(r, batch_prompts * c.n / c.replicas, c.mean_prompt_tokens, lengths)
     gen_tokens = gen_batches * batch_prompts * c.n * m
+    gen_s = gen_batches * batch.seconds
+    if c.max_staleness:  # the step's last batch stops early; in a steady state it carries in what it carries out
+        carry = carry_batch_seconds(r, batch_prompts * c.n / c.replicas, c.mean_prompt_tokens, lengths, c.n,
+                                    c.stop_fraction())  # fmt: skip
+        gen_s += carry.seconds - batch.seconds
+        batch = carry
 
     seq = c.mean_prompt_tokens + m
     per_group = c.mean_prompt_tokens + c.n * m if c.packing == "prompts" else c.n * seq
@@ -237,7 +261,7 @@ def step_cost(c: CostInputs, fraction: float, gen_batches: float) -> StepCost:
     shards = math.ceil(c.eval_problems / batch_prompts)
     eval_batch = batch_seconds(r, c.eval_problems / shards * c.eval_n / c.replicas, c.mean_prompt_tokens, eval_lengths)
     eval_s = shards * eval_batch.seconds
-    return StepCost(mean_response, gen_tokens, train_tokens, pad, batch, gen_batches * batch.seconds, train, eval_s)
+    return StepCost(mean_response, gen_tokens, train_tokens, pad, batch, gen_s, train, eval_s)
 
 
 def row_cost(c: CostInputs) -> RowCost:
@@ -283,6 +307,32 @@ def padding_line(c: CostInputs, rc: RowCost) -> str:
     return line
 
 
+def carry_lines(rows: Mapping[str, CostInputs], costs: Mapping[str, RowCost]) -> list[str]:
+    """What carry-over (`rollout.max_staleness: 1`) would change of each row: its generation seconds per step, first to
+    last, and its hours; and where its last step's batch would stop (docs/cost.md, "Carry-over")."""
+    c0 = next(iter(rows.values()))
+    if c0.max_staleness:
+        return []
+    carried = {row: row_cost(dataclasses.replace(c, max_staleness=1)) for row, c in rows.items()}
+    out = [
+        "    carry-over (rollout.max_staleness: 1), from the same length model: a round stops once the groups that "
+        f"fill the train batch have ended ({c0.overfill_groups} more in flight; a group ends with its longest "
+        "response), and what a replica's unfinished responses still need is decoded in the next step among a full "
+        "batch; generation seconds per step (first-last step), where the last step's last wave stops, hours per row:"
+    ]
+    for row, rc in costs.items():
+        a, b = rc.first, rc.last
+        ca, cb = carried[row].first, carried[row].last
+        saved = 1 - carried[row].hours / rc.hours if rc.hours else 0.0
+        out.append(
+            f"      - {row}: {a.gen_s:,.0f}-{b.gen_s:,.0f} s -> {ca.gen_s:,.0f}-{cb.gen_s:,.0f} s "
+            f"({1 - ca.gen_s / a.gen_s:.0%}-{1 - cb.gen_s / b.gen_s:.0%} less; stops at {rows[row].stop_fraction():.0%}"
+            f" of the groups, decode step {cb.batch.stop or 0:,.0f} of {cb.batch.longest:,.0f}), "
+            f"{rc.hours:.1f} -> {carried[row].hours:.1f} h ({saved:.1%} less)"
+        )
+    return out
+
+
 def jobs_needed(hours: float, limit_h: float, restart_h: float, step_h: float) -> int | None:
     """SLURM jobs a run of `hours` needs: each loses its start-up (`restart_h`) and the step it is cut off in; None:
     no job gets a step done."""
@@ -309,9 +359,10 @@ def render_costs(
     restart_h: float,
     concurrent_runs: int,
     stop_margin_s: float | None = None,
+    carry_over: bool = True,
 ) -> tuple[str, list[str]]:
     """The cost table and warnings: rows that cannot finish within limit x (1 + resubmissions), and a stop margin
-    shorter than a generation batch plus a checkpoint write."""
+    shorter than a generation batch plus a checkpoint write; with `carry_over`, what carry-over would save."""
     costs = {row: row_cost(c) for row, c in rows.items()}
     c0, rc0 = next(iter(rows.values())), next(iter(costs.values()))
     lines = [
@@ -356,6 +407,7 @@ def render_costs(
         f"{LengthModel.of(c0.response_tokens_end, c0.max_response_tokens).truncated:.1%} of responses hit the "
         f"{c0.max_response_tokens:,}-token cap)"
     )
+    lines += carry_lines(rows, costs) if carry_over else []
     total = sum(rc.gpu_hours for rc in costs.values()) * seeds
     runs = len(costs) * seeds
     at_once = max(1, min(runs, concurrent_runs))

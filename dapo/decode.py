@@ -101,10 +101,13 @@ class BatchTime:
     concurrency: float  # sequences at once: all n, unless vLLM's max_num_seqs or the KV cache holds fewer
     longest: float  # expected longest response of the last wave (tokens)
     tokens: float  # response tokens generated
+    carried_s: float = 0.0  # carry-over: the responses still running at the stop, finished next step at full rate
+    stop: float | None = None  # carry-over: the decode step of the last wave where the batch stops (None: its longest)
+    carried_tokens: float = 0.0  # carry-over: tokens those responses still had to generate
 
     @property
     def seconds(self) -> float:
-        return self.prefill_s + self.queue_s + self.drain_s
+        return self.prefill_s + self.queue_s + self.drain_s + self.carried_s
 
 
 def batch_seconds(r: Replica, n: float, prompt: float, lengths: LengthModel) -> BatchTime:
@@ -117,10 +120,52 @@ def batch_seconds(r: Replica, n: float, prompt: float, lengths: LengthModel) -> 
     c = max(1.0, min(n, float(r.max_seqs), r.kv_tokens / max(1.0, prompt + m)))  # the KV cache at the mean context
     queue = (n - c) * m * decode_step_s(r, c, prompt + m) / c if n > c else 0.0
     longest = lengths.expected_longest(c)
+    return BatchTime(prefill, queue, _drain(r, c, prompt, lengths, longest), c, longest, n * m)
+
+
+def _drain(r: Replica, c: float, prompt: float, lengths: LengthModel, until: float) -> float:
+    """Seconds of a last wave of `c` sequences from its start to decode step `until`, each step as long as the
+    sequences still running make it."""
     drain, step = 0.0, 0.0
-    while step < longest:
-        width = min(TAIL_CHUNK, longest - step)
+    while step < until:
+        width = min(TAIL_CHUNK, until - step)
         mid = step + width / 2
         drain += width * decode_step_s(r, max(1.0, c * lengths.survival(mid)), prompt + mid)
         step += width
-    return BatchTime(prefill, queue, drain, c, longest, n * m)
+    return drain
+
+
+def group_stop_step(lengths: LengthModel, group: int, fraction: float) -> float:
+    """The decode step by which `fraction` of a wave's groups of `group` responses have all ended (a group ends with its
+    longest response): the step t with P(length <= t)^group = fraction; the cap when that is past it."""
+    if math.isinf(lengths.scale) or fraction >= 1.0:
+        return float(lengths.cap)
+    t = -lengths.scale * math.log1p(-(fraction ** (1.0 / group)))
+    return min(float(lengths.cap), t)
+
+
+def carry_batch_seconds(
+    r: Replica, n: float, prompt: float, lengths: LengthModel, group: int, stop_fraction: float
+) -> BatchTime:
+    """A generation batch with carry-over (`rollout.max_staleness` >= 1; docs/cost.md): the same prefill and queue,
+    the last wave stopped at the decode step where `stop_fraction` of its groups have ended (`group_stop_step`), and the
+    tokens the synchronous drain would decode after it decoded instead in the next step among a full batch, at the
+    full wave's rate, after a prefill of the prompt and prefix of each response it continues (the KV of the old
+    weights is not reused). In a steady state a step carries in what it carries out: this is the time of one step,
+    its tokens the synchronous batch's."""
+    full = batch_seconds(r, n, prompt, lengths)
+    c, m = full.concurrency, lengths.mean
+    stop = min(full.longest, group_stop_step(lengths, group, stop_fraction))
+    # the tokens the synchronous drain decodes after `stop`: c x the survival's integral from there to its longest
+    if math.isinf(lengths.scale):
+        left = full.longest - stop
+    else:
+        left = lengths.scale * (math.exp(-stop / lengths.scale) - math.exp(-full.longest / lengths.scale))
+    carried = c * left
+    # the responses still running at `stop` continue from prompt + prefix: their KV is computed again (a prefill)
+    running = c * lengths.survival(stop)
+    flops = running * (prompt + stop) * 2 * r.shape.matmul_params / r.tensor_parallel
+    reprefill = flops / (r.bf16_tflops * 1e12 * r.efficiency)
+    carried_s = carried * decode_step_s(r, c, prompt + m) / c + reprefill
+    drain = _drain(r, c, prompt, lengths, stop)
+    return BatchTime(full.prefill_s, full.queue_s, drain, c, full.longest, n * m, carried_s, stop, carried)

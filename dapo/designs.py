@@ -8,8 +8,10 @@ run per toggle (a design run equal to a ladder row is that row's run):
 - leave_one_out: full DAPO (the last row) against full DAPO with one toggle's keys reverted, run `dapo_minus_<toggle>`;
 - one_at_a_time: naive GRPO (the first row) against naive GRPO with one toggle's keys set, run `grpo_plus_<toggle>`.
 
-A fourth, configs/variants/, runs each beside its parent row (`variant_runs`; docs/variants.md). Details:
-docs/evidence.md, section 4; docs/architecture.md, "designs.py".
+A fourth, configs/variants/, runs each beside its parent row (`variant_runs`; docs/variants.md). A fifth, `async`,
+runs each ladder row again with rollouts carried over to the next step (`rollout.max_staleness: 1` and the decoupled
+objective's weight, `async_runs`; docs/staleness.md). Details: docs/evidence.md, section 4; docs/architecture.md,
+"designs.py".
 """
 
 from __future__ import annotations
@@ -179,8 +181,34 @@ def placebo_twin(name: str) -> str | None:
     return name[len(PLACEBO_PREFIX) :] if name.startswith(PLACEBO_PREFIX) and len(name) > len(PLACEBO_PREFIX) else None
 
 
+# The async design: each ladder row with its rollouts carried over to the next step, one weight version stale at most,
+# and the decoupled objective's truncated importance weight (docs/algorithm.md section 13), run `async_<row>`.
+ASYNC_PREFIX = "async_"
+ASYNC_OVERRIDES = (("rollout.max_staleness", 1), ("algorithm.rollout_correction", "token_tis"))
+
+
+def async_runs(ablations_dir: Path = ABLATIONS_DIR) -> list[RunSpec]:
+    """The async design's carry-over runs: each ladder row's file with `ASYNC_OVERRIDES` (its row beside it)."""
+    return [
+        RunSpec(
+            f"{ASYNC_PREFIX}{row}",
+            Path(ablations_dir) / f"{row}.yaml",
+            tuple(override(k, v) for k, v in ASYNC_OVERRIDES) + (f"{ROW_KEY}={ASYNC_PREFIX}{row}",),
+            "async",
+            row,
+        )
+        for row in ladder(ablations_dir)
+    ]
+
+
+def async_pairs(ablations_dir: Path = ABLATIONS_DIR) -> list[tuple[str, str]]:
+    """(carry-over run, its synchronous ladder row) for every row."""
+    return [(spec.name, spec.toggle) for spec in async_runs(ablations_dir)]  # type: ignore[misc]
+
+
 def all_design_runs(ablations_dir: Path = ABLATIONS_DIR, variants_dir: Path | None = None) -> dict[str, RunSpec]:
-    """Every run name any design uses -> its spec (a ladder row once), the placebo and the variants."""
+    """Every run name any design uses -> its spec (a ladder row once), the placebo, the variants and the async
+    design's carry-over runs."""
     out: dict[str, RunSpec] = {}
     for design in DESIGNS:
         for spec in design_runs(design, ablations_dir):
@@ -188,6 +216,8 @@ def all_design_runs(ablations_dir: Path = ABLATIONS_DIR, variants_dir: Path | No
     placebo = placebo_run(ablations_dir)
     out[placebo.name] = placebo
     for spec in variant_runs(variants_dir or VARIANTS_DIR, ablations_dir):
+        out.setdefault(spec.name, spec)
+    for spec in async_runs(ablations_dir):
         out.setdefault(spec.name, spec)
     return out
 
@@ -291,9 +321,10 @@ def marginal_pairs(design: Design, ablations_dir: Path = ABLATIONS_DIR) -> list[
     return [(m.toggle, m.name, ref.name) for m in members]
 
 
-def parse_run(name: str) -> tuple[Design, str] | None:
-    """`dapo_minus_clip_higher` -> ("leave_one_out", "clip_higher"); a ladder row or any other name -> None."""
-    for design, prefix in PREFIX.items():
+def parse_run(name: str) -> tuple[str, str] | None:
+    """`dapo_minus_clip_higher` -> ("leave_one_out", "clip_higher"), `async_02_clip_higher` -> ("async",
+    "02_clip_higher"); a ladder row or any other name -> None."""
+    for design, prefix in {**PREFIX, "async": ASYNC_PREFIX}.items():
         if name.startswith(prefix) and len(name) > len(prefix):
             return design, name[len(prefix) :]
     return None

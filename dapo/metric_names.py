@@ -87,6 +87,17 @@ CORRECTION_WEIGHT_MEAN = "mismatch/correction_weight_mean"
 CORRECTION_CAPPED_FRAC = "mismatch/correction_capped_frac"  # TIS: share of responses or tokens whose ratio exceeded C
 CORRECTION_MASKED_FRAC = "mismatch/correction_masked_frac"  # MIS: share of responses or tokens set to weight 0
 
+# --- carry-over (`rollout.max_staleness` >= 1; docs/algorithm.md section 13): the trained tokens' age in weight
+# versions (0: sampled with the weights the step's updates start from), over the trained groups' response tokens
+STALENESS_MAX = "staleness/max"  # the oldest trained token's age (never above rollout.max_staleness)
+STALENESS_MEAN = "staleness/mean"  # mean age of the trained tokens
+STALENESS_SPANNING_FRAC = "staleness/spanning_frac"  # trained responses sampled under more than one weight version
+STALENESS_TOKENS_CARRIED = "staleness/tokens_carried"  # response tokens left in flight for the next step
+STALENESS_GROUPS_CARRIED = "staleness/groups_carried"  # groups left in flight for the next step
+# mean |log pi_proximal - log pi_behaviour| over the trained tokens older than the current weights (the learner's old
+# log-probs against the engine's when it sampled them: the policy's change plus rounding; NaN without such tokens)
+STALENESS_PROXIMAL_GAP = "staleness/behaviour_proximal_gap"
+
 # --- dynamic sampling
 DS_GEN_BATCHES = "dynamic_sampling/gen_batches"  # generation batches this step (1 without dynamic sampling)
 DS_GROUPS_KEPT = "dynamic_sampling/groups_kept"  # groups that trained this step

@@ -28,16 +28,30 @@ class Problem:
 
 @dataclass
 class Sample:
-    """One generated response. `finish_reason` is "stop" (ended by EOS) or "length" (hit the cap)."""
+    """One generated response. `finish_reason` is "stop" (ended by EOS) or "length" (hit the cap), or "abort" for a
+    response stopped before its end that continues in the next rollout step (`rollout.max_staleness` >= 1).
+    `segments`: with carry-over, [first token, weight version] of each part generated under one version of the
+    weights, in order (the version: rollout steps completed when it was sampled); empty otherwise."""
 
     response_ids: list[int]
     logprobs: list[float] | None
     finish_reason: str
     text: str
+    segments: list[list[int]] = field(default_factory=list)
 
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "length"
+
+    @property
+    def finished(self) -> bool:
+        """Ended by EOS or the cap ("abort": it continues)."""
+        return self.finish_reason in ("stop", "length")
+
+    def token_versions(self) -> list[int]:
+        """The weight version of each response token, from `segments` (one per token)."""
+        bounds = [start for start, _ in self.segments[1:]] + [len(self.response_ids)]
+        return [v for (start, v), end in zip(self.segments, bounds, strict=True) for _ in range(start, end)]
 
 
 @dataclass

@@ -17,6 +17,7 @@ from dapo.designs import (
     RunSpec,
     all_design_runs,
     assay_pairs,
+    async_runs,
     check_ladder,
     design_runs,
     ladder,
@@ -211,6 +212,8 @@ def build_spec(
     by_design["evidence"] = sorted(set(chosen) | {placebo_run().name})
     # each variant of configs/variants/ beside the ladder row it inherits (dapo.designs.variant_runs)
     by_design["variants"] = [r.name for r in variant_runs()]
+    # each chosen row beside itself with rollouts carried over (dapo.designs.async_runs)
+    by_design["async"] = [*chosen, *(r.name for r in async_runs() if r.toggle in chosen)]
     # the clip-higher assay's ladder pair (dapo.report.assays): no response reaches its cap, so the one-at-a-time pair
     # would train the same runs again
     by_design["assay_clip_higher"] = sorted(assay_pairs("clip_higher")[0])
@@ -441,6 +444,7 @@ def _gpu_plan(
     from dapo import plan as P
     from dapo.decode import Replica
     from dapo.shapes import GPUS, PlanError, gpu_spec, resolve_shape
+    from dapo.trainer import OVERFILL
 
     base, seeds = next(iter(cfgs.values())), spec["seeds"]
     tr, r, t = base.resources.train, base.rollout, base.trainer
@@ -501,13 +505,15 @@ def _gpu_plan(
             eval_n=cfg.eval.n, eval_max_tokens=cfg.resolved_eval_max_tokens(), train_mfu=p["train_mfu"],
             step_overhead_s=p["step_overhead_s"], checkpoint_every=cfg.trainer.checkpoint_every,
             keep_checkpoints=cfg.trainer.keep_checkpoints, checkpoint_gb_s_per_node=p["checkpoint_gb_s_per_node"],
+            max_staleness=cfg.rollout.max_staleness,
+            overfill_groups=math.ceil(OVERFILL * cfg.trainer.train_batch_size),
         )  # fmt: skip
 
-    def costs(runs: list[str], stop_margin_s: float | None = None) -> tuple[str, list[str]]:
+    def costs(runs: list[str], stop_margin_s: float | None = None, carry_over: bool = True) -> tuple[str, list[str]]:
         return C.render_costs(
             {run: cost_inputs(run, cfgs[(run, seeds[0])]) for run in runs}, seeds=len(seeds),
             limit_h=tr.runtime_min / 60, max_resubmits=spec["max_resubmits"], restart_h=p["restart_min"] / 60,
-            concurrent_runs=concurrent, stop_margin_s=stop_margin_s,
+            concurrent_runs=concurrent, stop_margin_s=stop_margin_s, carry_over=carry_over,
         )  # fmt: skip
 
     text, warnings = costs(spec["rows"], stop_margin_s=t.stop_margin_s)
@@ -515,7 +521,7 @@ def _gpu_plan(
     lines += ["  cost per row (estimates; the arithmetic and the sources of the defaults: docs/cost.md):", text]
     variants = [r for r in spec["designs"].get("variants", []) if r not in spec["rows"] and (r, seeds[0]) in cfgs]
     if variants:
-        vtext, _ = costs(variants)
+        vtext, _ = costs(variants, carry_over=False)
         lines += [
             "  variants (`all_variants`, each beside its parent row above): GSPO, CISPO, Dr. GRPO and the rollout "
             "correction change nothing of the plan (the same tokens, passes and memory as their parent); Clip-Cov and "

@@ -59,6 +59,37 @@ class ScriptedEngine:
             out.append(group)
         return out
 
+    def generate_partial(self, requests, temperature, top_p, poll):  # noqa: ANN001, ANN201
+        """Carry-over: each request's tokens come from a generator seeded by its own seed, one a decode step, each
+        ending the response with probability 0.15 (else the request's cap); right per the problem's script (i % 3 == 1:
+        by the parity of the response's tokens). A request's samples depend on its seed and the decode step a poll
+        stops it at, which every replica shares: the same on any number of replicas."""
+        import random
+
+        rngs = [random.Random(r.seed) for r in requests]
+        toks: list[list[int]] = [[] for _ in requests]
+        reasons: list[str | None] = [None] * len(requests)
+
+        def whole(k: int, reason: str) -> Sample:
+            r = requests[k]
+            ids = list(r.prefix_ids) + toks[k]
+            i = r.prompt_ids[0] - 1
+            right = i % 3 == 0 or (i % 3 == 1 and sum(ids) % 2 == 0)
+            return Sample(ids, list(r.prefix_logprobs) + [-1.0] * len(toks[k]), reason, f"Answer: {int(right)}")
+
+        while True:
+            finished = []
+            for k, r in enumerate(requests):
+                if reasons[k] is None:
+                    end = rngs[k].random() < 0.15
+                    toks[k].append(self.eos if end else 20 + rngs[k].randrange(200))
+                    if end or len(toks[k]) >= r.max_tokens:
+                        reasons[k] = "stop" if end else "length"
+                        finished.append((k, whole(k, reasons[k])))
+            if poll(finished):
+                break
+        return [whole(k, reasons[k] or "abort") for k in range(len(requests))]
+
     def sync_weights(self, named):  # noqa: ANN001, ANN201
         for _ in named:  # a ZeRO-3 learner gathers as the stream is read: read it all
             pass

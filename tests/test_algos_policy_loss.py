@@ -243,11 +243,12 @@ def _case(seed: int = 0, n: int = 6, t: int = 5, spread: float = 1.2):
 def test_sapo_is_its_papers_soft_gate() -> None:
     """SAPO (arXiv 2511.20347, Eq. 4-6), written out per token: f(r) = (4 / tau) sigmoid(tau (r - 1)), tau by the
     advantage's sign; its gradient in log pi at r = 1 is the policy gradient's (-A), and it fades with |r - 1|. A
-    mutant with one temperature for both signs differs where A < 0."""
+    mutant with one temperature for both signs differs where A < 0. The temperatures are the log-probs' dtype: 1.05 in
+    float32 (1.0499999523) would be off by 5e-8 in a float64 loss."""
     old, logp, mask, adv = _case()
     out = sapo_loss(logp, old, adv, 1.0, 1.05)
     r = (logp - old).exp()
-    tau = torch.where(adv[:, None] > 0, 1.0, 1.05)
+    tau = torch.where(adv[:, None] > 0, torch.tensor(1.0, dtype=F64), torch.tensor(1.05, dtype=F64))
     assert torch.allclose(out.loss, -adv[:, None] * torch.sigmoid(tau * (r - 1)) * 4 / tau, rtol=0, atol=1e-15)
     at_one = grad_of(lambda x: sapo_loss(x, x.detach(), adv, 1.0, 1.05).loss.sum(), logp)
     assert torch.allclose(at_one, -adv[:, None].expand_as(at_one), rtol=0, atol=1e-15)

@@ -276,6 +276,12 @@ def test_overrides_win_and_parse_as_yaml():
         ("rollout.max_response_length=0", ["rollout.max_response_length", "greater than 0"]),
         ("algorithm.overlong_buffer_len=999", ["L_cache", "L_max", "tiny.yaml"]),
         ("nonsense", ["section.key=value"]),
+        # carry-over without the decoupled objective's weight: the key, where it came from, and the fix
+        (
+            "rollout.max_staleness=1",
+            ["rollout.max_staleness", "command line", "algorithm.rollout_correction: token_tis"],
+        ),
+        ("rollout.max_staleness=-1", ["rollout.max_staleness", "greater than or equal to 0"]),
     ],
 )
 def test_bad_values_name_file_key_and_fix(override, names):
@@ -283,6 +289,20 @@ def test_bad_values_name_file_key_and_fix(override, names):
         load_config(ROWS[3], preset="tiny", overrides=[override])
     for n in names:
         assert n in str(e.value), str(e.value)
+
+
+def test_carry_over_needs_a_correction_and_an_engine_that_batches(tmp_path: Path):
+    """`rollout.max_staleness` >= 1 trains tokens older weights sampled: refused without a rollout correction when a
+    file leaves it at none (naming that file), and with a batch-invariant engine, which never has a response in flight
+    beside others; with the correction it loads, and 0 (the default) needs neither."""
+    f = tmp_path / "carried.yaml"
+    f.write_text(f"inherits: {ROWS[0]}\nrollout:\n  max_staleness: 2\n")
+    with pytest.raises(ConfigError, match=r"(?s)rollout.max_staleness \(2\).*token_tis.*carried\.yaml"):
+        load_config(f, preset="tiny")
+    ok = load_config(f, preset="tiny", overrides=["algorithm.rollout_correction=token_tis"])
+    assert ok.rollout.max_staleness == 2 and load_config(ROWS[0], preset="tiny").rollout.max_staleness == 0
+    with pytest.raises(ConfigError, match=r"rollout.batch_invariant: false, or rollout.max_staleness: 0"):
+        load_config(f, preset="tiny", overrides=["algorithm.rollout_correction=token_tis", "rollout.batch_invariant=1"])
 
 
 def test_unknown_key_in_a_file_names_that_file(tmp_path: Path):

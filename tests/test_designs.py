@@ -92,6 +92,23 @@ def test_a_design_run_is_its_reference_row_file_plus_the_toggles_keys(tmp_path):
     assert "configs/ablations/02_clip_higher.yaml" in row and "tracking.row=" not in row
 
 
+def test_all_async_plans_each_row_beside_itself_carried_over(tmp_path):
+    """`snakemake all_async` (a dry run): every ladder row and its carry-over twin (the row's own file with
+    rollout.max_staleness 1 and token_tis), every seed, then one report with the async table."""
+    r = dry_run("all_async", "--config", f"results={tmp_path}", "seeds=[0,1]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    stats = _job_stats(r.stdout)
+    rows = {p.stem for p in (REPO / "configs" / "ablations").glob("*.yaml")}
+    assert stats["train"] == 2 * 2 * len(rows) and stats["async_report"] == 1
+    cmds = _train_commands(r.stdout)
+    assert set(cmds) == rows | {f"async_{row}" for row in rows}
+    carried = cmds["async_03_soft_overlong_punishment"]
+    assert "configs/ablations/03_soft_overlong_punishment.yaml" in carried
+    assert "rollout.max_staleness=1 algorithm.rollout_correction=token_tis" in carried
+    assert "max_staleness" not in cmds["03_soft_overlong_punishment"]
+    assert str(tmp_path / "tiny" / "report" / "async" / "async.md") in r.stdout
+
+
 @pytest.mark.parametrize("preset", ["tiny", "qwen2.5-32b"])
 def test_all_variants_plans_each_variant_beside_its_parent(tmp_path, preset):
     """`snakemake all_variants` (a dry run, for the tiny and the paper's preset): every variant file and the ladder

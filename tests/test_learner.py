@@ -530,6 +530,30 @@ def test_update_needs_old_logprobs(world, adamw):
         adamw.update(batch)
 
 
+def test_an_update_refuses_a_token_older_than_max_staleness_and_changes_nothing(world, adamw):
+    """Carry-over's guard (`PolicyBatch.versions`): at the version `schedule` set, a trained token sampled more than
+    `LossSpec.max_staleness` versions before it, or by a version after it, raises `StalenessError` before anything
+    is computed; a token the loss mask leaves out does not count."""
+    import dataclasses
+
+    from dapo.learner import StalenessError
+
+    batch = world["batch"].select([0, 2, 3])  # rows 0 and 2-3: every token trains
+    before = {n: p.detach().clone() for n, p in adamw.engine.module.named_parameters()}
+    spec = adamw.loss
+    try:
+        adamw.loss = dataclasses.replace(spec, max_staleness=1)
+        adamw.schedule(5)
+        for version, problem in ((3, "2 weight versions before"), (6, "newer than the learner's 5")):
+            old = batch.loss_mask.long() * 5 + (1 - batch.loss_mask.long()) * -1
+            old[1, 0] = version  # one token of the second row
+            with pytest.raises(StalenessError, match=problem):
+                adamw.update(dataclasses.replace(batch, versions=old))
+    finally:
+        adamw.loss = spec
+    assert all(torch.equal(p, before[n]) for n, p in adamw.engine.module.named_parameters())
+
+
 def test_loss_spec_defaults_are_naive_grpo():
     spec = LossSpec()
     assert (spec.eps_low, spec.eps_high, spec.loss_agg, spec.dual_clip_c, spec.kl_coef) == (

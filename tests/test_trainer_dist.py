@@ -90,6 +90,30 @@ def test_two_replicas_split_every_batch_and_train_the_one_rank_weights(model_dir
     assert {k for c in solo for k in c["counts"]} == {4, 2}  # rollouts (n=4) and evaluation (n=2)
 
 
+def test_two_replicas_carry_over_as_one(model_dir, tmp_path):
+    """Carry-over (`rollout.max_staleness: 1`) on two replicas: each continues its part of the groups in flight and the
+    engine's poll gathers every replica's finished responses after each decode step, so both stop together; with an
+    engine whose samples depend on their seeds alone (`_trainer_worker.py`), one and two replicas carry the same
+    responses over, keep the same groups and train the same weights."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    carry = ("rollout.max_staleness=1", "algorithm.rollout_correction=token_tis", "trainer.tripwires=false")
+    # 4 groups train, 5 in flight: one waits every step; responses of 6 tokens on average, up to 16
+    carry += ("algorithm.dynamic_sampling=false", "rollout.max_response_length=16", "algorithm.overlong_buffer_len=4")
+    for out, nproc in ((one, 1), (two, 2)):
+        p = run_worker(model_dir, out, nproc, *carry, "trainer.total_steps=3")
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
+    a, b = torch.load(one / "result.pt"), torch.load(two / "result.pt")
+    assert max(a["metrics"][M.STALENESS_MAX].values()) == 1 and max(a["metrics"][M.STALENESS_SPANNING_FRAC].values())
+    for key in (M.STALENESS_TOKENS_CARRIED, M.STALENESS_GROUPS_CARRIED, M.STALENESS_MEAN, M.DS_GEN_BATCHES):
+        assert b["metrics"][key] == a["metrics"][key], key
+    for key in (M.DS_GROUPS_KEPT, M.DS_TOKENS_GENERATED, M.REWARD_MEAN, M.GRAD_UPDATES):
+        assert b["metrics"][key] == a["metrics"][key], key
+    moved = max((a["params"][k] - b0).abs().max().item() for k, b0 in initial(model_dir).items())
+    assert moved > 1e-4
+    for k, v in a["params"].items():  # the bound of the test above: 1/32 of what the updates moved
+        torch.testing.assert_close(b["params"][k], v, atol=moved / 32, rtol=0)
+
+
 def initial(model_dir: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

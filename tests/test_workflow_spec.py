@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,13 @@ def test_tiny_spec_has_every_run_with_its_command_and_the_cpu_plan(tmp_path):
         "assay_clip_higher",
         "assay_token_level_loss",
         "assay_overlong_filtering",
+        "async",
     }
+    # the async design: every row beside itself carried over, the row's own file with the two carry-over keys
+    assert spec["designs"]["async"] == [*ladder(), *(f"async_{row}" for row in ladder())]
+    carried = spec["runs"]["async_02_clip_higher"]["seeds"]["1"]["train_args"]
+    assert carried[1].endswith("configs/ablations/02_clip_higher.yaml")
+    assert {"rollout.max_staleness=1", "algorithm.rollout_correction=token_tis"} <= set(carried)
     # the overlong-filtering assay: its ladder pair (row 01 is row 00 with the filter: its one-at-a-time pair too)
     assert spec["designs"]["assay_overlong_filtering"] == ["00_naive_grpo", "01_overlong_filtering"]
     # the clip-higher assay: its ladder pair (its one-at-a-time pair trains the same runs in its world)
@@ -111,6 +118,12 @@ def test_the_paper_plan_fits_and_a_small_gpu_is_refused_with_the_keys(tmp_path):
     # the variants' costs: what they change, and a line each
     text = spec["plan_text"]
     assert "variants (`all_variants`" in text and "Clip-Cov and KL-Cov add one no-grad forward" in text
+    # carry-over's price beside each row (the variants' section prices none): less generation, never more
+    carry = [ln for ln in text.splitlines() if ln.startswith("      - ")]
+    assert [ln.split()[1].rstrip(":") for ln in carry] == spec["rows"]
+    for ln in carry:
+        hours = re.search(r"([\d.]+) -> ([\d.]+) h \(", ln)
+        assert hours and float(hours.group(2)) <= float(hours.group(1)), ln
     names = ("05_dynamic_sampling", "gspo", "clip_cov")
     rows = {
         ln.split()[0]: ln.split()[1:] for ln in text.splitlines() if ln.startswith("    ") and ln.split()[0] in names

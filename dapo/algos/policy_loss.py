@@ -258,7 +258,7 @@ def sapo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, tau_pos: float
         raise ValueError(f"sapo's temperatures must be > 0 (the paper: 1.0, 1.05), got {tau_pos}, {tau_neg}")
     adv = _adv(advantages, logp)
     ratio = torch.exp(torch.clamp(logp - old_logp.detach(), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
-    tau = torch.where(adv > 0, tau_pos, tau_neg).to(logp.dtype)
+    tau = torch.where(adv > 0, logp.new_tensor(tau_pos), logp.new_tensor(tau_neg))  # in the loss's dtype, exactly
     none = _no_flags(logp)
     return SurrogateOut(-torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv, none, none, none)
 

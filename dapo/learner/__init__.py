@@ -4,7 +4,7 @@ non-finite steps): docs/architecture.md, "learner/"."""
 
 from dapo.distributed import init_distributed, shutdown
 from dapo.learner.batch import LossSpec, PolicyBatch, pad_rows, response_mask
-from dapo.learner.learner import UPDATE_SKIPPED, Learner
+from dapo.learner.learner import UPDATE_SKIPPED, Learner, StalenessError
 from dapo.learner.optim import lr_at
 from dapo.learner.reference import ReferencePolicy
 
@@ -14,6 +14,7 @@ __all__ = [
     "LossSpec",
     "PolicyBatch",
     "ReferencePolicy",
+    "StalenessError",
     "init_distributed",
     "lr_at",
     "pad_rows",

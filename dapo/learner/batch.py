@@ -36,7 +36,8 @@ class LossSpec:
     (released recipe 10). kl_coef: k3 KL towards a reference (0 in every DAPO row; needs `ref_logp`).
     seq_token_sum_constant: `seq-mean-token-sum`'s divisor C. temperature divides the logits, as when sampling.
     policy_loss: by name (`dapo.algos.policy_loss`). off_policy_mask: DeepSeek-V3.2's sequence mask threshold
-    (`dapo.algos.rollout_correction`), None for off; it reads `engine_logp` (else the old log-probs).
+    (`dapo.algos.rollout_correction`), None for off; it reads `engine_logp` (else the old log-probs). max_staleness:
+    `rollout.max_staleness`, the oldest a trained token may be (`PolicyBatch.versions`; an update refuses older).
     """
 
     eps_low: float = 0.2
@@ -56,6 +57,7 @@ class LossSpec:
     sapo_tau_pos: float = 1.0
     sapo_tau_neg: float = 1.05
     off_policy_mask: float | None = None
+    max_staleness: int = 0
 
 
 def response_mask(response_ids: list[list[int]], width: int | None = None) -> Tensor:
@@ -74,6 +76,20 @@ def pad_rows(rows: list[list[float]], width: int | None = None) -> Tensor:
     return out
 
 
+def pad_versions(rows: list[list[int]], width: int) -> Tensor:
+    """Each response token's weight version (carry-over) -> [N, width] int64, -1 after each row."""
+    out = torch.full((len(rows), width), -1, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(r, dtype=torch.int64)
+    return out
+
+
+# PolicyBatch's [N, R] fields
+PER_TOKEN_FIELDS = (
+    "loss_mask", "old_logp", "ref_logp", "is_weights", "response_mask", "engine_logp", "entropy", "versions"
+)  # fmt: skip
+
+
 @dataclass
 class PolicyBatch:
     """N sampled responses with what the loss needs. Per-token tensors are [N, R], R >= the longest response,
@@ -88,7 +104,9 @@ class PolicyBatch:
 
     The trainer's own fields (`dapo.trainer.step.policy_batch`), for the step's metrics: `truncated` [N] bool,
     `response_mask` (the loss mask before overlong filtering), `engine_logp` (the engine's log-probs; the learner
-    reads it only for the off-policy mask) and `entropy` (the old policy's, on the sampled tokens).
+    reads it only for the off-policy mask) and `entropy` (the old policy's, on the sampled tokens). `versions` [N, R]
+    int64: with carry-over (`rollout.max_staleness` >= 1), the weight version that sampled each token (-1 after the
+    response); the learner refuses a trained token older than `LossSpec.max_staleness`.
     """
 
     prompt_ids: list[list[int]]
@@ -104,6 +122,7 @@ class PolicyBatch:
     response_mask: Tensor | None = None
     engine_logp: Tensor | None = None
     entropy: Tensor | None = None
+    versions: Tensor | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_ids)
@@ -115,7 +134,7 @@ class PolicyBatch:
                 f"{tuple(self.advantages.shape)}, group_ids {tuple(self.group_ids.shape)}: need N each"
             )
         width = max((len(r) for r in self.response_ids), default=0)
-        for name in ("loss_mask", "old_logp", "ref_logp", "is_weights", "response_mask", "engine_logp", "entropy"):
+        for name in PER_TOKEN_FIELDS:
             t = getattr(self, name)
             if t is not None and (t.dim() != 2 or t.shape[0] != n or t.shape[1] < width):
                 raise ValueError(
@@ -147,6 +166,7 @@ class PolicyBatch:
             response_mask=pick(self.response_mask),
             engine_logp=pick(self.engine_logp),
             entropy=pick(self.entropy),
+            versions=pick(self.versions),
         )
 
     def shard_rows(self, rank: int, world_size: int, *, share_prompts: bool = False) -> list[int]:

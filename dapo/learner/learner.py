@@ -23,6 +23,7 @@ from dapo.algos.aggregation import group_token_counts, local_counts, token_weigh
 from dapo.algos.metrics import UPDATE_SUMS, update_metrics, update_sums
 from dapo.algos.policy_loss import COVARIANCE_LOSSES, covariance_selection, k3_to_reference, per_token_loss
 from dapo.algos.rollout_correction import off_policy_sequence_mask
+from dapo.algos.staleness import staleness_violation
 from dapo.distributed import all_gather, all_reduce, init_distributed
 from dapo.learner.batch import LossSpec, MicroBatch, PolicyBatch, dummy_micro_batch
 from dapo.learner.forward import ChunkedForward
@@ -40,6 +41,11 @@ from dapo.modeling import (
 # The per-update "this step was skipped" flag (1.0 / 0.0); the cumulative count is M.NONFINITE_SKIPPED.
 UPDATE_SKIPPED = M.UPDATE_SKIPPED
 _CKPT_TAG = "learner"
+
+
+class StalenessError(RuntimeError):
+    """An update was handed a token older than `rollout.max_staleness` weight versions (carry-over): a bug in what the
+    step carried, never trained on."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,7 @@ class Learner:
         updates: the warm-up counts rollout steps, and the trainer's counters are the only ones)."""
         self.lr = lr_at(rollout_step, self.base_lr, self.warmup_steps)
         self._set_lr(self.lr)
+        self.version = rollout_step  # the weights' version: the rollout steps they have been trained through
         return self.lr
 
     def _set_lr(self, value: float) -> None:
@@ -173,6 +180,10 @@ class Learner:
             raise ValueError("update needs batch.old_logp (Learner.compute_logprobs before the first update)")
         if self.loss.kl_coef > 0 and batch.ref_logp is None:
             raise ValueError("kl_coef > 0 needs batch.ref_logp (`dapo.learner.ReferencePolicy.compute_logprobs`)")
+        if batch.versions is not None:  # carry-over: no trained token older than the bound, ever
+            problem = staleness_violation(batch.versions, batch.loss_mask, self.version, self.loss.max_staleness)
+            if problem is not None:
+                raise StalenessError(problem)
         spec, world = self.loss, self.dist.world_size
         whole = batch
         batch = batch.select(self.passes.my_rows(batch)) if world > 1 else batch

@@ -21,6 +21,7 @@ def report_metrics(k: int) -> list[str]:
     from dapo.report.assays import ASSAY_STATISTICS
     from dapo.report.figures import COMPARE_CURVES, FIGURES
     from dapo.report.mechanisms import MECHANISMS, MECHANISMS_V2
+    from dapo.report.staleness import ASYNC_STATISTICS
     from dapo.report.variants import VARIANT_STATISTICS
 
     ev = [M.eval_avg(k), M.eval_pass(k), M.eval_maj(k)]
@@ -34,7 +35,7 @@ def report_metrics(k: int) -> list[str]:
         *COMPARE_CURVES,
     ]
     figures = [metric(k) for spec in FIGURES for p in spec.panels for metric in p.metrics]
-    stats = [m.metric_name(k) for m in MECHANISMS + MECHANISMS_V2 + VARIANT_STATISTICS]
+    stats = [m.metric_name(k) for m in MECHANISMS + MECHANISMS_V2 + VARIANT_STATISTICS + ASYNC_STATISTICS]
     stats += [s.metric for s in ASSAY_STATISTICS]
     return list(dict.fromkeys(ev + counters + figures + stats))
 

@@ -8,6 +8,7 @@
     out/marginal_effects.{md,csv,tex}  each toggle's effect under the cumulative, leave-one-out, one-at-a-time designs
     out/compute.{md,csv,tex}    tokens, wall-clock, GPU-hours (or CPU-hours) per row
     out/variants.{md,csv,tex}   each variant of configs/variants/ against its parent row (when variant runs exist)
+    out/async.{md,csv,tex}      each ladder row carried over against itself synchronous (when async runs exist)
     out/figures/*.{png,pdf}     the paper's figures, the mechanisms' intervals and (habits world) version 2's
                                 effects' intervals; out/figures.json lists each with what it misses
     out/warnings.json           odd things about the runs (duplicates, unfinished runs, ...)
@@ -30,6 +31,7 @@ from dapo.report.load import load_experiment
 from dapo.report.marginal import confounds, marginal_effects, marginal_table
 from dapo.report.mechanisms import MechanismResult, cumulative_results, mechanisms_figure, mechanisms_table
 from dapo.report.runs import Experiment, XAxis
+from dapo.report.staleness import async_results, async_table
 from dapo.report.table1 import build_table1, table1_table
 from dapo.report.variants import variant_results, variants_figure, variants_table
 
@@ -71,6 +73,9 @@ def write_tables(
     variants = variant_results(exp, confidence)
     if variants:  # only where variants ran: a ladder's report has no such section
         tables["variants"] = variants_table(variants, confidence)
+    carried = async_results(exp, confidence)
+    if carried:  # only where the async design's runs ran
+        tables["async"] = async_table(carried, confidence)
     assays = assay_results(exp)
     if assays:  # only where an assay's rows ran
         tables["assays"] = assays_table(assays)
@@ -134,10 +139,10 @@ def write_index(out_dir: str | Path, experiment: str = "") -> Path:
     out = Path(out_dir)
     parts = [f"# DAPO ablation report{': ' + experiment if experiment else ''}", ""]
     missing: list[str] = []
-    for stem in (*TABLES, "variants"):
+    for stem in (*TABLES, "variants", "async"):
         p = out / f"{stem}.md"
-        if stem == "variants" and not p.is_file():
-            continue  # written only where variants ran
+        if stem in ("variants", "async") and not p.is_file():
+            continue  # written only where variants (the async design's runs) ran
         if p.is_file():
             text = p.read_text()
             body, _, miss = text.partition("### Missing")

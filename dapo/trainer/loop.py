@@ -13,6 +13,7 @@ alone talks to MLflow and writes the run directory's files. docs/failure-modes.m
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -31,6 +32,7 @@ from dapo.rollout.base import SyncError
 from dapo.rollout.replicas import ReplicaLayout, sampling_seed
 from dapo.trainer import DONE_FILE, FAILURE_EXIT_CODE, RESUME_EXIT_CODE, TRIPWIRE_EXIT_CODE
 from dapo.trainer import checkpoint as ck
+from dapo.trainer.carry import Carry
 from dapo.trainer.components import Components, MetricsTracker, NullTracker
 from dapo.trainer.data_order import PromptSource
 from dapo.trainer.progress import Progress
@@ -156,9 +158,20 @@ class Trainer:
     def elapsed(self) -> float:
         return self.run_state.elapsed_s + time.monotonic() - self._t0
 
-    def save(self, *, partial: PartialStep | None = None, state: RunState | None = None, rng: Any = None) -> Path:
+    def save(
+        self,
+        *,
+        partial: PartialStep | None = None,
+        state: RunState | None = None,
+        rng: Any = None,
+        carry: Carry | None = None,
+    ) -> Path:
+        """A checkpoint of the run now (or of `state`, `rng` and `carry`: a step's start); with carry-over, the groups
+        in flight beside the data order's position."""
         self.learner.reload_states()  # DeepSpeed saves the states from where they live in training
         state = state or self.state()
+        if self.settings.step.max_staleness:
+            carry = carry or self.io.carry
         path = ck.save_checkpoint(
             self.run_dir,
             state.counters.step,
@@ -167,6 +180,7 @@ class Trainer:
             refill=partial,
             keep=self.settings.keep_checkpoints,
             rng=rng,
+            carry=carry,
         )
         if dist.is_main():
             log.info("checkpoint %s", path)
@@ -189,6 +203,7 @@ class Trainer:
         ck.load_learner(self.learner, path)  # weights-only: a checkpoint folder cannot run code
         self.run_state = replace(saved, config_hash=self.settings.config_hash)
         self.prompts.order.load_state_dict(saved.data_order)
+        self.io.carry = ck.load_carry(path) or Carry()  # the groups in flight, where the data order left them
         self.partial = partial
         ck.set_rng_state(rng)
         self.components.engine.sync_weights(self.learner.named_parameters_for_sync())
@@ -269,6 +284,7 @@ class Trainer:
         t_start = time.monotonic()
         step = n.step + 1
         start_state, start_rng = self.state(), ck.rng_state()
+        start_carry = copy.deepcopy(self.io.carry) if self.settings.step.max_staleness else None
         resume, self.partial = self.partial, None
         try:
             metrics = rollout_step(step, self.io, self.settings.step, n, resume)
@@ -277,7 +293,7 @@ class Trainer:
             return self._preempted()
         except RefillCapReached as e:
             # Save the step's start state (it never updated): rerun with a higher cap or at_refill_cap=partial.
-            self.save(rng=start_rng, state=start_state)
+            self.save(rng=start_rng, state=start_state, carry=start_carry)
             log.error("%s", e)
             self._mark("failed", "FAILED")
             return FAILURE_EXIT_CODE

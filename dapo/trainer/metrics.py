@@ -7,7 +7,10 @@ Which population each metric describes:
   the filter, the trained groups are never all-correct by construction);
 - dynamic sampling counts and tokens: every generation batch of the step, dropped groups included;
 - the engine-vs-learner gap (`mismatch/`): the sampled tokens of the groups that trained (the learner computes old
-  log-probs of those only); the groups' diversity: every generated group.
+  log-probs of those only); the groups' diversity: every generated group;
+- carry-over (`rollout.max_staleness` >= 1, `staleness/`): the trained groups' tokens by the weight version that
+  sampled them, what waits in flight for the next step; the engine-vs-learner gap then counts the tokens sampled with
+  the current weights only, the older ones' gap being the policy's change (`staleness/behaviour_proximal_gap`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dapo import metric_names as M
 from dapo.algos.advantages import group_advantages
 from dapo.algos.dynamic_sampling import RefillStats
 from dapo.algos.metrics import IMPLAUSIBLE_LOG_CHANCE, group_outcome_fractions, group_sameness, mismatch_stats
+from dapo.algos.staleness import staleness_stats, token_age
 from dapo.learner.batch import PolicyBatch
 from dapo.trainer.components import HabitTagger
 from dapo.types import Group, GroupOutcome
@@ -105,6 +109,35 @@ def _mismatch_metrics(batch: PolicyBatch, correction: dict[str, float]) -> dict[
         "masked_frac": M.CORRECTION_MASKED_FRAC,
     }
     out.update({names[k]: v for k, v in correction.items()})
+    return out
+
+
+def staleness_metrics(
+    batch: PolicyBatch | None, version: int, tokens_carried: int, groups_carried: int
+) -> dict[str, float]:
+    """Carry-over's metrics of a step whose proximal policy is weight `version`: the trained tokens' age (largest,
+    mean), the share of trained responses sampled under more than one version, the tokens and groups left in flight,
+    the behaviour-vs-proximal gap on the tokens older than `version`; and `mismatch/` again on the current version's
+    tokens alone (the tripwire's numerics, which the older tokens' policy change would swamp)."""
+    out = {M.STALENESS_TOKENS_CARRIED: float(tokens_carried), M.STALENESS_GROUPS_CARRIED: float(groups_carried)}
+    if batch is None or batch.versions is None or batch.response_mask is None:
+        return out
+    st = staleness_stats(batch.versions, batch.response_mask, version)
+    out[M.STALENESS_MAX], out[M.STALENESS_MEAN] = st["max"], st["mean"]
+    out[M.STALENESS_SPANNING_FRAC] = st["spanning_frac"]
+    if batch.engine_logp is None or batch.old_logp is None:
+        return out
+    age = token_age(batch.versions, version)
+    stale = batch.response_mask * (age > 0)
+    gap = mismatch_stats(batch.old_logp, batch.engine_logp, stale, MISMATCH_TOKEN_BOUND)["abs_diff"]
+    fresh = mismatch_stats(batch.old_logp, batch.engine_logp, batch.response_mask * (age == 0), MISMATCH_TOKEN_BOUND)
+    out[M.STALENESS_PROXIMAL_GAP] = gap
+    out.update({
+        M.MISMATCH_ABS_DIFF: fresh["abs_diff"],
+        M.MISMATCH_K3: fresh["k3"],
+        M.MISMATCH_SEQ_MAX: fresh["seq_abs_diff_max"],
+        M.MISMATCH_BEYOND_FRAC: fresh["beyond_frac"],
+    })  # fmt: skip
     return out
 
 

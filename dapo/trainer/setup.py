@@ -61,6 +61,7 @@ def run_settings(cfg: RunConfig) -> RunSettings:
         correction_cap=a.rollout_correction_cap,
         correction_floor=a.rollout_correction_floor,
         sampling_seed=t.seed + r.sampling_seed_offset,
+        max_staleness=r.max_staleness,
         **_pick(t, "train_batch_size", "mini_batch_size", "epochs", "seed", "max_consecutive_nonfinite"),
     )
     return RunSettings(
@@ -216,6 +217,7 @@ def make_learner(cfg: RunConfig, path: str) -> Learner:
         **_pick(a, "eps_low", "eps_high", "dual_clip_c", "kl_coef", "loss_agg", "policy_loss", "cispo_clip_max"),
         **_pick(a, "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "kl_cov_coef"),
         **_pick(a, "sapo_tau_pos", "sapo_tau_neg", "off_policy_mask"),
+        max_staleness=r.max_staleness,
     )
     return Learner(
         path,

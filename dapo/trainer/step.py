@@ -8,7 +8,9 @@ punishment (3), token-level loss (8), dynamic sampling (4); each is one pure fun
 runs this function (docs/distributed.md, "One rollout step on W ranks"). Nothing here calls back into the loop; a
 stop raises `StopMidStep` with the part-done step, which a restart passes back as `resume` (docs/architecture.md,
 "trainer/"). `Counters.step` counts rollout steps (the lr schedule's unit), `grad_updates` optimizer updates (the
-paper's x-axis); generation batches advance neither.
+paper's x-axis); generation batches advance neither. With `rollout.max_staleness` >= 1, phases 1-2 are a carry-over
+round instead (`trainer/carry.py`: the groups in flight continued until enough have finished); everything else is the
+same code.
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ from dapo.algos.advantages import group_advantages
 from dapo.algos.dynamic_sampling import RefillAccumulator, RefillStats, keep_groups
 from dapo.algos.overlong import overlong_loss_mask, soft_overlong_penalty
 from dapo.algos.rollout_correction import correction_weights
-from dapo.learner.batch import PolicyBatch, pad_rows
+from dapo.learner.batch import PolicyBatch, pad_rows, pad_versions
 from dapo.rewards.score import score_responses
 from dapo.rollout.base import RolloutEngine
 from dapo.rollout.replicas import ReplicaLayout, gather_by_prompt, generate_share, sampling_seed
+from dapo.trainer import OVERFILL
+from dapo.trainer.carry import Carry, InFlight
 from dapo.trainer.components import HabitTagger, PolicyLearner, ReferencePolicy
 from dapo.trainer.data_order import PromptSource
-from dapo.trainer.metrics import outcome_of, rollout_metrics, update_means
+from dapo.trainer.metrics import outcome_of, rollout_metrics, staleness_metrics, update_means
 from dapo.trainer.signals import StopFlag
 from dapo.types import Group, GroupOutcome, Problem, Sample
 
@@ -71,11 +75,18 @@ class StepSettings:
     seed: int = 0  # the run's seed: the mini-batch shuffle and the step's global generators
     sampling_seed: int = 0  # the rollouts' seed stream (seed + rollout.sampling_seed_offset)
     max_consecutive_nonfinite: int = 3  # stop updating after this many skipped updates in a row
+    max_staleness: int = 0  # eta: 0 samples each step's batch to its end; >= 1 carries responses over (carry.py)
 
     @property
     def gen_batch_prompts(self) -> int:
         """Prompts per generation batch: `gen_batch_size` with dynamic sampling, else the one batch that trains."""
         return (self.gen_batch_size or self.train_batch_size) if self.dynamic_sampling else self.train_batch_size
+
+    @property
+    def in_flight(self) -> int:
+        """Groups a carry-over round keeps in flight: the generation batch and `OVERFILL` of the train batch more,
+        so that it can stop while the longest groups are still decoding."""
+        return self.gen_batch_prompts + math.ceil(OVERFILL * self.train_batch_size)
 
 
 @dataclass
@@ -98,7 +109,8 @@ class StepIO:
     """What one rollout step works with (the loop builds it once per run): this rank's engine (slept during the
     updates, synced at the end), the policy, the seeded data order, the replica layout (this rank's share of each
     generation batch), the stop flag (polled collectively between generation batches and updates), the KL term's
-    frozen reference (`kl_coef > 0`), and a world's tagger (the habits world's tags, kinds and metrics) or None."""
+    frozen reference (`kl_coef > 0`), a world's tagger (the habits world's tags, kinds and metrics) or None, and the
+    groups in flight between steps (carry-over; the loop checkpoints them with the data order)."""
 
     engine: RolloutEngine
     learner: PolicyLearner
@@ -107,6 +119,7 @@ class StepIO:
     stop: StopFlag
     reference: ReferencePolicy | None = None
     tagger: HabitTagger | None = None
+    carry: Carry = field(default_factory=Carry)
 
 
 @dataclass
@@ -124,7 +137,9 @@ class PartialStep:
 
 
 # Everything a PartialStep holds, for a checkpoint loader that allows only named types.
-PARTIAL_STEP_TYPES = (PartialStep, Group, GroupOutcome, PolicyBatch, Problem, Sample, RefillAccumulator, RefillStats)
+PARTIAL_STEP_TYPES = (
+    PartialStep, Group, GroupOutcome, PolicyBatch, Problem, Sample, RefillAccumulator, RefillStats, Carry, InFlight
+)  # fmt: skip
 
 
 class StopMidStep(Exception):  # noqa: N818 (a control-flow signal, not an error)
@@ -150,14 +165,23 @@ def rollout_step(
         while not part.refill.done:
             if part.refill.stats.gen_batches > 0 and io.stop.anywhere():
                 raise StopMidStep(part)
-            problems, prompts = io.prompts.take(s.gen_batch_prompts)
-            base = sampling_seed(s.sampling_seed, TRAIN_STREAM, step, part.refill.stats.gen_batches)
-            t0 = time.perf_counter()
-            share, outs = generate_share(io.engine, io.layout, prompts, s.n, base, s.max_tokens, s.temperature, s.top_p)
-            t1 = time.perf_counter()  # 1. generate: this replica's share of the batch's samples
-            scores = score_share(problems, share.prompts, outs, s.verifier) if io.layout.is_leader else []
-            t2 = time.perf_counter()  # 2. score: +1 / -1 by the verifier (the replica's leader, its share)
-            groups, seconds = gather_groups(io.layout, s.n, outs, scores, problems, prompts, t1 - t0, t2 - t1)
+            if not s.max_staleness:  # a fresh batch, each response sampled to its end
+                problems, prompts = io.prompts.take(s.gen_batch_prompts)
+                base = sampling_seed(s.sampling_seed, TRAIN_STREAM, step, part.refill.stats.gen_batches)
+                t0 = time.perf_counter()
+                share, outs = generate_share(
+                    io.engine, io.layout, prompts, s.n, base, s.max_tokens, s.temperature, s.top_p
+                )
+                t1 = time.perf_counter()  # 1. generate: this replica's share of the batch's samples
+                scores = score_share(problems, share.prompts, outs, s.verifier) if io.layout.is_leader else []
+                t2 = time.perf_counter()  # 2. score: +1 / -1 by the verifier (the replica's leader, its share)
+                groups, seconds = gather_groups(io.layout, s.n, outs, scores, problems, prompts, t1 - t0, t2 - t1)
+                tokens = sum(g.num_tokens for g in groups)
+            else:  # 1-2. carry-over: the groups in flight, topped up, continued until enough have finished, scored
+                base = sampling_seed(s.sampling_seed, TRAIN_STREAM, step, part.refill.stats.gen_batches)
+                needed = part.refill.target_groups - part.refill.stats.groups_kept
+                r = io.carry.round(io.engine, io.layout, io.prompts, base, step - 1, s, needed)
+                groups, seconds, tokens = r.groups, r.seconds, r.tokens
             shape_rewards(groups, s, io.tagger)  # 3. shape: the soft overlong penalty (Eq. 13), with the tags
             part.generated += [outcome_of(g, io.tagger) for g in groups]
             for k, v in seconds.items():
@@ -165,7 +189,7 @@ def rollout_step(
             keep = (
                 keep_groups(torch.tensor([g.correct for g in groups])) if s.dynamic_sampling else [True] * len(groups)
             )
-            part.refill.add(groups, keep, sum(g.num_tokens for g in groups))  # 4. refill: until enough groups
+            part.refill.add(groups, keep, tokens)  # 4. refill: until enough groups
         io.engine.sleep()
         io.learner.reload_states()
         groups, _ = part.refill.result()
@@ -191,6 +215,8 @@ def rollout_step(
     metrics.update(io.tagger.metrics(part.generated) if io.tagger is not None else {})  # the world's `habit/*`
     metrics.update(update_means(part.update_stats))
     metrics[M.LEARNER_FORWARD_PADDED_FRACTION] = part.forward_padded_fraction
+    if s.max_staleness:  # how old the trained tokens were, what waits for the next step
+        metrics.update(staleness_metrics(part.batch, step - 1, io.carry.tokens(), len(io.carry.groups)))
     t_sync = sync(io.engine, io.learner)  # 10. sync: every replica loads the new weights
     metrics.update(timing_metrics(counters, stats, part.timings, lr, t_sync, time.perf_counter() - t_step))
     return metrics
@@ -280,6 +306,9 @@ def policy_batch(groups: list[Group], advantages: torch.Tensor) -> PolicyBatch:
     engine_logp = None
     if all(x.logprobs is not None for x in samples):
         engine_logp = pad_rows([x.logprobs for x in samples], width)  # type: ignore[misc]
+    versions = None
+    if all(x.segments for x in samples):  # carry-over: the weight version that sampled each token
+        versions = pad_versions([x.token_versions() for x in samples], width)
     return PolicyBatch(
         prompt_ids=[list(g.prompt_ids) for g in groups for _ in g.samples],
         response_ids=[list(x.response_ids) for x in samples],
@@ -289,6 +318,7 @@ def policy_batch(groups: list[Group], advantages: torch.Tensor) -> PolicyBatch:
         truncated=torch.tensor([x.truncated for x in samples], dtype=torch.bool),
         response_mask=response_mask,
         engine_logp=engine_logp,
+        versions=versions,
     )
 
 

@@ -1,4 +1,4 @@
-# The leave-one-out and one-at-a-time designs, generated from the same ladder (dapo/designs.py): no copied files;
+# The leave-one-out, one-at-a-time and async designs, generated from the same ladder (dapo/designs.py): no copied files;
 # `snakemake --cores all <target>` for each target below (its docstring says what it runs). A design run is trained
 # (and evaluated, inside its job) by the same train rule as a ladder row (its config file and overrides come from
 # the spec's runs (dapo/workflow_spec.py)); a design run that computes what a ladder row computes is that row, so
@@ -21,7 +21,7 @@ rule design_report:
     log:
         RESULTS / "logs" / "report_{design}.log",
     wildcard_constraints:
-        design="|".join(d for d in DESIGN_RUNS if d != "variants"),  # the variants' report is its own rule
+        design="|".join(d for d in DESIGN_RUNS if d not in ("variants", "async")),  # their reports: rules of their own
     localrule: True
     params:
         args=lambda wc: [
@@ -86,6 +86,35 @@ rule all_variants:
     (rule variants_report)."""
     input:
         VARIANTS_REPORT,
+    localrule: True
+
+
+ASYNC_REPORT = [RESULTS / "report" / "async" / f"{t}.{ext}" for t in ("async", *REPORT_TABLES) for ext in ("md", "csv", "tex")]
+
+
+rule async_report:
+    """The report of the async design: report/async/async.md (each ladder row carried over to the next step against
+    itself synchronous: final avg@k, the accuracy areas over updates and over tokens, entropy, tokens and generation
+    seconds per step, each with its interval over seeds; whether the rows keep their order), beside the usual
+    tables."""
+    input:
+        lambda wc: [m for name in DESIGN_RUNS["async"] for m in row_outputs(name)],
+    output:
+        ASYNC_REPORT,
+    log:
+        RESULTS / "logs" / "report_async.log",
+    localrule: True
+    params:
+        args=["--experiment", EXPERIMENT, "--tracking-uri", TRACKING_URI, "--out", RESULTS / "report" / "async"],
+    shell:
+        "dapo report {params.args:q} > {log:q} 2>&1"
+
+
+rule all_async:
+    """Each ladder row beside itself with rollouts carried over to the next step (rollout.max_staleness: 1, the
+    decoupled objective's token_tis weight; docs/staleness.md), every seed; then their report (rule async_report)."""
+    input:
+        ASYNC_REPORT,
     localrule: True
 
 
