@@ -116,7 +116,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 # a requeued job waits out its old credential's lifetime before it starts again (120 s by default; here 15 s,
-# measured 17 s from `scontrol requeue` to running again): the tests requeue. It must cover a step's launch on a
+# measured 17 s from scontrol requeue to running again): the tests requeue. It must cover a step's launch on a
 # busy node (slurmd checks the credential then)
 AuthInfo=cred_expire=15
 CredType=cred/munge
