@@ -49,7 +49,9 @@ class Sample:
         return self.finish_reason in ("stop", "length")
 
     def token_versions(self) -> list[int]:
-        """The weight version of each response token, from `segments` (one per token)."""
+        """The weight version of each response token, from `segments` (one per token; none without segments)."""
+        if not self.segments:
+            return []
         bounds = [start for start, _ in self.segments[1:]] + [len(self.response_ids)]
         return [v for (start, v), end in zip(self.segments, bounds, strict=True) for _ in range(start, end)]
 

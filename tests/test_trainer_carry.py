@@ -258,6 +258,21 @@ def test_a_round_does_not_stop_before_the_old_groups_finish_or_with_too_many_wai
     assert should_stop([True, True, True], [True, False, False], [5, 5, 5], **{**ds, "left": 0})
 
 
+def test_an_empty_response_does_not_switch_the_staleness_check_off():
+    """The batch's token versions come from every response's segments; a response with no token has none, and the
+    batch still carries versions, so a stale token beside it is refused (it once needed every response to have one)."""
+    from dapo.trainer.step import policy_batch
+    from dapo.types import Group
+
+    stale = Sample([5, 6, EOS], [LOGP] * 3, "stop", "", [[0, 2], [2, 4]])  # tokens of versions 2, 2, 4
+    empty = Sample([], [], "length", "", [])
+    group = Group(Problem("p0", "q", "1"), [1, 2], [stale, empty], [1.0, -1.0], [True, False], [0.0, 0.0])
+    batch = policy_batch([group], torch.tensor([1.0, -1.0]))
+    assert batch.versions is not None and batch.versions[0, :3].tolist() == [2, 2, 4]
+    assert batch.versions[1].tolist() == [-1] * batch.versions.shape[1]
+    assert "2 weight versions before" in staleness_violation(batch.versions, batch.loss_mask, 4, 1)
+
+
 # ------------------------------------------------------------------------------------------- through the loop
 def test_a_step_stops_early_carries_the_rest_and_the_next_finishes_them(tmp_path):
     eng, lrn = PartialEngine(p_end=0.15), StalenessLearner(1)

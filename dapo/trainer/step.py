@@ -307,7 +307,8 @@ def policy_batch(groups: list[Group], advantages: torch.Tensor) -> PolicyBatch:
     if all(x.logprobs is not None for x in samples):
         engine_logp = pad_rows([x.logprobs for x in samples], width)  # type: ignore[misc]
     versions = None
-    if all(x.segments for x in samples):  # carry-over: the weight version that sampled each token
+    if any(x.segments for x in samples):  # carry-over: the weight version that sampled each token (a response
+        # with no token has no segment: its row stays -1, so one empty response cannot switch the check off)
         versions = pad_versions([x.token_versions() for x in samples], width)
     return PolicyBatch(
         prompt_ids=[list(g.prompt_ids) for g in groups for _ in g.samples],
