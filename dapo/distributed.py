@@ -18,12 +18,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dapo.rendezvous import RendezvousError, choose_socket_interface, meeting_point, rendezvous_port, slurm_hosts
+from dapo.rendezvous import (
+    RendezvousError,
+    choose_socket_interface,
+    meeting_point,
+    rendezvous_port,
+    slurm_hosts,
+    store_namespace,
+)
 
 log = logging.getLogger("dapo.distributed")
 
 FAILURE_KEY = "dapo/first_failure"
-_FAILURE_COUNT_KEY = "dapo/failures"
 HEARTBEAT_KEY = "dapo/heartbeat/"  # + rank: a counter each rank's heartbeat thread adds 1 to every second
 HEARTBEAT_DONE_KEY = "dapo/heartbeat_done/"  # + rank: set when a rank ends normally (it is not lost)
 LOST_MARK = "lost: "  # a FAILURE_KEY report that starts with this is a lost peer (resume), not a failure
@@ -119,7 +125,8 @@ def meet(
     serve = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     t0 = time.monotonic()
     try:
-        store = dist.TCPStore(host, port, world, is_master=serve, timeout=meeting, wait_for_workers=True)
+        tcp = dist.TCPStore(host, port, world, is_master=serve, timeout=meeting, wait_for_workers=True)
+        store = dist.PrefixStore(store_namespace(os.environ), tcp)  # this attempt's keys only
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=meeting)
         object_group(timeout=meeting)
     except (RuntimeError, OSError, TimeoutError) as e:  # torch's network errors (DistError is a RuntimeError)
@@ -133,6 +140,10 @@ def meet(
         ) from e
     if timeout_s is not None and timeout_s != bound:
         collective = datetime.timedelta(seconds=timeout_s)
+        # NCCL makes a communicator at its first collective, its ranks reading rank 0's id from this store under the
+        # store's own timeout, which the process group's does not change: the meeting bound would otherwise cut
+        # short a first barrier that legitimately waits (rank 0 loading a 32B model)
+        tcp.set_timeout(collective)
         set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # torch >= 2.2; private, no public one
         if set_timeout is not None:
             set_timeout(collective)
@@ -248,7 +259,15 @@ class PeerLost(RuntimeError):
 # The text of a collective that failed because a peer's end of the connection went away (gloo's and the kernel's
 # words, e.g. gloo's "[.../tcp/pair.cc:553] Connection closed by peer [10.77.0.12]:42697"); a peer that raised
 # reports first (`FailureWatch.report`), so this alone does not mean "lost".
-_BROKEN = ("connection closed by peer", "connection reset by peer", "broken pipe")
+# NCCL's: `ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.`
+# (torch's getNcclErrorDetailStr); DistNetworkError: torch's own type for a network failure.
+_BROKEN = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "ncclremoteerror",
+    "remote process exiting prematurely",
+)
 
 
 def is_broken_connection(error: BaseException) -> bool:
@@ -258,7 +277,7 @@ def is_broken_connection(error: BaseException) -> bool:
     while seen is not None:
         text = str(seen).lower()
         collective = isinstance(seen, dist.DistError) or "gloo" in text or "nccl" in text
-        if collective and any(b in text for b in _BROKEN):
+        if isinstance(seen, dist.DistNetworkError) or (collective and any(b in text for b in _BROKEN)):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
@@ -289,18 +308,24 @@ class Heartbeat:
         atexit.register(cls._current.stop)
 
     def _beat(self) -> None:
+        """Beat until stopped. A store that does not answer (a blip on the network it travels over, or its host
+        gone) is tried again through a new connection every `interval_s`: the judge, not the pulse, decides what
+        silence means, and a pulse that gave up after one error would have a healthy rank taken for lost."""
         key = f"{HEARTBEAT_KEY}{self.rank}"
         while True:
             try:
-                self.store.add(key, 1)
-            except Exception:  # noqa: BLE001 (the store's host ended: the watch, not the pulse, decides what that means)
-                return
+                if self.store is None:
+                    self.store = _job_store(quiet=True)
+                if self.store is not None:
+                    self.store.add(key, 1)
+            except Exception:  # noqa: BLE001 (reconnect at the next beat)
+                self.store = None
             if self._stop.wait(self.interval_s):
                 return
 
     def stop(self, done: bool = True) -> None:
         self._stop.set()
-        if done:
+        if done and self.store is not None:
             try:
                 self.store.set(f"{HEARTBEAT_DONE_KEY}{self.rank}", "1")
             except Exception:  # noqa: BLE001 (nobody is left to judge)
@@ -403,10 +428,8 @@ class FailureWatch:
 
     def _announce(self, text: str) -> bool:
         """Write `text` as the job's first failure unless one is there already; True when it was the first."""
-        if int(self._store.add(_FAILURE_COUNT_KEY, 1)) == 1:
-            self._store.set(FAILURE_KEY, text)
-            return True
-        return False
+        # one atomic step (a rank that won a counter and died before writing would leave the key unset forever)
+        return self._store.compare_set(FAILURE_KEY, "", text).decode(errors="replace") == text
 
     def _read(self) -> str | None:
         if not self._store.check([FAILURE_KEY]):
@@ -465,21 +488,39 @@ class FailureWatch:
                 callback(what)
             except Exception:  # noqa: BLE001 (the exit below matters more than a failed note)
                 log.exception("while recording the end of another rank")
+        for hook in list(_AT_FORCED_EXIT):
+            try:
+                hook(code)
+            except Exception:  # noqa: BLE001
+                log.exception("while recording this rank's exit code")
         for h in logging.getLogger().handlers:
             h.flush()
         sys.stderr.flush()
         os._exit(code)
 
 
-def _job_store() -> Any:
-    """A client of its own to the job's rendezvous store: the watch thread never shares the collectives' connection."""
+# What runs before the watch ends a rank with os._exit (no finally block, no atexit runs then): `at_forced_exit`.
+_AT_FORCED_EXIT: list[Callable[[int], None]] = []
+
+
+def at_forced_exit(hook: Callable[[int], None]) -> None:
+    """Run `hook(exit code)` before `FailureWatch` ends this process because another rank failed or was lost (e.g.
+    `dapo train` writes its exit file, which the job script reads for its verdict)."""
+    _AT_FORCED_EXIT.append(hook)
+
+
+def _job_store(quiet: bool = False) -> Any:
+    """A client of its own to the job's rendezvous store, in this attempt's namespace (`rendezvous.store_namespace`):
+    the watch and heartbeat threads never share the collectives' connection."""
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not addr or not port:
         return None
     try:
-        return dist.TCPStore(
+        tcp = dist.TCPStore(
             addr, int(port), is_master=False, timeout=datetime.timedelta(seconds=30), wait_for_workers=False
         )
     except Exception as e:  # noqa: BLE001 (without it ranks still fail, only more slowly)
-        log.warning("no failure watch (cannot reach the job's store at %s:%s: %s)", addr, port, e)
+        if not quiet:
+            log.warning("no failure watch (cannot reach the job's store at %s:%s: %s)", addr, port, e)
         return None
+    return dist.PrefixStore(store_namespace(os.environ), tcp)

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 
 log = logging.getLogger("dapo.distributed")
 
-# The ports a job derives its rendezvous port from when SLURM reserved none for its step.
-PORT_BASE, PORT_SPAN = 20000, 20000
+# The ports a job derives its rendezvous port from when SLURM reserved none for its step: below Linux's ephemeral range
+# (net.ipv4.ip_local_port_range, 32768-60999 by default), from which any outgoing connection on the node takes its
+# local port, so a busy node's own connections cannot hold the one a job derives.
+PORT_BASE, PORT_SPAN = 20000, 12000
 
 
 class RendezvousError(RuntimeError):
@@ -34,20 +36,27 @@ class RendezvousError(RuntimeError):
 # ---------------------------------------------------------------------------------------------- the host and port
 def slurm_hosts(nodelist: str) -> list[str]:
     """The hosts of a SLURM node list, in order: `gpu-[03-05,9],cpu1` -> gpu-03, gpu-04, gpu-05, gpu-9, cpu1 (zero
-    padding kept, as `scontrol show hostnames` prints them)."""
+    padding kept, as `scontrol show hostnames` prints them); several bracketed ranges in one name expand as SLURM's
+    hostlist does, the last one fastest: `r[1-2]n[01-02]` -> r1n01, r1n02, r2n01, r2n02."""
     hosts: list[str] = []
-    for prefix, ranges in re.findall(r"([^,\[]+)(?:\[([^\]]*)\])?(?:,|$)", nodelist.strip()):
-        if not ranges:
-            hosts.append(prefix)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            if not hi:
-                hosts.append(prefix + lo)
-                continue
-            width = len(lo) if lo.startswith("0") else 0
-            hosts.extend(f"{prefix}{n:0{width}d}" for n in range(int(lo), int(hi) + 1))
+    for name in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", nodelist.strip()):
+        names = [""]
+        for text, ranges in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", name):
+            names = [n + text + x for n in names for x in _expand(ranges)]
+        hosts += names
     return hosts
+
+
+def _expand(ranges: str) -> list[str]:
+    """`03-05,9` -> 03, 04, 05, 9 (zero padding kept); "" -> "" (no brackets)."""
+    if not ranges:
+        return [""]
+    out: list[str] = []
+    for part in ranges.split(","):
+        lo, _, hi = part.partition("-")
+        width = len(lo) if lo.startswith("0") else 0
+        out += [f"{n:0{width}d}" for n in range(int(lo), int(hi) + 1)] if hi else [lo]
+    return out
 
 
 def rendezvous_port(env: Mapping[str, str]) -> int:
@@ -58,25 +67,51 @@ def rendezvous_port(env: Mapping[str, str]) -> int:
     reserved = env.get("SLURM_STEP_RESV_PORTS", "")
     if reserved:
         return int(re.split(r"[-,]", reserved)[0])
-    key = "/".join(env.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_STEP_ID"))
-    return PORT_BASE + zlib.crc32(key.encode()) % PORT_SPAN
+    return PORT_BASE + zlib.crc32(_attempt_key(env).encode()) % PORT_SPAN
+
+
+def _attempt_key(env: Mapping[str, str]) -> str:
+    return "/".join(env.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_STEP_ID"))
+
+
+def store_namespace(env: Mapping[str, str]) -> str:
+    """The prefix of every key this attempt writes in the rendezvous store (the process group's, the heartbeats, the
+    failure reports): should another job's store hold the same port, its keys and ours never meet, and this job's
+    ranks wait for their own rank 0 (and fail within the rendezvous bound) instead of joining that job's group."""
+    return f"dapo/{_attempt_key(env)}/{env.get('TORCHELASTIC_RUN_ID', '')}/"
 
 
 # ---------------------------------------------------------------------------------------------- the interface
 SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's IPv4 address
 
 
-def interface_addresses() -> dict[str, str]:
-    """This host's interfaces and their IPv4 addresses (those that have one)."""
-    found: dict[str, str] = {}
+def interface_addresses() -> dict[str, list[str]]:
+    """This host's interfaces and their IPv4 addresses (those that have one), secondary addresses included (psutil,
+    which reads them all; without it Linux's SIOCGIFADDR ioctl, which returns an interface's primary one only)."""
+    try:
+        import psutil  # DeepSpeed's dependency, so always installed with dapo
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        found = {
+            name: [a.address for a in addrs if a.family == socket.AF_INET]
+            for name, addrs in psutil.net_if_addrs().items()
+        }
+        return {name: addrs for name, addrs in found.items() if addrs}
+    primary: dict[str, list[str]] = {}
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for _, name in socket.if_nameindex():
             try:
                 packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
             except OSError:  # no IPv4 address on it
                 continue
-            found[name] = socket.inet_ntoa(packed[20:24])
-    return found
+            primary[name] = [socket.inet_ntoa(packed[20:24])]
+    return primary
+
+
+def _pairs(own: Mapping[str, str | list[str]]) -> list[tuple[str, str]]:
+    """(interface, address) for each address of `own` (an interface's one address, or its list)."""
+    return [(name, a) for name, v in own.items() for a in ([v] if isinstance(v, str) else v)]
 
 
 def route_to(address: str) -> str:
@@ -109,11 +144,13 @@ class MeetingPoint:
         )
 
 
-def is_local(address: str, own: Mapping[str, str]) -> bool:
-    return ipaddress.ip_address(address).is_loopback or address in own.values()
+def is_local(address: str, own: Mapping[str, str | list[str]]) -> bool:
+    return ipaddress.ip_address(address).is_loopback or any(a == address for _, a in _pairs(own))
 
 
-def meeting_point(host: str, port: int, peers: list[str], own: Mapping[str, str] | None = None) -> MeetingPoint:
+def meeting_point(
+    host: str, port: int, peers: list[str], own: Mapping[str, str | list[str]] | None = None
+) -> MeetingPoint:
     """Where this rank meets the others: the interface the route to the rendezvous host leaves by, or, on the
     rendezvous host itself (whose own name may resolve to a loopback address), the route to the first other host of
     the job (`peers`: every host of the job, in node-list order). Raises RendezvousError when a name does not
@@ -135,7 +172,15 @@ def meeting_point(host: str, port: int, peers: list[str], own: Mapping[str, str]
                 raise RendezvousError(f"the job's host {peer!r} does not resolve on {me} ({e})") from e
             break
     local = route_to(toward)
-    interface = next((name for name, a in own.items() if a == local), "?")
+    interface = next((name for name, a in _pairs(own) if a == local), "?")
+    if interface == "?":
+        log.warning(
+            "no interface of %s holds %s, the address the route to %s leaves from: GLOO_SOCKET_IFNAME is left as it "
+            "is, and gloo may advertise an address the other nodes cannot reach (set it: docs/cluster.md)",
+            socket.gethostname(),
+            local,
+            toward,
+        )
     return MeetingPoint(host=host, address=address, port=port, interface=interface, local_address=local)
 
 

@@ -30,6 +30,7 @@ def main() -> int:
         print(f"RendezvousError: {e}", flush=True)
         return RESUME
     print(f"met: rank {info.rank} of {info.world_size} on {socket.gethostname()}", flush=True)
+    dist.at_forced_exit(lambda code: print(f"forced exit with {code}", flush=True))  # `dapo train` writes EXIT.json
     with dist.FailureWatch(heartbeat_timeout_s=heartbeat_s, lost_exit_code=RESUME) as watch:
         try:
             step = 0

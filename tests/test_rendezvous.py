@@ -37,6 +37,8 @@ def test_the_node_list_expands_as_scontrol_show_hostnames_does():
     assert R.slurm_hosts("gpu-[003-004,010],cpu1") == ["gpu-003", "gpu-004", "gpu-010", "cpu1"]
     assert R.slurm_hosts("n[7-9]") == ["n7", "n8", "n9"] and R.slurm_hosts("n[08-10]") == ["n08", "n09", "n10"]
     assert R.slurm_hosts("nodeA,nodeB") == ["nodeA", "nodeB"] and R.slurm_hosts("n[1,3]") == ["n1", "n3"]
+    # several ranges in one name (racks and nodes), the last one fastest, as SLURM's hostlist expands them
+    assert R.slurm_hosts("r[1-2]n[01-02],login") == ["r1n01", "r1n02", "r2n01", "r2n02", "login"]
 
 
 def test_the_derived_port_differs_between_jobs_attempts_and_steps_and_agrees_across_ranks():
@@ -54,6 +56,50 @@ def test_the_derived_port_differs_between_jobs_attempts_and_steps_and_agrees_acr
     assert R.rendezvous_port(dict(base)) == ports[0]  # the same job step: the same port on every rank
     # jobs 20000 apart met on one port with the old job-id-modulo rule; the hash keeps them apart
     assert R.rendezvous_port({**base, "SLURM_JOB_ID": "20101"}) != ports[0]
+    low, _ = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert R.PORT_BASE + R.PORT_SPAN <= low  # never a port the node's own outgoing connections are handed
+
+
+def test_two_jobs_on_one_store_port_never_read_each_others_keys():
+    """Should two jobs derive the same port, a rank of one that reached the other's store reads and writes only its
+    own attempt's keys: no failure report, heartbeat or process-group key crosses (`store_namespace`); and a
+    failure report is written once, atomically: the first stands."""
+    import datetime
+
+    import torch.distributed as tdist
+
+    server = tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                            timeout=datetime.timedelta(seconds=5))  # fmt: skip
+    jobs = [{"SLURM_JOB_ID": j, "SLURM_RESTART_COUNT": "0", "SLURM_STEP_ID": "0"} for j in ("101", "102")]
+    a, b = (tdist.PrefixStore(R.store_namespace(env), server) for env in jobs)
+    watch_a, watch_b = D.FailureWatch(), D.FailureWatch()
+    watch_a._store, watch_b._store = a, b
+    assert watch_a._announce("rank 1: RuntimeError: boom") and watch_b._read() is None
+    assert not watch_a._announce("rank 0: a later one") and watch_a._read() == "rank 1: RuntimeError: boom"
+    assert R.store_namespace({**jobs[0], "SLURM_RESTART_COUNT": "1"}) != R.store_namespace(jobs[0])
+
+
+def test_a_heartbeat_outlives_a_store_that_stops_answering_for_a_while(monkeypatch):
+    """A blip on the store's network: the pulse reconnects and goes on, so the judge does not take a healthy rank for
+    lost once the blip is over (it used to stop at the first error, for good)."""
+
+    class Store:
+        def __init__(self, fails: int) -> None:
+            self.fails, self.count = fails, 0
+
+        def add(self, key: str, n: int) -> int:
+            if self.fails > 0:
+                self.fails -= 1
+                raise RuntimeError("Connection reset by peer")
+            self.count += n
+            return self.count
+
+    flaky, fresh = Store(fails=3), Store(fails=0)
+    monkeypatch.setattr(D, "_job_store", lambda quiet=False: fresh)
+    beat = D.Heartbeat(flaky, rank=1, interval_s=0.01)
+    beat._thread.start()
+    until(lambda: fresh.count >= 5, 10)
+    beat.stop(done=False)
 
 
 # ------------------------------------------------------------------------------------------ the interface
@@ -99,6 +145,13 @@ def test_only_a_collectives_broken_connection_counts_as_a_lost_peer():
         assert D.is_broken_connection(e)
     assert not D.is_broken_connection(RuntimeError("CUDA out of memory"))
     assert not D.is_broken_connection(ConnectionResetError("Connection reset by peer"))  # MLflow's, not a peer's
+    nccl = RuntimeError(  # a surviving rank's collective on a GPU cluster (torch's NCCL error detail)
+        "NCCL error in: ProcessGroupNCCL.cpp:2066, remote process exited or there was a network error, NCCL version "
+        "2.27.3\nncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
+        "prematurely."
+    )
+    assert D.is_broken_connection(nccl)
+    assert not D.is_broken_connection(RuntimeError("NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO)"))
 
 
 # ------------------------------------------------------------------------------------------ plain ranks here
@@ -161,6 +214,7 @@ def test_a_frozen_peer_is_lost_after_the_heartbeat_timeout(tmp_path):
     assert code == 75, log_of(tmp_path, 0)[-3000:]
     assert 4 <= took < 15, f"rank 0 took {took:.0f} s"
     assert "rank 1 sent no heartbeat for" in log_of(tmp_path, 0) and "exit code 75 (resume)" in log_of(tmp_path, 0)
+    assert "forced exit with 75" in log_of(tmp_path, 0)  # the exit hook ran before os._exit: the exit file is written
 
 
 def test_a_rank_alone_at_the_meeting_fails_within_the_bound_naming_host_port_and_interface(tmp_path):

@@ -62,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
         run_dir,
     )
     code: int | None = None
+    if rank == 0:  # the failure watch may end this rank with os._exit (no finally): the exit file still says why
+        from dapo.distributed import at_forced_exit
+
+        at_forced_exit(lambda forced: _write_exit(run_dir, forced))
     try:
         if rank == 0:
             _deliver_spools(run_dir)

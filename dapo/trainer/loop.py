@@ -229,6 +229,11 @@ class Trainer:
                     self._peer_lost(lost)
                     raise dist.PeerLost(lost) from e
                 first = watch.report(e)
+                if first is not None and first.startswith(dist.LOST_MARK):
+                    # the judge had already found a peer lost (its heartbeat or store gone): this rank's error is
+                    # that loss seen from here (NCCL's own words for it vary), so resume, as every rank does
+                    self._peer_lost(first[len(dist.LOST_MARK) :])
+                    raise dist.PeerLost(first[len(dist.LOST_MARK) :]) from e
                 if first is not None:
                     log.error("%s failed first; this rank then failed too", first)
                 self._mark("failed", "FAILED")

@@ -9,7 +9,7 @@ stop_pid() {
   pid=$(cat "$f")
   kill "$pid" 2>/dev/null || true
   for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-  kill -9 "$pid" 2>/dev/null || true
+  if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi  # never a PID reused since it ended
   rm -f "$f"
 }
 for f in "$STATE"/slurmd*.pid; do stop_pid "$f"; done
