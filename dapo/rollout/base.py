@@ -33,6 +33,17 @@ class Continuation:
     max_tokens: int  # tokens it may add: the response cap less the prefix (>= 1)
     seed: int
 
+    def whole(self, tokenizer: Any, tokens: list[int], logps: list[float], reason: str) -> Sample:
+        """The whole response after a call added `tokens` (their log-probs `logps`) to the prefix, its text decoded
+        from all of it (`generate_partial`'s result, both engines)."""
+        ids = list(self.prefix_ids) + list(tokens)
+        return Sample(
+            response_ids=ids,
+            logprobs=list(self.prefix_logprobs) + list(logps),
+            finish_reason=reason,
+            text=tokenizer.decode(ids, skip_special_tokens=True),
+        )
+
 
 # Called by `generate_partial` after each decode step with the responses that finished in it, as (request index,
 # whole response); True stops the call (the unfinished ones come back as "abort"). Collective where the caller makes

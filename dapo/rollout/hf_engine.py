@@ -206,7 +206,7 @@ class HFEngine(RolloutEngine):
                 stopped = self._decode_partial(chunk, i, temperature, top_p, poll, out)
             for k, r in enumerate(chunk):  # aborted: what each has so far
                 if out[i + k] is None:
-                    out[i + k] = self._whole(r, [], [], "abort")
+                    out[i + k] = r.whole(self.tokenizer, [], [], "abort")
         while not stopped:  # nothing left here: the others' (a collective poll) may still be decoding
             stopped = poll([])
         return out  # type: ignore[return-value]
@@ -256,12 +256,14 @@ class HFEngine(RolloutEngine):
                 logps[b].append(logp)
                 if tok in eos or len(tokens[b]) >= caps[b]:
                     done[b] = True
-                    out[offset + b] = self._whole(chunk[b], tokens[b], logps[b], "stop" if tok in eos else "length")
+                    out[offset + b] = chunk[b].whole(
+                        self.tokenizer, tokens[b], logps[b], "stop" if tok in eos else "length"
+                    )
                     finished.append((offset + b, out[offset + b]))
             if poll(finished):  # type: ignore[arg-type]
                 for b in range(len(rows)):
                     if not done[b]:
-                        out[offset + b] = self._whole(chunk[b], tokens[b], logps[b], "abort")
+                        out[offset + b] = chunk[b].whole(self.tokenizer, tokens[b], logps[b], "abort")
                 return True
             if all(done):
                 return False
@@ -274,16 +276,6 @@ class HFEngine(RolloutEngine):
                 past_key_values=res.past_key_values,
                 use_cache=True,
             )
-
-    def _whole(self, r: Continuation, tokens: list[int], logps: list[float], reason: str) -> Sample:
-        """The whole response of a request: its prefix, then what this call added."""
-        ids = list(r.prefix_ids) + list(tokens)
-        return Sample(
-            response_ids=ids,
-            logprobs=list(r.prefix_logprobs) + list(logps),
-            finish_reason=reason,
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
-        )
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         self.wake_up()

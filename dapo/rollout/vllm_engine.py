@@ -254,24 +254,14 @@ class VLLMEngine(RolloutEngine):
                         logps[k] += [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or [], strict=True)]
                         if output.finished:
                             reasons[k] = "length" if c.finish_reason == "length" else "stop"
-                            finished.append((k, self._whole(requests[k], tokens[k], logps[k], reasons[k])))
+                            finished.append((k, requests[k].whole(self.tokenizer, tokens[k], logps[k], reasons[k])))
                 if poll(finished):
                     break
         finally:
             left = [name for name, k in names.items() if reasons[k] is None]
             if left:
                 engine.abort_request(left)  # positional: the keyword `internal` is not in every release
-        return [self._whole(r, tokens[k], logps[k], reasons[k] or "abort") for k, r in enumerate(requests)]
-
-    def _whole(self, r: Continuation, tokens: list[int], logps: list[float], reason: str) -> Sample:
-        """The whole response of a request: its prefix, then what this call added (text decoded from all of it)."""
-        ids = list(r.prefix_ids) + list(tokens)
-        return Sample(
-            response_ids=ids,
-            logprobs=list(r.prefix_logprobs) + list(logps),
-            finish_reason=reason,
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
-        )
+        return [r.whole(self.tokenizer, tokens[k], logps[k], reasons[k] or "abort") for k, r in enumerate(requests)]
 
     def _generate(self, requests: list[tuple[list[int], Any]]) -> list[Any]:
         """vLLM's outputs of (prompt ids, SamplingParams) requests, in order."""
