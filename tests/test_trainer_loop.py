@@ -423,6 +423,27 @@ def test_resume_after_a_crash_matches_the_uninterrupted_run(tmp_path):
     same_run(ref, resumed)
 
 
+def test_an_error_after_a_peer_was_judged_lost_resumes_not_fails(tmp_path, monkeypatch):
+    """On a GPU cluster a rank whose peer vanished may see it as any NCCL error, not a closed connection; when rank 0
+    had already judged the peer lost (the job's first report is a loss), this rank's error is that loss: PeerLost
+    (`dapo train` exits 75, the job requeues), the MLflow run left to resume, not FAILED. Any other first report
+    stays a failure."""
+    from dapo import distributed as dist
+
+    lost = "rank 1 sent no heartbeat for 121 s (trainer.heartbeat_timeout_s=120): its process, its host or its link"
+    monkeypatch.setattr(dist.FailureWatch, "report", lambda self, error: dist.LOST_MARK + lost)
+    tr = make(tmp_path / "lost", engine=FakeEngine(crash_at=5))
+    with pytest.raises(dist.PeerLost, match="rank 1 sent no heartbeat"):
+        tr.run()
+    rec = FakeTracker.store[tr.run_id]
+    assert rec["status"] != "FAILED" and rec["tags"][M.TAG_STATUS] == "preempted"
+    monkeypatch.setattr(dist.FailureWatch, "report", lambda self, error: "rank 1: RuntimeError: CUDA out of memory")
+    tr = make(tmp_path / "failed", engine=FakeEngine(crash_at=5))
+    with pytest.raises(KeyboardInterrupt):
+        tr.run()
+    assert FakeTracker.store[tr.run_id]["status"] == "FAILED"
+
+
 def test_nonfinite_updates_are_counted_then_fail_keeping_the_good_checkpoint(tmp_path, monkeypatch):
     # every update from step 3 on is NaN (the tests' fault injection, as DAPO_TEST_POISON_STEP=3 would do)
     faults = Faults(poison_from_step=3)
