@@ -121,8 +121,9 @@ def test_under_slurm_a_stop_requeues_the_job_up_to_max_resubmits(tmp_path):
 def test_under_slurm_a_task_that_failed_alone_fails_and_a_lost_node_resumes(tmp_path):
     """Two verdicts only SLURM's side knows. A task that exits 1 while the ranks import (before they can report
     it) makes srun stop rank 0, which says "resume" (a stop during start-up): srun's own line for the task is the
-    verdict, so a crash is not resubmitted. A trainer that ends with 1 while a node of the job is down or not
-    responding (its ranks died with it; NCCL's watchdog aborted the others) resumes instead of failing for good."""
+    verdict, so a crash is not resubmitted (unless a rank had found a peer lost: then it is that loss). A trainer
+    that ends with 1 while a node of the job is down or not responding (its ranks died with it; NCCL's watchdog
+    aborted the others) resumes instead of failing for good."""
     run_dir, log, env = tmp_path / "run", tmp_path / "train.log", _fake_slurm(tmp_path)
     srun = "--nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1"
     crash = (
@@ -131,13 +132,17 @@ def test_under_slurm_a_task_that_failed_alone_fails_and_a_lost_node_resumes(tmp_
     r = job(run_dir, log, "bash", "-c", crash, str(run_dir), env=env, srun=srun)
     assert r.returncode == 1 and verdicts(run_dir) == ["failed"], r.stderr
     assert "a task exited with 1 before its ranks could report it" in (run_dir / "train.log").read_text()
+    # ... but once a rank found a peer lost, another task's 1 is that loss seen from its side: resume
+    lost = 'echo "ERROR dapo.distributed: a peer is lost (rank 1 sent no heartbeat for 121 s)"; ' + crash
+    r = job(run_dir, log, "bash", "-c", lost, str(run_dir), env=env, srun=srun)
+    assert r.returncode == 75 and verdicts(run_dir) == ["failed", "resume"], r.stderr
     sinfo = Path(env["PATH"].split(":")[0]) / "sinfo"
     sinfo.write_text('#!/bin/bash\necho "n1 mixed"; echo "n2 down*"\n')
     sinfo.chmod(0o755)
     r = job(run_dir, log, "bash", "-c", "exit 1", env={**env, "SLURM_JOB_NODELIST": "n[1-2]"}, srun=srun)
-    assert r.returncode == 75 and verdicts(run_dir) == ["failed", "resume"], r.stderr
+    assert r.returncode == 75 and verdicts(run_dir) == ["failed", "resume", "resume"], r.stderr
     assert "node(s) of this job are down or not responding: n2 (down*)" in (run_dir / "train.log").read_text()
-    assert (tmp_path / "calls").read_text().count("scontrol requeue 4242") == 1
+    assert (tmp_path / "calls").read_text().count("scontrol requeue 4242") == 2
 
 
 # ------------------------------------------------------------------------------------------ validation

@@ -79,9 +79,11 @@ if [ -f "$run_dir/EXIT.json" ] && [ "$run_dir/EXIT.json" -nt "$mark" ]; then
 fi
 # A task that failed on its own (srun: "task N: Exited with exit code C", C neither 0 nor RESUME_CODE) before the
 # ranks could tell each other (while importing, before they met) makes srun stop the rest, and rank 0, stopped
-# during start-up, says "resume": the task's own code is the verdict, or the job would resubmit a crash.
-if [ -n "$job" ] && [ "$code" = "$resume_code" ]; then
-  task_code=$(awk -v a="== attempt $attempt," 'index($0, a) == 1 {on = 1} on' "$run_dir/train.log" \
+# during start-up, says "resume": the task's own code is the verdict, or the job would resubmit a crash. Not once a
+# rank has found a peer lost (its host or link gone): the others' codes are then the loss seen from elsewhere.
+attempt_log() { awk -v a="== attempt $attempt," 'index($0, a) == 1 {on = 1} on' "$run_dir/train.log"; }
+if [ -n "$job" ] && [ "$code" = "$resume_code" ] && ! attempt_log | grep -q "a peer is lost ("; then
+  task_code=$(attempt_log \
     | sed -n 's/^srun: error: .*: tasks\{0,1\} [0-9,-]*: Exited with exit code \([0-9]*\)$/\1/p' \
     | grep -vx -e 0 -e "$resume_code" | head -n 1)
   if [ -n "$task_code" ]; then
