@@ -503,10 +503,11 @@ class FailureWatch:
 _AT_FORCED_EXIT: list[Callable[[int], None]] = []
 
 
-def at_forced_exit(hook: Callable[[int], None]) -> None:
+def at_forced_exit(hook: Callable[[int], None]) -> Callable[[], None]:
     """Run `hook(exit code)` before `FailureWatch` ends this process because another rank failed or was lost (e.g.
-    `dapo train` writes its exit file, which the job script reads for its verdict)."""
+    `dapo train` writes its exit file, which the job script reads for its verdict). Returns what unregisters it."""
     _AT_FORCED_EXIT.append(hook)
+    return lambda: _AT_FORCED_EXIT.remove(hook) if hook in _AT_FORCED_EXIT else None
 
 
 def _job_store(quiet: bool = False) -> Any:

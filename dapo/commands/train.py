@@ -62,10 +62,11 @@ def run(args: argparse.Namespace) -> int:
         run_dir,
     )
     code: int | None = None
+    forget = None
     if rank == 0:  # the failure watch may end this rank with os._exit (no finally): the exit file still says why
         from dapo.distributed import at_forced_exit
 
-        at_forced_exit(lambda forced: _write_exit(run_dir, forced))
+        forget = at_forced_exit(lambda forced: _write_exit(run_dir, forced))
     try:
         if rank == 0:
             _deliver_spools(run_dir)
@@ -85,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         raise
     finally:
         guard.disarm()
+        if forget is not None:
+            forget()  # a later run in this process writes its own exit file, never this one's
         if rank == 0:
             _write_exit(run_dir, code)
 
