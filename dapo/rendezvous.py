@@ -9,13 +9,11 @@ management network is one the other nodes cannot reach.
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import logging
 import os
 import re
 import socket
-import struct
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -82,31 +80,14 @@ def store_namespace(env: Mapping[str, str]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- the interface
-SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's IPv4 address
-
-
 def interface_addresses() -> dict[str, list[str]]:
-    """This host's interfaces and their IPv4 addresses (those that have one), secondary addresses included (psutil,
-    which reads them all; without it Linux's SIOCGIFADDR ioctl, which returns an interface's primary one only)."""
-    try:
-        import psutil  # DeepSpeed's dependency, so always installed with dapo
-    except ImportError:
-        psutil = None
-    if psutil is not None:
-        found = {
-            name: [a.address for a in addrs if a.family == socket.AF_INET]
-            for name, addrs in psutil.net_if_addrs().items()
-        }
-        return {name: addrs for name, addrs in found.items() if addrs}
-    primary: dict[str, list[str]] = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-            except OSError:  # no IPv4 address on it
-                continue
-            primary[name] = [socket.inet_ntoa(packed[20:24])]
-    return primary
+    """This host's interfaces and their IPv4 addresses (those that have one), secondary addresses included."""
+    import psutil  # DeepSpeed's dependency, so installed wherever dapo is
+
+    found = {
+        name: [a.address for a in addrs if a.family == socket.AF_INET] for name, addrs in psutil.net_if_addrs().items()
+    }
+    return {name: addrs for name, addrs in found.items() if addrs}
 
 
 def _pairs(own: Mapping[str, str | list[str]]) -> list[tuple[str, str]]:
